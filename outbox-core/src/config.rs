@@ -1,0 +1,225 @@
+//! The engine's settings (`[relay]` in the configuration file).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::{Error, Result};
+use crate::store::MarkMode;
+
+/// What happens to published rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Retention {
+    /// Delete each row once the broker acknowledged it.
+    #[default]
+    Delete,
+    /// Keep published rows this long (audit), then purge them in small background batches.
+    Keep(Duration),
+}
+
+impl Retention {
+    /// How the engine marks acknowledged rows.
+    pub fn mark_mode(self) -> MarkMode {
+        match self {
+            Retention::Delete => MarkMode::Delete,
+            Retention::Keep(_) => MarkMode::Keep,
+        }
+    }
+}
+
+impl fmt::Display for Retention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Retention::Delete => f.write_str("delete"),
+            Retention::Keep(d) => write!(f, "{}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+impl std::str::FromStr for Retention {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim().eq_ignore_ascii_case("delete") {
+            return Ok(Retention::Delete);
+        }
+        humantime::parse_duration(s.trim())
+            .map(Retention::Keep)
+            .map_err(|e| {
+                Error::config(format!(
+                    "retention: expected \"delete\" or a duration such as \"7d\", got \"{s}\" ({e})"
+                ))
+            })
+    }
+}
+
+impl Serialize for Retention {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse()
+            .map_err(|e: Error| serde::de::Error::custom(e.message().to_owned()))
+    }
+}
+
+/// Whether a dead event keeps holding back the later events of its aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// The aggregate flows on; the dead event waits in `dead list`.
+    #[default]
+    Skip,
+    /// The aggregate stops until an operator retries or discards the dead event.
+    Hold,
+}
+
+/// Engine settings. Durations are human strings (`"500ms"`, `"7d"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Most rows claimed (and published) per round.
+    pub batch_size: usize,
+    /// Failed attempts before an event is parked as dead.
+    pub max_attempts: u32,
+    /// `"delete"` or a duration to keep published rows.
+    pub retention: Retention,
+    /// Whether a dead event holds its aggregate back.
+    pub on_dead: OnDead,
+    /// First retry delay of an event; doubles with each attempt, with jitter.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Poll interval while rows flow.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval_min: Duration,
+    /// Poll interval reached when idle (the interval doubles on each empty poll).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval_max: Duration,
+    /// How often shard ownership is rebalanced between relays.
+    #[serde(with = "humantime_serde")]
+    pub rebalance_interval: Duration,
+    /// How often backlog figures are refreshed for metrics.
+    #[serde(with = "humantime_serde")]
+    pub status_interval: Duration,
+    /// How often published rows past retention are purged (retention = duration only).
+    #[serde(with = "humantime_serde")]
+    pub purge_interval: Duration,
+    /// Rows deleted per purge statement.
+    pub purge_batch_size: u32,
+    /// On SIGTERM, time allowed to finish in-flight publishes before giving up.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// This relay's name in `status` (defaults to host name and process id).
+    pub relay_id: Option<String>,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            max_attempts: 12,
+            retention: Retention::Delete,
+            on_dead: OnDead::Skip,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            poll_interval_min: Duration::from_millis(5),
+            poll_interval_max: Duration::from_millis(250),
+            rebalance_interval: Duration::from_secs(1),
+            status_interval: Duration::from_secs(5),
+            purge_interval: Duration::from_secs(10),
+            purge_batch_size: 1000,
+            shutdown_grace: Duration::from_secs(20),
+            relay_id: None,
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Check values that serde cannot: each error names its key under `relay.`.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.batch_size > 100_000 {
+            return Err(Error::config(format!(
+                "relay.batch_size: must be between 1 and 100000, got {}",
+                self.batch_size
+            )));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::config("relay.max_attempts: must be at least 1"));
+        }
+        if self.backoff_initial > self.backoff_max {
+            return Err(Error::config(
+                "relay.backoff_initial: must not be longer than relay.backoff_max",
+            ));
+        }
+        if self.poll_interval_min.is_zero() || self.poll_interval_min > self.poll_interval_max {
+            return Err(Error::config(
+                "relay.poll_interval_min: must be above 0 and not longer than relay.poll_interval_max",
+            ));
+        }
+        if self.purge_batch_size == 0 {
+            return Err(Error::config("relay.purge_batch_size: must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Retry delay after `attempts` failures (1 = first failure): exponential, capped, with
+    /// full jitter in the upper half so that retries of many events spread out.
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(30);
+        let base = self
+            .backoff_initial
+            .saturating_mul(1u32 << exp)
+            .min(self.backoff_max);
+        let half = base / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_parses_delete_and_durations() {
+        assert_eq!("delete".parse::<Retention>().unwrap(), Retention::Delete);
+        assert_eq!(
+            "7d".parse::<Retention>().unwrap(),
+            Retention::Keep(Duration::from_secs(7 * 86400))
+        );
+        let e = "forever".parse::<Retention>().unwrap_err();
+        assert!(e.message().contains("retention"), "{e}");
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let c = RelayConfig {
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            ..RelayConfig::default()
+        };
+        for _ in 0..100 {
+            let b1 = c.backoff(1);
+            assert!(b1 >= Duration::from_millis(50) && b1 <= Duration::from_millis(100));
+            let b4 = c.backoff(4);
+            assert!(b4 >= Duration::from_millis(400) && b4 <= Duration::from_millis(800));
+            let b40 = c.backoff(40);
+            assert!(b40 >= Duration::from_secs(5) && b40 <= Duration::from_secs(10));
+        }
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let c = RelayConfig {
+            batch_size: 0,
+            ..RelayConfig::default()
+        };
+        assert!(c.validate().unwrap_err().message().starts_with("relay.batch_size"));
+    }
+}

@@ -1,0 +1,20 @@
+#![doc = include_str!("../README.md")]
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod model;
+pub mod sink;
+pub mod store;
+pub mod template;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use config::{OnDead, RelayConfig, Retention};
+pub use engine::{Relay, RelayHandle, Shutdown};
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use model::{BacklogStatus, Headers, NewEvent, OutboxEvent, Outcome, ShardOwner};
+pub use sink::{Sink, SinkCapabilities};
+pub use store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
+pub use template::DestinationTemplate;

@@ -1,0 +1,49 @@
+//! Metric names (Prometheus) recorded by the engine through the `metrics` facade. The binary
+//! installs the exporter; a library user may install any recorder.
+
+/// Counter: events acknowledged by the broker. Labels: `sink`, `destination`.
+pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";
+/// Counter: failed attempts that will be retried. Labels: `sink`, `destination`, `error`.
+pub const EVENTS_RETRIED: &str = "outbox_events_retried_total";
+/// Counter: events parked as dead. Labels: `sink`, `destination`, `error`.
+pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
+/// Gauge: rows pending (not published, not dead).
+pub const PENDING: &str = "outbox_pending_events";
+/// Gauge: age in seconds of the oldest pending row — the SLO metric.
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Gauge: rows parked as dead.
+pub const DEAD: &str = "outbox_dead_events";
+/// Gauge: aggregates whose next event waits for a retry.
+pub const HELD_BACK_AGGREGATES: &str = "outbox_held_back_aggregates";
+/// Histogram: seconds from the row's `created_at` to the broker's acknowledgement.
+pub const COMMIT_TO_ACK: &str = "outbox_commit_to_ack_seconds";
+/// Histogram: seconds one `publish` call took.
+pub const PUBLISH_DURATION: &str = "outbox_publish_batch_seconds";
+/// Gauge: shards this relay owns.
+pub const SHARDS_OWNED: &str = "outbox_shards_owned";
+/// Counter: whole-call failures. Label `stage`: `claim`, `publish`, `mark`, `session`, `purge`.
+pub const ERRORS: &str = "outbox_relay_errors_total";
+/// Counter: published rows deleted by the retention purge.
+pub const PURGED: &str = "outbox_purged_total";
+
+/// Buckets for the latency histograms, in seconds.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0,
+];
+
+/// Every metric name, for exporters that pre-register them.
+pub const ALL: &[&str] = &[
+    EVENTS_PUBLISHED,
+    EVENTS_RETRIED,
+    EVENTS_DEAD,
+    PENDING,
+    OLDEST_PENDING_AGE,
+    DEAD,
+    HELD_BACK_AGGREGATES,
+    COMMIT_TO_ACK,
+    PUBLISH_DURATION,
+    SHARDS_OWNED,
+    ERRORS,
+    PURGED,
+];

@@ -1,0 +1,119 @@
+//! The `Store` trait: where the outbox rows live.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::model::{BacklogStatus, NewEvent, OutboxEvent, ShardOwner};
+
+/// What to do with rows once the broker acknowledged them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MarkMode {
+    /// Delete the row.
+    Delete,
+    /// Set `published_at`; a background purge deletes it after the retention period.
+    Keep,
+}
+
+/// One claim: the next pending rows of the shards this session owns.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// Most rows to return.
+    pub limit: usize,
+    /// Rows this relay has in flight: never return them.
+    pub exclude_ids: &'a [i64],
+    /// `on_dead = "hold"`: a dead row keeps holding back the later rows of its aggregate.
+    pub dead_holds_aggregate: bool,
+}
+
+/// A failed publication to record on a row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub id: i64,
+    /// The error as people should read it (`last_error`).
+    pub error: String,
+    /// `Some(delay)`: try again after `delay`; `None`: park the row as dead.
+    pub retry_in: Option<Duration>,
+}
+
+/// What a relay sees of the others through its session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Relays with a live session on this table, this one included.
+    pub live_relays: u32,
+    /// Shards locked by any relay, this one included.
+    pub locked: BTreeSet<i32>,
+}
+
+/// A database holding an outbox table.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// The store kind as named in configuration, e.g. `postgres`.
+    fn kind(&self) -> &'static str;
+
+    /// Human description for logs: URL with the password redacted, and the table.
+    fn describe(&self) -> String;
+
+    /// Create or upgrade the schema. Idempotent; safe with several relays starting at once.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Check the database answers and the table exists at the expected schema version.
+    async fn check(&self) -> Result<()>;
+
+    /// Open a dedicated session (its own connection) that holds shard locks. Claims and marks
+    /// for a shard go through the session holding its lock: that is the fencing.
+    async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>>;
+
+    /// Insert events in a transaction of their own (demo, tools, tests). Writers enqueue inside
+    /// their business transaction with the store crate's own `enqueue` function.
+    async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>>;
+
+    /// Delete at most `limit` rows published more than `older_than` ago; returns how many.
+    async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64>;
+
+    /// Backlog figures.
+    async fn status(&self) -> Result<BacklogStatus>;
+
+    /// Which relay holds which shard right now.
+    async fn shard_owners(&self) -> Result<Vec<ShardOwner>>;
+}
+
+/// A relay's dedicated database session: shard locks, claims and marks.
+///
+/// If the underlying connection breaks, every lock is gone with it: each later call fails with
+/// [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) and the engine opens a new session.
+#[async_trait]
+pub trait ShardSession: Send + fmt::Debug {
+    /// Number of shards of the table (fixed at migration).
+    fn shard_count(&self) -> u32;
+
+    /// Shards this session holds.
+    fn owned(&self) -> &BTreeSet<i32>;
+
+    /// Live relays and locked shards.
+    async fn cluster(&mut self) -> Result<ClusterView>;
+
+    /// Try to take `shard`'s lock without waiting; `true` if this session now holds it.
+    async fn try_acquire(&mut self, shard: i32) -> Result<bool>;
+
+    /// Give `shard` back.
+    async fn release(&mut self, shard: i32) -> Result<()>;
+
+    /// The next pending rows of owned shards, in `id` order: not yet published, not dead, due
+    /// (`next_attempt_at` passed), not excluded, and not behind an earlier row of the same
+    /// aggregate that is waiting for a retry (or dead, with `dead_holds_aggregate`).
+    async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>>;
+
+    /// Mark rows as published (delete or set `published_at`). One statement.
+    async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()>;
+
+    /// Record failures: `attempts + 1`, `last_error`, and `next_attempt_at` or `dead_at`.
+    async fn record_failures(&mut self, failures: &[Failure]) -> Result<()>;
+
+    /// Release every lock and close the connection.
+    async fn close(self: Box<Self>) -> Result<()>;
+}

@@ -1,0 +1,168 @@
+//! Destination templates: `{aggregate_type}.{event_type}` and friends.
+
+use crate::error::{Error, Result};
+use crate::model::OutboxEvent;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    AggregateType,
+    AggregateId,
+    EventType,
+}
+
+/// A parsed destination template. Placeholders: `{aggregate_type}`, `{aggregate_id}`,
+/// `{event_type}`; `{{` and `}}` are literal braces. A row's own `destination` wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationTemplate {
+    source: String,
+    parts: Vec<Part>,
+}
+
+impl DestinationTemplate {
+    /// Parse a template; unknown placeholders and unbalanced braces are errors naming them.
+    pub fn parse(template: &str) -> Result<Self> {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = template.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '{' => {
+                    let mut name = String::new();
+                    let mut closed = false;
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
+                        }
+                        name.push(c);
+                    }
+                    if !closed {
+                        return Err(Error::config(format!(
+                            "destination template `{template}`: `{{` without a closing `}}`"
+                        )));
+                    }
+                    let part = match name.trim() {
+                        "aggregate_type" => Part::AggregateType,
+                        "aggregate_id" => Part::AggregateId,
+                        "event_type" => Part::EventType,
+                        other => {
+                            return Err(Error::config(format!(
+                                "destination template `{template}`: unknown placeholder `{{{other}}}` \
+                                 (known: {{aggregate_type}}, {{aggregate_id}}, {{event_type}})"
+                            )))
+                        }
+                    };
+                    if !literal.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut literal)));
+                    }
+                    parts.push(part);
+                }
+                '}' => {
+                    return Err(Error::config(format!(
+                        "destination template `{template}`: `}}` without an opening `{{`"
+                    )))
+                }
+                c => literal.push(c),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Literal(literal));
+        }
+        if parts.is_empty() {
+            return Err(Error::config("destination template is empty"));
+        }
+        Ok(Self {
+            source: template.to_owned(),
+            parts,
+        })
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The destination of `event`: its own `destination` if set, else the rendered template.
+    pub fn render(&self, event: &OutboxEvent) -> String {
+        if let Some(dest) = event.destination.as_deref().filter(|d| !d.is_empty()) {
+            return dest.to_owned();
+        }
+        let mut out = String::with_capacity(self.source.len() + 16);
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::AggregateType => out.push_str(&event.aggregate_type),
+                Part::AggregateId => out.push_str(&event.aggregate_id),
+                Part::EventType => out.push_str(&event.event_type),
+            }
+        }
+        out
+    }
+}
+
+impl std::str::FromStr for DestinationTemplate {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    fn event(destination: Option<&str>) -> OutboxEvent {
+        OutboxEvent {
+            id: 1,
+            event_id: Uuid::nil(),
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "OrderConfirmed".into(),
+            payload: "{}".into(),
+            headers: Default::default(),
+            destination: destination.map(Into::into),
+            created_at: Utc::now(),
+            attempts: 0,
+            shard: 0,
+        }
+    }
+
+    #[test]
+    fn renders_placeholders_and_literals() {
+        let t = DestinationTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        assert_eq!(t.render(&event(None)), "order.OrderConfirmed");
+        let t = DestinationTemplate::parse("app-{aggregate_type}-{aggregate_id}").unwrap();
+        assert_eq!(t.render(&event(None)), "app-order-42");
+        let t = DestinationTemplate::parse("{{x}}{aggregate_type}").unwrap();
+        assert_eq!(t.render(&event(None)), "{x}order");
+    }
+
+    #[test]
+    fn row_destination_wins() {
+        let t = DestinationTemplate::parse("{aggregate_type}").unwrap();
+        assert_eq!(t.render(&event(Some("audit"))), "audit");
+        assert_eq!(t.render(&event(Some(""))), "order");
+    }
+
+    #[test]
+    fn bad_templates_name_the_problem() {
+        let e = DestinationTemplate::parse("{aggregate}").unwrap_err();
+        assert!(e.message().contains("unknown placeholder `{aggregate}`"), "{e}");
+        let e = DestinationTemplate::parse("{event_type").unwrap_err();
+        assert!(e.message().contains("without a closing"), "{e}");
+        let e = DestinationTemplate::parse("a}").unwrap_err();
+        assert!(e.message().contains("without an opening"), "{e}");
+        assert!(DestinationTemplate::parse("").is_err());
+    }
+}

@@ -1,0 +1,5 @@
+//! Conformance suites (feature `testkit`): every `Store` runs the store suite, every `Sink` the
+//! sink suite — a custom sink in a user's crate can run it too.
+
+pub mod sink_suite;
+pub mod store_suite;

@@ -1,0 +1,1 @@
+//! Sink conformance suite (being written).
