@@ -3,6 +3,8 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+#[cfg(any(test, feature = "testkit"))]
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod sink;
@@ -12,7 +14,7 @@ pub mod template;
 pub mod testkit;
 
 pub use config::{OnDead, RelayConfig, Retention};
-pub use engine::{Relay, RelayHandle, Shutdown};
+pub use engine::{Relay, RelayHandle, Shutdown, ShutdownTrigger};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use model::{BacklogStatus, Headers, NewEvent, OutboxEvent, Outcome, ShardOwner};
 pub use sink::{Sink, SinkCapabilities};

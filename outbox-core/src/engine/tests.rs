@@ -1,0 +1,455 @@
+//! Engine logic against the in-memory store and the scripted sink.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::memory::{MemoryStore, Script, ScriptedSink};
+use crate::model::NewEvent;
+use crate::sink::SinkCapabilities;
+
+fn fast_config() -> RelayConfig {
+    RelayConfig {
+        batch_size: 50,
+        max_attempts: 4,
+        backoff_initial: Duration::from_millis(40),
+        backoff_max: Duration::from_millis(200),
+        poll_interval_min: Duration::from_millis(1),
+        poll_interval_max: Duration::from_millis(10),
+        rebalance_interval: Duration::from_millis(20),
+        status_interval: Duration::from_millis(50),
+        purge_interval: Duration::from_millis(20),
+        shutdown_grace: Duration::from_secs(5),
+        ..RelayConfig::default()
+    }
+}
+
+/// `per_aggregate` events for each of `aggregates` aggregates, interleaved like concurrent writers.
+async fn write(store: &MemoryStore, aggregates: usize, per_aggregate: usize) -> Vec<i64> {
+    let mut events = Vec::new();
+    for n in 0..per_aggregate {
+        for a in 0..aggregates {
+            events.push(NewEvent::new(
+                "order",
+                format!("agg-{a}"),
+                "OrderChanged",
+                serde_json::json!({ "aggregate": a, "n": n }),
+            ));
+        }
+    }
+    store.insert(&events).await.unwrap()
+}
+
+fn start(
+    store: &MemoryStore,
+    sink: &ScriptedSink,
+    config: RelayConfig,
+) -> (
+    ShutdownTrigger,
+    RelayHandle,
+    tokio::task::JoinHandle<Result<()>>,
+) {
+    let relay = Relay::new(Arc::new(store.clone()), Arc::new(sink.clone()), config).unwrap();
+    let handle = relay.handle();
+    let (trigger, shutdown) = Shutdown::channel();
+    let task = tokio::spawn(relay.run(shutdown));
+    (trigger, handle, task)
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn pending(store: &MemoryStore) -> usize {
+    store
+        .rows()
+        .iter()
+        .filter(|r| !r.published && !r.dead)
+        .count()
+}
+
+/// Per aggregate, the ids of first deliveries must increase.
+fn assert_first_occurrences_in_order(delivered: &[OutboxEvent]) {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    for e in delivered {
+        if !seen.insert(e.id) {
+            continue;
+        }
+        if let Some(prev) = last.insert(e.aggregate_id.as_str(), e.id) {
+            assert!(
+                prev < e.id,
+                "aggregate {} got event {} after {}",
+                e.aggregate_id,
+                e.id,
+                prev
+            );
+        }
+    }
+}
+
+fn event_id_of(store: &MemoryStore, id: i64) -> uuid::Uuid {
+    store.row(id).unwrap().event.event_id
+}
+
+#[tokio::test]
+async fn failing_event_in_the_middle_keeps_per_aggregate_order() {
+    let store = MemoryStore::new(8);
+    let ids = write(&store, 10, 10).await; // 100 events, ids in write order
+    let sink = ScriptedSink::new();
+    // The 5th event of agg-3 fails twice before it goes through.
+    let victim = ids[4 * 10 + 3];
+    let victim_event_id = event_id_of(&store, victim);
+    sink.script(victim_event_id, Script::RetryTimes(2));
+
+    let (trigger, _handle, task) = start(&store, &sink, fast_config());
+    wait_until("everything delivered", Duration::from_secs(10), || {
+        pending(&store) == 0
+    })
+    .await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+
+    let delivered = sink.delivered();
+    assert_eq!(delivered.len(), 100, "each event delivered once");
+    assert_first_occurrences_in_order(&delivered);
+    assert_eq!(sink.attempts(victim_event_id), 3);
+    // The victim's later siblings went out after it; other aggregates did not wait for it.
+    let pos = |id: i64| delivered.iter().position(|e| e.id == id).unwrap();
+    let victim_pos = pos(victim);
+    for n in 5..10 {
+        assert!(pos(ids[n * 10 + 3]) > victim_pos);
+    }
+    let others_after_victim_failed = delivered[..victim_pos]
+        .iter()
+        .filter(|e| e.aggregate_id != "agg-3" && e.id > victim)
+        .count();
+    assert!(
+        others_after_victim_failed > 0,
+        "other aggregates kept flowing during the retry"
+    );
+}
+
+#[tokio::test]
+async fn retry_backoff_holds_back_only_its_aggregate() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 5, 4).await;
+    let sink = ScriptedSink::new();
+    let first_of_agg0 = ids[0];
+    sink.script(event_id_of(&store, first_of_agg0), Script::RetryTimes(1));
+    let config = RelayConfig {
+        backoff_initial: Duration::from_millis(400),
+        backoff_max: Duration::from_millis(400),
+        ..fast_config()
+    };
+    let (trigger, _handle, task) = start(&store, &sink, config);
+
+    // Everyone else is delivered while agg-0 waits for its backoff (at least 200 ms).
+    wait_until("other aggregates delivered", Duration::from_secs(5), || {
+        sink.delivered()
+            .iter()
+            .filter(|e| e.aggregate_id != "agg-0")
+            .count()
+            == 16
+    })
+    .await;
+    let row = store.row(first_of_agg0).unwrap();
+    assert_eq!(row.event.attempts, 1);
+    assert!(row
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("scripted retry"));
+    assert!(
+        sink.delivered().iter().all(|e| e.aggregate_id != "agg-0"),
+        "agg-0 is held back while its first event waits"
+    );
+    wait_until("agg-0 delivered", Duration::from_secs(5), || {
+        pending(&store) == 0
+    })
+    .await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_first_occurrences_in_order(&sink.delivered());
+    let agg0: Vec<i64> = sink
+        .delivered()
+        .iter()
+        .filter(|e| e.aggregate_id == "agg-0")
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(agg0, vec![ids[0], ids[5], ids[10], ids[15]]);
+}
+
+#[tokio::test]
+async fn dead_after_max_attempts_then_aggregate_flows_on_by_default() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 3, 3).await;
+    let sink = ScriptedSink::new();
+    let poison = ids[3]; // second event of agg-0
+    sink.script(event_id_of(&store, poison), Script::AlwaysRetry);
+    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    wait_until("all settled", Duration::from_secs(10), || {
+        pending(&store) == 0
+    })
+    .await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+
+    let row = store.row(poison).unwrap();
+    assert!(row.dead, "parked as dead");
+    assert_eq!(row.event.attempts, 4, "max_attempts attempts were made");
+    assert_eq!(sink.attempts(row.event.event_id), 4);
+    assert!(row.last_error.unwrap().contains("gave up after 4 attempts"));
+    assert_eq!(handle.dead(), 1);
+    // on_dead = skip: the third event of agg-0 was delivered after all.
+    assert!(sink.delivered().iter().any(|e| e.id == ids[6]));
+    assert_eq!(sink.delivered().len(), 8);
+}
+
+#[tokio::test]
+async fn dead_event_holds_its_aggregate_with_on_dead_hold() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 3, 3).await;
+    let sink = ScriptedSink::new();
+    let poison = ids[3];
+    sink.script(event_id_of(&store, poison), Script::Reject);
+    let config = RelayConfig {
+        on_dead: OnDead::Hold,
+        ..fast_config()
+    };
+    let (trigger, _handle, task) = start(&store, &sink, config);
+    wait_until("others delivered", Duration::from_secs(5), || {
+        sink.delivered().len() == 7
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+
+    let row = store.row(poison).unwrap();
+    assert!(row.dead);
+    assert_eq!(row.event.attempts, 1, "a rejection is not retried");
+    assert_eq!(sink.attempts(row.event.event_id), 1);
+    assert!(
+        !sink.delivered().iter().any(|e| e.id == ids[6]),
+        "held behind the dead event"
+    );
+    assert!(!store.row(ids[6]).unwrap().dead);
+}
+
+#[tokio::test]
+async fn oversized_payload_is_dead_without_a_broker_call() {
+    let store = MemoryStore::new(2);
+    let big = "x".repeat(2000);
+    store
+        .insert(&[
+            NewEvent::new("order", "a", "Big", serde_json::json!({ "blob": big })),
+            NewEvent::new("order", "b", "Small", serde_json::json!({})),
+        ])
+        .await
+        .unwrap();
+    let sink = ScriptedSink::new().with_capabilities(SinkCapabilities {
+        max_batch_len: 10,
+        max_payload_bytes: Some(1000),
+        ordered_per_key: false,
+    });
+    let (trigger, _handle, task) = start(&store, &sink, fast_config());
+    wait_until("settled", Duration::from_secs(5), || pending(&store) == 0).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    let rows = store.rows();
+    let big_row = rows.iter().find(|r| r.event.event_type == "Big").unwrap();
+    assert!(big_row.dead);
+    assert!(big_row
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("larger than"));
+    assert_eq!(sink.attempts(big_row.event.event_id), 0);
+    assert_eq!(sink.delivered().len(), 1);
+}
+
+#[tokio::test]
+async fn broker_outage_dead_letters_nothing_and_recovers() {
+    let store = MemoryStore::new(4);
+    write(&store, 10, 5).await;
+    let sink = ScriptedSink::new();
+    sink.set_down(true);
+    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    wait_until("several failed calls", Duration::from_secs(5), || {
+        sink.calls() >= 3
+    })
+    .await;
+    assert!(!handle.is_ready(), "not ready while the broker is down");
+    assert!(handle.last_error().unwrap().contains("down"));
+    assert!(store
+        .rows()
+        .iter()
+        .all(|r| r.event.attempts == 0 && !r.dead));
+    sink.set_down(false);
+    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
+    assert!(handle.is_ready());
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(sink.delivered().len(), 50);
+    assert_first_occurrences_in_order(&sink.delivered());
+}
+
+#[tokio::test]
+async fn shutdown_finishes_the_in_flight_batch() {
+    let store = MemoryStore::new(2);
+    write(&store, 5, 40).await; // 200 events, batches of 50
+    let sink = ScriptedSink::new().with_delay(Duration::from_millis(300));
+    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    wait_until("a publish in flight", Duration::from_secs(5), || {
+        sink.calls() >= 1
+    })
+    .await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    let delivered = sink.delivered().len();
+    assert!(delivered >= 5, "the in-flight call completed");
+    assert!(delivered < 200, "no new batches after shutdown");
+    // Everything the broker acknowledged was marked before exit; nothing else was.
+    assert_eq!(pending(&store), 200 - delivered);
+    assert_eq!(handle.published() as usize, delivered);
+    assert!(!handle.is_alive());
+    assert!(store.owners().is_empty(), "locks released");
+}
+
+#[tokio::test]
+async fn shutdown_grace_bounds_a_hung_broker() {
+    let store = MemoryStore::new(2);
+    write(&store, 2, 2).await;
+    let sink = ScriptedSink::new().with_delay(Duration::from_secs(30));
+    let config = RelayConfig {
+        shutdown_grace: Duration::from_millis(200),
+        ..fast_config()
+    };
+    let (trigger, _handle, task) = start(&store, &sink, config);
+    wait_until("a publish in flight", Duration::from_secs(5), || {
+        sink.calls() >= 1
+    })
+    .await;
+    let t = Instant::now();
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(pending(&store), 4, "unacknowledged events stay pending");
+}
+
+#[tokio::test]
+async fn three_relays_share_shards_and_keep_order() {
+    let store = MemoryStore::new(16);
+    let sink = ScriptedSink::new().with_delay(Duration::from_millis(2));
+    let relays: Vec<_> = (0..3)
+        .map(|i| {
+            start(
+                &store,
+                &sink,
+                RelayConfig {
+                    relay_id: Some(format!("relay-{i}")),
+                    ..fast_config()
+                },
+            )
+        })
+        .collect();
+    // Writers keep writing while the relays run.
+    for _ in 0..10 {
+        write(&store, 30, 5).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_until("spread", Duration::from_secs(5), || {
+        let owners = store.owners();
+        let mut per: BTreeMap<String, usize> = BTreeMap::new();
+        for o in owners.values() {
+            *per.entry(o.clone()).or_default() += 1;
+        }
+        owners.len() == 16 && per.len() == 3 && per.values().all(|n| *n <= 6)
+    })
+    .await;
+    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
+    for (trigger, _, _) in &relays {
+        trigger.trigger();
+    }
+    for (_, _, task) in relays {
+        task.await.unwrap().unwrap();
+    }
+    let delivered = sink.delivered();
+    let unique: std::collections::HashSet<i64> = delivered.iter().map(|e| e.id).collect();
+    assert_eq!(unique.len(), 1500);
+    assert_first_occurrences_in_order(&delivered);
+}
+
+#[tokio::test]
+async fn lost_session_is_reopened_and_nothing_is_lost() {
+    let store = MemoryStore::new(4);
+    write(&store, 10, 10).await;
+    let sink = ScriptedSink::new().with_delay(Duration::from_millis(5));
+    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    wait_until("some delivered", Duration::from_secs(5), || {
+        !sink.delivered().is_empty()
+    })
+    .await;
+    store.break_sessions();
+    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
+    assert!(handle.shards_owned() > 0, "took its shards back");
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    let delivered = sink.delivered();
+    let unique: std::collections::HashSet<i64> = delivered.iter().map(|e| e.id).collect();
+    assert_eq!(unique.len(), 100);
+    assert_first_occurrences_in_order(&delivered);
+}
+
+#[tokio::test]
+async fn keep_retention_marks_then_purges() {
+    let store = MemoryStore::new(2);
+    write(&store, 3, 3).await;
+    let sink = ScriptedSink::new();
+    let config = RelayConfig {
+        retention: Retention::Keep(Duration::from_millis(100)),
+        ..fast_config()
+    };
+    let (trigger, _handle, task) = start(&store, &sink, config);
+    wait_until("published and kept", Duration::from_secs(5), || {
+        let rows = store.rows();
+        !rows.is_empty() && rows.iter().all(|r| r.published)
+    })
+    .await;
+    wait_until("purged", Duration::from_secs(5), || store.rows().is_empty()).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(sink.delivered().len(), 9);
+}
+
+#[tokio::test]
+async fn ordered_sinks_get_whole_batches_and_unordered_ones_get_waves() {
+    let store = MemoryStore::new(1);
+    write(&store, 1, 20).await; // one hot aggregate
+    let unordered = ScriptedSink::new();
+    let (trigger, _h, task) = start(&store, &unordered, fast_config());
+    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(unordered.calls(), 20, "one event of the aggregate per call");
+
+    let store = MemoryStore::new(1);
+    write(&store, 1, 20).await;
+    let ordered = ScriptedSink::new().with_capabilities(SinkCapabilities {
+        max_batch_len: 100,
+        max_payload_bytes: None,
+        ordered_per_key: true,
+    });
+    let (trigger, _h, task) = start(&store, &ordered, fast_config());
+    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(ordered.calls(), 1, "the whole batch in one call");
+    assert_first_occurrences_in_order(&ordered.delivered());
+}

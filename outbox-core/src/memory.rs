@@ -1,0 +1,533 @@
+//! In-memory `Store` and scripted `Sink` used to test the engine's logic without services
+//! (feature `testkit`, and the core's own unit tests). They follow the same contracts as the
+//! real adapters — shard locks per session, claims in `id` order that skip held-back
+//! aggregates — but keep nothing across processes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::{BacklogStatus, NewEvent, OutboxEvent, Outcome, ShardOwner};
+use crate::sink::{Sink, SinkCapabilities};
+use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
+
+/// One row of the in-memory outbox.
+#[derive(Debug, Clone)]
+pub struct MemoryRow {
+    pub event: OutboxEvent,
+    pub published: bool,
+    pub published_at: Option<Instant>,
+    pub dead: bool,
+    pub next_attempt_at: Option<Instant>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct StoreState {
+    rows: BTreeMap<i64, MemoryRow>,
+    next_id: i64,
+    next_session: u64,
+    /// shard -> session id
+    locks: HashMap<i32, u64>,
+    /// session id -> relay id
+    sessions: HashMap<u64, String>,
+    /// sessions whose "connection" was cut: every call fails with LeaseLost
+    broken: HashSet<u64>,
+}
+
+/// An in-memory outbox shared by every session opened on it.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    shards: u32,
+    state: Arc<Mutex<StoreState>>,
+}
+
+impl MemoryStore {
+    /// A store with `shards` shards.
+    pub fn new(shards: u32) -> Self {
+        Self {
+            shards,
+            state: Arc::new(Mutex::new(StoreState {
+                next_id: 1,
+                ..StoreState::default()
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StoreState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The shard of an aggregate (FNV-1a, like a database hash).
+    pub fn shard_of(&self, aggregate_id: &str) -> i32 {
+        let mut h: u32 = 0x811c9dc5;
+        for b in aggregate_id.bytes() {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        (h % self.shards) as i32
+    }
+
+    /// A copy of every row.
+    pub fn rows(&self) -> Vec<MemoryRow> {
+        self.lock().rows.values().cloned().collect()
+    }
+
+    /// A copy of one row.
+    pub fn row(&self, id: i64) -> Option<MemoryRow> {
+        self.lock().rows.get(&id).cloned()
+    }
+
+    /// Cut every session's "connection": their locks are gone and later calls fail.
+    pub fn break_sessions(&self) {
+        let mut st = self.lock();
+        let ids: Vec<u64> = st.sessions.keys().copied().collect();
+        for id in ids {
+            st.broken.insert(id);
+            st.sessions.remove(&id);
+        }
+        st.locks.clear();
+    }
+
+    /// Which relay holds each shard.
+    pub fn owners(&self) -> BTreeMap<i32, String> {
+        let st = self.lock();
+        st.locks
+            .iter()
+            .map(|(shard, sid)| (*shard, st.sessions.get(sid).cloned().unwrap_or_default()))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn describe(&self) -> String {
+        format!("in-memory store ({} shards)", self.shards)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
+        let mut st = self.lock();
+        st.next_session += 1;
+        let id = st.next_session;
+        st.sessions.insert(id, relay_id.to_owned());
+        Ok(Box::new(MemorySession {
+            store: self.clone(),
+            id,
+            owned: BTreeSet::new(),
+        }))
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
+        let mut ids = Vec::with_capacity(events.len());
+        for e in events {
+            let shard = self.shard_of(&e.aggregate_id);
+            let mut st = self.lock();
+            let id = st.next_id;
+            st.next_id += 1;
+            let event = OutboxEvent {
+                id,
+                event_id: e.event_id_or_new(),
+                aggregate_type: e.aggregate_type.clone(),
+                aggregate_id: e.aggregate_id.clone(),
+                event_type: e.event_type.clone(),
+                payload: e.payload.to_string(),
+                headers: e.headers.clone(),
+                destination: e.destination.clone(),
+                created_at: Utc::now(),
+                attempts: 0,
+                shard,
+            };
+            st.rows.insert(
+                id,
+                MemoryRow {
+                    event,
+                    published: false,
+                    published_at: None,
+                    dead: false,
+                    next_attempt_at: None,
+                    last_error: None,
+                },
+            );
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let victims: Vec<i64> = st
+            .rows
+            .values()
+            .filter(|r| {
+                r.published_at
+                    .is_some_and(|t| now.duration_since(t) >= older_than)
+            })
+            .map(|r| r.event.id)
+            .take(limit as usize)
+            .collect();
+        for id in &victims {
+            st.rows.remove(id);
+        }
+        Ok(victims.len() as u64)
+    }
+
+    async fn status(&self) -> Result<BacklogStatus> {
+        let st = self.lock();
+        let pending: Vec<&MemoryRow> = st
+            .rows
+            .values()
+            .filter(|r| !r.published && !r.dead)
+            .collect();
+        let retrying: Vec<&&MemoryRow> = pending.iter().filter(|r| r.event.attempts > 0).collect();
+        let held: BTreeSet<&str> = retrying
+            .iter()
+            .map(|r| r.event.aggregate_id.as_str())
+            .collect();
+        Ok(BacklogStatus {
+            pending: pending.len() as i64,
+            oldest_pending_age_secs: pending
+                .first()
+                .map(|r| (Utc::now() - r.event.created_at).num_milliseconds() as f64 / 1000.0)
+                .unwrap_or(0.0),
+            dead: st.rows.values().filter(|r| r.dead).count() as i64,
+            held_back_aggregates: held.len() as i64,
+            retrying: retrying.len() as i64,
+        })
+    }
+
+    async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
+        Ok(self
+            .owners()
+            .into_iter()
+            .map(|(shard, owner)| ShardOwner { shard, owner })
+            .collect())
+    }
+}
+
+/// A session on a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemorySession {
+    store: MemoryStore,
+    id: u64,
+    owned: BTreeSet<i32>,
+}
+
+impl MemorySession {
+    fn guard(&mut self) -> Result<MutexGuard<'_, StoreState>> {
+        let broken = self.store.lock().broken.contains(&self.id);
+        if broken {
+            self.owned.clear();
+            return Err(Error::new(
+                ErrorKind::LeaseLost,
+                "lost the in-memory session holding shard locks",
+            ));
+        }
+        Ok(self.store.lock())
+    }
+}
+
+#[async_trait]
+impl ShardSession for MemorySession {
+    fn shard_count(&self) -> u32 {
+        self.store.shards
+    }
+
+    fn owned(&self) -> &BTreeSet<i32> {
+        &self.owned
+    }
+
+    async fn cluster(&mut self) -> Result<ClusterView> {
+        let st = self.guard()?;
+        Ok(ClusterView {
+            live_relays: st.sessions.len() as u32,
+            locked: st.locks.keys().copied().collect(),
+        })
+    }
+
+    async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
+        let id = self.id;
+        let mut st = self.guard()?;
+        let got = match st.locks.get(&shard) {
+            Some(holder) => *holder == id,
+            None => {
+                st.locks.insert(shard, id);
+                true
+            }
+        };
+        drop(st);
+        if got {
+            self.owned.insert(shard);
+        }
+        Ok(got)
+    }
+
+    async fn release(&mut self, shard: i32) -> Result<()> {
+        let id = self.id;
+        let mut st = self.guard()?;
+        if st.locks.get(&shard) == Some(&id) {
+            st.locks.remove(&shard);
+        }
+        drop(st);
+        self.owned.remove(&shard);
+        Ok(())
+    }
+
+    async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
+        let owned = self.owned.clone();
+        let st = self.guard()?;
+        let now = Instant::now();
+        let exclude: HashSet<i64> = request.exclude_ids.iter().copied().collect();
+        // Aggregates with an earlier row waiting for a retry (or dead, when it holds).
+        let mut blocked: HashSet<&str> = HashSet::new();
+        let mut out = Vec::new();
+        for row in st.rows.values() {
+            if out.len() >= request.limit {
+                break;
+            }
+            let agg = row.event.aggregate_id.as_str();
+            if row.published || !owned.contains(&row.event.shard) {
+                continue;
+            }
+            let blocking = row.event.attempts > 0 && (!row.dead || request.dead_holds_aggregate);
+            if row.dead {
+                if blocking {
+                    blocked.insert(agg);
+                }
+                continue;
+            }
+            let held = blocked.contains(agg);
+            if blocking {
+                blocked.insert(agg);
+            }
+            if held
+                || exclude.contains(&row.event.id)
+                || row.next_attempt_at.is_some_and(|t| t > now)
+            {
+                continue;
+            }
+            out.push(row.event.clone());
+        }
+        Ok(out)
+    }
+
+    async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
+        let mut st = self.guard()?;
+        for id in ids {
+            match mode {
+                MarkMode::Delete => {
+                    st.rows.remove(id);
+                }
+                MarkMode::Keep => {
+                    if let Some(row) = st.rows.get_mut(id) {
+                        row.published = true;
+                        row.published_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn record_failures(&mut self, failures: &[Failure]) -> Result<()> {
+        let mut st = self.guard()?;
+        for f in failures {
+            if let Some(row) = st.rows.get_mut(&f.id) {
+                row.event.attempts += 1;
+                row.last_error = Some(f.error.clone());
+                match f.retry_in {
+                    Some(d) => row.next_attempt_at = Some(Instant::now() + d),
+                    None => row.dead = true,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(self: Box<Self>) -> Result<()> {
+        let mut st = self.store.lock();
+        st.locks.retain(|_, sid| *sid != self.id);
+        st.sessions.remove(&self.id);
+        Ok(())
+    }
+}
+
+impl Drop for MemorySession {
+    fn drop(&mut self) {
+        // Like a closed connection: locks go with the session.
+        let mut st = self.store.lock();
+        let id = self.id;
+        st.locks.retain(|_, sid| *sid != id);
+        st.sessions.remove(&id);
+    }
+}
+
+/// What the scripted sink does with one event id.
+#[derive(Debug, Clone)]
+pub enum Script {
+    /// Fail this many times with a retryable error, then publish.
+    RetryTimes(u32),
+    /// Always fail with a retryable error.
+    AlwaysRetry,
+    /// Reject (permanent).
+    Reject,
+}
+
+#[derive(Debug, Default)]
+struct SinkState {
+    delivered: Vec<OutboxEvent>,
+    scripts: HashMap<uuid::Uuid, Script>,
+    calls: u64,
+    /// Whole calls fail while this is set (broker down).
+    down: bool,
+    attempts: HashMap<uuid::Uuid, u32>,
+}
+
+/// A sink that records what it "delivered", with scripted per-event failures, whole-call
+/// outages and a per-call delay.
+#[derive(Debug, Clone)]
+pub struct ScriptedSink {
+    state: Arc<Mutex<SinkState>>,
+    delay: Duration,
+    capabilities: SinkCapabilities,
+}
+
+impl Default for ScriptedSink {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ScriptedSink {
+    /// A sink that publishes everything immediately.
+    pub fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            delay: Duration::ZERO,
+            capabilities: SinkCapabilities {
+                max_batch_len: 100,
+                max_payload_bytes: Some(1024 * 1024),
+                ordered_per_key: false,
+            },
+        }
+    }
+
+    /// Each publish call takes this long.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Override the capabilities.
+    pub fn with_capabilities(mut self, capabilities: SinkCapabilities) -> Self {
+        self.capabilities = capabilities;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Script the fate of one event.
+    pub fn script(&self, event_id: uuid::Uuid, script: Script) {
+        self.lock().scripts.insert(event_id, script);
+    }
+
+    /// Broker down (`true`) or up.
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
+    /// Every event delivered, in delivery order (duplicates included).
+    pub fn delivered(&self) -> Vec<OutboxEvent> {
+        self.lock().delivered.clone()
+    }
+
+    /// How many publish calls were made.
+    pub fn calls(&self) -> u64 {
+        self.lock().calls
+    }
+
+    /// Attempts seen for an event id.
+    pub fn attempts(&self, event_id: uuid::Uuid) -> u32 {
+        self.lock().attempts.get(&event_id).copied().unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Sink for ScriptedSink {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn capabilities(&self) -> SinkCapabilities {
+        self.capabilities
+    }
+
+    fn destination(&self, event: &OutboxEvent) -> String {
+        event
+            .destination
+            .clone()
+            .unwrap_or_else(|| event.aggregate_type.clone())
+    }
+
+    async fn check(&self) -> Result<()> {
+        if self.lock().down {
+            return Err(Error::new(ErrorKind::Connection, "scripted broker is down"));
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
+        self.lock().calls += 1;
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let mut st = self.lock();
+        if st.down {
+            return Err(Error::new(ErrorKind::Connection, "scripted broker is down"));
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for event in batch {
+            let n = {
+                let a = st.attempts.entry(event.event_id).or_default();
+                *a += 1;
+                *a
+            };
+            let outcome = match st.scripts.get(&event.event_id) {
+                Some(Script::RetryTimes(k)) if n <= *k => Outcome::Retry(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("scripted retry {n}/{k}"),
+                )),
+                Some(Script::AlwaysRetry) => {
+                    Outcome::Retry(Error::new(ErrorKind::Unavailable, "scripted: always retry"))
+                }
+                Some(Script::Reject) => {
+                    Outcome::Reject(Error::new(ErrorKind::InvalidMessage, "scripted: rejected"))
+                }
+                _ => Outcome::Published,
+            };
+            if outcome.is_published() {
+                st.delivered.push(event.clone());
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+}
