@@ -220,6 +220,10 @@ mod tests {
             batch_size: 0,
             ..RelayConfig::default()
         };
-        assert!(c.validate().unwrap_err().message().starts_with("relay.batch_size"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .message()
+            .starts_with("relay.batch_size"));
     }
 }

@@ -200,14 +200,19 @@ mod tests {
     fn retryability_follows_kind_unless_overridden() {
         assert!(Error::new(ErrorKind::Connection, "x").is_retryable());
         assert!(!Error::new(ErrorKind::MessageTooLarge, "x").is_retryable());
-        assert!(!Error::new(ErrorKind::Connection, "x").permanent().is_retryable());
-        assert!(Error::new(ErrorKind::Unroutable, "x").temporary().is_retryable());
+        assert!(!Error::new(ErrorKind::Connection, "x")
+            .permanent()
+            .is_retryable());
+        assert!(Error::new(ErrorKind::Unroutable, "x")
+            .temporary()
+            .is_retryable());
     }
 
     #[test]
     fn full_message_includes_sources_once() {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        let e = Error::new(ErrorKind::Connection, "connecting to redis 127.0.0.1:1").with_source(io);
+        let e =
+            Error::new(ErrorKind::Connection, "connecting to redis 127.0.0.1:1").with_source(io);
         assert_eq!(e.full_message(), "connecting to redis 127.0.0.1:1: refused");
         assert_eq!(e.clone().full_message(), e.full_message());
     }

@@ -54,12 +54,10 @@ impl DestinationTemplate {
                         "aggregate_type" => Part::AggregateType,
                         "aggregate_id" => Part::AggregateId,
                         "event_type" => Part::EventType,
-                        other => {
-                            return Err(Error::config(format!(
-                                "destination template `{template}`: unknown placeholder `{{{other}}}` \
+                        other => return Err(Error::config(format!(
+                            "destination template `{template}`: unknown placeholder `{{{other}}}` \
                                  (known: {{aggregate_type}}, {{aggregate_id}}, {{event_type}})"
-                            )))
-                        }
+                        ))),
                     };
                     if !literal.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));
@@ -158,7 +156,10 @@ mod tests {
     #[test]
     fn bad_templates_name_the_problem() {
         let e = DestinationTemplate::parse("{aggregate}").unwrap_err();
-        assert!(e.message().contains("unknown placeholder `{aggregate}`"), "{e}");
+        assert!(
+            e.message().contains("unknown placeholder `{aggregate}`"),
+            "{e}"
+        );
         let e = DestinationTemplate::parse("{event_type").unwrap_err();
         assert!(e.message().contains("without a closing"), "{e}");
         let e = DestinationTemplate::parse("a}").unwrap_err();
