@@ -1,1 +1,12 @@
+#![doc = include_str!("../README.md")]
 
+mod adapters;
+pub mod cli;
+pub mod demo;
+pub mod registry;
+pub mod server;
+pub mod settings;
+pub mod status;
+
+pub use cli::main;
+pub use registry::{BoxFuture, FactoryContext, Registry};

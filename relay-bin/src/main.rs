@@ -1,1 +1,3 @@
-fn main() {}
+fn main() -> std::process::ExitCode {
+    outbox_relay::main(outbox_relay::Registry::builtin())
+}

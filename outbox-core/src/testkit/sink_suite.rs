@@ -1,1 +1,507 @@
-//! Sink conformance suite (being written).
+//! Sink conformance suite: the cases every [`Sink`] must pass, against the real broker.
+//!
+//! A sink crate implements [`SinkHarness`] for its broker (build a sink for a destination
+//! template, build one that cannot reach the broker, read back what arrived) and expands
+//! [`sink_suite!`](crate::sink_suite) in an integration test:
+//!
+//! ```text
+//! // tests/sink_suite.rs of a sink crate (needs `tokio` with `macros` and `rt-multi-thread`)
+//! struct MyHarness { /* broker client for reading back */ }
+//!
+//! #[async_trait::async_trait]
+//! impl outbox_core::testkit::sink_suite::SinkHarness for MyHarness { /* ... */ }
+//!
+//! outbox_core::sink_suite!(MyHarness::new().await);
+//! ```
+//!
+//! Every case uses destinations under a fresh random prefix, so cases run in parallel and
+//! repeated runs never see each other's messages.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use uuid::Uuid;
+
+use crate::error::ErrorKind;
+use crate::model::{Headers, OutboxEvent, Outcome};
+use crate::sink::Sink;
+
+/// How long a case waits for published messages to be readable.
+pub const READ_BACK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long a sink that cannot reach its broker may take to say so.
+pub const UNREACHABLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest batch the suite sends, even when a sink accepts more.
+pub const MAX_SUITE_BATCH: usize = 1000;
+
+/// One message as a consumer of the broker received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceivedMessage {
+    pub event_id: Uuid,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The message body, byte for byte.
+    pub payload: Vec<u8>,
+    /// The message's headers / attributes / fields other than the above, as the broker
+    /// carries them; must include every header of the event (e.g. `traceparent`).
+    pub headers: BTreeMap<String, String>,
+}
+
+/// What the suite needs from a broker besides the sink under test.
+#[async_trait]
+pub trait SinkHarness: Send + Sync {
+    /// A sink connected to the broker, routing with `destination_template`
+    /// (e.g. `suite1a2b3c_{aggregate_type}`).
+    async fn sink(&self, destination_template: &str) -> Box<dyn Sink>;
+
+    /// A sink configured for a broker address where nothing answers; building it must not
+    /// fail (connect lazily).
+    async fn unreachable_sink(&self) -> Box<dyn Sink>;
+
+    /// Everything delivered to `destination`, in broker order, waiting until `expected`
+    /// messages arrived or `timeout` passed (then returning what arrived).
+    async fn read_back(
+        &self,
+        destination: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<ReceivedMessage>;
+
+    /// Called before anything is published to `destination`, for brokers where a message
+    /// sent to a destination nobody listens on is lost (create and bind the queue, create the
+    /// topic...). Default: nothing.
+    async fn prepare_destination(&self, _destination: &str) {}
+}
+
+/// A fresh prefix for a case's destinations: `suite` and 12 hex digits, valid in stream,
+/// topic, queue and exchange names.
+pub fn unique_prefix() -> String {
+    let mut prefix = String::from("suite");
+    prefix.push_str(&Uuid::new_v4().simple().to_string()[..12]);
+    prefix
+}
+
+/// A destination template under a fresh prefix: `suite<hex>_{aggregate_type}`.
+pub fn unique_template() -> String {
+    format!("{}_{{aggregate_type}}", unique_prefix())
+}
+
+/// A test event with a fresh `event_id`, a JSON payload (deliberately not in compact form and
+/// with non-ASCII text, so a sink that re-serializes it is caught) and a `traceparent` header.
+pub fn sample_event(
+    id: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+) -> OutboxEvent {
+    let event_id = Uuid::new_v4();
+    let aggregate_id_json =
+        serde_json::to_string(aggregate_id).unwrap_or_else(|_| "\"?\"".to_owned());
+    let payload = format!(
+        "{{\"seq\": {id},  \"aggregate_id\": {aggregate_id_json}, \
+         \"note\": \"caf\u{e9} \u{2713}\", \"amount\": 12.50}}"
+    );
+    let span = Uuid::new_v4().simple().to_string();
+    let mut headers = Headers::new();
+    headers.insert(
+        "traceparent".to_owned(),
+        format!("00-{}-{}-01", event_id.simple(), &span[..16]),
+    );
+    OutboxEvent {
+        id,
+        event_id,
+        aggregate_type: aggregate_type.to_owned(),
+        aggregate_id: aggregate_id.to_owned(),
+        event_type: event_type.to_owned(),
+        payload,
+        headers,
+        destination: None,
+        created_at: Utc::now(),
+        attempts: 0,
+        shard: 0,
+    }
+}
+
+/// `count` events of one aggregate type spread round-robin over `aggregates` aggregates
+/// (`agg-0`, `agg-1`...), ids `first_id..`.
+pub fn sample_batch(
+    first_id: i64,
+    count: usize,
+    aggregate_type: &str,
+    aggregates: usize,
+) -> Vec<OutboxEvent> {
+    (0..count)
+        .map(|i| {
+            let aggregate_id = format!("agg-{}", i % aggregates.max(1));
+            sample_event(
+                first_id + i as i64,
+                aggregate_type,
+                &aggregate_id,
+                "ItemAdded",
+            )
+        })
+        .collect()
+}
+
+/// Publish `batch` and assert one outcome per event, all `Published`.
+pub async fn publish_all(sink: &dyn Sink, batch: &[OutboxEvent]) {
+    let outcomes = match sink.publish(batch).await {
+        Ok(outcomes) => outcomes,
+        Err(e) => panic!(
+            "{} sink: publishing {} events failed as a whole: {e} ({:?})",
+            sink.kind(),
+            batch.len(),
+            e.kind()
+        ),
+    };
+    assert_eq!(
+        outcomes.len(),
+        batch.len(),
+        "{} sink: one outcome per event",
+        sink.kind()
+    );
+    let failed: Vec<String> = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !o.is_published())
+        .take(5)
+        .map(|(i, o)| format!("event {i}: {o:?}"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} sink: not every event was published: {}",
+        sink.kind(),
+        failed.join("; ")
+    );
+}
+
+/// Read back `destination` and assert exactly `sent` arrived: each `event_id` once, same
+/// aggregate id, event type, payload bytes, every header of the event. With `check_order`,
+/// also that events of one aggregate arrived in `id` order.
+pub async fn assert_received(
+    harness: &dyn SinkHarness,
+    destination: &str,
+    sent: &[&OutboxEvent],
+    check_order: bool,
+) {
+    let received = harness
+        .read_back(destination, sent.len(), READ_BACK_TIMEOUT)
+        .await;
+    let by_id: HashMap<Uuid, &OutboxEvent> = sent.iter().map(|e| (e.event_id, *e)).collect();
+    let mut seen: HashMap<Uuid, usize> = HashMap::new();
+    for message in &received {
+        *seen.entry(message.event_id).or_default() += 1;
+        let Some(event) = by_id.get(&message.event_id) else {
+            panic!("{destination}: unexpected message {message:?}");
+        };
+        assert_eq!(
+            message.aggregate_id, event.aggregate_id,
+            "{destination}: aggregate_id"
+        );
+        assert_eq!(
+            message.event_type, event.event_type,
+            "{destination}: event_type"
+        );
+        assert_eq!(
+            message.payload,
+            event.payload_bytes(),
+            "{destination}: payload of {} is not byte for byte what was sent",
+            event.event_id
+        );
+        for (name, value) in &event.headers {
+            assert_eq!(
+                message.headers.get(name),
+                Some(value),
+                "{destination}: header `{name}` of {}",
+                event.event_id
+            );
+        }
+    }
+    let duplicates: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        duplicates.is_empty(),
+        "{destination}: delivered more than once: {duplicates:?}"
+    );
+    let missing: Vec<_> = sent
+        .iter()
+        .filter(|e| !seen.contains_key(&e.event_id))
+        .map(|e| e.id)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{destination}: {} of {} events never arrived within {READ_BACK_TIMEOUT:?} (ids {missing:?})",
+        missing.len(),
+        sent.len()
+    );
+    if check_order {
+        let mut last: HashMap<&str, i64> = HashMap::new();
+        for message in &received {
+            let event = by_id[&message.event_id];
+            if let Some(previous) = last.insert(&event.aggregate_id, event.id) {
+                assert!(
+                    previous < event.id,
+                    "{destination}: aggregate {} got event {} after event {}",
+                    event.aggregate_id,
+                    event.id,
+                    previous
+                );
+            }
+        }
+    }
+}
+
+/// A batch of 50 events over 5 aggregates is published (50 `Published`, in order) and read
+/// back: each event once, payload bytes identical, headers carried; events of one aggregate in
+/// order when the sink claims `ordered_per_key` (otherwise see
+/// [`per_aggregate_order_across_calls`]).
+pub async fn publishes_a_batch_and_reads_it_back(harness: &dyn SinkHarness) {
+    let template = unique_template();
+    let sink = harness.sink(&template).await;
+    let batch = sample_batch(1, 50, "order", 5);
+    let destination = sink.destination(&batch[0]);
+    harness.prepare_destination(&destination).await;
+    publish_all(sink.as_ref(), &batch).await;
+    let sent: Vec<&OutboxEvent> = batch.iter().collect();
+    let ordered = sink.capabilities().ordered_per_key;
+    assert_received(harness, &destination, &sent, ordered).await;
+}
+
+/// Events sent the way the engine sends them to a sink without `ordered_per_key` — one event
+/// per aggregate per call, call after call — arrive in order per aggregate.
+pub async fn per_aggregate_order_across_calls(harness: &dyn SinkHarness) {
+    let template = unique_template();
+    let sink = harness.sink(&template).await;
+    let batch = sample_batch(1, 20, "order", 5);
+    let destination = sink.destination(&batch[0]);
+    harness.prepare_destination(&destination).await;
+    for wave in batch.chunks(5) {
+        publish_all(sink.as_ref(), wave).await;
+    }
+    let sent: Vec<&OutboxEvent> = batch.iter().collect();
+    assert_received(harness, &destination, &sent, true).await;
+}
+
+/// Events of several aggregate types go to the destinations the template gives them.
+pub async fn routes_by_template(harness: &dyn SinkHarness) {
+    let template = unique_template();
+    let sink = harness.sink(&template).await;
+    let mut batch = sample_batch(1, 6, "order", 2);
+    batch.extend(sample_batch(7, 4, "invoice", 2));
+    let orders = sink.destination(&batch[0]);
+    let invoices = sink.destination(&batch[6]);
+    assert_ne!(orders, invoices);
+    harness.prepare_destination(&orders).await;
+    harness.prepare_destination(&invoices).await;
+    publish_all(sink.as_ref(), &batch).await;
+    let sent_orders: Vec<&OutboxEvent> = batch[..6].iter().collect();
+    let sent_invoices: Vec<&OutboxEvent> = batch[6..].iter().collect();
+    assert_received(harness, &orders, &sent_orders, false).await;
+    assert_received(harness, &invoices, &sent_invoices, false).await;
+}
+
+/// An empty batch is `Ok` with no outcomes.
+pub async fn empty_batch_returns_no_outcomes(harness: &dyn SinkHarness) {
+    let sink = harness.sink(&unique_template()).await;
+    let outcomes = sink
+        .publish(&[])
+        .await
+        .unwrap_or_else(|e| panic!("{} sink: empty batch failed: {e}", sink.kind()));
+    assert!(
+        outcomes.is_empty(),
+        "{} sink: outcomes for an empty batch",
+        sink.kind()
+    );
+}
+
+/// A row's `destination` wins over the template: its events are read back from there and
+/// nothing reaches the templated destination.
+pub async fn row_destination_overrides_template(harness: &dyn SinkHarness) {
+    let prefix = unique_prefix();
+    let template = format!("{prefix}_{{aggregate_type}}");
+    let sink = harness.sink(&template).await;
+    let override_to = format!("{prefix}_override");
+    let mut batch = sample_batch(1, 5, "order", 2);
+    for event in &mut batch {
+        event.destination = Some(override_to.clone());
+    }
+    assert_eq!(sink.destination(&batch[0]), override_to);
+    let templated = format!("{prefix}_order");
+    harness.prepare_destination(&override_to).await;
+    harness.prepare_destination(&templated).await;
+    publish_all(sink.as_ref(), &batch).await;
+    let sent: Vec<&OutboxEvent> = batch.iter().collect();
+    assert_received(harness, &override_to, &sent, false).await;
+    let stray = harness
+        .read_back(&templated, 0, Duration::from_millis(500))
+        .await;
+    assert!(
+        stray.is_empty(),
+        "{templated}: got {} messages meant for {override_to}",
+        stray.len()
+    );
+}
+
+/// A batch exactly `capabilities().max_batch_len` long (at most [`MAX_SUITE_BATCH`]) is
+/// published whole.
+pub async fn full_batch_is_published(harness: &dyn SinkHarness) {
+    let sink = harness.sink(&unique_template()).await;
+    let capabilities = sink.capabilities();
+    assert!(
+        capabilities.max_batch_len >= 1,
+        "max_batch_len must be at least 1"
+    );
+    let len = capabilities.max_batch_len.min(MAX_SUITE_BATCH);
+    let batch = sample_batch(1, len, "order", 10);
+    let destination = sink.destination(&batch[0]);
+    harness.prepare_destination(&destination).await;
+    publish_all(sink.as_ref(), &batch).await;
+    let sent: Vec<&OutboxEvent> = batch.iter().collect();
+    assert_received(harness, &destination, &sent, false).await;
+}
+
+/// `destination()` renders the template (all three placeholders) and honours a row override.
+pub async fn destination_renders_template(harness: &dyn SinkHarness) {
+    let prefix = unique_prefix();
+    let sink = harness
+        .sink(&format!(
+            "{prefix}_{{aggregate_type}}_{{event_type}}_{{aggregate_id}}"
+        ))
+        .await;
+    let mut event = sample_event(1, "order", "42", "OrderConfirmed");
+    assert_eq!(
+        sink.destination(&event),
+        format!("{prefix}_order_OrderConfirmed_42")
+    );
+    let sink = harness.sink(&format!("{prefix}_{{aggregate_type}}")).await;
+    assert_eq!(sink.destination(&event), format!("{prefix}_order"));
+    event.destination = Some(format!("{prefix}_audit"));
+    assert_eq!(sink.destination(&event), format!("{prefix}_audit"));
+}
+
+/// `outcomes.len() == batch.len()` for every batch size.
+pub async fn outcomes_match_batch_length(harness: &dyn SinkHarness) {
+    let sink = harness.sink(&unique_template()).await;
+    let max = sink.capabilities().max_batch_len;
+    let mut next_id = 1;
+    let mut sent = Vec::new();
+    for len in [1, 2, 3, 7, 16] {
+        let len = len.min(max);
+        let batch = sample_batch(next_id, len, "order", 3);
+        next_id += len as i64;
+        if sent.is_empty() {
+            harness
+                .prepare_destination(&sink.destination(&batch[0]))
+                .await;
+        }
+        publish_all(sink.as_ref(), &batch).await;
+        sent.extend(batch);
+    }
+    let destination = sink.destination(&sent[0]);
+    let sent: Vec<&OutboxEvent> = sent.iter().collect();
+    assert_received(harness, &destination, &sent, false).await;
+}
+
+/// `check()` succeeds when the broker answers.
+pub async fn check_succeeds_on_reachable_broker(harness: &dyn SinkHarness) {
+    let sink = harness.sink(&unique_template()).await;
+    if let Err(e) = sink.check().await {
+        panic!(
+            "{} sink: check failed against a live broker: {e}",
+            sink.kind()
+        );
+    }
+}
+
+/// `check()` fails (within [`UNREACHABLE_TIMEOUT`]) when nothing answers.
+pub async fn check_fails_on_unreachable_broker(harness: &dyn SinkHarness) {
+    let sink = harness.unreachable_sink().await;
+    match tokio::time::timeout(UNREACHABLE_TIMEOUT, sink.check()).await {
+        Err(_) => panic!(
+            "{} sink: check did not return within {UNREACHABLE_TIMEOUT:?}",
+            sink.kind()
+        ),
+        Ok(Ok(())) => panic!("{} sink: check succeeded with no broker", sink.kind()),
+        Ok(Err(_)) => {}
+    }
+}
+
+/// Publishing with no broker fails the call as a whole with a retryable error (connection,
+/// timeout, unavailable) within [`UNREACHABLE_TIMEOUT`] — never `Reject` outcomes, which would
+/// park good events as dead.
+pub async fn unreachable_publish_is_a_retryable_error(harness: &dyn SinkHarness) {
+    let sink = harness.unreachable_sink().await;
+    let batch = sample_batch(1, 3, "order", 2);
+    match tokio::time::timeout(UNREACHABLE_TIMEOUT, sink.publish(&batch)).await {
+        Err(_) => panic!(
+            "{} sink: publish did not return within {UNREACHABLE_TIMEOUT:?}",
+            sink.kind()
+        ),
+        Ok(Ok(outcomes)) => {
+            let mut text = String::new();
+            for outcome in &outcomes {
+                let _ = write!(text, "{outcome:?}; ");
+            }
+            assert!(
+                !outcomes.iter().any(|o| matches!(o, Outcome::Reject(_))),
+                "{} sink: events rejected because the broker is unreachable: {text}",
+                sink.kind()
+            );
+            panic!(
+                "{} sink: publish with no broker returned outcomes instead of Err: {text}",
+                sink.kind()
+            );
+        }
+        Ok(Err(e)) => {
+            assert!(e.is_retryable(), "{} sink: not retryable: {e}", sink.kind());
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
+                ),
+                "{} sink: unexpected kind {:?}: {e}",
+                sink.kind(),
+                e.kind()
+            );
+        }
+    }
+}
+
+/// Generates one `#[tokio::test]` per case of the sink conformance suite, in a module
+/// `sink_conformance`. `$harness` is evaluated in each test (it may `.await`) and must give a
+/// value implementing [`SinkHarness`](crate::testkit::sink_suite::SinkHarness). The calling
+/// crate needs `tokio` with the `macros` and `rt-multi-thread` features.
+#[macro_export]
+macro_rules! sink_suite {
+    ($harness:expr) => {
+        $crate::sink_suite!(@cases $harness;
+            publishes_a_batch_and_reads_it_back,
+            per_aggregate_order_across_calls,
+            routes_by_template,
+            empty_batch_returns_no_outcomes,
+            row_destination_overrides_template,
+            full_batch_is_published,
+            destination_renders_template,
+            outcomes_match_batch_length,
+            check_succeeds_on_reachable_broker,
+            check_fails_on_unreachable_broker,
+            unreachable_publish_is_a_retryable_error,
+        );
+    };
+    (@cases $harness:expr; $($case:ident),+ $(,)?) => {
+        mod sink_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let harness = $harness;
+                    $crate::testkit::sink_suite::$case(&harness).await;
+                }
+            )+
+        }
+    };
+}

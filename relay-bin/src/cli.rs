@@ -1,0 +1,233 @@
+//! The command line: `run`, `migrate`, `status`, `demo`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use outbox_core::{ErrorKind, Relay, Shutdown, Store};
+use tracing::{info, warn};
+
+use crate::registry::{FactoryContext, Registry};
+use crate::settings::{self, LogFormat, Settings};
+
+/// Relay outbox rows to a broker, at least once, in order per aggregate.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay")]
+pub struct Cli {
+    /// Configuration file (TOML); `OUTBOX_*` environment variables override it (`__` nests).
+    #[arg(long, short = 'c', global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log format, overriding `log.format`.
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Relay until SIGTERM/SIGINT; serves /metrics, /healthz and /readyz.
+    Run,
+    /// Create or upgrade the outbox table (idempotent).
+    Migrate,
+    /// Backlog figures and shard owners.
+    Status {
+        /// Print JSON for machines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write order events in business transactions on the local PostgreSQL, relay them to the
+    /// local broker, read them back and check nothing was lost or reordered.
+    Demo(crate::demo::DemoArgs),
+}
+
+/// A failure of a command: what to print and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub code: u8,
+}
+
+impl Failure {
+    /// Bad configuration or usage: exit code 2.
+    pub fn config(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code: 2,
+        }
+    }
+
+    /// Anything else: exit code 1.
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code: 1,
+        }
+    }
+}
+
+impl From<outbox_core::Error> for Failure {
+    fn from(e: outbox_core::Error) -> Self {
+        let code = if e.kind() == ErrorKind::Config { 2 } else { 1 };
+        Self {
+            message: e.full_message(),
+            code,
+        }
+    }
+}
+
+impl From<settings::ConfigError> for Failure {
+    fn from(e: settings::ConfigError) -> Self {
+        Self::config(e.0)
+    }
+}
+
+/// `outbox-relay --version`: the version and the adapters compiled in.
+pub fn long_version(registry: &Registry) -> String {
+    format!(
+        "{} (stores: {}; sinks: {})",
+        env!("CARGO_PKG_VERSION"),
+        registry.store_kinds().join(", "),
+        registry.sink_kinds().join(", ")
+    )
+}
+
+/// The binary's `main`: parse the command line, run the command, map failures to exit codes.
+/// A custom binary calls this with its own registry.
+pub fn main(registry: Registry) -> ExitCode {
+    // Built once per process; clap wants 'static strings.
+    let version: &'static str = Box::leak(long_version(&registry).into_boxed_str());
+    let command = Cli::command().version(version).long_version(version);
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(execute(cli, registry)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// Run one parsed command.
+pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
+    match cli.command {
+        Command::Demo(ref args) => {
+            init_logging(cli.log_format.unwrap_or_default(), "warn");
+            crate::demo::run(args, &registry).await
+        }
+        Command::Run => {
+            let (settings, figment) = load(&cli)?;
+            registry.check_kinds(&settings)?;
+            let store = connect_store(&registry, &settings).await?;
+            store.check().await?;
+            let sink = registry
+                .build_sink(FactoryContext {
+                    settings: &settings,
+                    figment: &figment,
+                    file: cli.config.as_ref(),
+                })
+                .await?;
+            sink.check().await?;
+            run(store, sink, &settings).await
+        }
+        Command::Migrate => {
+            let (settings, _) = load(&cli)?;
+            let store = connect_store(&registry, &settings).await?;
+            store.migrate().await?;
+            println!("migrated {}", store.describe());
+            Ok(())
+        }
+        Command::Status { json } => {
+            let (settings, _) = load(&cli)?;
+            let store = connect_store(&registry, &settings).await?;
+            crate::status::print(store.as_ref(), json).await
+        }
+    }
+}
+
+fn load(cli: &Cli) -> Result<(Settings, figment::Figment), Failure> {
+    let (settings, figment) = settings::load(cli.config.as_deref())?;
+    init_logging(
+        cli.log_format.unwrap_or(settings.log.format),
+        &settings.log.level,
+    );
+    Ok((settings, figment))
+}
+
+async fn connect_store(registry: &Registry, settings: &Settings) -> Result<Arc<dyn Store>, Failure> {
+    Ok(registry.build_store(&settings.store).await?)
+}
+
+async fn run(store: Arc<dyn Store>, sink: Arc<dyn outbox_core::Sink>, settings: &Settings) -> Result<(), Failure> {
+    let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
+    let relay = Relay::new(store, sink, settings.relay.clone())?;
+    let handle = relay.handle();
+    let (trigger, shutdown) = Shutdown::channel();
+
+    if !settings.server.listen.is_empty() {
+        let listener = crate::server::bind(&settings.server.listen)
+            .await
+            .map_err(Failure::config)?;
+        tokio::spawn(crate::server::serve(listener, handle.clone(), metrics, shutdown.clone()));
+    }
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutdown requested: finishing in-flight work");
+        trigger.trigger();
+        wait_for_signal().await;
+        warn!("second signal: exiting now; unacknowledged events stay pending");
+        std::process::exit(130);
+    });
+
+    relay.run(shutdown).await?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}

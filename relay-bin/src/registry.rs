@@ -1,0 +1,187 @@
+//! Adapters by kind: each store and sink registers a factory; the binary picks one at run time.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use figment::Figment;
+use outbox_core::{Error, Result, Sink, Store};
+
+use crate::settings::{Settings, StoreSettings};
+
+/// What a factory gets: the whole configuration, the figment (to read its own section with
+/// key paths in errors) and the config file's path (for messages).
+#[derive(Debug, Clone, Copy)]
+pub struct FactoryContext<'a> {
+    pub settings: &'a Settings,
+    pub figment: &'a Figment,
+    pub file: Option<&'a PathBuf>,
+}
+
+/// A boxed future, as factories return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Builds a store from `[store]`.
+pub type StoreFactory =
+    Arc<dyn for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>> + Send + Sync>;
+
+/// Builds a sink from `[sink]` and its own `[sink.<section>]`.
+pub type SinkFactory =
+    Arc<dyn for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>> + Send + Sync>;
+
+#[derive(Clone)]
+struct SinkEntry {
+    section: String,
+    factory: SinkFactory,
+}
+
+/// Every store kind the project ships, with the cargo feature that compiles it in.
+pub const SHIPPED_STORES: &[(&str, &str)] = &[("postgres", "store-postgres"), ("mysql", "store-mysql")];
+
+/// Every sink kind the project ships, with the cargo feature that compiles it in.
+pub const SHIPPED_SINKS: &[(&str, &str)] = &[
+    ("kafka", "sink-kafka"),
+    ("rabbitmq", "sink-rabbitmq"),
+    ("sqs", "sink-sqs"),
+    ("redis-streams", "sink-redis-streams"),
+];
+
+/// The registry of store and sink factories.
+#[derive(Clone, Default)]
+pub struct Registry {
+    stores: BTreeMap<String, StoreFactory>,
+    sinks: BTreeMap<String, SinkEntry>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("stores", &self.store_kinds())
+            .field("sinks", &self.sink_kinds())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Every adapter compiled into this binary.
+    pub fn builtin() -> Self {
+        #[allow(unused_mut)]
+        let mut registry = Self::empty();
+        #[cfg(feature = "store-postgres")]
+        crate::adapters::register_postgres(&mut registry);
+        #[cfg(feature = "sink-redis-streams")]
+        crate::adapters::register_redis_streams(&mut registry);
+        registry
+    }
+
+    /// Register a store kind.
+    pub fn register_store<F>(&mut self, kind: &str, factory: F) -> &mut Self
+    where
+        F: for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>> + Send + Sync + 'static,
+    {
+        self.stores.insert(kind.to_owned(), Arc::new(factory));
+        self
+    }
+
+    /// Register a sink kind; its settings live in `[sink.<section>]` (the kind with `-` turned
+    /// into `_` is the convention, e.g. `redis-streams` → `[sink.redis_streams]`).
+    pub fn register_sink<F>(&mut self, kind: &str, factory: F) -> &mut Self
+    where
+        F: for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>> + Send + Sync + 'static,
+    {
+        self.sinks.insert(
+            kind.to_owned(),
+            SinkEntry {
+                section: kind.replace('-', "_"),
+                factory: Arc::new(factory),
+            },
+        );
+        self
+    }
+
+    /// Store kinds registered.
+    pub fn store_kinds(&self) -> Vec<&str> {
+        self.stores.keys().map(String::as_str).collect()
+    }
+
+    /// Sink kinds registered.
+    pub fn sink_kinds(&self) -> Vec<&str> {
+        self.sinks.keys().map(String::as_str).collect()
+    }
+
+    fn unknown_kind(key: &str, kind: &str, known: Vec<&str>, shipped: &[(&str, &str)]) -> Error {
+        if let Some((_, feature)) = shipped.iter().find(|(k, _)| *k == kind) {
+            return Error::config(format!(
+                "{key} = \"{kind}\" is not compiled into this binary: rebuild with `--features {feature}` \
+                 (compiled in: {})",
+                known.join(", ")
+            ));
+        }
+        Error::config(format!(
+            "{key} = \"{kind}\" is not a known kind (known: {})",
+            known.join(", ")
+        ))
+    }
+
+    /// Check `[sink]` sub-tables name registered kinds (catches typos like `[sink.redis]`).
+    pub fn check_sink_sections(&self, settings: &Settings) -> Result<()> {
+        let known: Vec<String> = self.sinks.values().map(|e| e.section.clone()).collect();
+        let shipped: Vec<String> = SHIPPED_SINKS.iter().map(|(k, _)| k.replace('-', "_")).collect();
+        for key in settings.sink.sections.keys() {
+            if !known.contains(key) && !shipped.contains(key) {
+                let mut expected = vec!["kind".to_owned(), "destination".to_owned()];
+                expected.extend(known.iter().cloned());
+                return Err(Error::config(format!(
+                    "sink.{key}: unknown key (expected one of: {})",
+                    expected.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Build the configured store.
+    pub async fn build_store(&self, settings: &StoreSettings) -> Result<Arc<dyn Store>> {
+        let factory = self.stores.get(&settings.kind).ok_or_else(|| {
+            Self::unknown_kind("store.kind", &settings.kind, self.store_kinds(), SHIPPED_STORES)
+        })?;
+        factory(settings).await
+    }
+
+    /// Build the configured sink.
+    pub async fn build_sink(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Sink>> {
+        let kind = &ctx.settings.sink.kind;
+        let entry = self.sinks.get(kind).ok_or_else(|| {
+            Self::unknown_kind("sink.kind", kind, self.sink_kinds(), SHIPPED_SINKS)
+        })?;
+        (entry.factory)(ctx).await
+    }
+
+    /// Check both kinds exist before connecting to anything.
+    pub fn check_kinds(&self, settings: &Settings) -> Result<()> {
+        if !self.stores.contains_key(&settings.store.kind) {
+            return Err(Self::unknown_kind(
+                "store.kind",
+                &settings.store.kind,
+                self.store_kinds(),
+                SHIPPED_STORES,
+            ));
+        }
+        if !self.sinks.contains_key(&settings.sink.kind) {
+            return Err(Self::unknown_kind(
+                "sink.kind",
+                &settings.sink.kind,
+                self.sink_kinds(),
+                SHIPPED_SINKS,
+            ));
+        }
+        self.check_sink_sections(settings)
+    }
+}

@@ -1,0 +1,379 @@
+//! The [`Sink`] implementation: one pipelined `XADD` per event, one round trip per batch.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::SecondsFormat;
+use outbox_core::{
+    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Value};
+
+use crate::classify::{classify, error_kind, fails_whole_call, is_server_wide};
+use crate::config::{RedisStreamsConfig, CONFIG_SECTION};
+
+/// Redis refuses bulk strings larger than `proto-max-bulk-len`, 512 MiB by default.
+const MAX_PAYLOAD_BYTES: usize = 512 * 1024 * 1024;
+
+/// Publishes outbox events to Redis streams with `XADD`, one pipeline per batch.
+///
+/// Holds one multiplexed connection that reconnects by itself (after a Redis restart, a
+/// killed client...): a call that hits a broken connection fails as a whole and a later call
+/// goes through the new connection.
+pub struct RedisStreamsSink {
+    config: RedisStreamsConfig,
+    template: DestinationTemplate,
+    host_port: String,
+    connection: ConnectionManager,
+}
+
+impl fmt::Debug for RedisStreamsSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamsSink")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStreamsSink {
+    /// The sink kind as named in configuration.
+    pub const KIND: &'static str = "redis-streams";
+
+    /// Validate `config`, connect and `PING` within `connect_timeout`.
+    ///
+    /// Fails fast with a one-line error naming the server and the key, e.g.
+    /// `cannot reach Redis at 127.0.0.1:6399 (sink.redis_streams.url): connection refused`.
+    pub async fn connect(config: RedisStreamsConfig) -> Result<Self> {
+        let connect_timeout = config.connect_timeout;
+        let sink = Self::connect_lazy(config)?;
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(connect_timeout, sink.query::<String>(&ping)).await {
+            Ok(Ok(_)) => Ok(sink),
+            Ok(Err(e)) => {
+                let reason = if e.is_connection_refusal() {
+                    "connection refused".to_owned()
+                } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
+                    "authentication failed (check the user name and password)".to_owned()
+                } else if e.is_timeout() {
+                    format!("no answer within {}", humanize(connect_timeout))
+                } else {
+                    classify(e.clone()).full_message()
+                };
+                Err(sink.connect_error(error_kind(&e), &reason))
+            }
+            Err(_) => {
+                let reason = format!("no answer within {}", humanize(connect_timeout));
+                Err(sink.connect_error(ErrorKind::Timeout, &reason))
+            }
+        }
+    }
+
+    /// Validate `config` and build the sink without any network I/O: the connection is made
+    /// on first use (and errors surface from [`Sink::check`] and [`Sink::publish`]). Must be
+    /// called within a Tokio runtime.
+    pub fn connect_lazy(config: RedisStreamsConfig) -> Result<Self> {
+        config.validate()?;
+        let template = config.template()?;
+        let url = config.parse_url()?;
+        let client = redis::Client::open(url.as_str()).map_err(|e| {
+            let note = if url.scheme() == "rediss" {
+                " (rediss:// needs TLS support, which this build does not include)"
+            } else {
+                ""
+            };
+            Error::config(format!(
+                "{CONFIG_SECTION}.url: `{}`: {e}{note}",
+                config.redacted_url()
+            ))
+        })?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            // Few, quick reconnection attempts inside one call: the relay's engine backs off
+            // between calls, so a Redis that stays down fails the call promptly.
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
+            .map_err(|e| classify(e).context(format!("{CONFIG_SECTION}.url")))?;
+        Ok(Self {
+            host_port: config.host_port(),
+            template,
+            config,
+            connection,
+        })
+    }
+
+    /// The configuration this sink was built with.
+    pub fn config(&self) -> &RedisStreamsConfig {
+        &self.config
+    }
+
+    /// `CLIENT ID` of the connection the sink currently uses (diagnostics, `CLIENT KILL ID`).
+    pub async fn client_id(&self) -> Result<i64> {
+        let mut client_id = redis::cmd("CLIENT");
+        client_id.arg("ID");
+        self.within_response_timeout("CLIENT ID", self.query::<i64>(&client_id))
+            .await
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> redis::RedisResult<T> {
+        let mut connection = self.connection.clone();
+        command.query_async(&mut connection).await
+    }
+
+    /// The one-line error of a failed [`connect`](Self::connect), naming server and key.
+    fn connect_error(&self, kind: ErrorKind, reason: &str) -> Error {
+        let message = if kind == ErrorKind::Unauthorized {
+            format!(
+                "Redis at {} refused the credentials ({CONFIG_SECTION}.url): {reason}",
+                self.host_port
+            )
+        } else {
+            format!(
+                "cannot reach Redis at {} ({CONFIG_SECTION}.url): {reason}",
+                self.host_port
+            )
+        };
+        Error::new(kind, message)
+    }
+
+    async fn within_response_timeout<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.config.response_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(classify(e).context(format!("{what} on Redis at {}", self.host_port))),
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "{what} on Redis at {}: no answer within {} ({CONFIG_SECTION}.response_timeout)",
+                    self.host_port,
+                    humanize(self.config.response_timeout)
+                ),
+            )),
+        }
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str, event: &OutboxEvent, headers: &str) {
+        pipe.cmd("XADD").arg(stream);
+        if let Some(maxlen) = self.config.maxlen {
+            pipe.arg("MAXLEN").arg("~").arg(maxlen);
+        }
+        pipe.arg("*")
+            .arg("event_id")
+            .arg(event.event_id.to_string())
+            .arg("aggregate_type")
+            .arg(&event.aggregate_type)
+            .arg("aggregate_id")
+            .arg(&event.aggregate_id)
+            .arg("event_type")
+            .arg(&event.event_type)
+            .arg("payload")
+            .arg(event.payload_bytes())
+            .arg("headers")
+            .arg(headers)
+            .arg("created_at")
+            .arg(
+                event
+                    .created_at
+                    .to_rfc3339_opts(SecondsFormat::Micros, true),
+            );
+    }
+}
+
+#[async_trait]
+impl Sink for RedisStreamsSink {
+    fn kind(&self) -> &'static str {
+        Self::KIND
+    }
+
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities {
+            max_batch_len: self.config.max_batch_len,
+            max_payload_bytes: Some(MAX_PAYLOAD_BYTES),
+            ordered_per_key: false,
+        }
+    }
+
+    fn destination(&self, event: &OutboxEvent) -> String {
+        self.template.render(event)
+    }
+
+    async fn check(&self) -> Result<()> {
+        let ping = redis::cmd("PING");
+        self.within_response_timeout("PING", self.query::<String>(&ping))
+            .await
+            .map(drop)
+    }
+
+    async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut streams: Vec<String> = Vec::with_capacity(batch.len());
+        // Which event each pipelined command belongs to.
+        let mut sent: Vec<usize> = Vec::with_capacity(batch.len());
+        let mut pipe = redis::pipe();
+        // Per-command error replies come back as values instead of failing the whole query.
+        pipe.ignore_errors();
+        for (index, event) in batch.iter().enumerate() {
+            let stream = self.destination(event);
+            match serde_json::to_string(&event.headers) {
+                Ok(headers) => {
+                    self.xadd(&mut pipe, &stream, event, &headers);
+                    sent.push(index);
+                }
+                Err(e) => {
+                    outcomes[index] = Some(Outcome::Reject(
+                        Error::new(ErrorKind::InvalidMessage, "headers are not serializable")
+                            .with_source(e)
+                            .context(format!("XADD to stream `{stream}`")),
+                    ));
+                }
+            }
+            streams.push(stream);
+        }
+        if !sent.is_empty() {
+            let mut connection = self.connection.clone();
+            let what = format!("publishing {} events", sent.len());
+            let query = pipe.query_async::<Vec<Value>>(&mut connection);
+            let replies = self.within_response_timeout(&what, query).await?;
+            if replies.len() != sent.len() {
+                return Err(Error::new(
+                    ErrorKind::Other,
+                    format!(
+                        "{what} on Redis at {}: {} replies for {} commands",
+                        self.host_port,
+                        replies.len(),
+                        sent.len()
+                    ),
+                ));
+            }
+            let replies = replies.into_iter().map(|value| match value {
+                Value::ServerError(e) => Err(RedisError::from(e)),
+                _ => Ok(()),
+            });
+            let per_command = outcomes_from_replies(replies, |i| &streams[sent[i]])?;
+            for (i, outcome) in per_command.into_iter().enumerate() {
+                outcomes[sent[i]] = Some(outcome);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.ok_or_else(|| Error::new(ErrorKind::Other, "an event of the batch got no reply"))
+            })
+            .collect()
+    }
+}
+
+/// One outcome per reply; `Err` when a reply fails the whole call (credentials), or when every
+/// command failed because the server as a whole refuses writes (`OOM`, `LOADING`, ...).
+fn outcomes_from_replies<'a>(
+    replies: impl IntoIterator<Item = redis::RedisResult<()>>,
+    stream_of: impl Fn(usize) -> &'a String,
+) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::new();
+    let mut any_published = false;
+    let mut first_server_wide: Option<Error> = None;
+    let mut all_server_wide = true;
+    for (i, reply) in replies.into_iter().enumerate() {
+        match reply {
+            Ok(()) => {
+                any_published = true;
+                outcomes.push(Outcome::Published);
+            }
+            Err(e) => {
+                let error = classify(e).context(format!("XADD to stream `{}`", stream_of(i)));
+                if fails_whole_call(&error) {
+                    return Err(error);
+                }
+                if is_server_wide(&error) {
+                    first_server_wide.get_or_insert_with(|| error.clone());
+                } else {
+                    all_server_wide = false;
+                }
+                tracing::debug!(stream = %stream_of(i), error = %error, "event not published");
+                outcomes.push(Outcome::from_error(error));
+            }
+        }
+    }
+    match first_server_wide {
+        Some(error) if !any_published && all_server_wide => Err(error),
+        _ => Ok(outcomes),
+    }
+}
+
+fn humanize(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(line: &str) -> redis::RedisResult<()> {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap() {
+            Value::ServerError(e) => Err(e.into()),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    fn outcomes(replies: Vec<redis::RedisResult<()>>) -> Result<Vec<Outcome>> {
+        let stream = "orders".to_owned();
+        outcomes_from_replies(replies, |_| &stream)
+    }
+
+    const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    const OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+
+    #[test]
+    fn per_message_errors_become_outcomes() {
+        let out = outcomes(vec![Ok(()), reply(WRONGTYPE), Ok(())]).unwrap();
+        assert!(out[0].is_published() && out[2].is_published());
+        match &out[1] {
+            Outcome::Reject(e) => {
+                assert_eq!(e.kind(), ErrorKind::InvalidMessage);
+                assert!(
+                    e.message()
+                        .starts_with("XADD to stream `orders`: WRONGTYPE"),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_wide_errors_after_some_success_are_retried_per_event() {
+        let out = outcomes(vec![Ok(()), reply(OOM)]).unwrap();
+        assert!(out[0].is_published());
+        assert!(matches!(&out[1], Outcome::Retry(e) if e.kind() == ErrorKind::Unavailable));
+    }
+
+    #[test]
+    fn server_wide_errors_on_every_event_fail_the_call() {
+        let e = outcomes(vec![reply(OOM), reply("LOADING Redis is loading")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        // Mixed with a message error: outcomes, so the bad event can be parked.
+        let out = outcomes(vec![reply(OOM), reply(WRONGTYPE)]).unwrap();
+        assert!(matches!(&out[0], Outcome::Retry(_)));
+        assert!(matches!(&out[1], Outcome::Reject(_)));
+    }
+
+    #[test]
+    fn refused_credentials_fail_the_call() {
+        let e = outcomes(vec![Ok(()), reply("NOPERM no permissions to run 'xadd'")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+        assert!(!e.is_retryable());
+        let e = outcomes(vec![reply("NOAUTH Authentication required.")]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+    }
+}

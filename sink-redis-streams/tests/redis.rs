@@ -1,0 +1,396 @@
+//! The Redis Streams sink against the real Redis (`OUTBOX_TEST_REDIS_URL`, default
+//! `redis://127.0.0.1:6379`). Every test uses its own randomly named keys.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
+use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+
+fn config(stream: &str) -> RedisStreamsConfig {
+    RedisStreamsConfig {
+        stream: stream.to_owned(),
+        ..RedisStreamsConfig::new(common::redis_url())
+    }
+}
+
+async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
+    RedisStreamsSink::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the test Redis: {e}"))
+}
+
+fn describe(outcomes: &[Outcome]) -> String {
+    outcomes
+        .iter()
+        .map(|o| format!("{o:?}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[tokio::test]
+async fn entries_carry_exactly_the_specified_fields() {
+    let prefix = common::unique_prefix();
+    let stream = format!("{prefix}_order");
+    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
+    let mut admin = common::admin_connection().await;
+
+    let mut with_headers = sample_event(1, "order", "42", "OrderConfirmed");
+    with_headers.payload =
+        "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".to_owned();
+    with_headers
+        .headers
+        .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
+    with_headers.created_at = Utc
+        .with_ymd_and_hms(2024, 5, 1, 12, 0, 0)
+        .unwrap()
+        .checked_add_signed(chrono::Duration::nanoseconds(123_456_789))
+        .unwrap();
+    let mut without_headers = sample_event(2, "order", "43", "OrderCancelled");
+    without_headers.headers.clear();
+    let third = sample_event(3, "order", "42", "OrderShipped");
+    let batch = vec![with_headers, without_headers, third];
+
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+
+    let entries = common::xrange(&mut admin, &stream).await;
+    common::expire_soon(&mut admin, &stream).await;
+    assert_eq!(entries.len(), 3);
+    for (entry, event) in entries.iter().zip(&batch) {
+        let names: Vec<&str> = entry.fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "event_id",
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "payload",
+                "headers",
+                "created_at"
+            ]
+        );
+        // Entries are in batch order: the pipeline keeps it.
+        assert_eq!(entry.text("event_id"), event.event_id.to_string());
+        assert_eq!(entry.text("aggregate_type"), "order");
+        assert_eq!(entry.text("aggregate_id"), event.aggregate_id);
+        assert_eq!(entry.text("event_type"), event.event_type);
+        assert_eq!(entry.field("payload").unwrap(), event.payload.as_bytes());
+        let headers: BTreeMap<String, String> =
+            serde_json::from_str(&entry.text("headers")).expect("headers is a JSON object");
+        assert_eq!(headers, event.headers);
+        let created_at = chrono::DateTime::parse_from_rfc3339(&entry.text("created_at"))
+            .expect("created_at is RFC 3339");
+        assert_eq!(
+            created_at.timestamp_micros(),
+            event.created_at.timestamp_micros()
+        );
+    }
+    assert_eq!(entries[0].text("created_at"), "2024-05-01T12:00:00.123456Z");
+    assert_eq!(entries[1].text("headers"), "{}");
+}
+
+#[tokio::test]
+async fn maxlen_trims_the_stream() {
+    let prefix = common::unique_prefix();
+    let stream = format!("{prefix}_order");
+    let sink = connect(RedisStreamsConfig {
+        maxlen: Some(100),
+        ..config(&format!("{prefix}_{{aggregate_type}}"))
+    })
+    .await;
+    let mut admin = common::admin_connection().await;
+    let batch = sample_batch(1, 5000, "order", 50);
+    for chunk in batch.chunks(sink.capabilities().max_batch_len) {
+        let outcomes = sink.publish(chunk).await.expect("publish");
+        assert_eq!(outcomes.len(), chunk.len());
+        assert!(
+            outcomes.iter().all(Outcome::is_published),
+            "{}",
+            describe(&outcomes)
+        );
+    }
+    let len = common::xlen(&mut admin, &stream).await;
+    common::expire_soon(&mut admin, &stream).await;
+    // `MAXLEN ~` trims whole radix-tree nodes (100 entries each by default): about 100 left.
+    assert!(
+        (100..500).contains(&len),
+        "XLEN {stream} = {len} after 5000 XADD with MAXLEN ~ 100"
+    );
+}
+
+#[tokio::test]
+async fn wrongtype_rejects_only_the_events_for_that_key() {
+    let prefix = common::unique_prefix();
+    let good = format!("{prefix}_good");
+    let bad = format!("{prefix}_bad");
+    let mut admin = common::admin_connection().await;
+    let _: () = redis::cmd("SET")
+        .arg(&bad)
+        .arg("not a stream")
+        .arg("EX")
+        .arg(600)
+        .query_async(&mut admin)
+        .await
+        .expect("SET");
+    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
+
+    let batch: Vec<OutboxEvent> = (0..10)
+        .map(|i| {
+            let aggregate_type = if i % 3 == 1 { "bad" } else { "good" };
+            sample_event(i + 1, aggregate_type, &format!("agg-{i}"), "Happened")
+        })
+        .collect();
+    let outcomes = sink
+        .publish(&batch)
+        .await
+        .expect("publish returns outcomes");
+    assert_eq!(outcomes.len(), batch.len());
+    for (event, outcome) in batch.iter().zip(&outcomes) {
+        if event.aggregate_type == "bad" {
+            match outcome {
+                Outcome::Reject(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+                    assert!(!e.is_retryable());
+                    assert!(e.message().contains("WRONGTYPE"), "{e}");
+                    assert!(e.message().contains(&bad), "{e}");
+                }
+                other => panic!("event for the string key: {other:?}"),
+            }
+        } else {
+            assert!(outcome.is_published(), "event for the stream: {outcome:?}");
+        }
+    }
+    let entries = common::xrange(&mut admin, &good).await;
+    common::expire_soon(&mut admin, &good).await;
+    let expected: Vec<String> = batch
+        .iter()
+        .filter(|e| e.aggregate_type == "good")
+        .map(|e| e.event_id.to_string())
+        .collect();
+    let got: Vec<String> = entries.iter().map(|e| e.text("event_id")).collect();
+    assert_eq!(got, expected);
+    let kind: String = redis::cmd("TYPE")
+        .arg(&bad)
+        .query_async(&mut admin)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "string");
+}
+
+#[tokio::test]
+async fn unreachable_url_fails_connect_naming_the_host() {
+    let started = Instant::now();
+    let error = RedisStreamsSink::connect(RedisStreamsConfig::new("redis://127.0.0.1:1"))
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.kind(), ErrorKind::Connection, "{error}");
+    assert!(error.is_retryable());
+    assert_eq!(
+        error.to_string(),
+        "cannot reach Redis at 127.0.0.1:1 (sink.redis_streams.url): connection refused"
+    );
+}
+
+#[tokio::test]
+async fn silent_server_times_out() {
+    // Accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let config = RedisStreamsConfig {
+        connect_timeout: Duration::from_millis(500),
+        response_timeout: Duration::from_millis(800),
+        ..RedisStreamsConfig::new(format!("redis://{address}"))
+    };
+
+    let started = Instant::now();
+    let error = RedisStreamsSink::connect(config.clone())
+        .await
+        .expect_err("the server never answers");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
+    assert!(error.to_string().contains(&address.to_string()), "{error}");
+
+    let sink = RedisStreamsSink::connect_lazy(config).unwrap();
+    let started = Instant::now();
+    let error = sink
+        .publish(&sample_batch(1, 3, "order", 1))
+        .await
+        .expect_err("the server never answers");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        matches!(error.kind(), ErrorKind::Timeout | ErrorKind::Connection),
+        "{error}"
+    );
+    holder.abort();
+}
+
+#[tokio::test]
+async fn reconnects_after_its_connection_is_killed() {
+    let prefix = common::unique_prefix();
+    let stream = format!("{prefix}_order");
+    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
+    let mut admin = common::admin_connection().await;
+    let batch = sample_batch(1, 30, "order", 3);
+    let outcomes = sink.publish(&batch[..10]).await.expect("first publish");
+    assert!(outcomes.iter().all(Outcome::is_published));
+
+    let id = sink.client_id().await.expect("CLIENT ID");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT KILL ID");
+    assert_eq!(killed, 1, "the sink's connection {id} was killed");
+
+    // The call that finds the connection dead may fail as a whole (retryable); it never
+    // rejects events.
+    let mut published = 10;
+    match sink.publish(&batch[10..20]).await {
+        Ok(outcomes) => {
+            assert!(
+                outcomes.iter().all(Outcome::is_published),
+                "{}",
+                describe(&outcomes)
+            );
+            published = 20;
+        }
+        Err(e) => {
+            assert!(e.is_retryable(), "{e}");
+            assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+        }
+    }
+    let outcomes = sink
+        .publish(&batch[published..])
+        .await
+        .expect("the call after a dropped connection goes through a new one");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    let new_id = sink.client_id().await.expect("CLIENT ID");
+    assert_ne!(new_id, id);
+
+    let entries = common::xrange(&mut admin, &stream).await;
+    common::expire_soon(&mut admin, &stream).await;
+    let got: Vec<String> = entries.iter().map(|e| e.text("event_id")).collect();
+    let expected: Vec<String> = batch[..10]
+        .iter()
+        .chain(&batch[published..])
+        .map(|e| e.event_id.to_string())
+        .collect();
+    assert_eq!(got, expected);
+}
+
+/// A user that may connect but not write: wrong password fails connect as unauthorized,
+/// `NOPERM` on `XADD` fails the whole publish (nothing rejected).
+#[tokio::test]
+async fn refused_credentials_fail_the_call_not_the_events() {
+    let prefix = common::unique_prefix();
+    let user = format!("{prefix}_user");
+    let mut admin = common::admin_connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(">right-password")
+        .arg("~*")
+        .arg("-@all")
+        .arg("+ping")
+        .arg("+client|id")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url_with = |password: &str| {
+        let mut url = url::Url::parse(&common::redis_url()).unwrap();
+        url.set_username(&user).unwrap();
+        url.set_password(Some(password)).unwrap();
+        url.to_string()
+    };
+
+    let wrong = RedisStreamsSink::connect(RedisStreamsConfig::new(url_with("wrong-password")))
+        .await
+        .map(drop);
+    let sink = RedisStreamsSink::connect(RedisStreamsConfig {
+        stream: format!("{prefix}_{{aggregate_type}}"),
+        ..RedisStreamsConfig::new(url_with("right-password"))
+    })
+    .await;
+    let published = match &sink {
+        Ok(sink) => Some(sink.publish(&sample_batch(1, 3, "order", 1)).await),
+        Err(_) => None,
+    };
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .query_async(&mut admin)
+        .await
+        .expect("ACL DELUSER");
+
+    let error = wrong.expect_err("wrong password");
+    assert_eq!(error.kind(), ErrorKind::Unauthorized, "{error}");
+    assert!(!error.is_retryable());
+    assert!(
+        error.to_string().ends_with(
+            "refused the credentials (sink.redis_streams.url): \
+             authentication failed (check the user name and password)"
+        ),
+        "{error}"
+    );
+    assert!(!error.to_string().contains("wrong-password"), "{error}");
+
+    let sink = sink.unwrap_or_else(|e| panic!("connect with the right password: {e}"));
+    assert!(!format!("{sink:?}").contains("right-password"));
+    let error = published
+        .unwrap()
+        .expect_err("NOPERM fails the call instead of rejecting events");
+    assert_eq!(error.kind(), ErrorKind::Unauthorized, "{error}");
+    assert!(error.message().contains("NOPERM"), "{error}");
+}
+
+#[tokio::test]
+async fn kind_capabilities_and_check() {
+    let sink = connect(RedisStreamsConfig {
+        max_batch_len: 250,
+        ..config("{aggregate_type}")
+    })
+    .await;
+    assert_eq!(sink.kind(), "redis-streams");
+    let capabilities = sink.capabilities();
+    assert_eq!(capabilities.max_batch_len, 250);
+    assert_eq!(capabilities.max_payload_bytes, Some(512 * 1024 * 1024));
+    assert!(!capabilities.ordered_per_key);
+    sink.check().await.expect("PING");
+}
