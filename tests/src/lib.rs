@@ -1,1 +1,361 @@
+//! Support for the end-to-end tests: service URLs, the `outbox-relay` binary as a child
+//! process, and an independent reader of Redis streams.
+//!
+//! Services are real. A test fails — never skips — when one is unreachable.
 
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+/// PostgreSQL for tests: `OUTBOX_TEST_POSTGRES_URL`, default the machine's local server.
+pub fn postgres_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Redis for tests: `OUTBOX_TEST_REDIS_URL`, default the machine's local server.
+pub fn redis_url() -> String {
+    std::env::var("OUTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A short random name part, so every test has its own table and streams.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
+}
+
+/// The `outbox-relay` binary built by `cargo build -p outbox-relay`.
+pub fn relay_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("OUTBOX_RELAY_BIN") {
+        return PathBuf::from(path);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug").join("outbox-relay");
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first with `cargo build -p outbox-relay` (scripts/test.sh does), \
+         or point OUTBOX_RELAY_BIN at it",
+        path.display()
+    );
+    path
+}
+
+/// A scratch directory for config files and relay logs.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join("outbox-relay-tests").join(name);
+    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
+    dir
+}
+
+/// Write `text` to `dir/name` and return the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("creating a test file");
+    f.write_all(text.as_bytes()).expect("writing a test file");
+    path
+}
+
+/// A relay process; killed (SIGKILL) when dropped if still running.
+#[derive(Debug)]
+pub struct RelayProcess {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl RelayProcess {
+    /// Start `outbox-relay --config <config> run`, logging to `dir/<name>.log`.
+    pub fn start(config: &Path, dir: &Path, name: &str) -> Self {
+        Self::start_with_env(config, dir, name, &[])
+    }
+
+    /// Same with extra environment variables.
+    pub fn start_with_env(config: &Path, dir: &Path, name: &str, env: &[(&str, &str)]) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("opening the relay log");
+        let err = out.try_clone().expect("cloning the log handle");
+        let mut cmd = Command::new(relay_binary());
+        cmd.arg("--config")
+            .arg(config)
+            .arg("run")
+            .env("OUTBOX_RELAY__RELAY_ID", name)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("starting outbox-relay");
+        Self {
+            name: name.to_owned(),
+            child,
+            log,
+        }
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for the exit status (bounded).
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the relay") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "{} did not exit within {timeout:?} of SIGTERM; log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.kill_hard();
+        }
+    }
+}
+
+/// Run `outbox-relay --config FILE <args>` to completion; returns (success, stdout, stderr).
+pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(relay_binary())
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("running outbox-relay");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A configuration file for PostgreSQL → Redis Streams.
+pub fn postgres_redis_config(table: &str, stream_template: &str, listen: &str, extra_relay: &str) -> String {
+    format!(
+        r#"
+[store]
+kind = "postgres"
+url = "{pg}"
+table = "{table}"
+shards = 32
+
+[relay]
+batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s"
+{extra_relay}
+
+[sink]
+kind = "redis-streams"
+destination = "{stream_template}"
+
+[sink.redis_streams]
+url = "{redis}"
+
+[server]
+listen = "{listen}"
+"#,
+        pg = postgres_url(),
+        redis = redis_url(),
+    )
+}
+
+/// One message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct StreamMessage {
+    pub stream: String,
+    pub event_id: Uuid,
+    pub aggregate_id: String,
+    pub payload: String,
+    pub fields: HashMap<String, String>,
+}
+
+/// Read whole streams back with XRANGE, independently of the relay.
+pub async fn read_streams(redis: &mut redis::aio::MultiplexedConnection, streams: &[String]) -> Vec<StreamMessage> {
+    let mut out = Vec::new();
+    for stream in streams {
+        let mut cursor = "-".to_owned();
+        loop {
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(stream)
+                .arg(&cursor)
+                .arg("+")
+                .arg("COUNT")
+                .arg(5000)
+                .query_async(redis)
+                .await
+                .expect("XRANGE");
+            for entry in &reply.ids {
+                let fields: HashMap<String, String> = entry
+                    .map
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        redis::from_redis_value_ref::<String>(v).ok().map(|s| (k.clone(), s))
+                    })
+                    .collect();
+                out.push(StreamMessage {
+                    stream: stream.clone(),
+                    event_id: fields
+                        .get("event_id")
+                        .and_then(|s| Uuid::parse_str(s).ok())
+                        .unwrap_or_default(),
+                    aggregate_id: fields.get("aggregate_id").cloned().unwrap_or_default(),
+                    payload: fields.get("payload").cloned().unwrap_or_default(),
+                    fields,
+                });
+            }
+            match reply.ids.last() {
+                Some(last) if reply.ids.len() == 5000 => cursor = format!("({}", last.id),
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// Connect to Redis or fail the test with a message that says what to start.
+pub async fn redis_connection() -> redis::aio::MultiplexedConnection {
+    let url = redis_url();
+    let client = redis::Client::open(url.as_str()).expect("OUTBOX_TEST_REDIS_URL is a redis:// URL");
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("Redis at {url} is unreachable ({e}): start it (scripts/services.sh)"))
+}
+
+/// Connect to PostgreSQL or fail the test with a message that says what to start.
+pub async fn postgres_pool() -> sqlx::PgPool {
+    let url = postgres_url();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)"))
+}
+
+/// The result of checking delivered messages against what was committed.
+#[derive(Debug, Default)]
+pub struct DeliveryCheck {
+    pub messages: usize,
+    pub distinct: usize,
+    pub duplicates: usize,
+    pub missing: Vec<Uuid>,
+    pub unexpected: Vec<Uuid>,
+    pub order_violations: Vec<String>,
+}
+
+/// Every committed `event_id` must be delivered, nothing else may be, and per aggregate the
+/// first occurrences must come in `id` order. `committed` maps event id → (row id, aggregate).
+pub fn check_delivery(committed: &HashMap<Uuid, (i64, String)>, delivered: &[StreamMessage]) -> DeliveryCheck {
+    let mut check = DeliveryCheck {
+        messages: delivered.len(),
+        ..DeliveryCheck::default()
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut last_id: HashMap<&str, i64> = HashMap::new();
+    for m in delivered {
+        if !seen.insert(m.event_id) {
+            check.duplicates += 1;
+            continue;
+        }
+        let Some((id, aggregate)) = committed.get(&m.event_id) else {
+            check.unexpected.push(m.event_id);
+            continue;
+        };
+        if let Some(prev) = last_id.insert(aggregate.as_str(), *id) {
+            if prev > *id {
+                check
+                    .order_violations
+                    .push(format!("aggregate {aggregate}: id {id} arrived after {prev}"));
+            }
+        }
+    }
+    check.distinct = seen.len();
+    check.missing = committed.keys().filter(|id| !seen.contains(*id)).copied().collect();
+    check
+}
+
+/// Poll `cond` until it holds or `timeout` passes.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("finding a free port")
+}
+
+/// GET `path` from 127.0.0.1:`port` with a bare HTTP/1.1 request; (status code, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// The value of an unlabelled (or first matching) Prometheus sample.
+pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
