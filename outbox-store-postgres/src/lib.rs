@@ -1,1 +1,18 @@
+#![doc = include_str!("../README.md")]
 
+mod classify;
+pub mod config;
+mod enqueue;
+mod migrate;
+mod session;
+mod sql;
+mod store;
+
+pub use config::{PostgresStoreConfig, TableName};
+pub use enqueue::{enqueue, enqueue_many, Outbox};
+pub use migrate::SCHEMA_VERSION;
+pub use session::PostgresShardSession;
+pub use store::PostgresStore;
+
+/// The sqlx version this crate is built with, for writers' transactions.
+pub use sqlx;

@@ -1,0 +1,367 @@
+//! sqlx errors → relay errors: the kind and retryability are decided here, once.
+//!
+//! | sqlx error | kind | retryable |
+//! |---|---|---|
+//! | I/O, TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
+//! | SQLSTATE `08xxx`, `57P01`, `57P02`, `57P03` (connection lost, server shutting down) | `Connection` | yes |
+//! | SQLSTATE `28xxx` (authentication) | `Unauthorized` | no |
+//! | SQLSTATE `42501` (insufficient privilege) | `Unauthorized` | no |
+//! | SQLSTATE `3D000` (unknown database) | `Config` | no |
+//! | SQLSTATE `42P01` (undefined table) | `Schema` | no |
+//! | SQLSTATE `53xxx` (too many connections, out of memory or disk) | `Unavailable` | yes |
+//! | SQLSTATE `57014` (statement timeout, cancelled) | `Timeout` | yes |
+//! | SQLSTATE `40001`, `40P01` (serialization failure, deadlock) | `Other` | yes |
+//! | sqlx configuration error | `Config` | no |
+//! | anything else | `Other` | no |
+
+use std::io;
+
+use outbox_core::{Error, ErrorKind};
+
+/// What error messages name: where the database is and which table was used.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Target {
+    /// `host:port` (or socket path).
+    pub endpoint: Option<String>,
+    pub database: Option<String>,
+    pub user: Option<String>,
+    /// The outbox table as configured or resolved (`public.outbox`).
+    pub table: String,
+}
+
+impl Target {
+    fn at(&self) -> String {
+        match &self.endpoint {
+            Some(endpoint) => format!("PostgreSQL at {endpoint}"),
+            None => "PostgreSQL".to_owned(),
+        }
+    }
+}
+
+/// The kind and retryability of a database error by its SQLSTATE.
+pub(crate) fn kind_of_sqlstate(code: &str) -> (ErrorKind, bool) {
+    let class = code.get(..2).unwrap_or("");
+    match (class, code) {
+        (_, "42501") | ("28", _) => (ErrorKind::Unauthorized, false),
+        (_, "3D000") => (ErrorKind::Config, false),
+        (_, "42P01") => (ErrorKind::Schema, false),
+        (_, "57P01" | "57P02" | "57P03") | ("08", _) => (ErrorKind::Connection, true),
+        ("53", _) => (ErrorKind::Unavailable, true),
+        (_, "57014") => (ErrorKind::Timeout, true),
+        (_, "40001" | "40P01") => (ErrorKind::Other, true),
+        _ => (ErrorKind::Other, false),
+    }
+}
+
+fn with_retryability(error: Error, retryable: bool) -> Error {
+    if retryable {
+        error.temporary()
+    } else {
+        error.permanent()
+    }
+}
+
+fn describe_io(error: &io::Error) -> String {
+    let text = match error.kind() {
+        io::ErrorKind::ConnectionRefused => "connection refused",
+        io::ErrorKind::ConnectionReset => "connection reset",
+        io::ErrorKind::ConnectionAborted => "connection aborted",
+        io::ErrorKind::BrokenPipe => "connection closed (broken pipe)",
+        io::ErrorKind::UnexpectedEof => "connection closed by the server",
+        io::ErrorKind::TimedOut => "timed out",
+        io::ErrorKind::NotFound => "not found",
+        io::ErrorKind::PermissionDenied => "permission denied",
+        _ => return error.to_string(),
+    };
+    text.to_owned()
+}
+
+/// Map a sqlx error to the relay's error. Messages name the database or table and say what to do.
+pub(crate) fn classify(error: sqlx::Error, target: &Target) -> Error {
+    let at = target.at();
+    let table = &target.table;
+    match error {
+        sqlx::Error::Io(e) => Error::new(
+            ErrorKind::Connection,
+            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
+        ),
+        sqlx::Error::Tls(e) => Error::new(
+            ErrorKind::Connection,
+            format!("TLS with {at} failed (store.url, sslmode): {e}"),
+        ),
+        sqlx::Error::Protocol(e) => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke: {e}"),
+        ),
+        sqlx::Error::WorkerCrashed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke (its background worker stopped)"),
+        ),
+        sqlx::Error::PoolTimedOut => Error::new(
+            ErrorKind::Connection,
+            format!(
+                "no connection to {at} could be had within store.connect_timeout: the database \
+                 is unreachable or every connection of the pool (store.pool_size) is busy"
+            ),
+        ),
+        sqlx::Error::PoolClosed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection pool to {at} was closed"),
+        ),
+        sqlx::Error::Configuration(e) => Error::config(format!("store.url: {e}")),
+        sqlx::Error::Database(e) => {
+            let code = e.code().map(|c| c.into_owned()).unwrap_or_default();
+            let message = e.message().to_owned();
+            let (kind, retryable) = kind_of_sqlstate(&code);
+            let text = match kind {
+                ErrorKind::Schema => format!(
+                    "table {table} does not exist (or is not migrated): run `outbox-relay migrate` \
+                     ({message})"
+                ),
+                ErrorKind::Config => format!(
+                    "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
+                    target.database.as_deref().unwrap_or("?")
+                ),
+                ErrorKind::Unauthorized if code.starts_with("28") => format!(
+                    "{at} refused user \"{}\" (store.url): {message}",
+                    target.user.as_deref().unwrap_or("?")
+                ),
+                ErrorKind::Unauthorized => format!(
+                    "user \"{}\" lacks a privilege on table {table}: {message} — grant it (see \
+                     the store README)",
+                    target.user.as_deref().unwrap_or("?")
+                ),
+                ErrorKind::Connection => {
+                    format!("{at} ended the connection: {message} (SQLSTATE {code})")
+                }
+                ErrorKind::Unavailable => {
+                    format!("{at} is out of resources: {message} (SQLSTATE {code})")
+                }
+                ErrorKind::Timeout => format!(
+                    "a statement on table {table} was cancelled: {message} (raise \
+                     store.session_timeout if it is the statement timeout)"
+                ),
+                _ => format!("{at}, table {table}: {message} (SQLSTATE {code})"),
+            };
+            with_retryability(Error::new(kind, text), retryable)
+        }
+        other => Error::new(
+            ErrorKind::Other,
+            format!("unexpected answer from {at} about table {table}: {other}"),
+        )
+        .permanent(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::error::Error as StdError;
+    use std::fmt;
+
+    use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
+
+    use super::*;
+
+    fn target() -> Target {
+        Target {
+            endpoint: Some("127.0.0.1:5999".to_owned()),
+            database: Some("shop".to_owned()),
+            user: Some("app".to_owned()),
+            table: "public.outbox".to_owned(),
+        }
+    }
+
+    /// A database error with a given SQLSTATE, as the server would send it.
+    #[derive(Debug)]
+    struct FakeDbError(&'static str);
+
+    impl fmt::Display for FakeDbError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "server says {}", self.0)
+        }
+    }
+    impl StdError for FakeDbError {}
+    impl DatabaseError for FakeDbError {
+        fn message(&self) -> &str {
+            "server says no"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn StdError + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> SqlxErrorKind {
+            SqlxErrorKind::Other
+        }
+    }
+
+    fn db(code: &'static str) -> Error {
+        classify(
+            sqlx::Error::Database(Box::new(FakeDbError(code))),
+            &target(),
+        )
+    }
+
+    #[test]
+    fn io_errors_are_connection_errors_naming_host_and_port() {
+        let e = classify(
+            sqlx::Error::Io(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "os error 111",
+            )),
+            &target(),
+        );
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.full_message(),
+            "cannot reach PostgreSQL at 127.0.0.1:5999 (store.url): connection refused"
+        );
+        let e = classify(
+            sqlx::Error::Io(io::Error::other("weird failure")),
+            &target(),
+        );
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.message().contains("weird failure"), "{e}");
+    }
+
+    #[test]
+    fn tls_errors_are_connection_errors() {
+        let e = classify(sqlx::Error::Tls("bad certificate".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.message().contains("bad certificate") && e.message().contains("sslmode"));
+    }
+
+    #[test]
+    fn pool_timeout_and_closed_pool_are_connection_errors() {
+        for error in [sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            let e = classify(error, &target());
+            assert_eq!(e.kind(), ErrorKind::Connection);
+            assert!(e.is_retryable());
+            assert!(e.message().contains("127.0.0.1:5999"), "{e}");
+        }
+    }
+
+    #[test]
+    fn protocol_errors_and_crashed_workers_are_connection_errors() {
+        for error in [
+            sqlx::Error::Protocol("unexpected message".into()),
+            sqlx::Error::WorkerCrashed,
+        ] {
+            assert_eq!(classify(error, &target()).kind(), ErrorKind::Connection);
+        }
+    }
+
+    #[test]
+    fn configuration_errors_are_config_errors() {
+        let e = classify(sqlx::Error::Configuration("bad sslmode".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().starts_with("store.url"), "{e}");
+    }
+
+    #[test]
+    fn decode_errors_are_permanent_other_errors() {
+        let e = classify(sqlx::Error::ColumnNotFound("shard".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Other);
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("public.outbox"), "{e}");
+        let e = classify(sqlx::Error::RowNotFound, &target());
+        assert_eq!(e.kind(), ErrorKind::Other);
+    }
+
+    #[test]
+    fn authentication_failures_are_unauthorized() {
+        assert_eq!(kind_of_sqlstate("28P01"), (ErrorKind::Unauthorized, false));
+        assert_eq!(kind_of_sqlstate("28000"), (ErrorKind::Unauthorized, false));
+        let e = db("28P01");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("\"app\"") && e.message().contains("store.url"));
+    }
+
+    #[test]
+    fn missing_privileges_are_unauthorized() {
+        assert_eq!(kind_of_sqlstate("42501"), (ErrorKind::Unauthorized, false));
+        assert!(db("42501").message().contains("grant"));
+    }
+
+    #[test]
+    fn unknown_database_is_a_config_error_naming_it() {
+        assert_eq!(kind_of_sqlstate("3D000"), (ErrorKind::Config, false));
+        let e = db("3D000");
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(
+            e.message().contains("database \"shop\" does not exist"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn undefined_table_is_a_schema_error_saying_to_migrate() {
+        assert_eq!(kind_of_sqlstate("42P01"), (ErrorKind::Schema, false));
+        let e = db("42P01");
+        assert_eq!(e.kind(), ErrorKind::Schema);
+        assert!(
+            e.message()
+                .starts_with("table public.outbox does not exist (or is not migrated): run `outbox-relay migrate`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn server_shutdown_and_lost_connections_are_connection_errors() {
+        for code in ["57P01", "57P02", "57P03", "08006", "08003"] {
+            assert_eq!(
+                kind_of_sqlstate(code),
+                (ErrorKind::Connection, true),
+                "{code}"
+            );
+            assert_eq!(db(code).kind(), ErrorKind::Connection);
+        }
+    }
+
+    #[test]
+    fn resource_shortages_are_unavailable() {
+        for code in ["53300", "53100", "53200"] {
+            assert_eq!(
+                kind_of_sqlstate(code),
+                (ErrorKind::Unavailable, true),
+                "{code}"
+            );
+        }
+        assert!(db("53300").is_retryable());
+    }
+
+    #[test]
+    fn cancelled_statements_are_timeouts() {
+        assert_eq!(kind_of_sqlstate("57014"), (ErrorKind::Timeout, true));
+    }
+
+    #[test]
+    fn serialization_failures_and_deadlocks_are_retryable() {
+        for code in ["40001", "40P01"] {
+            assert_eq!(kind_of_sqlstate(code), (ErrorKind::Other, true), "{code}");
+            let e = db(code);
+            assert_eq!(e.kind(), ErrorKind::Other);
+            assert!(e.is_retryable());
+        }
+    }
+
+    #[test]
+    fn other_sqlstates_are_permanent_other_errors() {
+        for code in ["23505", "42601", "22P02", ""] {
+            assert_eq!(kind_of_sqlstate(code), (ErrorKind::Other, false), "{code}");
+        }
+        let e = db("23505");
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("SQLSTATE 23505") && e.message().contains("public.outbox"));
+    }
+}

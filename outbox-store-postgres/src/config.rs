@@ -1,0 +1,387 @@
+//! `[store]` settings of the PostgreSQL store, and the outbox table name.
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// Settings of the PostgreSQL store (`[store]` with `kind = "postgres"`).
+///
+/// Durations are human strings (`"5s"`). The `Debug` output hides the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresStoreConfig {
+    /// `postgres://user:password@host:port/database?sslmode=...`
+    pub url: String,
+    /// Outbox table, optionally schema-qualified (`app.outbox`). Lowercase letters, digits, `_`.
+    #[serde(default = "default_table")]
+    pub table: String,
+    /// Number of shards, used only when `migrate` creates the table (then read from the database).
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    /// Connections of the pool used for migrations, inserts, purge and status (sessions that
+    /// hold shard locks have a dedicated connection each).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u32,
+    /// Longest wait for a connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest a single call on a shard session may take. Past it the session is given up (its
+    /// locks are released by the server) and the relay opens a new one. Also set as the session's
+    /// `statement_timeout`.
+    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    pub session_timeout: Duration,
+}
+
+fn default_table() -> String {
+    "outbox".to_owned()
+}
+fn default_shards() -> u32 {
+    64
+}
+fn default_pool_size() -> u32 {
+    4
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_session_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Most shards a table may have: each owned shard is one advisory lock in PostgreSQL's shared
+/// lock table, which is sized by `max_locks_per_transaction × max_connections`.
+pub const MAX_SHARDS: u32 = 1024;
+
+impl PostgresStoreConfig {
+    /// A configuration with every default and this URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            table: default_table(),
+            shards: default_shards(),
+            pool_size: default_pool_size(),
+            connect_timeout: default_connect_timeout(),
+            session_timeout: default_session_timeout(),
+        }
+    }
+
+    /// Use this table (optionally `schema.table`).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Create the table with this many shards.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The URL with its password replaced by `***`, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// Check what serde cannot; each error names its key under `store.`.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")) {
+            return Err(Error::config(format!(
+                "store.url: expected postgres://user:password@host:port/database, got \"{}\"",
+                self.redacted_url()
+            )));
+        }
+        TableName::parse(&self.table).map_err(|e| e.context("store.table"))?;
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(Error::config(format!(
+                "store.shards: must be between 1 and {MAX_SHARDS}, got {}",
+                self.shards
+            )));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::config("store.pool_size: must be at least 1"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::config("store.connect_timeout: must be above 0"));
+        }
+        if self.session_timeout < Duration::from_millis(100) {
+            return Err(Error::config(
+                "store.session_timeout: must be at least 100ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PostgresStoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStoreConfig")
+            .field("url", &self.redacted_url())
+            .field("table", &self.table)
+            .field("shards", &self.shards)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("session_timeout", &self.session_timeout)
+            .finish()
+    }
+}
+
+/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`.
+pub(crate) fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<unparsable URL>".to_owned();
+    };
+    if url.password().is_some() {
+        // Cannot fail: the URL has a host since it has a password.
+        let _ = url.set_password(Some("***"));
+    }
+    if url.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+/// Longest table name: index names add a suffix of up to 14 bytes to it and PostgreSQL cuts
+/// identifiers at 63 bytes.
+const MAX_TABLE_NAME_LEN: usize = 49;
+const MAX_IDENT_LEN: usize = 63;
+
+/// The bookkeeping table of migrations, in the outbox table's schema.
+pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
+
+/// A validated outbox table name, `table` or `schema.table`.
+///
+/// Names are limited to lowercase ASCII letters, digits and `_` (starting with a letter or `_`),
+/// so that the quoted name used by the relay is the one writers get with plain unquoted SQL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    schema: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// Parse `table` or `schema.table`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let (schema, name) = match text.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, text),
+        };
+        if let Some(schema) = schema {
+            check_identifier(text, schema, MAX_IDENT_LEN)?;
+        }
+        check_identifier(text, name, MAX_TABLE_NAME_LEN)?;
+        if name == SCHEMA_TABLE {
+            return Err(Error::config(format!(
+                "\"{text}\": {SCHEMA_TABLE} is the relay's own bookkeeping table, choose another name"
+            )));
+        }
+        Ok(Self {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The schema, when qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The table name without schema.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The same table in `schema` (when it had none).
+    pub(crate) fn in_schema(mut self, schema: &str) -> Self {
+        if self.schema.is_none() {
+            self.schema = Some(schema.to_owned());
+        }
+        self
+    }
+
+    /// `"schema"."table"` or `"table"`, for SQL.
+    pub fn quoted(&self) -> String {
+        self.quoted_sibling(&self.name)
+    }
+
+    /// Another relation of the same schema, quoted.
+    pub(crate) fn quoted_sibling(&self, name: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.schema {
+            Some(schema) => write!(f, "{schema}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
+    let mut chars = ident.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid_start || !valid_rest {
+        return Err(Error::config(format!(
+            "\"{whole}\" is not a valid table name: use `table` or `schema.table` made of \
+             lowercase letters, digits and _ (not starting with a digit)"
+        )));
+    }
+    if ident.len() > max_len {
+        return Err(Error::config(format!(
+            "\"{whole}\": \"{ident}\" is longer than {max_len} bytes"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::ErrorKind;
+
+    #[test]
+    fn defaults_apply_and_unknown_keys_are_refused() {
+        let c: PostgresStoreConfig =
+            serde_json::from_str(r#"{"url": "postgres://u:secret@db:5432/app"}"#).unwrap();
+        assert_eq!(
+            c,
+            PostgresStoreConfig::new("postgres://u:secret@db:5432/app")
+        );
+        assert_eq!(c.table, "outbox");
+        assert_eq!(c.shards, 64);
+        assert_eq!(c.pool_size, 4);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        c.validate().unwrap();
+
+        let c: PostgresStoreConfig = serde_json::from_str(
+            r#"{"url": "postgres://db/app", "table": "app.events", "connect_timeout": "250ms",
+                "session_timeout": "1m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.session_timeout, Duration::from_secs(60));
+
+        let e = serde_json::from_str::<PostgresStoreConfig>(
+            r#"{"url": "postgres://db/app", "tabel": "x"}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("tabel"), "{e}");
+        let e = serde_json::from_str::<PostgresStoreConfig>(r#"{"table": "x"}"#).unwrap_err();
+        assert!(e.to_string().contains("url"), "{e}");
+    }
+
+    #[test]
+    fn debug_and_redacted_url_hide_the_password() {
+        let c =
+            PostgresStoreConfig::new("postgres://app:s3cr3t@db.internal:6432/app?sslmode=require");
+        assert_eq!(
+            c.redacted_url(),
+            "postgres://app:***@db.internal:6432/app?sslmode=require"
+        );
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("s3cr3t") && debug.contains("***"),
+            "{debug}"
+        );
+
+        let c = PostgresStoreConfig::new("postgres://db/app?user=app&password=s3cr3t");
+        assert!(!c.redacted_url().contains("s3cr3t"), "{}", c.redacted_url());
+        assert_eq!(
+            PostgresStoreConfig::new("postgres://db/app").redacted_url(),
+            "postgres://db/app"
+        );
+        assert!(!redact_url("pos tgres://a:s3cr3t@").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let bad = [
+            (PostgresStoreConfig::new("mysql://db/app"), "store.url"),
+            (
+                PostgresStoreConfig::new("postgres://db/app").table("Outbox"),
+                "store.table",
+            ),
+            (
+                PostgresStoreConfig::new("postgres://db/app").table("a.b.c"),
+                "store.table",
+            ),
+            (
+                PostgresStoreConfig::new("postgres://db/app").shards(0),
+                "store.shards",
+            ),
+            (
+                PostgresStoreConfig::new("postgres://db/app").shards(5000),
+                "store.shards",
+            ),
+            (
+                PostgresStoreConfig {
+                    pool_size: 0,
+                    ..PostgresStoreConfig::new("postgres://db/app")
+                },
+                "store.pool_size",
+            ),
+        ];
+        for (config, key) in bad {
+            let e = config.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(e.message().starts_with(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn table_names_are_validated_and_quoted() {
+        let t = TableName::parse("outbox").unwrap();
+        assert_eq!((t.schema(), t.name()), (None, "outbox"));
+        assert_eq!(t.quoted(), "\"outbox\"");
+        let t = t.in_schema("public");
+        assert_eq!(t.quoted(), "\"public\".\"outbox\"");
+        assert_eq!(t.to_string(), "public.outbox");
+
+        let t = TableName::parse("app.outbox_2").unwrap();
+        assert_eq!(t.quoted(), "\"app\".\"outbox_2\"");
+        assert_eq!(
+            t.quoted_sibling(SCHEMA_TABLE),
+            "\"app\".\"outbox_relay_schema\""
+        );
+        assert_eq!(t.clone().in_schema("public"), t);
+
+        for bad in [
+            "",
+            "a.",
+            ".a",
+            "a.b.c",
+            "Outbox",
+            "1outbox",
+            "out box",
+            "out\"box",
+            "outbox;drop table x",
+            "outbox_relay_schema",
+            &"x".repeat(50),
+        ] {
+            let e = TableName::parse(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+        }
+        TableName::parse(&"x".repeat(49)).unwrap();
+    }
+}

@@ -1,0 +1,180 @@
+//! The writers' API: insert events inside the caller's own transaction.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use outbox_core::{Error, ErrorKind, NewEvent, Result};
+
+use crate::classify::{classify, Target};
+use crate::config::TableName;
+
+/// A handle on one outbox table with its insert statements prepared as text; cheap to clone.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::NewEvent;
+/// use outbox_store_postgres::Outbox;
+///
+/// let outbox = Outbox::new("app.outbox")?;
+/// let mut tx = pool.begin().await?;
+/// // ... change the business rows of the order first (this locks the aggregate) ...
+/// let event = NewEvent::new("order", "42", "OrderConfirmed", serde_json::json!({"total": 99}));
+/// let id = outbox.enqueue(&mut *tx, &event).await?;
+/// tx.commit().await?;
+/// # let _ = id;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    target: Target,
+    insert_one: String,
+    insert_many: String,
+}
+
+const INSERT_COLUMNS: &str =
+    "event_id, aggregate_type, aggregate_id, event_type, payload, headers, destination";
+
+impl Outbox {
+    /// The table `table` or `schema.table`. Unqualified names resolve through the writer's
+    /// `search_path`, as plain SQL would.
+    pub fn new(table: &str) -> Result<Self> {
+        Ok(Self::for_table(&TableName::parse(table)?))
+    }
+
+    pub(crate) fn for_table(table: &TableName) -> Self {
+        let t = table.quoted();
+        Self {
+            target: Target {
+                table: table.to_string(),
+                ..Target::default()
+            },
+            insert_one: format!(
+                "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb, $7) RETURNING id"
+            ),
+            // ORDER BY ord: identities are assigned in the order of the slice.
+            insert_many: format!(
+                "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                 SELECT e, at, ai, et, p::jsonb, h::jsonb, d \
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                             $6::text[], $7::text[]) \
+                      WITH ORDINALITY AS u(e, at, ai, et, p, h, d, ord) \
+                 ORDER BY ord RETURNING id, event_id"
+            ),
+        }
+    }
+
+    /// The table this handle writes to.
+    pub fn table(&self) -> &str {
+        &self.target.table
+    }
+
+    /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
+    /// event commits (or rolls back) with the business change. Returns the row id.
+    pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
+        let payload = to_json(&event.payload, "payload")?;
+        let headers = to_json(&event.headers, "headers")?;
+        sqlx::query_scalar(&self.insert_one)
+            .bind(event.event_id_or_new())
+            .bind(&event.aggregate_type)
+            .bind(&event.aggregate_id)
+            .bind(&event.event_type)
+            .bind(payload)
+            .bind(headers)
+            .bind(event.destination.as_deref())
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// Insert several events with one statement; returns their row ids in the order given
+    /// (ids increase in that order).
+    pub async fn enqueue_many(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = events.len();
+        let mut event_ids = Vec::with_capacity(n);
+        let mut aggregate_types = Vec::with_capacity(n);
+        let mut aggregate_ids = Vec::with_capacity(n);
+        let mut event_types = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut headers = Vec::with_capacity(n);
+        let mut destinations = Vec::with_capacity(n);
+        for event in events {
+            event_ids.push(event.event_id_or_new());
+            aggregate_types.push(event.aggregate_type.as_str());
+            aggregate_ids.push(event.aggregate_id.as_str());
+            event_types.push(event.event_type.as_str());
+            payloads.push(to_json(&event.payload, "payload")?);
+            headers.push(to_json(&event.headers, "headers")?);
+            destinations.push(event.destination.as_deref());
+        }
+        let rows = sqlx::query(&self.insert_many)
+            .bind(&event_ids)
+            .bind(&aggregate_types)
+            .bind(&aggregate_ids)
+            .bind(&event_types)
+            .bind(&payloads)
+            .bind(&headers)
+            .bind(&destinations)
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        let mut by_event_id = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let id: i64 = row.try_get(0).map_err(|e| self.error(e))?;
+            let event_id: Uuid = row.try_get(1).map_err(|e| self.error(e))?;
+            by_event_id.insert(event_id, id);
+        }
+        event_ids
+            .iter()
+            .map(|event_id| {
+                by_event_id.get(event_id).copied().ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Other,
+                        format!(
+                            "inserting into {}: no id returned for event {event_id}",
+                            self.target.table
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn error(&self, error: sqlx::Error) -> Error {
+        classify(error, &self.target).context(format!("enqueueing into {}", self.target.table))
+    }
+}
+
+fn to_json(value: &impl serde::Serialize, what: &str) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidMessage,
+            format!("event {what} cannot be serialized as JSON: {e}"),
+        )
+    })
+}
+
+static DEFAULT_OUTBOX: LazyLock<Outbox> = LazyLock::new(|| {
+    Outbox::for_table(&TableName::parse("outbox").expect("\"outbox\" is a valid table name"))
+});
+
+/// Insert one event into the table `outbox` on `conn` (the caller's transaction: `&mut *tx`).
+/// For another table, use [`Outbox`].
+pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
+    DEFAULT_OUTBOX.enqueue(conn, event).await
+}
+
+/// Insert several events into the table `outbox` with one statement; ids in the order given.
+pub async fn enqueue_many(conn: &mut PgConnection, events: &[NewEvent]) -> Result<Vec<i64>> {
+    DEFAULT_OUTBOX.enqueue_many(conn, events).await
+}

@@ -1,0 +1,218 @@
+//! Embedded, versioned migrations of the outbox table.
+//!
+//! Each table's version and shard count live in `outbox_relay_schema` (same schema as the
+//! table). A migration runs in one transaction under a transaction-scoped advisory lock, so
+//! relays starting at the same time migrate one after the other and all but the first find
+//! nothing to do.
+
+use sqlx::{Executor, PgPool, Row};
+
+use outbox_core::{Error, ErrorKind, Result};
+
+use crate::classify::{classify, Target};
+use crate::config::{TableName, SCHEMA_TABLE};
+
+/// Schema version this crate creates and expects.
+pub const SCHEMA_VERSION: i32 = 1;
+
+struct Migration {
+    version: i32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "create the outbox table and its partial indexes",
+    sql: include_str!("../migrations/0001_create_outbox.sql"),
+}];
+
+/// Lock held (per database) while migrating any outbox table: creating the shared bookkeeping
+/// table must not race either. FNV-1a of `outbox-relay:migrate`.
+const MIGRATION_LOCK_KEY: i64 = fnv1a64(b"outbox-relay:migrate") as i64;
+
+const fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+fn render(sql: &str, table: &TableName, shards: i32) -> String {
+    sql.replace("{table}", &table.quoted())
+        .replace("{name}", table.name())
+        .replace("{shards}", &shards.to_string())
+}
+
+/// The version and shard count of `table`, or `None` when it was never migrated.
+pub(crate) async fn schema_row(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<Option<(i32, i32)>> {
+    let row = sqlx::query(&format!(
+        "SELECT version, shard_count FROM {} WHERE table_name = $1",
+        table.quoted_sibling(SCHEMA_TABLE)
+    ))
+    .bind(table.name())
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| classify(e, target))?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
+        .map_err(|e: sqlx::Error| classify(e, target))
+}
+
+/// Create or upgrade `table` (fully qualified) to [`SCHEMA_VERSION`]. Idempotent.
+pub(crate) async fn migrate(
+    pool: &PgPool,
+    table: &TableName,
+    shards: u32,
+    target: &Target,
+) -> Result<()> {
+    let err = |e: sqlx::Error| classify(e, target).context(format!("migrating table {table}"));
+    let mut tx = pool.begin().await.map_err(err)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK_KEY)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+
+    if let Some(schema) = table.schema() {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(schema)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(err)?;
+        if !exists {
+            tx.execute(sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\"")))
+                .await
+                .map_err(err)?;
+            tracing::info!(schema, "created schema");
+        }
+    }
+
+    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
+    let (outbox_exists, schema_table_exists): (bool, bool) = sqlx::query_as(
+        "SELECT to_regclass($1::text) IS NOT NULL, to_regclass($2::text) IS NOT NULL",
+    )
+    .bind(table.quoted())
+    .bind(&schema_table)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(err)?;
+    if !schema_table_exists {
+        tx.execute(sqlx::raw_sql(&format!(
+            "CREATE TABLE {schema_table} (\
+               table_name text PRIMARY KEY, \
+               version integer NOT NULL, \
+               shard_count integer NOT NULL, \
+               applied_at timestamptz NOT NULL DEFAULT now())"
+        )))
+        .await
+        .map_err(err)?;
+    }
+
+    let (current, shard_count) = match schema_row(&mut tx, table, target).await? {
+        Some(row) => row,
+        None if outbox_exists => {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "table {table} exists but was not created by outbox-relay (it has no row in \
+                     {SCHEMA_TABLE}): rename it or set store.table to another name"
+                ),
+            ));
+        }
+        None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
+    };
+    if current > SCHEMA_VERSION {
+        return Err(newer_schema(table, current));
+    }
+    if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
+        tracing::info!(
+            table = %table,
+            shard_count,
+            configured = shards,
+            "the table keeps the shard count it was created with; store.shards is ignored"
+        );
+    }
+
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
+            .await
+            .map_err(|e| {
+                err(e).context(format!(
+                    "schema version {} ({})",
+                    migration.version, migration.description
+                ))
+            })?;
+        sqlx::query(&format!(
+            "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
+             VALUES ($1, $2, $3, now()) \
+             ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, \
+             applied_at = excluded.applied_at"
+        ))
+        .bind(table.name())
+        .bind(migration.version)
+        .bind(shard_count)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        tracing::info!(
+            table = %table,
+            version = migration.version,
+            shards = shard_count,
+            "{}",
+            migration.description
+        );
+    }
+    tx.commit().await.map_err(err)?;
+    Ok(())
+}
+
+pub(crate) fn not_migrated(table: &TableName) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
+    )
+}
+
+pub(crate) fn newer_schema(table: &TableName, version: i32) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "table {table} is at schema version {version}, newer than this relay knows \
+             ({SCHEMA_VERSION}): upgrade outbox-relay"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_and_end_at_the_schema_version() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn render_substitutes_the_table_and_shards() {
+        let table = TableName::parse("app.events").unwrap();
+        let sql = render(MIGRATIONS[0].sql, &table, 16);
+        assert!(sql.contains("CREATE TABLE \"app\".\"events\" ("), "{sql}");
+        assert!(sql.contains("CREATE INDEX \"events_pending_idx\" ON \"app\".\"events\""));
+        assert!(sql.contains("% 16)"));
+        assert!(sql.contains("DEFAULT '{}'"));
+        assert!(!sql.contains("{table}") && !sql.contains("{name}") && !sql.contains("{shards}"));
+    }
+}

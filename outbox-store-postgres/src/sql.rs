@@ -1,0 +1,99 @@
+//! Every statement the store runs, built once per table. Values are always bound, never
+//! formatted in; only the (validated, quoted) table name is.
+
+use crate::config::TableName;
+
+/// Columns of a claimed row, in the order `session::decode_event` reads them.
+const EVENT_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, \
+     o.payload::text AS payload, o.headers::text AS headers, o.destination, o.created_at, \
+     o.attempts, o.shard::int4 AS shard";
+
+/// Rows that are advisory locks of this database with two int4 keys.
+const ADVISORY_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())";
+
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub claim: String,
+    pub mark_delete: String,
+    pub mark_keep: String,
+    pub record_failures: String,
+    pub purge: String,
+    pub status: String,
+    pub cluster: String,
+    pub owners: String,
+}
+
+impl Sql {
+    pub fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        Self {
+            // $1 owned shards, $2 excluded ids, $3 dead rows hold their aggregate, $4 limit.
+            // No row locks: the shard locks give this session exclusivity.
+            claim: format!(
+                "SELECT {EVENT_COLUMNS} FROM {t} o \
+                 WHERE o.published_at IS NULL AND o.dead_at IS NULL \
+                 AND o.shard = ANY($1::int2[]) \
+                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
+                 AND o.id <> ALL($2::int8[]) \
+                 AND NOT EXISTS (SELECT 1 FROM {t} b \
+                     WHERE b.aggregate_id = o.aggregate_id AND b.id < o.id \
+                     AND b.published_at IS NULL AND b.attempts > 0 \
+                     AND (b.dead_at IS NULL OR $3::bool)) \
+                 ORDER BY o.id LIMIT $4"
+            ),
+            mark_delete: format!("DELETE FROM {t} WHERE id = ANY($1::int8[])"),
+            mark_keep: format!(
+                "UPDATE {t} SET published_at = now() \
+                 WHERE id = ANY($1::int8[]) AND published_at IS NULL"
+            ),
+            // $1 ids, $2 errors, $3 delay in milliseconds or NULL = dead.
+            record_failures: format!(
+                "UPDATE {t} AS o SET attempts = o.attempts + 1, last_error = f.error, \
+                 next_attempt_at = CASE WHEN f.delay_ms IS NULL THEN o.next_attempt_at \
+                     ELSE now() + f.delay_ms * interval '1 millisecond' END, \
+                 dead_at = CASE WHEN f.delay_ms IS NULL THEN now() END \
+                 FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS f(id, error, delay_ms) \
+                 WHERE o.id = f.id AND o.published_at IS NULL"
+            ),
+            // $1 retention in seconds, $2 limit.
+            purge: format!(
+                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
+                 WHERE published_at IS NOT NULL \
+                 AND published_at < now() - make_interval(secs => $1::float8) \
+                 ORDER BY published_at LIMIT $2)"
+            ),
+            status: format!(
+                "SELECT \
+                 (SELECT count(*) FROM {t} WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
+                 coalesce((SELECT greatest(extract(epoch FROM clock_timestamp() - created_at), 0)::float8 \
+                     FROM {t} WHERE published_at IS NULL AND dead_at IS NULL ORDER BY id LIMIT 1), 0) \
+                     AS oldest_pending_age_secs, \
+                 (SELECT count(*) FROM {t} WHERE dead_at IS NOT NULL) AS dead, \
+                 (SELECT count(DISTINCT aggregate_id) FROM {t} \
+                     WHERE published_at IS NULL AND attempts > 0 AND dead_at IS NULL) \
+                     AS held_back_aggregates, \
+                 (SELECT count(*) FROM {t} \
+                     WHERE published_at IS NULL AND attempts > 0 AND dead_at IS NULL) AS retrying"
+            ),
+            // $1 shard lock key, $2 membership lock key: (key, value) of every matching lock.
+            cluster: format!(
+                "SELECT l.classid::int8 AS key, l.objid::int8 AS value FROM pg_locks l \
+                 WHERE {ADVISORY_LOCKS} AND l.classid::int8 IN ($1, $2)"
+            ),
+            // $1 shard lock key.
+            owners: format!(
+                "SELECT l.objid::int8 AS shard, l.pid, a.application_name FROM pg_locks l \
+                 LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
+            ),
+        }
+    }
+}
+
+/// Lock statements (independent of the table: the keys are bound).
+pub(crate) const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1, $2)";
+pub(crate) const UNLOCK: &str = "SELECT pg_advisory_unlock($1, $2)";
+pub(crate) const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
+pub(crate) const JOIN_MEMBERS: &str =
+    "SELECT pg_try_advisory_lock($1, pg_backend_pid()), pg_backend_pid()";

@@ -1,0 +1,404 @@
+//! `PostgresStore`: the `Store` implementation.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool, Row};
+
+use outbox_core::{
+    BacklogStatus, Error, ErrorKind, NewEvent, Result, ShardOwner, ShardSession, Store,
+};
+
+use crate::classify::{classify, Target};
+use crate::config::{PostgresStoreConfig, TableName, SCHEMA_TABLE};
+use crate::enqueue::Outbox;
+use crate::migrate::{self, SCHEMA_VERSION};
+use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
+use crate::sql::Sql;
+
+/// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: PostgresStoreConfig,
+    options: PgConnectOptions,
+    pool: PgPool,
+    table: TableName,
+    context: Arc<SessionContext>,
+    outbox: Outbox,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.inner.config.redacted_url())
+            .field("table", &self.inner.table.to_string())
+            .finish()
+    }
+}
+
+fn format_duration(duration: Duration) -> String {
+    humantime_serde::re::humantime::format_duration(duration).to_string()
+}
+
+impl PostgresStore {
+    /// Check the configuration and connect. The first connection is made now, so an
+    /// unreachable database or refused credentials fail here with a one-line error.
+    ///
+    /// An unqualified table name is resolved to the connecting user's current schema.
+    pub async fn connect(config: PostgresStoreConfig) -> Result<Self> {
+        config.validate()?;
+        let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
+            Error::config(format!(
+                "store.url: \"{}\" is not a valid PostgreSQL URL: {e}",
+                config.redacted_url()
+            ))
+        })?;
+        let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
+        let mut target = Target {
+            endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),
+            database: Some(
+                options
+                    .get_database()
+                    .unwrap_or(options.get_username())
+                    .to_owned(),
+            ),
+            user: Some(options.get_username().to_owned()),
+            table: configured.to_string(),
+        };
+
+        let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "cannot reach PostgreSQL at {} (store.url): no answer within {} \
+                         (store.connect_timeout)",
+                        target.endpoint.as_deref().unwrap_or("?"),
+                        format_duration(config.connect_timeout)
+                    ),
+                )
+            })?
+            .map_err(|e| classify(e, &target))?;
+        let table = match configured.schema() {
+            Some(_) => configured,
+            None => {
+                let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| classify(e, &target))?;
+                let schema = schema.ok_or_else(|| {
+                    Error::config(format!(
+                        "store.table: \"{configured}\" has no schema and the search_path of user \
+                         \"{}\" names no existing schema: write it as schema.table",
+                        options.get_username()
+                    ))
+                })?;
+                configured.in_schema(&schema)
+            }
+        };
+        if let Err(e) = conn.close().await {
+            tracing::debug!("closing the first connection: {e}");
+        }
+        target.table = table.to_string();
+
+        let pool = PgPoolOptions::new()
+            .max_connections(config.pool_size)
+            .min_connections(0)
+            .acquire_timeout(config.connect_timeout)
+            .connect_lazy_with(options.clone().application_name("outbox-relay"));
+        let context = Arc::new(SessionContext {
+            sql: Sql::new(&table),
+            keys: LockKeys::for_table(&table),
+            target,
+        });
+        Ok(Self {
+            inner: Arc::new(Inner {
+                outbox: Outbox::for_table(&table),
+                config,
+                options,
+                pool,
+                table,
+                context,
+            }),
+        })
+    }
+
+    /// The connection pool (not used by shard sessions, which have their own connections).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The outbox table, schema-qualified.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    /// The configuration this store was connected with.
+    pub fn config(&self) -> &PostgresStoreConfig {
+        &self.inner.config
+    }
+
+    /// The writers' handle on this store's table.
+    pub fn outbox(&self) -> &Outbox {
+        &self.inner.outbox
+    }
+
+    /// Like [`Store::open_session`], with the concrete session type.
+    pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
+        let shard_count = {
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+            match migrate::schema_row(&mut conn, &self.inner.table, self.target()).await {
+                Ok(Some((version, shards))) => {
+                    self.check_version(version)?;
+                    u32::try_from(shards).unwrap_or(0)
+                }
+                Ok(None) => return Err(migrate::not_migrated(&self.inner.table)),
+                Err(e) if e.kind() == ErrorKind::Schema => {
+                    return Err(migrate::not_migrated(&self.inner.table))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        PostgresShardSession::open(
+            &self.inner.options,
+            Arc::clone(&self.inner.context),
+            relay_id,
+            shard_count,
+            self.inner.config.connect_timeout,
+            self.inner.config.session_timeout,
+        )
+        .await
+    }
+
+    fn target(&self) -> &Target {
+        &self.inner.context.target
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.inner.context.sql
+    }
+
+    fn error(&self, error: sqlx::Error) -> Error {
+        classify(error, self.target())
+    }
+
+    fn check_version(&self, version: i32) -> Result<()> {
+        let table = &self.inner.table;
+        if version > SCHEMA_VERSION {
+            return Err(migrate::newer_schema(table, version));
+        }
+        if version < SCHEMA_VERSION {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "table {table} is at schema version {version}, this relay needs \
+                     {SCHEMA_VERSION}: run `outbox-relay migrate`"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "PostgreSQL {}, table {}",
+            self.inner.config.redacted_url(),
+            self.inner.table
+        )
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        migrate::migrate(
+            &self.inner.pool,
+            &self.inner.table,
+            self.inner.config.shards,
+            self.target(),
+        )
+        .await
+    }
+
+    async fn check(&self) -> Result<()> {
+        let table = &self.inner.table;
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let (outbox_exists, schema_table_exists): (bool, bool) = sqlx::query_as(
+            "SELECT to_regclass($1::text) IS NOT NULL, to_regclass($2::text) IS NOT NULL",
+        )
+        .bind(table.quoted())
+        .bind(table.quoted_sibling(SCHEMA_TABLE))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| self.error(e))?;
+        if !outbox_exists || !schema_table_exists {
+            return Err(migrate::not_migrated(table));
+        }
+        match migrate::schema_row(&mut conn, table, self.target()).await? {
+            Some((version, _)) => self.check_version(version),
+            None => Err(migrate::not_migrated(table)),
+        }
+    }
+
+    async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
+        Ok(Box::new(self.open_postgres_session(relay_id).await?))
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
+        let mut tx = self.inner.pool.begin().await.map_err(|e| self.error(e))?;
+        let ids = self.inner.outbox.enqueue_many(&mut tx, events).await?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(ids)
+    }
+
+    async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        let done = sqlx::query(&self.sql().purge)
+            .bind(older_than.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("purging published rows"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn status(&self) -> Result<BacklogStatus> {
+        let row = sqlx::query(&self.sql().status)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("reading the backlog"))?;
+        let read = || -> std::result::Result<BacklogStatus, sqlx::Error> {
+            Ok(BacklogStatus {
+                pending: row.try_get("pending")?,
+                oldest_pending_age_secs: row.try_get("oldest_pending_age_secs")?,
+                dead: row.try_get("dead")?,
+                held_back_aggregates: row.try_get("held_back_aggregates")?,
+                retrying: row.try_get("retrying")?,
+            })
+        };
+        read().map_err(|e| self.error(e).context("reading the backlog"))
+    }
+
+    async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
+        let rows: Vec<(i64, i32, Option<String>)> = sqlx::query_as(&self.sql().owners)
+            .bind(i64::from(self.inner.context.keys.shard_key))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("reading shard owners"))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(shard, pid, application)| {
+                let shard = i32::try_from(shard).ok()?;
+                let owner = match application
+                    .as_deref()
+                    .and_then(|a| a.strip_prefix(APPLICATION_PREFIX))
+                {
+                    Some(relay_id) => format!("{relay_id} (pid {pid})"),
+                    None => format!("pid {pid}"),
+                };
+                Some(ShardOwner { shard, owner })
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use outbox_core::{Failure, MarkMode};
+    use sqlx::Executor;
+
+    use super::*;
+
+    fn test_url() -> String {
+        std::env::var("OUTBOX_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    /// The claim walks the pending partial index in id order and checks held-back aggregates
+    /// in the retry index, on a table where most rows are history.
+    #[tokio::test]
+    async fn the_claim_uses_the_pending_and_retry_indexes() {
+        let table = format!(
+            "outbox_t_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..16]
+        );
+        let store = PostgresStore::connect(PostgresStoreConfig::new(test_url()).table(&table))
+            .await
+            .expect("PostgreSQL is required for this test (OUTBOX_TEST_POSTGRES_URL)");
+        store.migrate().await.unwrap();
+        let t = store.table().quoted();
+        store
+            .pool()
+            .execute(sqlx::raw_sql(&format!(
+                "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, published_at) \
+                 SELECT 'order', 'agg-' || (i % 500), 'E', '{{}}', \
+                        CASE WHEN i <= 18000 THEN now() END \
+                 FROM generate_series(1, 20000) AS i; \
+                 ANALYZE {t};"
+            )))
+            .await
+            .unwrap();
+        let mut session = store.open_postgres_session("explain").await.unwrap();
+        for shard in 0..32 {
+            assert!(session.try_acquire(shard).await.unwrap());
+        }
+        let claimed = session
+            .claim(&outbox_core::ClaimRequest {
+                limit: 10,
+                exclude_ids: &[],
+                dead_holds_aggregate: false,
+            })
+            .await
+            .unwrap();
+        session
+            .record_failures(&[Failure {
+                id: claimed[0].id,
+                error: "x".to_owned(),
+                retry_in: Some(Duration::from_secs(60)),
+            }])
+            .await
+            .unwrap();
+        session
+            .mark_published(&[claimed[1].id], MarkMode::Keep)
+            .await
+            .unwrap();
+
+        let shards: Vec<i16> = (0..32).collect();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", store.sql().claim))
+            .bind(&shards)
+            .bind(&[claimed[2].id][..])
+            .bind(false)
+            .bind(500_i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(&format!("{table}_pending_idx")), "{plan}");
+        assert!(plan.contains(&format!("{table}_retry_idx")), "{plan}");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+        Box::new(session).close().await.unwrap();
+        let bookkeeping = store.table().quoted_sibling(SCHEMA_TABLE);
+        store
+            .pool()
+            .execute(sqlx::raw_sql(&format!(
+                "DROP TABLE {t}; DELETE FROM {bookkeeping} WHERE table_name = '{table}'"
+            )))
+            .await
+            .unwrap();
+    }
+}
