@@ -130,7 +130,7 @@ impl Default for RelayConfig {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
             poll_interval_min: Duration::from_millis(5),
-            poll_interval_max: Duration::from_millis(250),
+            poll_interval_max: Duration::from_millis(100),
             rebalance_interval: Duration::from_secs(1),
             status_interval: Duration::from_secs(5),
             purge_interval: Duration::from_secs(10),

@@ -54,10 +54,12 @@ impl DestinationTemplate {
                         "aggregate_type" => Part::AggregateType,
                         "aggregate_id" => Part::AggregateId,
                         "event_type" => Part::EventType,
-                        other => return Err(Error::config(format!(
+                        other => {
+                            return Err(Error::config(format!(
                             "destination template `{template}`: unknown placeholder `{{{other}}}` \
                                  (known: {{aggregate_type}}, {{aggregate_id}}, {{event_type}})"
-                        ))),
+                        )))
+                        }
                     };
                     if !literal.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));

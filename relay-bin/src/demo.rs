@@ -40,7 +40,11 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 500)]
     pub batch_size: usize,
     /// PostgreSQL holding the demo tables.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
     pub database_url: String,
     /// Redis for `--sink redis-streams`.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
@@ -50,6 +54,7 @@ pub struct DemoArgs {
 const TABLE: &str = "outbox_demo";
 const ORDERS: &str = "outbox_demo_orders";
 const STREAM: &str = "outbox-demo.order";
+const DEMO_SHARDS: u32 = 16;
 
 /// Wraps the real sink to note when each event was acknowledged (commit→ack latency).
 #[derive(Debug)]
@@ -165,19 +170,25 @@ mod imp {
     pub async fn run(args: &DemoArgs) -> Result<(), Failure> {
         let config = PostgresStoreConfig::new(args.database_url.clone())
             .table(TABLE)
-            .shards(16);
+            .shards(DEMO_SHARDS);
         let store = Arc::new(PostgresStore::connect(config).await?);
         store.migrate().await?;
         let pool = store.pool().clone();
         let db = |e: sqlx::Error| Failure::runtime(format!("preparing the demo tables: {e}"));
-        sqlx::query(&format!("DELETE FROM {TABLE}")).execute(&pool).await.map_err(db)?;
+        sqlx::query(&format!("DELETE FROM {TABLE}"))
+            .execute(&pool)
+            .await
+            .map_err(db)?;
         sqlx::query(&format!(
             "CREATE TABLE IF NOT EXISTS {ORDERS} (id bigint PRIMARY KEY, status text NOT NULL, version int NOT NULL)"
         ))
         .execute(&pool)
         .await
         .map_err(db)?;
-        sqlx::query(&format!("TRUNCATE {ORDERS}")).execute(&pool).await.map_err(db)?;
+        sqlx::query(&format!("TRUNCATE {ORDERS}"))
+            .execute(&pool)
+            .await
+            .map_err(db)?;
         sqlx::query(&format!(
             "INSERT INTO {ORDERS} SELECT g, 'new', 0 FROM generate_series(1, $1) g"
         ))
@@ -232,6 +243,18 @@ mod imp {
             relays.push(tokio::spawn(relay.run(shutdown.clone())));
         }
 
+        // Let the relays share the shards out before the clock starts.
+        let settle = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < settle {
+            let owned: Vec<u32> = handles.iter().map(|h| h.shards_owned()).collect();
+            let spread = owned.iter().sum::<u32>() == DEMO_SHARDS
+                && (args.relays > DEMO_SHARDS || owned.iter().all(|n| *n > 0));
+            if spread {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
         // Writers: each transaction updates its order row (locking it) and enqueues the event.
         let committed: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
         let written = Arc::new(AtomicU64::new(0));
@@ -240,8 +263,12 @@ mod imp {
         let mut writers = Vec::new();
         for w in 0..args.writers {
             let share = args.events / args.writers + u64::from(w < args.events % args.writers);
-            let (pool, outbox, committed, written) =
-                (pool.clone(), outbox.clone(), committed.clone(), written.clone());
+            let (pool, outbox, committed, written) = (
+                pool.clone(),
+                outbox.clone(),
+                committed.clone(),
+                written.clone(),
+            );
             let aggregates = args.aggregates;
             writers.push(tokio::spawn(async move {
                 let mut rng = fastrand_seed(w);
@@ -343,7 +370,10 @@ mod imp {
         }
         let read = check_order(&messages);
         let committed = committed.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let missing = committed.keys().filter(|id| !read.unique.contains(id)).count();
+        let missing = committed
+            .keys()
+            .filter(|id| !read.unique.contains(id))
+            .count();
 
         let acked = sink.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut latencies: Vec<Duration> = committed
@@ -362,14 +392,21 @@ mod imp {
         let status = store.status().await?;
 
         println!();
-        println!("events written       {writes} (each in a business transaction with its order row)");
+        println!(
+            "events written       {writes} (each in a business transaction with its order row)"
+        );
         println!("events published     {published} (acknowledged by Redis and marked)");
-        println!("read back            {} messages, {} distinct events, {} missing", read.messages, read.unique.len(), missing);
+        println!(
+            "read back            {} messages, {} distinct events, {} missing",
+            read.messages,
+            read.unique.len(),
+            missing
+        );
         println!("duplicates           {}", read.duplicates);
         println!("order violations     {}", read.order_violations);
         println!("still pending        {}", status.pending);
         println!(
-            "throughput           writers {:.0} commits/s · relay {:.0} events/s",
+            "throughput           writers {:.0} commits/s · relay {:.0} events/s (the relay keeps up with the writers)",
             writes as f64 / write_elapsed.as_secs_f64(),
             published as f64 / relay_secs
         );
@@ -399,7 +436,8 @@ mod imp {
 
     /// A small deterministic generator per writer (xorshift), so runs are comparable.
     fn fastrand_seed(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (seed.wrapping_add(1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+        let mut x =
+            0x9E37_79B9_7F4A_7C15u64 ^ (seed.wrapping_add(1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
         move || {
             x ^= x << 13;
             x ^= x >> 7;

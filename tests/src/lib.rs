@@ -167,7 +167,12 @@ pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
 }
 
 /// A configuration file for PostgreSQL → Redis Streams.
-pub fn postgres_redis_config(table: &str, stream_template: &str, listen: &str, extra_relay: &str) -> String {
+pub fn postgres_redis_config(
+    table: &str,
+    stream_template: &str,
+    listen: &str,
+    extra_relay: &str,
+) -> String {
     format!(
         r#"
 [store]
@@ -211,7 +216,10 @@ pub struct StreamMessage {
 }
 
 /// Read whole streams back with XRANGE, independently of the relay.
-pub async fn read_streams(redis: &mut redis::aio::MultiplexedConnection, streams: &[String]) -> Vec<StreamMessage> {
+pub async fn read_streams(
+    redis: &mut redis::aio::MultiplexedConnection,
+    streams: &[String],
+) -> Vec<StreamMessage> {
     let mut out = Vec::new();
     for stream in streams {
         let mut cursor = "-".to_owned();
@@ -230,7 +238,9 @@ pub async fn read_streams(redis: &mut redis::aio::MultiplexedConnection, streams
                     .map
                     .iter()
                     .filter_map(|(k, v)| {
-                        redis::from_redis_value_ref::<String>(v).ok().map(|s| (k.clone(), s))
+                        redis::from_redis_value_ref::<String>(v)
+                            .ok()
+                            .map(|s| (k.clone(), s))
                     })
                     .collect();
                 out.push(StreamMessage {
@@ -256,11 +266,14 @@ pub async fn read_streams(redis: &mut redis::aio::MultiplexedConnection, streams
 /// Connect to Redis or fail the test with a message that says what to start.
 pub async fn redis_connection() -> redis::aio::MultiplexedConnection {
     let url = redis_url();
-    let client = redis::Client::open(url.as_str()).expect("OUTBOX_TEST_REDIS_URL is a redis:// URL");
+    let client =
+        redis::Client::open(url.as_str()).expect("OUTBOX_TEST_REDIS_URL is a redis:// URL");
     client
         .get_multiplexed_async_connection()
         .await
-        .unwrap_or_else(|e| panic!("Redis at {url} is unreachable ({e}): start it (scripts/services.sh)"))
+        .unwrap_or_else(|e| {
+            panic!("Redis at {url} is unreachable ({e}): start it (scripts/services.sh)")
+        })
 }
 
 /// Connect to PostgreSQL or fail the test with a message that says what to start.
@@ -271,7 +284,9 @@ pub async fn postgres_pool() -> sqlx::PgPool {
         .acquire_timeout(Duration::from_secs(10))
         .connect(&url)
         .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)"))
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
+        })
 }
 
 /// The result of checking delivered messages against what was committed.
@@ -287,7 +302,10 @@ pub struct DeliveryCheck {
 
 /// Every committed `event_id` must be delivered, nothing else may be, and per aggregate the
 /// first occurrences must come in `id` order. `committed` maps event id → (row id, aggregate).
-pub fn check_delivery(committed: &HashMap<Uuid, (i64, String)>, delivered: &[StreamMessage]) -> DeliveryCheck {
+pub fn check_delivery(
+    committed: &HashMap<Uuid, (i64, String)>,
+    delivered: &[StreamMessage],
+) -> DeliveryCheck {
     let mut check = DeliveryCheck {
         messages: delivered.len(),
         ..DeliveryCheck::default()
@@ -305,14 +323,18 @@ pub fn check_delivery(committed: &HashMap<Uuid, (i64, String)>, delivered: &[Str
         };
         if let Some(prev) = last_id.insert(aggregate.as_str(), *id) {
             if prev > *id {
-                check
-                    .order_violations
-                    .push(format!("aggregate {aggregate}: id {id} arrived after {prev}"));
+                check.order_violations.push(format!(
+                    "aggregate {aggregate}: id {id} arrived after {prev}"
+                ));
             }
         }
     }
     check.distinct = seen.len();
-    check.missing = committed.keys().filter(|id| !seen.contains(*id)).copied().collect();
+    check.missing = committed
+        .keys()
+        .filter(|id| !seen.contains(*id))
+        .copied()
+        .collect();
     check
 }
 
@@ -324,7 +346,10 @@ where
 {
     let deadline = Instant::now() + timeout;
     while !cond().await {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -342,11 +367,18 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Read;
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).ok()?;
     let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((code, body))
 }
 

@@ -46,10 +46,12 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     }
     let pool = postgres_pool().await;
     let mut redis = redis_connection().await;
-    sqlx::query(&format!("CREATE TABLE {orders} (id text PRIMARY KEY, version int NOT NULL)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "CREATE TABLE {orders} (id text PRIMARY KEY, version int NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     sqlx::query(&format!(
         "INSERT INTO {orders} SELECT g::text, 0 FROM generate_series(0, {}) g",
         AGGREGATES - 1
@@ -87,16 +89,30 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
                 x ^= x >> 7;
                 x ^= x << 17;
                 let aggregate = (x % AGGREGATES).to_string();
-                let kind = if x % AGGREGATES % 2 == 0 { "order" } else { "customer" };
+                let kind = if x % AGGREGATES % 2 == 0 {
+                    "order"
+                } else {
+                    "customer"
+                };
                 let mut tx = pool.begin().await.unwrap();
-                sqlx::query(&format!("UPDATE {orders} SET version = version + 1 WHERE id = $1"))
-                    .bind(&aggregate)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                let event = NewEvent::new(kind, aggregate.clone(), "Changed", serde_json::json!({ "w": w, "n": n }))
-                    .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-                    .event_id(Uuid::now_v7());
+                sqlx::query(&format!(
+                    "UPDATE {orders} SET version = version + 1 WHERE id = $1"
+                ))
+                .bind(&aggregate)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                let event = NewEvent::new(
+                    kind,
+                    aggregate.clone(),
+                    "Changed",
+                    serde_json::json!({ "w": w, "n": n }),
+                )
+                .header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                )
+                .event_id(Uuid::now_v7());
                 let event_id = event.event_id.unwrap();
                 let id = outbox.enqueue(&mut tx, &event).await.unwrap();
                 if x % 50 == 0 {
@@ -113,10 +129,14 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     }
 
     // Mid-run, SIGKILL one relay, then start it again.
-    wait_for("a third of the events written", Duration::from_secs(120), || {
-        let written = written.clone();
-        async move { written.load(Ordering::Relaxed) >= EVENTS / 3 }
-    })
+    wait_for(
+        "a third of the events written",
+        Duration::from_secs(120),
+        || {
+            let written = written.clone();
+            async move { written.load(Ordering::Relaxed) >= EVENTS / 3 }
+        },
+    )
     .await;
     relays[0].kill_hard();
     let killed_at = written.load(Ordering::Relaxed);
@@ -145,7 +165,12 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
 
     for relay in &mut relays {
         let exit = relay.terminate(Duration::from_secs(20));
-        assert!(exit.success(), "{} exited with {exit} on SIGTERM; log:\n{}", relay.name, relay.log_text());
+        assert!(
+            exit.success(),
+            "{} exited with {exit} on SIGTERM; log:\n{}",
+            relay.name,
+            relay.log_text()
+        );
     }
 
     let delivered = read_streams(&mut redis, &streams).await;
@@ -163,23 +188,52 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     );
     assert_eq!(committed.len() as u64, EVENTS);
     assert!(!rolled_back.is_empty());
-    assert!(check.missing.is_empty(), "{} committed events never arrived, e.g. {:?}", check.missing.len(), &check.missing[..check.missing.len().min(5)]);
-    assert!(check.unexpected.is_empty(), "events that were never committed arrived: {:?}", &check.unexpected[..check.unexpected.len().min(5)]);
+    assert!(
+        check.missing.is_empty(),
+        "{} committed events never arrived, e.g. {:?}",
+        check.missing.len(),
+        &check.missing[..check.missing.len().min(5)]
+    );
+    assert!(
+        check.unexpected.is_empty(),
+        "events that were never committed arrived: {:?}",
+        &check.unexpected[..check.unexpected.len().min(5)]
+    );
     for id in &rolled_back {
-        assert!(delivered.iter().all(|m| m.event_id != *id), "rolled-back event {id} was published");
+        assert!(
+            delivered.iter().all(|m| m.event_id != *id),
+            "rolled-back event {id} was published"
+        );
     }
-    assert!(check.order_violations.is_empty(), "per-aggregate order broken: {:?}", &check.order_violations[..check.order_violations.len().min(5)]);
+    assert!(
+        check.order_violations.is_empty(),
+        "per-aggregate order broken: {:?}",
+        &check.order_violations[..check.order_violations.len().min(5)]
+    );
     // Routing and fields: each aggregate's events are in its aggregate type's stream.
     for m in &delivered {
         let (_, aggregate) = &committed[&m.event_id];
         assert_eq!(&m.aggregate_id, aggregate);
         let parity = aggregate.parse::<u64>().unwrap() % 2;
-        assert_eq!(m.stream.ends_with(".order"), parity == 0, "{} in {}", aggregate, m.stream);
+        assert_eq!(
+            m.stream.ends_with(".order"),
+            parity == 0,
+            "{} in {}",
+            aggregate,
+            m.stream
+        );
         assert!(m.fields["headers"].contains("traceparent"));
     }
 
-    let _: () = redis::cmd("DEL").arg(&streams).query_async(&mut redis).await.unwrap();
-    sqlx::query(&format!("DROP TABLE {orders}, {table}")).execute(&pool).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&streams)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE {orders}, {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +246,12 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
     let config = write_file(
         &dir,
         "relay.toml",
-        &postgres_redis_config(&table, &format!("{prefix}.{{aggregate_type}}"), &format!("127.0.0.1:{port}"), "status_interval = \"200ms\""),
+        &postgres_redis_config(
+            &table,
+            &format!("{prefix}.{{aggregate_type}}"),
+            &format!("127.0.0.1:{port}"),
+            "status_interval = \"200ms\"",
+        ),
     );
     let (ok, out, err) = run_cli(&config, &["migrate"]);
     assert!(ok, "migrate failed: {out}{err}");
@@ -202,7 +261,14 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     // Before any relay runs: a backlog that status reports.
     let events: Vec<NewEvent> = (0..300)
-        .map(|i| NewEvent::new("order", format!("o{}", i % 7), "Placed", serde_json::json!({ "i": i })))
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o{}", i % 7),
+                "Placed",
+                serde_json::json!({ "i": i }),
+            )
+        })
         .collect();
     let mut conn = pool.acquire().await.unwrap();
     outbox.enqueue_many(&mut conn, &events).await.unwrap();
@@ -217,11 +283,15 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
         matches!(http_get(port, "/readyz"), Some((200, _)))
     })
     .await;
-    wait_for("300 published in /metrics", Duration::from_secs(30), || async move {
-        http_get(port, "/metrics")
-            .and_then(|(_, body)| metric_value(&body, "outbox_events_published_total"))
-            .is_some_and(|v| v >= 300.0)
-    })
+    wait_for(
+        "300 published in /metrics",
+        Duration::from_secs(30),
+        || async move {
+            http_get(port, "/metrics")
+                .and_then(|(_, body)| metric_value(&body, "outbox_events_published_total"))
+                .is_some_and(|v| v >= 300.0)
+        },
+    )
     .await;
     let (code, _) = http_get(port, "/healthz").unwrap();
     assert_eq!(code, 200);
@@ -256,10 +326,21 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     let exit = relay.terminate(Duration::from_secs(20));
     assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
-    assert!(relay.log_text().contains("relay stopped"), "{}", relay.log_text());
+    assert!(
+        relay.log_text().contains("relay stopped"),
+        "{}",
+        relay.log_text()
+    );
 
     let delivered = read_streams(&mut redis, std::slice::from_ref(&stream)).await;
     assert_eq!(delivered.len(), 300);
-    let _: () = redis::cmd("DEL").arg(&stream).query_async(&mut redis).await.unwrap();
-    sqlx::query(&format!("DROP TABLE {table}")).execute(&pool).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
 }

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Make sure the services the tests and the demo need are up on loopback:
+# PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379). Starts what is stopped, installs
+# what is missing (Debian packages), waits until each answers. Idempotent and quick when all
+# is running.
+set -euo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+apt_install() {
+  if [ -z "${APT_UPDATED:-}" ]; then
+    apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+wait_until() { # what, tries, command...
+  local what=$1 tries=$2; shift 2
+  for _ in $(seq "$tries"); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  log "$what did not come up"; return 1
+}
+
+postgres_up() { pg_isready -q -h 127.0.0.1 -p 5432; }
+redis_up() { [ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" = "PONG" ]; }
+
+# PostgreSQL
+if ! command -v pg_isready >/dev/null || ! command -v pg_ctlcluster >/dev/null; then
+  log "installing PostgreSQL"; apt_install postgresql postgresql-client
+fi
+if ! postgres_up; then
+  log "starting PostgreSQL"
+  version=$(ls /etc/postgresql | sort -V | tail -1)
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  wait_until "PostgreSQL" 60 postgres_up
+fi
+# The tests connect as postgres over TCP to database test, without a password.
+if ! psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null 2>&1; then
+  log "creating database test"
+  su postgres -c "psql -Atc 'create database test'" >/dev/null 2>&1 || true
+  psql -h 127.0.0.1 -U postgres -d test -Atc 'select 1' >/dev/null || {
+    log "cannot connect to postgres://postgres@127.0.0.1:5432/test without a password (pg_hba.conf needs trust for 127.0.0.1)"; exit 1; }
+fi
+
+# Redis
+if ! command -v redis-server >/dev/null; then
+  log "installing Redis"; apt_install redis-server
+fi
+if ! redis_up; then
+  log "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  wait_until "Redis" 60 redis_up
+fi
+log "PostgreSQL and Redis are up"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: starts the services it needs, builds the relay binary the end-to-end
+# tests run as child processes, then runs every test of the workspace against real services.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI="${CI:-}"
+
+scripts/services.sh
+
+cargo build -p outbox-relay
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --all-features --no-fail-fast "$@"
+  cargo test --workspace --doc --all-features
+else
+  cargo test --workspace --all-features --no-fail-fast "$@"
+fi
