@@ -70,18 +70,28 @@ impl Failure {
 
 impl From<outbox_core::Error> for Failure {
     fn from(e: outbox_core::Error) -> Self {
-        let code = if e.kind() == ErrorKind::Config { 2 } else { 1 };
-        Self {
-            message: e.full_message(),
-            code,
+        if e.kind() == ErrorKind::Config {
+            Self::config(format!("invalid configuration: {}", e.full_message()))
+        } else {
+            Self::runtime(e.full_message())
         }
     }
 }
 
 impl From<settings::ConfigError> for Failure {
     fn from(e: settings::ConfigError) -> Self {
-        Self::config(e.0)
+        Self::config(e.to_string())
     }
+}
+
+/// The message on one line (the binary prints exactly one `error: ...` line).
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `outbox-relay --version`: the version and the adapters compiled in.
@@ -104,7 +114,10 @@ pub fn main(registry: Registry) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -114,7 +127,7 @@ pub fn main(registry: Registry) -> ExitCode {
     match runtime.block_on(execute(cli, registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            eprintln!("error: {}", one_line(&failure.message));
             ExitCode::from(failure.code)
         }
     }
@@ -129,29 +142,30 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
         }
         Command::Run => {
             let (settings, figment) = load(&cli)?;
-            registry.check_kinds(&settings)?;
-            let store = connect_store(&registry, &settings).await?;
+            let ctx = FactoryContext {
+                settings: &settings,
+                figment: &figment,
+                file: cli.config.as_ref(),
+            };
+            // Every configuration error before anything connects.
+            registry.check_config(ctx)?;
+            check_listen(&settings.server.listen, &figment, &cli)?;
+            let store = connect_store(&registry, &settings, &figment, &cli).await?;
+            let sink = registry.build_sink(ctx).await?;
             store.check().await?;
-            let sink = registry
-                .build_sink(FactoryContext {
-                    settings: &settings,
-                    figment: &figment,
-                    file: cli.config.as_ref(),
-                })
-                .await?;
             sink.check().await?;
             run(store, sink, &settings).await
         }
         Command::Migrate => {
-            let (settings, _) = load(&cli)?;
-            let store = connect_store(&registry, &settings).await?;
+            let (settings, figment) = load(&cli)?;
+            let store = connect_store(&registry, &settings, &figment, &cli).await?;
             store.migrate().await?;
             println!("migrated {}", store.describe());
             Ok(())
         }
         Command::Status { json } => {
-            let (settings, _) = load(&cli)?;
-            let store = connect_store(&registry, &settings).await?;
+            let (settings, figment) = load(&cli)?;
+            let store = connect_store(&registry, &settings, &figment, &cli).await?;
             crate::status::print(store.as_ref(), json).await
         }
     }
@@ -166,11 +180,40 @@ fn load(cli: &Cli) -> Result<(Settings, figment::Figment), Failure> {
     Ok((settings, figment))
 }
 
-async fn connect_store(registry: &Registry, settings: &Settings) -> Result<Arc<dyn Store>, Failure> {
-    Ok(registry.build_store(&settings.store).await?)
+/// Build the store; its configuration errors (`store.table: ...`) say where the key was set.
+async fn connect_store(
+    registry: &Registry,
+    settings: &Settings,
+    figment: &figment::Figment,
+    cli: &Cli,
+) -> Result<Arc<dyn Store>, Failure> {
+    registry.build_store(&settings.store).await.map_err(|e| {
+        if e.kind() == ErrorKind::Config {
+            let message = settings::locate(&e.full_message(), figment, cli.config.as_deref());
+            Failure::config(format!("invalid configuration: {message}"))
+        } else {
+            e.into()
+        }
+    })
 }
 
-async fn run(store: Arc<dyn Store>, sink: Arc<dyn outbox_core::Sink>, settings: &Settings) -> Result<(), Failure> {
+/// `server.listen` must be an address (checked before connecting to anything).
+fn check_listen(listen: &str, figment: &figment::Figment, cli: &Cli) -> Result<(), Failure> {
+    if listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let message = format!("server.listen: \"{listen}\" is not an address like 127.0.0.1:9464");
+    Err(Failure::config(format!(
+        "invalid configuration: {}",
+        settings::locate(&message, figment, cli.config.as_deref())
+    )))
+}
+
+async fn run(
+    store: Arc<dyn Store>,
+    sink: Arc<dyn outbox_core::Sink>,
+    settings: &Settings,
+) -> Result<(), Failure> {
     let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
     let relay = Relay::new(store, sink, settings.relay.clone())?;
     let handle = relay.handle();
@@ -180,7 +223,12 @@ async fn run(store: Arc<dyn Store>, sink: Arc<dyn outbox_core::Sink>, settings: 
         let listener = crate::server::bind(&settings.server.listen)
             .await
             .map_err(Failure::config)?;
-        tokio::spawn(crate::server::serve(listener, handle.clone(), metrics, shutdown.clone()));
+        tokio::spawn(crate::server::serve(
+            listener,
+            handle.clone(),
+            metrics,
+            shutdown.clone(),
+        ));
     }
 
     tokio::spawn(async move {

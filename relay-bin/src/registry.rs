@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
 use figment::Figment;
-use outbox_core::{Error, Result, Sink, Store};
+use outbox_core::{Error, ErrorKind, Result, Sink, Store};
 
 use crate::settings::{Settings, StoreSettings};
 
@@ -31,6 +31,9 @@ pub type StoreFactory =
 pub type SinkFactory =
     Arc<dyn for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>> + Send + Sync>;
 
+/// Checks a sink's own settings without connecting to anything.
+pub type SinkCheck = Arc<dyn for<'a> Fn(FactoryContext<'a>) -> Result<()> + Send + Sync>;
+
 #[derive(Clone)]
 struct SinkEntry {
     section: String,
@@ -38,7 +41,8 @@ struct SinkEntry {
 }
 
 /// Every store kind the project ships, with the cargo feature that compiles it in.
-pub const SHIPPED_STORES: &[(&str, &str)] = &[("postgres", "store-postgres"), ("mysql", "store-mysql")];
+pub const SHIPPED_STORES: &[(&str, &str)] =
+    &[("postgres", "store-postgres"), ("mysql", "store-mysql")];
 
 /// Every sink kind the project ships, with the cargo feature that compiles it in.
 pub const SHIPPED_SINKS: &[(&str, &str)] = &[
@@ -53,6 +57,7 @@ pub const SHIPPED_SINKS: &[(&str, &str)] = &[
 pub struct Registry {
     stores: BTreeMap<String, StoreFactory>,
     sinks: BTreeMap<String, SinkEntry>,
+    sink_checks: BTreeMap<String, SinkCheck>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -84,7 +89,10 @@ impl Registry {
     /// Register a store kind.
     pub fn register_store<F>(&mut self, kind: &str, factory: F) -> &mut Self
     where
-        F: for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>> + Send + Sync + 'static,
+        F: for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>>
+            + Send
+            + Sync
+            + 'static,
     {
         self.stores.insert(kind.to_owned(), Arc::new(factory));
         self
@@ -94,7 +102,10 @@ impl Registry {
     /// into `_` is the convention, e.g. `redis-streams` → `[sink.redis_streams]`).
     pub fn register_sink<F>(&mut self, kind: &str, factory: F) -> &mut Self
     where
-        F: for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>> + Send + Sync + 'static,
+        F: for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>>
+            + Send
+            + Sync
+            + 'static,
     {
         self.sinks.insert(
             kind.to_owned(),
@@ -103,6 +114,18 @@ impl Registry {
                 factory: Arc::new(factory),
             },
         );
+        self
+    }
+
+    /// Register a check of a sink kind's settings (`[sink.<section>]`) that runs before the
+    /// relay connects to anything, so that a typo there is reported as a configuration error
+    /// even when the store or the broker is down. Optional: without it, the sink's settings are
+    /// checked when its factory runs.
+    pub fn register_sink_check<F>(&mut self, kind: &str, check: F) -> &mut Self
+    where
+        F: for<'a> Fn(FactoryContext<'a>) -> Result<()> + Send + Sync + 'static,
+    {
+        self.sink_checks.insert(kind.to_owned(), Arc::new(check));
         self
     }
 
@@ -133,7 +156,10 @@ impl Registry {
     /// Check `[sink]` sub-tables name registered kinds (catches typos like `[sink.redis]`).
     pub fn check_sink_sections(&self, settings: &Settings) -> Result<()> {
         let known: Vec<String> = self.sinks.values().map(|e| e.section.clone()).collect();
-        let shipped: Vec<String> = SHIPPED_SINKS.iter().map(|(k, _)| k.replace('-', "_")).collect();
+        let shipped: Vec<String> = SHIPPED_SINKS
+            .iter()
+            .map(|(k, _)| k.replace('-', "_"))
+            .collect();
         for key in settings.sink.sections.keys() {
             if !known.contains(key) && !shipped.contains(key) {
                 let mut expected = vec!["kind".to_owned(), "destination".to_owned()];
@@ -150,7 +176,12 @@ impl Registry {
     /// Build the configured store.
     pub async fn build_store(&self, settings: &StoreSettings) -> Result<Arc<dyn Store>> {
         let factory = self.stores.get(&settings.kind).ok_or_else(|| {
-            Self::unknown_kind("store.kind", &settings.kind, self.store_kinds(), SHIPPED_STORES)
+            Self::unknown_kind(
+                "store.kind",
+                &settings.kind,
+                self.store_kinds(),
+                SHIPPED_STORES,
+            )
         })?;
         factory(settings).await
     }
@@ -184,4 +215,25 @@ impl Registry {
         }
         self.check_sink_sections(settings)
     }
+
+    /// Check the whole configuration before connecting: both kinds exist, the `[sink]`
+    /// sub-tables are known, and the sink's own check (if registered) passes. Errors say where
+    /// the key was set (`(in FILE)` or `(from environment variable OUTBOX_...)`).
+    pub fn check_config(&self, ctx: FactoryContext<'_>) -> Result<()> {
+        let file = ctx.file.map(PathBuf::as_path);
+        self.check_kinds(ctx.settings)
+            .map_err(|e| locate(e, ctx.figment, file))?;
+        match self.sink_checks.get(&ctx.settings.sink.kind) {
+            Some(check) => check(ctx),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Add where the key a configuration error starts with was set.
+fn locate(e: Error, figment: &Figment, file: Option<&Path>) -> Error {
+    if e.kind() != ErrorKind::Config {
+        return e;
+    }
+    Error::config(crate::settings::locate(&e.full_message(), figment, file))
 }

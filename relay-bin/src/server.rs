@@ -32,16 +32,21 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
 
 /// Bind `listen`; the error names the address.
 pub async fn bind(listen: &str) -> Result<TcpListener, String> {
-    let addr: SocketAddr = listen
-        .parse()
-        .map_err(|e| format!("server.listen: \"{listen}\" is not an address like 127.0.0.1:9464 ({e})"))?;
+    let addr: SocketAddr = listen.parse().map_err(|e| {
+        format!("server.listen: \"{listen}\" is not an address like 127.0.0.1:9464 ({e})")
+    })?;
     TcpListener::bind(addr)
         .await
         .map_err(|e| format!("server.listen: cannot listen on {addr}: {e}"))
 }
 
 /// Serve until shutdown.
-pub async fn serve(listener: TcpListener, relay: RelayHandle, metrics: PrometheusHandle, mut shutdown: Shutdown) {
+pub async fn serve(
+    listener: TcpListener,
+    relay: RelayHandle,
+    metrics: PrometheusHandle,
+    mut shutdown: Shutdown,
+) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz and /readyz");
     }
@@ -62,7 +67,11 @@ pub async fn serve(listener: TcpListener, relay: RelayHandle, metrics: Prometheu
     }
 }
 
-async fn answer(mut stream: TcpStream, relay: &RelayHandle, metrics: &PrometheusHandle) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    relay: &RelayHandle,
+    metrics: &PrometheusHandle,
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     let read = async {
@@ -74,7 +83,10 @@ async fn answer(mut stream: TcpStream, relay: &RelayHandle, metrics: &Prometheus
             }
         }
     };
-    if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .is_err()
+    {
         return Ok(());
     }
     let request = String::from_utf8_lossy(&buf[..len]);
@@ -82,13 +94,13 @@ async fn answer(mut stream: TcpStream, relay: &RelayHandle, metrics: &Prometheus
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
     let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            metrics.render(),
-        ),
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
         ("GET", "/healthz") if relay.is_alive() => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET", "/healthz") => ("503 Service Unavailable", "text/plain", "stopped\n".to_owned()),
+        ("GET", "/healthz") => (
+            "503 Service Unavailable",
+            "text/plain",
+            "stopped\n".to_owned(),
+        ),
         ("GET", "/readyz") if relay.is_ready() => (
             "200 OK",
             "text/plain",
@@ -102,8 +114,16 @@ async fn answer(mut stream: TcpStream, relay: &RelayHandle, metrics: &Prometheus
                 relay.last_error().unwrap_or_else(|| "starting".to_owned())
             ),
         ),
-        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /healthz or /readyz\n".to_owned()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_owned()),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "try /metrics, /healthz or /readyz\n".to_owned(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n".to_owned(),
+        ),
     };
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Format, Toml};
+use figment::value::{Dict, Value};
 use figment::Figment;
 use outbox_core::RelayConfig;
 use serde::{Deserialize, Serialize};
@@ -143,117 +144,298 @@ impl Default for LogSettings {
 }
 
 /// A configuration error: one line naming the key, and the file or variable it came from.
+///
+/// Displays as `invalid configuration: <key>: <what> (in <file>)`; the field holds the part
+/// after `invalid configuration: `.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
+#[error("invalid configuration: {0}")]
 pub struct ConfigError(pub String);
 
 impl ConfigError {
-    fn from_figment(error: figment::Error, file: Option<&Path>) -> Self {
-        let mut lines = Vec::new();
+    /// One error per figment error, joined with `; `. `prefix` is the key path the figment was
+    /// focused on (`sink.redis_streams`), prepended to every key.
+    fn from_figment(
+        error: figment::Error,
+        figment: &Figment,
+        file: Option<&Path>,
+        prefix: &str,
+    ) -> Self {
+        let mut parts = Vec::new();
         for e in error {
-            let key = e
-                .path
-                .iter()
-                .filter(|p| p.as_str() != "default")
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(".");
-            let source = match (&e.metadata, file) {
-                (Some(md), _) if md.name.contains("environment") => {
-                    let var = md
-                        .interpolate(&e.profile.clone().unwrap_or_default(), &e.path)
-                        .to_uppercase();
-                    format!(" (from environment variable {var})")
+            let mut path: Vec<&str> = prefix.split('.').filter(|p| !p.is_empty()).collect();
+            let mut own = e.path.iter().map(String::as_str).peekable();
+            // A path that starts with the profile name ("default") is not a key of ours.
+            if let (Some(first), Some(profile)) = (own.peek(), &e.profile) {
+                if *first == profile.as_str() && !figment.contains(first) {
+                    own.next();
                 }
-                (_, Some(file)) => format!(" (in {})", file.display()),
-                (_, None) => String::new(),
-            };
-            let what = explain(&e.kind);
-            if key.is_empty() {
-                lines.push(format!("{what}{source}"));
-            } else {
-                lines.push(format!("{key}: {what}{source}"));
             }
+            path.extend(own);
+            let key = path.join(".");
+            let text = match &e.kind {
+                figment::error::Kind::MissingField(field) => missing(&key, field, file),
+                kind => {
+                    let what = explain(kind, path.last().copied());
+                    let origin = match origin(figment, &key, file) {
+                        Some(origin) => origin,
+                        None => match (&e.metadata, file) {
+                            (Some(md), _) if is_env(md) && !key.is_empty() => {
+                                format!(" (from environment variable {})", env_var_for(&key))
+                            }
+                            (Some(md), _) if is_env(md) => {
+                                " (from OUTBOX_* environment variables)".to_owned()
+                            }
+                            (_, Some(file)) => format!(" (in {})", file.display()),
+                            (_, None) => String::new(),
+                        },
+                    };
+                    if key.is_empty() {
+                        format!("{what}{origin}")
+                    } else {
+                        format!("{key}: {what}{origin}")
+                    }
+                }
+            };
+            parts.push(text);
         }
-        ConfigError(format!("invalid configuration: {}", lines.join("; ")))
+        ConfigError(parts.join("; "))
     }
 }
 
-fn explain(kind: &figment::error::Kind) -> String {
+/// `store.url: missing required key (in FILE, or set OUTBOX_STORE__URL)`; a missing top-level
+/// table reads `store: missing required table [store] (in FILE)`.
+fn missing(parent: &str, field: &str, file: Option<&Path>) -> String {
+    let key = if parent.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{parent}.{field}")
+    };
+    let in_file = file.map(|f| format!("in {}", f.display()));
+    if parent.is_empty() && matches!(field, "store" | "sink") {
+        return match in_file {
+            Some(in_file) => format!("{key}: missing required table [{key}] ({in_file})"),
+            None => format!(
+                "{key}: missing required table [{key}] (no configuration file given, see --config)"
+            ),
+        };
+    }
+    let var = env_var_for(&key);
+    match in_file {
+        Some(in_file) => format!("{key}: missing required key ({in_file}, or set {var})"),
+        None => format!("{key}: missing required key (set it in the --config file or with {var})"),
+    }
+}
+
+fn explain(kind: &figment::error::Kind, last_key: Option<&str>) -> String {
     use figment::error::Kind;
     match kind {
-        Kind::MissingField(f) => format!("missing required key `{f}`"),
-        Kind::UnknownField(f, expected) => {
-            format!("unknown key `{f}` (expected one of: {})", expected.join(", "))
+        Kind::UnknownField(_, expected) => {
+            format!("unknown key (expected one of: {})", expected.join(", "))
         }
         Kind::InvalidType(actual, expected) => format!("expected {expected}, found {actual}"),
         Kind::InvalidValue(actual, expected) => format!("expected {expected}, found {actual}"),
         Kind::UnknownVariant(v, expected) => {
-            format!("unknown value `{v}` (expected one of: {})", expected.join(", "))
+            format!(
+                "unknown value `{v}` (expected one of: {})",
+                expected.join(", ")
+            )
         }
-        other => other.to_string(),
+        Kind::Message(message) => {
+            let message = one_line(message);
+            // Custom messages often name their key already (`retention: expected ...`).
+            match last_key.and_then(|k| message.strip_prefix(&format!("{k}: "))) {
+                Some(rest) => rest.to_owned(),
+                None => message,
+            }
+        }
+        other => one_line(&other.to_string()),
+    }
+}
+
+/// Fold a multi-line message into one line. TOML syntax errors (a header line, a snippet of
+/// the file with a caret, then the reason) become `TOML syntax error at line L, column C: reason`.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.len() <= 1 {
+        return lines.first().copied().unwrap_or_default().to_owned();
+    }
+    match lines.iter().rposition(|l| l.contains('|')) {
+        Some(snippet_end) if snippet_end + 1 < lines.len() => {
+            let head = lines[0].replace("TOML parse error", "TOML syntax error");
+            format!("{head}: {}", lines[snippet_end + 1..].join(", "))
+        }
+        _ => lines.join(" "),
+    }
+}
+
+const ENV_PREFIX: &str = "OUTBOX_";
+const ENV_SOURCE: &str = "`OUTBOX_` environment variable(s)";
+
+fn is_env(md: &figment::Metadata) -> bool {
+    md.name == ENV_SOURCE
+}
+
+/// The environment variable that sets `key`: `store.url` → `OUTBOX_STORE__URL`.
+pub fn env_var_for(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.replace('.', "__").to_ascii_uppercase()
+    )
+}
+
+/// Where the value at `key` was set, as a message suffix: ` (in FILE)` or
+/// ` (from environment variable OUTBOX_...)`; `None` when the key has no value there.
+fn origin(figment: &Figment, key: &str, file: Option<&Path>) -> Option<String> {
+    if key.is_empty() {
+        return None;
+    }
+    let md = figment.find_metadata(key)?;
+    if is_env(md) {
+        return Some(format!(" (from environment variable {})", env_var_for(key)));
+    }
+    match (file, &md.source) {
+        (Some(file), _) => Some(format!(" (in {})", file.display())),
+        (None, Some(figment::Source::File(path))) => Some(format!(" (in {})", path.display())),
+        _ => None,
+    }
+}
+
+/// Append where the key a message starts with was set (`relay.batch_size: must be ...` →
+/// `... (from environment variable OUTBOX_RELAY__BATCH_SIZE)`). Messages that do not start
+/// with a key of the figment come back unchanged.
+pub fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
+    let key: String = message
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
+        .collect();
+    let follows = message[key.len()..].chars().next();
+    if !key.contains('.') || !matches!(follows, Some(':' | ' ')) {
+        return message.to_owned();
+    }
+    match origin(figment, &key, file) {
+        Some(origin) => format!("{message}{origin}"),
+        None => message.to_owned(),
+    }
+}
+
+/// `OUTBOX_*` environment variables (`__` nests, `OUTBOX_TEST_*` ignored). Unlike figment's
+/// `Env`, values stay strings: `OUTBOX_STORE__TABLE=123` or a password `007` reach a `String`
+/// key unchanged, and numeric keys still accept them because [`load`] extracts leniently.
+struct EnvOverrides;
+
+impl figment::Provider for EnvOverrides {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named(ENV_SOURCE)
+            .interpolater(|_: &figment::Profile, keys: &[&str]| env_var_for(&keys.join(".")))
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, Dict>, figment::Error> {
+        let env = Env::prefixed(ENV_PREFIX)
+            .filter(|key| !key.as_str().to_ascii_lowercase().starts_with("test_"))
+            .split("__");
+        let mut dict = Dict::new();
+        for (key, value) in env.iter() {
+            let path: Vec<&str> = key.as_str().split('.').collect();
+            insert(&mut dict, &path, Value::from(value));
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
+fn insert(dict: &mut Dict, path: &[&str], value: Value) {
+    match path {
+        [] => {}
+        [last] => {
+            dict.insert((*last).to_owned(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = dict
+                .entry((*first).to_owned())
+                .or_insert_with(|| Value::from(Dict::new()));
+            if !matches!(entry, Value::Dict(..)) {
+                *entry = Value::from(Dict::new());
+            }
+            if let Value::Dict(_, inner) = entry {
+                insert(inner, rest, value);
+            }
+        }
     }
 }
 
 /// Build the figment: the TOML file (when given), then `OUTBOX_*` environment variables.
 ///
-/// Variables named `OUTBOX_TEST_*` are left to the test suite and ignored here.
+/// Variables named `OUTBOX_TEST_*` are left to the test suite and ignored here. Extract with
+/// `extract_lossy` so that numbers given through the environment (kept as strings) are read.
 pub fn figment(file: Option<&Path>) -> Figment {
     let mut figment = Figment::new();
     if let Some(file) = file {
         figment = figment.merge(Toml::file_exact(file));
     }
-    figment.merge(
-        Env::prefixed("OUTBOX_")
-            .split("__")
-            .filter(|key| !key.as_str().starts_with("test_")),
-    )
+    figment.merge(EnvOverrides)
 }
 
 /// Load and check the settings.
 pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
     if let Some(path) = file {
-        if !path.exists() {
+        if !path.is_file() {
+            let what = if path.exists() {
+                "is not a file"
+            } else {
+                "does not exist"
+            };
             return Err(ConfigError(format!(
-                "configuration file {} does not exist (given with --config)",
+                "configuration file {} {what} (given with --config)",
                 path.display()
             )));
         }
     }
     let figment = figment(file);
     let settings: Settings = figment
-        .extract()
-        .map_err(|e| ConfigError::from_figment(e, file))?;
+        .extract_lossy()
+        .map_err(|e| ConfigError::from_figment(e, &figment, file, ""))?;
     settings
         .relay
         .validate()
-        .map_err(|e| ConfigError(format!("invalid configuration: {}", e.message())))?;
+        .map_err(|e| ConfigError(locate(e.message(), &figment, file)))?;
     if settings.store.url.trim().is_empty() {
-        return Err(ConfigError(
-            "invalid configuration: store.url: must not be empty".to_owned(),
-        ));
+        return Err(ConfigError(locate(
+            "store.url: must not be empty",
+            &figment,
+            file,
+        )));
     }
     Ok((settings, figment))
 }
 
 /// Extract a sink's own sub-table (`sink.<section>`); an absent table deserializes from
-/// nothing, so a sink whose keys all have defaults needs none.
-pub fn sink_section<T>(figment: &Figment, section: &str, file: Option<&Path>) -> Result<T, ConfigError>
+/// nothing, so a sink whose keys all have defaults needs none. Errors name the whole key
+/// (`sink.redis_streams.url: ...`).
+pub fn sink_section<T>(
+    figment: &Figment,
+    section: &str,
+    file: Option<&Path>,
+) -> Result<T, ConfigError>
 where
     T: serde::de::DeserializeOwned,
 {
     let key = format!("sink.{section}");
-    let result = if figment.contains(&key) {
-        figment.extract_inner::<T>(&key)
-    } else {
-        Figment::from(Serialized::defaults(figment::value::Dict::new()))
-            .extract::<T>()
-            .map_err(|mut e| {
-                e.path.splice(0..0, ["sink".to_owned(), section.to_owned()]);
-                e
-            })
-    };
-    result.map_err(|e| ConfigError::from_figment(e, file))
+    if let Ok(value) = figment.find_value(&key) {
+        if value.as_dict().is_none() {
+            return Err(ConfigError(format!(
+                "{key}: expected a table, found {}{}",
+                value.to_actual(),
+                origin(figment, &key, file).unwrap_or_default()
+            )));
+        }
+    }
+    figment
+        .focus(&key)
+        .extract_lossy::<T>()
+        .map_err(|e| ConfigError::from_figment(e, figment, file, &key))
 }
 
 /// Replace the password of a URL by `***` for logs and errors.
@@ -276,4 +458,380 @@ pub fn redact_url(raw: &str) -> String {
 pub fn describe_file(file: Option<&PathBuf>) -> String {
     file.map(|f| f.display().to_string())
         .unwrap_or_else(|| "(no file)".to_owned())
+}
+
+#[cfg(test)]
+// `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    const MINIMAL: &str = r#"
+        [store]
+        kind = "postgres"
+        url = "postgres://app@db:5432/app"
+
+        [sink]
+        kind = "redis-streams"
+    "#;
+
+    /// A sink section as a sink crate would declare it.
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Section {
+        url: String,
+        password: String,
+        maxlen: Option<u64>,
+    }
+
+    impl Default for Section {
+        fn default() -> Self {
+            Self {
+                url: "redis://127.0.0.1:6379".to_owned(),
+                password: String::new(),
+                maxlen: None,
+            }
+        }
+    }
+
+    /// A section with a required key.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Strict {
+        url: String,
+    }
+
+    fn load_err(file: Option<&str>) -> String {
+        load(file.map(Path::new)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", MINIMAL)?;
+            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.store.kind, "postgres");
+            assert_eq!(s.store.table, "outbox");
+            assert_eq!(s.store.shards, 64);
+            assert_eq!(s.store.pool_size, 4);
+            assert_eq!(s.store.connect_timeout, Duration::from_secs(5));
+            assert_eq!(s.store.session_timeout, Duration::from_secs(30));
+            assert_eq!(s.relay, RelayConfig::default());
+            assert_eq!(s.sink.kind, "redis-streams");
+            assert_eq!(s.sink.destination, None);
+            assert!(s.sink.sections.is_empty());
+            assert_eq!(s.server, ServerSettings::default());
+            assert_eq!(s.server.listen, "127.0.0.1:9464");
+            assert_eq!(s.log, LogSettings::default());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn human_durations_and_retention_are_read() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!("{MINIMAL}\n[relay]\nbackoff_initial = \"250ms\"\nretention = \"7d\"\n"),
+            )?;
+            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.relay.backoff_initial, Duration::from_millis(250));
+            assert_eq!(
+                s.relay.retention,
+                outbox_core::Retention::Keep(Duration::from_secs(7 * 86_400))
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn env_overrides_nest_with_double_underscore() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!("{MINIMAL}\n[relay]\nbatch_size = 10\n"),
+            )?;
+            jail.set_env("OUTBOX_STORE__URL", "postgres://app:pw@other:6432/app");
+            jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "20");
+            jail.set_env("OUTBOX_STORE__SHARDS", "8");
+            jail.set_env("OUTBOX_SINK__REDIS_STREAMS__URL", "redis://cache:6380/2");
+            jail.set_env("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "1000");
+            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.store.url, "postgres://app:pw@other:6432/app");
+            assert_eq!(s.relay.batch_size, 20, "the environment beats the file");
+            assert_eq!(s.store.shards, 8);
+            let section: Section = sink_section(&figment, "redis_streams", None).unwrap();
+            assert_eq!(section.url, "redis://cache:6380/2");
+            assert_eq!(section.maxlen, Some(1000));
+            // Without any file, the environment alone is a configuration.
+            jail.set_env("OUTBOX_STORE__KIND", "postgres");
+            jail.set_env("OUTBOX_SINK__KIND", "redis-streams");
+            let (s, _) = load(None).unwrap();
+            assert_eq!(s.store.url, "postgres://app:pw@other:6432/app");
+            assert_eq!(s.sink.kind, "redis-streams");
+            Ok(())
+        });
+    }
+
+    /// Decision: environment values stay strings; string keys get them unchanged (`123`,
+    /// `007`), numeric keys parse them. Invalid table names are refused later by the store
+    /// (`store.table: "123" is not a valid table name`).
+    #[test]
+    fn ids_and_passwords_stay_strings() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", MINIMAL)?;
+            jail.set_env("OUTBOX_STORE__TABLE", "123");
+            jail.set_env("OUTBOX_RELAY__RELAY_ID", "007");
+            jail.set_env("OUTBOX_SINK__DESTINATION", "1e3");
+            jail.set_env("OUTBOX_SINK__REDIS_STREAMS__PASSWORD", "0042");
+            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.store.table, "123");
+            assert_eq!(s.relay.relay_id.as_deref(), Some("007"));
+            assert_eq!(s.sink.destination.as_deref(), Some("1e3"));
+            let section: Section = sink_section(&figment, "redis_streams", None).unwrap();
+            assert_eq!(section.password, "0042");
+
+            jail.set_env("OUTBOX_STORE__URL", "12345");
+            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.store.url, "12345");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn outbox_test_variables_are_ignored() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", MINIMAL)?;
+            jail.set_env("OUTBOX_TEST_DATABASE_URL", "postgres://elsewhere/db");
+            jail.set_env("OUTBOX_TEST__NESTED", "1");
+            jail.set_env("outbox_test_lowercase", "1");
+            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(s.store.url, "postgres://app@db:5432/app");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_file() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!("{MINIMAL}\n[relay]\nbatch_sise = 1\n"),
+            )?;
+            let e = load_err(Some("relay.toml"));
+            assert!(
+                e.starts_with("invalid configuration: relay.batch_sise: unknown key (expected one of: batch_size,"),
+                "{e}"
+            );
+            assert!(e.ends_with("(in relay.toml)"), "{e}");
+            assert!(!e.contains("default"), "no profile name in the key: {e}");
+
+            jail.create_file(
+                "relay.toml",
+                "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
+            )?;
+            assert_eq!(
+                load_err(Some("relay.toml")),
+                "invalid configuration: store.url: missing required key (in relay.toml, or set OUTBOX_STORE__URL)"
+            );
+            jail.create_file("relay.toml", "[sink]\nkind = \"x\"\n")?;
+            assert_eq!(
+                load_err(Some("relay.toml")),
+                "invalid configuration: store: missing required table [store] (in relay.toml)"
+            );
+            jail.create_file(
+                "relay.toml",
+                &format!("{MINIMAL}\n[relay]\nretention = \"forever\"\n"),
+            )?;
+            let e = load_err(Some("relay.toml"));
+            assert!(
+                e.starts_with(
+                    "invalid configuration: relay.retention: expected \"delete\" or a duration"
+                ),
+                "the key is named once: {e}"
+            );
+            jail.create_file("relay.toml", "[store\nurl = \"postgres://u:s3cr3t@h/db\"\n")?;
+            let e = load_err(Some("relay.toml"));
+            assert!(
+                e.starts_with("invalid configuration: TOML syntax error at line 1"),
+                "{e}"
+            );
+            assert!(e.ends_with("(in relay.toml)") && !e.contains('\n'), "{e}");
+            assert!(!e.contains("s3cr3t"), "{e}");
+            assert_eq!(
+                load_err(Some("missing.toml")),
+                "invalid configuration: configuration file missing.toml does not exist (given with --config)"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn env_errors_name_the_variable() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", MINIMAL)?;
+            jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "0");
+            assert_eq!(
+                load_err(Some("relay.toml")),
+                "invalid configuration: relay.batch_size: must be between 1 and 100000, got 0 \
+                 (from environment variable OUTBOX_RELAY__BATCH_SIZE)"
+            );
+            jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "many");
+            assert_eq!(
+                load_err(Some("relay.toml")),
+                "invalid configuration: relay.batch_size: expected usize, found string \"many\" \
+                 (from environment variable OUTBOX_RELAY__BATCH_SIZE)"
+            );
+            jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "5");
+            jail.set_env("OUTBOX_STORE__TABEL", "x");
+            let e = load_err(Some("relay.toml"));
+            assert!(
+                e.starts_with("invalid configuration: store.tabel: unknown key")
+                    && e.ends_with("(from environment variable OUTBOX_STORE__TABEL)"),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn sink_section_errors_carry_the_section_prefix() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!("{MINIMAL}\n[sink.redis_streams]\nulr = \"redis://x\"\n"),
+            )?;
+            let file = Path::new("relay.toml");
+            let (_, figment) = load(Some(file)).unwrap();
+            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("invalid configuration: sink.redis_streams.ulr: unknown key (expected one of: url, password, maxlen)"),
+                "{e}"
+            );
+            assert!(e.ends_with("(in relay.toml)"), "{e}");
+
+            // An absent section deserializes from nothing: defaults, or the missing key named.
+            jail.create_file("relay.toml", MINIMAL)?;
+            let (_, figment) = load(Some(file)).unwrap();
+            let section: Section = sink_section(&figment, "redis_streams", Some(file)).unwrap();
+            assert_eq!(section, Section::default());
+            let e = sink_section::<Strict>(&figment, "redis_streams", Some(file))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                "invalid configuration: sink.redis_streams.url: missing required key \
+                 (in relay.toml, or set OUTBOX_SINK__REDIS_STREAMS__URL)"
+            );
+
+            jail.create_file("relay.toml", &format!("{MINIMAL}\nredis_streams = 5\n"))?;
+            let (_, figment) = load(Some(file)).unwrap();
+            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("invalid configuration: sink.redis_streams: expected a table"),
+                "{e}"
+            );
+
+            jail.create_file("relay.toml", MINIMAL)?;
+            jail.set_env("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "lots");
+            let (_, figment) = load(Some(file)).unwrap();
+            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                "invalid configuration: sink.redis_streams.maxlen: expected u64, found string \"lots\" \
+                 (from environment variable OUTBOX_SINK__REDIS_STREAMS__MAXLEN)"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn locate_names_file_or_variable_and_leaves_other_messages() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", MINIMAL)?;
+            jail.set_env("OUTBOX_STORE__TABLE", "Bad");
+            let file = Path::new("relay.toml");
+            let (_, figment) = load(Some(file)).unwrap();
+            assert_eq!(
+                locate("store.table: bad", &figment, Some(file)),
+                "store.table: bad (from environment variable OUTBOX_STORE__TABLE)"
+            );
+            assert_eq!(
+                locate("sink.kind = \"x\" is unknown", &figment, Some(file)),
+                "sink.kind = \"x\" is unknown (in relay.toml)"
+            );
+            // Keys at their default were set nowhere; other messages stay as they are.
+            assert_eq!(
+                locate("store.shards: bad", &figment, Some(file)),
+                "store.shards: bad"
+            );
+            assert_eq!(
+                locate("cannot reach db", &figment, Some(file)),
+                "cannot reach db"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn redact_url_hides_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cr3t@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(
+            redact_url("redis://:s3cr3t@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(redact_url("postgres://app@db/app"), "postgres://app@db/app");
+        for raw in ["not a url:s3cr3t@db", "postgres://app:s3cr3t@"] {
+            assert!(
+                !redact_url(raw).contains("s3cr3t"),
+                "{raw} -> {}",
+                redact_url(raw)
+            );
+        }
+        let store = StoreSettings {
+            kind: "postgres".into(),
+            url: "postgres://app:s3cr3t@db/app".into(),
+            table: default_table(),
+            shards: 1,
+            pool_size: 1,
+            connect_timeout: default_connect_timeout(),
+            session_timeout: default_session_timeout(),
+        };
+        let debug = format!("{store:?}");
+        assert!(
+            !debug.contains("s3cr3t") && debug.contains("***"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn one_line_folds_toml_snippets() {
+        let toml_error = "TOML parse error at line 1, column 7\n  |\n1 | [store\n  |       ^\ninvalid table header\nexpected `.`, `]`\n";
+        assert_eq!(
+            one_line(toml_error),
+            "TOML syntax error at line 1, column 7: invalid table header, expected `.`, `]`"
+        );
+        assert_eq!(one_line("a\n b\n"), "a b");
+        assert_eq!(one_line("single"), "single");
+    }
 }

@@ -40,12 +40,19 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     println!("store                {}", report.store);
     println!("pending              {}", b.pending);
     println!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
-    println!("retrying             {} events in {} held-back aggregates", b.retrying, b.held_back_aggregates);
+    println!(
+        "retrying             {} events in {} held-back aggregates",
+        b.retrying, b.held_back_aggregates
+    );
     println!("dead                 {}", b.dead);
     if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {
-        println!("shard owners         {} shards owned by {} relays", report.shards_owned, report.owners.len());
+        println!(
+            "shard owners         {} shards owned by {} relays",
+            report.shards_owned,
+            report.owners.len()
+        );
         for (owner, shards) in &report.owners {
             println!("  {owner:<40} {} shards", shards.len());
         }

@@ -1,0 +1,521 @@
+//! Bad configuration never panics: the real binary prints one line `error: ...` naming the key
+//! (or the host it could not reach) and exits with 2 (configuration) or 1 (unreachable service).
+//!
+//! The cases that reach a service need the local PostgreSQL (`OUTBOX_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`); they fail, never skip, when it is down.
+
+#![cfg(all(feature = "store-postgres", feature = "sink-redis-streams"))]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const PASSWORD: &str = "s3cr3t-pw";
+
+fn postgres_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A valid configuration, apart from what a test appends (TOML allows reopening no table, so
+/// tests append whole tables or write their own file).
+fn valid() -> String {
+    format!(
+        r#"[store]
+kind = "postgres"
+url = "{}"
+
+[sink]
+kind = "redis-streams"
+
+[server]
+listen = "127.0.0.1:0"
+"#,
+        postgres_url()
+    )
+}
+
+/// A configuration file under the temp directory, removed on drop.
+struct TempConfig(PathBuf);
+
+impl TempConfig {
+    fn new(contents: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "outbox-relay-config-errors-{}-{}.toml",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, contents).expect("write the temp config");
+        Self(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn display(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Run the binary with `args` and only the `env` given among `OUTBOX_*` and `RUST_LOG`; kill it
+/// after 30 s (a configuration that was wrongly accepted would otherwise relay forever).
+fn relay(args: &[&str], env: &[(&str, &str)]) -> Outcome {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, _) in std::env::vars_os() {
+        let name = key.to_string_lossy().to_ascii_uppercase();
+        if name.starts_with("OUTBOX_") || name == "RUST_LOG" {
+            command.env_remove(&key);
+        }
+    }
+    command.envs(env.iter().copied());
+    let mut child = command.spawn().expect("start outbox-relay");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for outbox-relay") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outbox-relay {args:?} still running after 30s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout).expect("read stdout");
+    }
+    if let Some(mut err) = child.stderr.take() {
+        err.read_to_string(&mut stderr).expect("read stderr");
+    }
+    Outcome {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+/// `outbox-relay --config FILE <command>`.
+fn with_config(config: &TempConfig, command: &str, env: &[(&str, &str)]) -> Outcome {
+    let path = config.path().to_str().expect("temp path is UTF-8");
+    relay(&["--config", path, command], env)
+}
+
+/// Check the failure's shape: exit `code`, stderr exactly one line `error: ...`, no panic;
+/// returns that line.
+fn error_line(out: &Outcome, code: i32) -> String {
+    let stderr = &out.stderr;
+    assert!(!stderr.contains("panicked"), "panicked:\n{stderr}");
+    assert_eq!(out.code, Some(code), "exit code; stderr:\n{stderr}");
+    let line = stderr.strip_suffix('\n').unwrap_or(stderr);
+    assert!(!line.contains('\n'), "stderr must be one line:\n{stderr}");
+    assert!(line.starts_with("error: "), "stderr: {stderr}");
+    line.to_owned()
+}
+
+/// A configuration error (exit 2) whose line contains every piece of `expected`.
+fn config_error(
+    config: &TempConfig,
+    command: &str,
+    env: &[(&str, &str)],
+    expected: &[&str],
+) -> String {
+    let line = error_line(&with_config(config, command, env), 2);
+    for piece in expected {
+        assert!(line.contains(piece), "expected `{piece}` in: {line}");
+    }
+    line
+}
+
+#[test]
+fn unknown_top_level_key() {
+    let config = TempConfig::new(&format!("bogus = 1\n{}", valid()));
+    let line = config_error(
+        &config,
+        "run",
+        &[],
+        &[
+            "bogus: unknown key",
+            "(expected one of: store, relay, sink, server, log)",
+        ],
+    );
+    assert!(
+        line.starts_with("error: invalid configuration: bogus: "),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!("(in {})", config.display())),
+        "{line}"
+    );
+}
+
+#[test]
+fn unknown_key_in_relay() {
+    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_sise = 100\n", valid()));
+    let line = config_error(
+        &config,
+        "run",
+        &[],
+        &["relay.batch_sise: unknown key", "batch_size"],
+    );
+    assert!(
+        line.starts_with("error: invalid configuration: relay.batch_sise: unknown key (expected one of: batch_size, "),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(&format!("(in {})", config.display())),
+        "{line}"
+    );
+    assert!(
+        !line.contains("default."),
+        "no profile name in the key: {line}"
+    );
+}
+
+#[test]
+fn unknown_key_in_store() {
+    let config = TempConfig::new(&valid().replace("[sink]", "tabel = \"events\"\n\n[sink]"));
+    config_error(
+        &config,
+        "status",
+        &[],
+        &["store.tabel: unknown key", "table", &config.display()],
+    );
+}
+
+#[test]
+fn wrong_type() {
+    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_size = \"many\"\n", valid()));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["relay.batch_size: expected usize, found string \"many\""],
+    );
+}
+
+#[test]
+fn missing_store_url() {
+    let config =
+        TempConfig::new("[store]\nkind = \"postgres\"\n\n[sink]\nkind = \"redis-streams\"\n");
+    config_error(
+        &config,
+        "status",
+        &[],
+        &["store.url: missing required key", "OUTBOX_STORE__URL"],
+    );
+}
+
+#[test]
+fn missing_store_table() {
+    let config = TempConfig::new("[sink]\nkind = \"redis-streams\"\n");
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["store: missing required table [store]", &config.display()],
+    );
+}
+
+#[test]
+fn missing_sink_kind() {
+    let config = TempConfig::new(&valid().replace(
+        "kind = \"redis-streams\"",
+        "destination = \"{aggregate_type}\"",
+    ));
+    config_error(&config, "run", &[], &["sink.kind: missing required key"]);
+}
+
+#[test]
+fn invalid_duration() {
+    let config = TempConfig::new(&format!(
+        "{}\n[relay]\nbackoff_initial = \"soon\"\n",
+        valid()
+    ));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["relay.backoff_initial: expected a duration, found string \"soon\""],
+    );
+}
+
+#[test]
+fn invalid_retention() {
+    let config = TempConfig::new(&format!("{}\n[relay]\nretention = \"forever\"\n", valid()));
+    let line = config_error(
+        &config,
+        "run",
+        &[],
+        &[
+            "relay.retention: expected \"delete\" or a duration",
+            "\"forever\"",
+        ],
+    );
+    assert!(
+        !line.contains("retention: retention"),
+        "the key is named once: {line}"
+    );
+}
+
+#[test]
+fn unknown_sink_kind_lists_known_kinds() {
+    let config = TempConfig::new(&valid().replace("redis-streams", "carrier-pigeon"));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &[
+            "sink.kind = \"carrier-pigeon\" is not a known kind",
+            "(known: redis-streams)",
+        ],
+    );
+}
+
+#[test]
+fn shipped_kind_not_compiled_in_names_the_feature() {
+    let config = TempConfig::new(&valid().replace("redis-streams", "kafka"));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["sink.kind = \"kafka\"", "--features sink-kafka"],
+    );
+    let config = TempConfig::new(&valid().replace("kind = \"postgres\"", "kind = \"mysql\""));
+    config_error(
+        &config,
+        "status",
+        &[],
+        &["store.kind = \"mysql\"", "--features store-mysql"],
+    );
+}
+
+#[test]
+fn unknown_sink_sub_table() {
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis]\nurl = \"redis://127.0.0.1:6379\"\n",
+        valid()
+    ));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["sink.redis: unknown key", "redis_streams"],
+    );
+}
+
+#[test]
+fn unknown_key_in_sink_section() {
+    // Reported before connecting: the store is unreachable here and is never tried.
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis_streams]\nulr = \"redis://127.0.0.1:6379\"\n",
+        valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
+    ));
+    let line = config_error(
+        &config,
+        "run",
+        &[],
+        &["sink.redis_streams.ulr: unknown key", "url, stream"],
+    );
+    assert!(
+        line.ends_with(&format!("(in {})", config.display())),
+        "{line}"
+    );
+}
+
+#[test]
+fn config_file_that_does_not_exist() {
+    let path = std::env::temp_dir().join(format!(
+        "outbox-relay-no-such-file-{}.toml",
+        std::process::id()
+    ));
+    let path = path.to_str().expect("UTF-8 path");
+    let line = error_line(&relay(&["--config", path, "run"], &[]), 2);
+    assert!(
+        line.contains(&format!("configuration file {path} does not exist")),
+        "{line}"
+    );
+}
+
+#[test]
+fn toml_syntax_error_names_the_file() {
+    let config = TempConfig::new(&format!(
+        "[store\nkind = \"postgres\"\nurl = \"postgres://postgres:{PASSWORD}@127.0.0.1:1/test\n"
+    ));
+    let line = config_error(
+        &config,
+        "run",
+        &[],
+        &["TOML syntax error at line 1", &config.display()],
+    );
+    assert!(!line.contains(PASSWORD), "{line}");
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_size = 10\n", valid()));
+    let line = config_error(
+        &config,
+        "status",
+        &[("OUTBOX_RELAY__BATCH_SIZE", "0")],
+        &["relay.batch_size: must be between 1 and 100000, got 0"],
+    );
+    assert!(
+        line.ends_with("(from environment variable OUTBOX_RELAY__BATCH_SIZE)"),
+        "{line}"
+    );
+
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "lots")],
+        &[
+            "sink.redis_streams.maxlen: expected u64, found string \"lots\"",
+            "OUTBOX_SINK__REDIS_STREAMS__MAXLEN",
+        ],
+    );
+    // A numeric-looking value of a string key stays a string; the store names the key.
+    config_error(
+        &config,
+        "status",
+        &[("OUTBOX_STORE__TABLE", "123")],
+        &[
+            "store.table: \"123\" is not a valid table name",
+            "OUTBOX_STORE__TABLE",
+        ],
+    );
+}
+
+#[test]
+fn unreachable_database() {
+    let config =
+        TempConfig::new(&valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test"));
+    for command in ["status", "run"] {
+        let line = error_line(&with_config(&config, command, &[]), 1);
+        assert!(line.contains("127.0.0.1:1"), "{command}: {line}");
+        assert!(line.contains("PostgreSQL"), "{command}: {line}");
+    }
+}
+
+#[test]
+fn unreachable_redis() {
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis_streams]\nurl = \"redis://127.0.0.1:1\"\n",
+        valid()
+    ));
+    let line = error_line(&with_config(&config, "run", &[]), 1);
+    assert!(
+        !line.contains("PostgreSQL"),
+        "PostgreSQL must be reachable at {} (set OUTBOX_TEST_POSTGRES_URL): {line}",
+        postgres_url()
+    );
+    assert!(
+        line.contains("Redis") && line.contains("127.0.0.1:1"),
+        "{line}"
+    );
+}
+
+#[test]
+fn passwords_never_appear() {
+    let store_url = format!("postgres://relay:{PASSWORD}@127.0.0.1:1/test");
+    let redis_url = format!("redis://:{PASSWORD}@127.0.0.1:1");
+    let check = |out: &Outcome, what: &str| {
+        assert!(!out.stderr.contains("panicked"), "{what}:\n{}", out.stderr);
+        assert!(
+            !out.stderr.contains(PASSWORD) && !out.stdout.contains(PASSWORD),
+            "{what}: the password leaked:\n{}{}",
+            out.stdout,
+            out.stderr
+        );
+    };
+
+    // In the file, then in the environment; with every log on.
+    let config = TempConfig::new(&valid().replace(&postgres_url(), &store_url));
+    for command in ["status", "run"] {
+        let out = with_config(&config, command, &[("RUST_LOG", "trace")]);
+        assert_eq!(out.code, Some(1), "{}", out.stderr);
+        check(&out, command);
+        let out = with_config(&config, command, &[]);
+        assert!(
+            error_line(&out, 1).contains("127.0.0.1:1"),
+            "{}",
+            out.stderr
+        );
+    }
+    let config = TempConfig::new(&valid());
+    let out = with_config(
+        &config,
+        "run",
+        &[("OUTBOX_STORE__URL", &store_url), ("RUST_LOG", "trace")],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    check(&out, "OUTBOX_STORE__URL");
+
+    // A Redis password (the store is reachable, Redis is not).
+    let out = with_config(
+        &config,
+        "run",
+        &[
+            ("OUTBOX_SINK__REDIS_STREAMS__URL", &redis_url),
+            ("RUST_LOG", "trace"),
+        ],
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    check(&out, "OUTBOX_SINK__REDIS_STREAMS__URL");
+
+    // Invalid URLs are named without their password.
+    let config = TempConfig::new(
+        &valid().replace(&postgres_url(), &format!("mysql://relay:{PASSWORD}@db/app")),
+    );
+    let out = with_config(&config, "status", &[]);
+    assert!(error_line(&out, 2).contains("store.url"), "{}", out.stderr);
+    check(&out, "invalid store.url");
+    let out = with_config(
+        &TempConfig::new(&valid()),
+        "run",
+        &[(
+            "OUTBOX_SINK__REDIS_STREAMS__URL",
+            &format!("http://u:{PASSWORD}@cache"),
+        )],
+    );
+    assert!(
+        error_line(&out, 2).contains("sink.redis_streams.url"),
+        "{}",
+        out.stderr
+    );
+    check(&out, "invalid sink.redis_streams.url");
+}
+
+#[test]
+fn version_names_the_adapters_compiled_in() {
+    let out = relay(&["--version"], &[]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let version = out.stdout.trim();
+    assert!(version.starts_with("outbox-relay "), "{version}");
+    assert!(version.contains("stores: postgres"), "{version}");
+    assert!(version.contains("sinks: redis-streams"), "{version}");
+}
