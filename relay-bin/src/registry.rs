@@ -79,10 +79,7 @@ impl Registry {
     pub fn builtin() -> Self {
         #[allow(unused_mut)]
         let mut registry = Self::empty();
-        #[cfg(feature = "store-postgres")]
-        crate::adapters::register_postgres(&mut registry);
-        #[cfg(feature = "sink-redis-streams")]
-        crate::adapters::register_redis_streams(&mut registry);
+        crate::adapters::register_builtin(&mut registry);
         registry
     }
 
