@@ -57,3 +57,9 @@ if ! redis_up; then
   wait_until "Redis" 60 redis_up
 fi
 log "PostgreSQL and Redis are up"
+
+# Brokers and databases of other adapters: one script each, sourced in name order.
+for script in "$(dirname "$0")"/services.d/*.sh; do
+  [ -e "$script" ] || continue
+  bash "$script"
+done

@@ -1,0 +1,177 @@
+//! `outbox-bench`: measures outbox relay against the article's algorithm and against the
+//! database's and the broker's own limits, in one run, on one machine.
+//!
+//! ```text
+//! scripts/bench.sh            # = cargo run --release -p outbox-bench -- --runs 3
+//! ```
+//!
+//! For each store × sink pair it measures drain throughput (1, 2, 3 relay processes), the
+//! article's baseline, the database ceiling (claim + mark, no broker), the broker ceiling
+//! (the same messages through the same client, no database), commit→receive latency at a
+//! steady write rate, writer throughput with the relay stopped and running, and the relay's
+//! peak RSS. Each figure is the median of `--runs` runs, with min and max.
+
+mod pair;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::report::{Figure, PairResult, Report};
+
+/// Command line.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "outbox-bench")]
+pub struct Args {
+    /// Runs per figure (the median is reported, with min and max).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Pending events drained per run.
+    #[arg(long, default_value_t = 200_000)]
+    pub events: u64,
+    /// Aggregates the events are spread over.
+    #[arg(long, default_value_t = 1000)]
+    pub aggregates: u64,
+    /// Events the article's algorithm publishes per run (it is slow; its rate is steady).
+    #[arg(long, default_value_t = 50_000)]
+    pub article_events: u64,
+    /// Seconds of steady writes per latency run.
+    #[arg(long, default_value_t = 30)]
+    pub latency_secs: u64,
+    /// Steady write rates for the latency runs (events/s).
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    pub latency_rates: Vec<u64>,
+    /// Seconds per writer-throughput run.
+    #[arg(long, default_value_t = 10)]
+    pub writer_secs: u64,
+    /// Concurrent writers in the writer-throughput runs.
+    #[arg(long, default_value_t = 4)]
+    pub writers: u64,
+    /// Relay process counts for the scale-out runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    pub relays: Vec<u32>,
+    /// The release `outbox-relay` binary.
+    #[arg(long, default_value = "target/release/outbox-relay")]
+    pub relay_bin: PathBuf,
+    /// PostgreSQL.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pub postgres_url: String,
+    /// Redis.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Where docs/BENCHMARKS.md and docs/bench/ go.
+    #[arg(long, default_value = "docs")]
+    pub out: PathBuf,
+    /// Store × sink pairs to measure.
+    #[arg(long, value_delimiter = ',', default_value = "postgres:redis-streams")]
+    pub pairs: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args).await {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    if !args.relay_bin.exists() {
+        return Err(format!(
+            "{} does not exist: build it with `cargo build --release -p outbox-relay` or pass --relay-bin",
+            args.relay_bin.display()
+        ));
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut report = Report::new(&args, command).await;
+    for pair in &args.pairs {
+        let (store, sink) = pair
+            .split_once(':')
+            .ok_or_else(|| format!("--pairs: \"{pair}\" is not store:sink"))?;
+        let bench = pair::open(&args, store, sink).await?;
+        eprintln!("== {store} → {sink}");
+        let mut result = PairResult::new(store, sink);
+        measure(&args, bench.as_ref(), &mut result).await?;
+        report.pairs.push(result);
+    }
+    report.print();
+    report.write(&args.out).map_err(|e| format!("writing the report: {e}"))?;
+    Ok(())
+}
+
+async fn measure(args: &Args, bench: &dyn pair::PairBench, result: &mut PairResult) -> Result<(), String> {
+    let runs = args.runs.max(1);
+    let mut drains: Vec<Figure> = args
+        .relays
+        .iter()
+        .map(|n| Figure::new(&format!("drain, {n} relay{}", if *n == 1 { "" } else { "s" }), "events/s"))
+        .collect();
+    let mut rss = Figure::new("relay peak RSS (1 relay, drain)", "MiB");
+    let mut article = Figure::new("article's algorithm", "events/s");
+    let mut db_ceiling = Figure::new("database ceiling (claim + mark, no broker)", "rows/s");
+    let mut broker_ceiling = Figure::new("broker ceiling (same client, no database)", "events/s");
+    let mut writers_alone = Figure::new("writers, relay stopped", "commits/s");
+    let mut writers_with = Figure::new("writers, relay running", "commits/s");
+    let mut latency: Vec<[Figure; 3]> = args
+        .latency_rates
+        .iter()
+        .map(|r| {
+            [
+                Figure::new(&format!("commit→receive p50 at {r}/s"), "ms"),
+                Figure::new(&format!("commit→receive p99 at {r}/s"), "ms"),
+                Figure::new(&format!("commit→receive max at {r}/s"), "ms"),
+            ]
+        })
+        .collect();
+
+    for run in 1..=runs {
+        eprintln!("-- run {run}/{runs}");
+        for (i, n) in args.relays.iter().enumerate() {
+            let d = bench.drain(args.events, args.aggregates, *n).await?;
+            eprintln!("   drain with {n} relay(s): {:.0} events/s, peak RSS {:.1} MiB", d.rate, d.peak_rss_mib);
+            drains[i].push(d.rate);
+            if *n == 1 {
+                rss.push(d.peak_rss_mib);
+            }
+        }
+        let a = bench.article(args.article_events, args.aggregates).await?;
+        eprintln!("   article: {a:.0} events/s");
+        article.push(a);
+        let c = bench.database_ceiling(args.events, args.aggregates).await?;
+        eprintln!("   database ceiling: {c:.0} rows/s");
+        db_ceiling.push(c);
+        let b = bench.broker_ceiling(args.events, args.aggregates).await?;
+        eprintln!("   broker ceiling: {b:.0} events/s");
+        broker_ceiling.push(b);
+        for (i, rate) in args.latency_rates.iter().enumerate() {
+            let l = bench.latency(*rate, Duration::from_secs(args.latency_secs), args.aggregates).await?;
+            eprintln!(
+                "   latency at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events)",
+                l.p50_ms, l.p99_ms, l.max_ms, l.events
+            );
+            latency[i][0].push(l.p50_ms);
+            latency[i][1].push(l.p99_ms);
+            latency[i][2].push(l.max_ms);
+        }
+        let duration = Duration::from_secs(args.writer_secs);
+        let alone = bench.writer_throughput(args.writers, duration, args.aggregates, false).await?;
+        let with = bench.writer_throughput(args.writers, duration, args.aggregates, true).await?;
+        eprintln!("   writers: {alone:.0} commits/s alone, {with:.0} with the relay running");
+        writers_alone.push(alone);
+        writers_with.push(with);
+    }
+    result.figures.extend(drains);
+    result.figures.push(article);
+    result.figures.push(db_ceiling);
+    result.figures.push(broker_ceiling);
+    for l in latency {
+        result.figures.extend(l);
+    }
+    result.figures.push(writers_alone);
+    result.figures.push(writers_with);
+    result.figures.push(rss);
+    Ok(())
+}

@@ -1,0 +1,365 @@
+//! Figures, the printed table, results.json, the SVG plot and docs/BENCHMARKS.md.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::Args;
+
+/// One figure measured in several runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub unit: String,
+    pub values: Vec<f64>,
+}
+
+impl Figure {
+    pub fn new(name: &str, unit: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            unit: unit.to_owned(),
+            values: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, v: f64) {
+        self.values.push(v);
+    }
+
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+
+    pub fn median(&self) -> f64 {
+        let v = self.sorted();
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+
+    pub fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(0.0)
+    }
+
+    pub fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(0.0)
+    }
+}
+
+/// All figures of one store × sink pair.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairResult {
+    pub store: String,
+    pub sink: String,
+    pub figures: Vec<Figure>,
+}
+
+impl PairResult {
+    pub fn new(store: &str, sink: &str) -> Self {
+        Self {
+            store: store.to_owned(),
+            sink: sink.to_owned(),
+            figures: Vec::new(),
+        }
+    }
+
+    fn get(&self, prefix: &str) -> Option<&Figure> {
+        self.figures.iter().find(|f| f.name.starts_with(prefix))
+    }
+
+    /// The targets of the benchmark issue, checked on medians: (target, measured, met).
+    pub fn targets(&self) -> Vec<(String, String, bool)> {
+        let mut out = Vec::new();
+        let m = |p: &str| self.get(p).map(Figure::median).unwrap_or(0.0);
+        let drain = m("drain, 1 relay");
+        let ceiling = m("database ceiling").min(m("broker ceiling"));
+        if ceiling > 0.0 {
+            let share = drain / ceiling;
+            out.push((
+                "drain ≥ 60% of min(database ceiling, broker ceiling)".into(),
+                format!("{:.0}%", share * 100.0),
+                share >= 0.6,
+            ));
+        }
+        let article = m("article");
+        if article > 0.0 {
+            let ratio = drain / article;
+            out.push(("drain ≥ 10× the article's algorithm".into(), format!("{ratio:.1}×"), ratio >= 10.0));
+        }
+        if let Some(p99) = self.get("commit→receive p99 at 1000/s") {
+            out.push((
+                "p99 commit→receive ≤ 100 ms at 1,000 events/s".into(),
+                format!("{:.1} ms", p99.median()),
+                p99.median() <= 100.0,
+            ));
+        }
+        let alone = m("writers, relay stopped");
+        if alone > 0.0 {
+            let share = m("writers, relay running") / alone;
+            out.push((
+                "writer throughput with the relay running ≥ 95% of without".into(),
+                format!("{:.1}%", share * 100.0),
+                share >= 0.95,
+            ));
+        }
+        if let Some(rss) = self.get("relay peak RSS") {
+            out.push((
+                "relay peak RSS ≤ 64 MiB".into(),
+                format!("{:.1} MiB", rss.median()),
+                rss.median() <= 64.0,
+            ));
+        }
+        out
+    }
+}
+
+/// Machine and run description.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    pub date: String,
+    pub command: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub postgres: String,
+    pub redis: String,
+    pub runs: usize,
+    pub events: u64,
+    pub aggregates: u64,
+    pub article_events: u64,
+    pub latency_secs: u64,
+    pub writer_secs: u64,
+    pub writers: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub setup: Setup,
+    pub pairs: Vec<PairResult>,
+}
+
+fn first_line(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+impl Report {
+    pub async fn new(args: &Args, command: String) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|| "unknown".into());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_gib = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0 / 1024.0)
+            .unwrap_or(0.0);
+        Self {
+            setup: Setup {
+                date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+                command,
+                cpu,
+                cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+                memory_gib,
+                postgres: first_line("psql", &["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-Atc", "select version()"]),
+                redis: first_line("redis-server", &["--version"]),
+                runs: args.runs,
+                events: args.events,
+                aggregates: args.aggregates,
+                article_events: args.article_events,
+                latency_secs: args.latency_secs,
+                writer_secs: args.writer_secs,
+                writers: args.writers,
+            },
+            pairs: Vec::new(),
+        }
+    }
+
+    fn table(&self, pair: &PairResult) -> String {
+        let mut t = String::new();
+        let _ = writeln!(t, "| figure | median | min | max | unit |");
+        let _ = writeln!(t, "|---|---:|---:|---:|---|");
+        for f in &pair.figures {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} |",
+                f.name,
+                fmt(f.median()),
+                fmt(f.min()),
+                fmt(f.max()),
+                f.unit
+            );
+        }
+        t
+    }
+
+    fn targets(&self, pair: &PairResult) -> String {
+        let mut t = String::new();
+        let _ = writeln!(t, "| target | measured (medians) | met |");
+        let _ = writeln!(t, "|---|---:|:-:|");
+        for (target, measured, met) in pair.targets() {
+            let _ = writeln!(t, "| {target} | {measured} | {} |", if met { "yes" } else { "**no**" });
+        }
+        t
+    }
+
+    pub fn print(&self) {
+        for pair in &self.pairs {
+            println!("\n{} → {}\n", pair.store, pair.sink);
+            print!("{}", self.table(pair));
+            println!();
+            print!("{}", self.targets(pair));
+        }
+    }
+
+    pub fn write(&self, out: &Path) -> std::io::Result<()> {
+        let dir = out.join("bench");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(self).unwrap_or_default())?;
+        for pair in &self.pairs {
+            std::fs::write(dir.join(format!("{}-{}.svg", pair.store, pair.sink)), svg(pair))?;
+        }
+        let analysis = std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default();
+        std::fs::write(out.join("BENCHMARKS.md"), self.markdown(&analysis))?;
+        Ok(())
+    }
+
+    fn markdown(&self, analysis: &str) -> String {
+        let s = &self.setup;
+        let mut md = String::new();
+        let _ = writeln!(md, "# Benchmarks\n");
+        let _ = writeln!(
+            md,
+            "Generated by `outbox-bench` on {} — regenerate with:\n\n```sh\nscripts/bench.sh\n```\n\n\
+             (which runs `{}`). Raw figures: [`bench/results.json`](bench/results.json).\n",
+            s.date, s.command
+        );
+        let _ = writeln!(md, "## Setup\n");
+        let _ = writeln!(md, "- machine: {} cores of {}, {:.0} GiB; PostgreSQL, Redis and the relays share it", s.cores, s.cpu, s.memory_gib);
+        let _ = writeln!(md, "- {}; {}", s.postgres, s.redis);
+        let _ = writeln!(
+            md,
+            "- every figure is the median of {} runs, with min and max; all figures of a pair come from the same runs on the same machine",
+            s.runs
+        );
+        let _ = writeln!(
+            md,
+            "- **drain**: {} pending events over {} aggregates (JSON payload ≈ 300 bytes) loaded with the relay stopped, then N `outbox-relay run` processes (release build, default settings, batch 500) start; timed from their start until the broker holds every event",
+            s.events, s.aggregates
+        );
+        let _ = writeln!(
+            md,
+            "- **article's algorithm**: done faithfully in Rust with the same clients — one transaction selects 100 rows `FOR UPDATE SKIP LOCKED` in `id` order, publishes them one by one awaiting each acknowledgement, sets `published_at`, commits; again until empty ({} events per run)",
+            s.article_events
+        );
+        let _ = writeln!(md, "- **database ceiling**: the relay's own claim and mark statements (batch 500, delete on mark) in a loop, no broker");
+        let _ = writeln!(md, "- **broker ceiling**: the same messages through the same sink and client (batches of 500, every acknowledgement awaited), no database");
+        let _ = writeln!(
+            md,
+            "- **latency**: writers commit business transactions (update the order row + enqueue) at a steady rate for {} s while one relay runs; an independent consumer (`XREAD BLOCK`) notes when each event arrives; commit→receive = arrival − the writer's commit returning",
+            s.latency_secs
+        );
+        let _ = writeln!(
+            md,
+            "- **cost to writers**: {} writers commit business transactions as fast as they can for {} s, with no relay, then with one relay running",
+            s.writers, s.writer_secs
+        );
+        let _ = writeln!(md, "- **memory**: peak RSS (`VmHWM`) of the single relay process during the drain\n");
+        for pair in &self.pairs {
+            let _ = writeln!(md, "## {} → {}\n", pair.store, pair.sink);
+            let _ = writeln!(md, "![throughput]({})\n", format_args!("bench/{}-{}.svg", pair.store, pair.sink));
+            md.push_str(&self.table(pair));
+            md.push('\n');
+            md.push_str(&self.targets(pair));
+            md.push('\n');
+        }
+        if !analysis.trim().is_empty() {
+            md.push_str(analysis.trim());
+            md.push('\n');
+        }
+        md
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v >= 1000.0 {
+        let s = format!("{v:.0}");
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Horizontal bars of the throughput figures (median, min–max whisker).
+fn svg(pair: &PairResult) -> String {
+    let bars: Vec<&Figure> = pair
+        .figures
+        .iter()
+        .filter(|f| f.unit == "events/s" || f.unit == "rows/s")
+        .collect();
+    let top = bars.iter().map(|f| f.max()).fold(1.0, f64::max);
+    let (left, width, row) = (330.0, 520.0, 34.0);
+    let height = 60.0 + row * bars.len() as f64 + 30.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="20" y="28" font-size="16" font-weight="bold">{} → {}: throughput (events/s, median of runs, whiskers min–max)</text>"#,
+        pair.store, pair.sink
+    );
+    for (i, f) in bars.iter().enumerate() {
+        let y = 50.0 + row * i as f64;
+        let w = width * f.median() / top;
+        let color = if f.name.starts_with("drain") {
+            "#2b7bb9"
+        } else if f.name.starts_with("article") {
+            "#c0392b"
+        } else {
+            "#95a5a6"
+        };
+        let _ = writeln!(s, r#"<text x="20" y="{}">{}</text>"#, y + 18.0, f.name);
+        let _ = writeln!(s, r#"<rect x="{left}" y="{}" width="{w:.1}" height="22" fill="{color}"/>"#, y + 4.0);
+        let (x0, x1) = (left + width * f.min() / top, left + width * f.max() / top);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x0:.1}" x2="{x1:.1}" y1="{cy}" y2="{cy}" stroke="black"/><line x1="{x0:.1}" x2="{x0:.1}" y1="{a}" y2="{b}" stroke="black"/><line x1="{x1:.1}" x2="{x1:.1}" y1="{a}" y2="{b}" stroke="black"/>"#,
+            cy = y + 15.0,
+            a = y + 10.0,
+            b = y + 20.0
+        );
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{}</text>"#, left + w.max(x1 - left) + 8.0, y + 19.0, fmt(f.median()));
+    }
+    let _ = writeln!(s, "</svg>");
+    s
+}
