@@ -3,6 +3,7 @@
 mod classify;
 pub mod config;
 mod enqueue;
+mod inbox;
 mod migrate;
 mod session;
 mod sql;
@@ -10,6 +11,7 @@ mod store;
 
 pub use config::{PostgresStoreConfig, TableName};
 pub use enqueue::{enqueue, enqueue_many, Outbox};
+pub use inbox::Inbox;
 pub use migrate::SCHEMA_VERSION;
 pub use session::PostgresShardSession;
 pub use store::PostgresStore;
