@@ -64,6 +64,12 @@ pub struct Args {
     /// Where docs/BENCHMARKS.md and docs/bench/ go.
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
+    /// Rows per claim of the relay (and of the ceilings).
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: usize,
+    /// Parts to leave out of a quick run: article, ceilings, latency, writers.
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
     /// Store × sink pairs to measure.
     #[arg(long, value_delimiter = ',', default_value = "postgres:redis-streams")]
     pub pairs: Vec<String>,
@@ -98,16 +104,27 @@ async fn run(args: Args) -> Result<(), String> {
         report.pairs.push(result);
     }
     report.print();
-    report.write(&args.out).map_err(|e| format!("writing the report: {e}"))?;
+    report
+        .write(&args.out)
+        .map_err(|e| format!("writing the report: {e}"))?;
     Ok(())
 }
 
-async fn measure(args: &Args, bench: &dyn pair::PairBench, result: &mut PairResult) -> Result<(), String> {
+async fn measure(
+    args: &Args,
+    bench: &dyn pair::PairBench,
+    result: &mut PairResult,
+) -> Result<(), String> {
     let runs = args.runs.max(1);
     let mut drains: Vec<Figure> = args
         .relays
         .iter()
-        .map(|n| Figure::new(&format!("drain, {n} relay{}", if *n == 1 { "" } else { "s" }), "events/s"))
+        .map(|n| {
+            Figure::new(
+                &format!("drain, {n} relay{}", if *n == 1 { "" } else { "s" }),
+                "events/s",
+            )
+        })
         .collect();
     let mut rss = Figure::new("relay peak RSS (1 relay, drain)", "MiB");
     let mut article = Figure::new("article's algorithm", "events/s");
@@ -131,23 +148,42 @@ async fn measure(args: &Args, bench: &dyn pair::PairBench, result: &mut PairResu
         eprintln!("-- run {run}/{runs}");
         for (i, n) in args.relays.iter().enumerate() {
             let d = bench.drain(args.events, args.aggregates, *n).await?;
-            eprintln!("   drain with {n} relay(s): {:.0} events/s, peak RSS {:.1} MiB", d.rate, d.peak_rss_mib);
+            eprintln!(
+                "   drain with {n} relay(s): {:.0} events/s, peak RSS {:.1} MiB",
+                d.rate, d.peak_rss_mib
+            );
             drains[i].push(d.rate);
             if *n == 1 {
                 rss.push(d.peak_rss_mib);
             }
         }
-        let a = bench.article(args.article_events, args.aggregates).await?;
-        eprintln!("   article: {a:.0} events/s");
-        article.push(a);
-        let c = bench.database_ceiling(args.events, args.aggregates).await?;
-        eprintln!("   database ceiling: {c:.0} rows/s");
-        db_ceiling.push(c);
-        let b = bench.broker_ceiling(args.events, args.aggregates).await?;
-        eprintln!("   broker ceiling: {b:.0} events/s");
-        broker_ceiling.push(b);
-        for (i, rate) in args.latency_rates.iter().enumerate() {
-            let l = bench.latency(*rate, Duration::from_secs(args.latency_secs), args.aggregates).await?;
+        let skip = |part: &str| args.skip.iter().any(|s| s == part);
+        if !skip("article") {
+            let a = bench.article(args.article_events, args.aggregates).await?;
+            eprintln!("   article: {a:.0} events/s");
+            article.push(a);
+        }
+        if !skip("ceilings") {
+            let c = bench.database_ceiling(args.events, args.aggregates).await?;
+            eprintln!("   database ceiling: {c:.0} rows/s");
+            db_ceiling.push(c);
+            let b = bench.broker_ceiling(args.events, args.aggregates).await?;
+            eprintln!("   broker ceiling: {b:.0} events/s");
+            broker_ceiling.push(b);
+        }
+        for (i, rate) in args
+            .latency_rates
+            .iter()
+            .enumerate()
+            .filter(|_| !skip("latency"))
+        {
+            let l = bench
+                .latency(
+                    *rate,
+                    Duration::from_secs(args.latency_secs),
+                    args.aggregates,
+                )
+                .await?;
             eprintln!(
                 "   latency at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events)",
                 l.p50_ms, l.p99_ms, l.max_ms, l.events
@@ -156,9 +192,16 @@ async fn measure(args: &Args, bench: &dyn pair::PairBench, result: &mut PairResu
             latency[i][1].push(l.p99_ms);
             latency[i][2].push(l.max_ms);
         }
+        if skip("writers") {
+            continue;
+        }
         let duration = Duration::from_secs(args.writer_secs);
-        let alone = bench.writer_throughput(args.writers, duration, args.aggregates, false).await?;
-        let with = bench.writer_throughput(args.writers, duration, args.aggregates, true).await?;
+        let alone = bench
+            .writer_throughput(args.writers, duration, args.aggregates, false)
+            .await?;
+        let with = bench
+            .writer_throughput(args.writers, duration, args.aggregates, true)
+            .await?;
         eprintln!("   writers: {alone:.0} commits/s alone, {with:.0} with the relay running");
         writers_alone.push(alone);
         writers_with.push(with);
@@ -173,5 +216,6 @@ async fn measure(args: &Args, bench: &dyn pair::PairBench, result: &mut PairResu
     result.figures.push(writers_alone);
     result.figures.push(writers_with);
     result.figures.push(rss);
+    result.figures.retain(|f| !f.values.is_empty());
     Ok(())
 }

@@ -21,7 +21,6 @@ use crate::Args;
 const TABLE: &str = "bench_outbox";
 const ORDERS: &str = "bench_orders";
 const SHARDS: u32 = 64;
-const BATCH: usize = 500;
 /// Padding that makes each payload about 300 bytes of JSON.
 const PAD: usize = 240;
 
@@ -48,8 +47,19 @@ pub trait PairBench: Send + Sync {
     async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String>;
     async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String>;
     async fn broker_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String>;
-    async fn latency(&self, rate: u64, duration: Duration, aggregates: u64) -> Result<Latency, String>;
-    async fn writer_throughput(&self, writers: u64, duration: Duration, aggregates: u64, relay_running: bool) -> Result<f64, String>;
+    async fn latency(
+        &self,
+        rate: u64,
+        duration: Duration,
+        aggregates: u64,
+    ) -> Result<Latency, String>;
+    async fn writer_throughput(
+        &self,
+        writers: u64,
+        duration: Duration,
+        aggregates: u64,
+        relay_running: bool,
+    ) -> Result<f64, String>;
 }
 
 /// The database side of a pair.
@@ -90,15 +100,24 @@ trait BrokerSide: Send + Sync {
 pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBench>, String> {
     let store: Arc<dyn StoreSide> = match store {
         "postgres" => Arc::new(PostgresSide::open(&args.postgres_url).await?),
-        other => return Err(format!("--pairs: store \"{other}\" is not benchmarked (known: postgres)")),
+        other => {
+            return Err(format!(
+                "--pairs: store \"{other}\" is not benchmarked (known: postgres)"
+            ))
+        }
     };
     let broker: Box<dyn BrokerSide> = match sink {
         "redis-streams" => Box::new(RedisSide::open(&args.redis_url).await?),
-        other => return Err(format!("--pairs: sink \"{other}\" is not benchmarked (known: redis-streams)")),
+        other => {
+            return Err(format!(
+                "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams)"
+            ))
+        }
     };
     let dir = std::env::temp_dir().join("outbox-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     Ok(Box::new(Pair {
+        batch: args.batch_size,
         store,
         broker,
         relay_bin: args.relay_bin.clone(),
@@ -107,6 +126,7 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBe
 }
 
 struct Pair {
+    batch: usize,
     store: Arc<dyn StoreSide>,
     broker: Box<dyn BrokerSide>,
     relay_bin: PathBuf,
@@ -118,7 +138,8 @@ struct RelayProcess(Child);
 
 impl RelayProcess {
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
         status
             .lines()
             .find(|l| l.starts_with("VmHWM:"))
@@ -129,7 +150,10 @@ impl RelayProcess {
     }
 
     fn stop(mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {
@@ -145,9 +169,10 @@ impl RelayProcess {
 impl Pair {
     fn config(&self) -> Result<PathBuf, String> {
         let text = format!(
-            "{}\n{}\n[relay]\nbatch_size = {BATCH}\n\n[server]\nlisten = \"\"\n\n[log]\nlevel = \"warn\"\n",
+            "{}\n{}\n[relay]\nbatch_size = {}\n\n[server]\nlisten = \"\"\n\n[log]\nlevel = \"warn\"\n",
             self.store.relay_toml(),
-            self.broker.relay_toml()
+            self.broker.relay_toml(),
+            self.batch
         );
         let path = self.dir.join("relay.toml");
         std::fs::write(&path, text).map_err(|e| e.to_string())?;
@@ -155,7 +180,8 @@ impl Pair {
     }
 
     fn start_relay(&self, config: &Path, n: u32) -> Result<RelayProcess, String> {
-        let log = std::fs::File::create(self.dir.join(format!("relay-{n}.log"))).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(self.dir.join(format!("relay-{n}.log")))
+            .map_err(|e| e.to_string())?;
         let child = Command::new(&self.relay_bin)
             .arg("--config")
             .arg(config)
@@ -178,7 +204,8 @@ fn sample_event(n: u64, aggregates: u64) -> OutboxEvent {
         aggregate_type: "order".into(),
         aggregate_id: order.to_string(),
         event_type: "OrderChanged".into(),
-        payload: serde_json::json!({ "n": n, "order_id": order, "pad": "x".repeat(PAD) }).to_string(),
+        payload: serde_json::json!({ "n": n, "order_id": order, "pad": "x".repeat(PAD) })
+            .to_string(),
         headers: Default::default(),
         destination: None,
         created_at: Utc::now(),
@@ -202,14 +229,18 @@ impl PairBench for Pair {
         self.store.load(events, aggregates).await?;
         let config = self.config()?;
         let started = Instant::now();
-        let processes: Vec<RelayProcess> = (0..relays).map(|n| self.start_relay(&config, n)).collect::<Result<_, _>>()?;
+        let processes: Vec<RelayProcess> = (0..relays)
+            .map(|n| self.start_relay(&config, n))
+            .collect::<Result<_, _>>()?;
         let deadline = started + Duration::from_secs(900);
         loop {
             if self.broker.delivered().await? >= events {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("drain of {events} events did not finish in 15 minutes"));
+                return Err(format!(
+                    "drain of {events} events did not finish in 15 minutes"
+                ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -221,7 +252,10 @@ impl PairBench for Pair {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let peak_rss_mib = processes.first().map(RelayProcess::peak_rss_mib).unwrap_or(0.0);
+        let peak_rss_mib = processes
+            .first()
+            .map(RelayProcess::peak_rss_mib)
+            .unwrap_or(0.0);
         for p in processes {
             p.stop();
         }
@@ -253,16 +287,22 @@ impl PairBench for Pair {
     async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
         self.store.load(events, aggregates).await?;
         let store = self.store.store();
-        let mut session = store.open_session("bench-ceiling").await.map_err(|e| e.to_string())?;
+        let mut session = store
+            .open_session("bench-ceiling")
+            .await
+            .map_err(|e| e.to_string())?;
         for shard in 0..session.shard_count() as i32 {
-            session.try_acquire(shard).await.map_err(|e| e.to_string())?;
+            session
+                .try_acquire(shard)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         let started = Instant::now();
         let mut done = 0u64;
         loop {
             let batch = session
                 .claim(&ClaimRequest {
-                    limit: BATCH,
+                    limit: self.batch,
                     exclude_ids: &[],
                     dead_holds_aggregate: false,
                 })
@@ -272,7 +312,10 @@ impl PairBench for Pair {
                 break;
             }
             let ids: Vec<i64> = batch.iter().map(|e| e.id).collect();
-            session.mark_published(&ids, MarkMode::Delete).await.map_err(|e| e.to_string())?;
+            session
+                .mark_published(&ids, MarkMode::Delete)
+                .await
+                .map_err(|e| e.to_string())?;
             done += ids.len() as u64;
         }
         let rate = done as f64 / started.elapsed().as_secs_f64();
@@ -285,7 +328,7 @@ impl PairBench for Pair {
         let sink = self.broker.sink();
         let all: Vec<OutboxEvent> = (1..=events).map(|n| sample_event(n, aggregates)).collect();
         let started = Instant::now();
-        for chunk in all.chunks(BATCH) {
+        for chunk in all.chunks(self.batch) {
             let outcomes = sink.publish(chunk).await.map_err(|e| e.to_string())?;
             if !outcomes.iter().all(|o| o.is_published()) {
                 return Err("the broker refused events during the ceiling run".into());
@@ -294,7 +337,12 @@ impl PairBench for Pair {
         Ok(events as f64 / started.elapsed().as_secs_f64())
     }
 
-    async fn latency(&self, rate: u64, duration: Duration, aggregates: u64) -> Result<Latency, String> {
+    async fn latency(
+        &self,
+        rate: u64,
+        duration: Duration,
+        aggregates: u64,
+    ) -> Result<Latency, String> {
         self.broker.reset().await?;
         self.store.reset_business(aggregates).await?;
         let config = self.config()?;
@@ -318,7 +366,10 @@ impl PairBench for Pair {
                 let (store, committed) = (self.store.clone(), committed.clone());
                 tasks.spawn(async move {
                     let id = store.write_one(order as i64 + 1).await?;
-                    committed.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Instant::now());
+                    committed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, Instant::now());
                     Ok::<(), String>(())
                 });
             }
@@ -345,10 +396,18 @@ impl PairBench for Pair {
         let committed = committed.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut ms: Vec<f64> = committed
             .iter()
-            .filter_map(|(id, c)| arrivals.get(id).map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0))
+            .filter_map(|(id, c)| {
+                arrivals
+                    .get(id)
+                    .map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+            })
             .collect();
         if ms.len() < committed.len() {
-            return Err(format!("latency run: {} of {} events arrived", ms.len(), committed.len()));
+            return Err(format!(
+                "latency run: {} of {} events arrived",
+                ms.len(),
+                committed.len()
+            ));
         }
         ms.sort_by(f64::total_cmp);
         Ok(Latency {
@@ -359,7 +418,13 @@ impl PairBench for Pair {
         })
     }
 
-    async fn writer_throughput(&self, writers: u64, duration: Duration, aggregates: u64, relay_running: bool) -> Result<f64, String> {
+    async fn writer_throughput(
+        &self,
+        writers: u64,
+        duration: Duration,
+        aggregates: u64,
+        relay_running: bool,
+    ) -> Result<f64, String> {
         self.broker.reset().await?;
         self.store.reset_business(aggregates).await?;
         let relay = if relay_running {
@@ -396,7 +461,9 @@ impl PairBench for Pair {
 }
 
 /// Run futures concurrently on this task and collect their outputs in order.
-async fn futures_join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
     let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -416,7 +483,10 @@ async fn futures_join_all<F: std::future::Future>(futures: impl IntoIterator<Ite
         }
     })
     .await;
-    outputs.into_iter().map(|o| o.expect("every future completed")).collect()
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
 }
 
 /// PostgreSQL side.
@@ -430,7 +500,9 @@ impl PostgresSide {
     async fn open(url: &str) -> Result<Self, String> {
         let mut config = PostgresStoreConfig::new(url).table(TABLE).shards(SHARDS);
         config.pool_size = 40;
-        let store = PostgresStore::connect(config).await.map_err(|e| e.to_string())?;
+        let store = PostgresStore::connect(config)
+            .await
+            .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
         Ok(Self {
             store: Arc::new(store),
@@ -455,7 +527,10 @@ impl StoreSide for PostgresSide {
     }
 
     fn relay_toml(&self) -> String {
-        format!("[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{TABLE}\"\n", self.url)
+        format!(
+            "[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{TABLE}\"\n",
+            self.url
+        )
     }
 
     async fn load(&self, events: u64, aggregates: u64) -> Result<(), String> {
@@ -511,7 +586,10 @@ impl StoreSide for PostgresSide {
             serde_json::json!({ "order_id": order, "version": version, "pad": "x".repeat(PAD) }),
         )
         .event_id(Uuid::now_v7());
-        self.outbox.enqueue(&mut tx, &event).await.map_err(|e| e.to_string())?;
+        self.outbox
+            .enqueue(&mut tx, &event)
+            .await
+            .map_err(|e| e.to_string())?;
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(event.event_id_or_new())
     }
@@ -542,17 +620,22 @@ impl StoreSide for PostgresSide {
                 shard: 0,
             };
             // One by one, waiting for each acknowledgement, inside the transaction.
-            let outcome = sink.publish(std::slice::from_ref(&event)).await.map_err(|e| e.to_string())?;
+            let outcome = sink
+                .publish(std::slice::from_ref(&event))
+                .await
+                .map_err(|e| e.to_string())?;
             if !outcome.iter().all(|o| o.is_published()) {
                 return Err("the broker refused an event in the article's run".into());
             }
             ids.push(event.id);
         }
-        sqlx::query(&format!("UPDATE {TABLE} SET published_at = now() WHERE id = ANY($1)"))
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| e.to_string())?;
+        sqlx::query(&format!(
+            "UPDATE {TABLE} SET published_at = now() WHERE id = ANY($1)"
+        ))
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(ids.len())
     }
@@ -571,9 +654,14 @@ impl RedisSide {
     async fn open(url: &str) -> Result<Self, String> {
         let mut config = RedisStreamsConfig::new(url);
         config.stream = STREAM.to_owned();
-        let sink = RedisStreamsSink::connect(config).await.map_err(|e| e.to_string())?;
+        let sink = RedisStreamsSink::connect(config)
+            .await
+            .map_err(|e| e.to_string())?;
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let connection = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+        let connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(Self {
             url: url.to_owned(),
             sink: Arc::new(sink),
@@ -614,7 +702,10 @@ impl BrokerSide for RedisSide {
     async fn consume(&self) -> Result<mpsc::UnboundedReceiver<(Uuid, Instant)>, String> {
         let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
         // A dedicated connection: XREAD BLOCK holds it.
-        let mut connection = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut last = "$".to_owned();

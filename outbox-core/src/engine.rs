@@ -358,6 +358,8 @@ struct Worker<'a> {
     session: Option<Box<dyn ShardSession>>,
     /// The next batch, claimed while the previous one was being published.
     prefetched: Vec<OutboxEvent>,
+    /// Rows acknowledged by the broker, to mark while the next batch is being published.
+    unmarked: Vec<i64>,
     poll: Duration,
     store_failures: u32,
     sink_failures: u32,
@@ -375,6 +377,7 @@ impl<'a> Worker<'a> {
             relay,
             session: None,
             prefetched: Vec::new(),
+            unmarked: Vec::new(),
             poll: relay.config.poll_interval_min,
             store_failures: 0,
             sink_failures: 0,
@@ -419,6 +422,10 @@ impl<'a> Worker<'a> {
             }
 
             if Instant::now() >= self.next_rebalance {
+                self.flush_marks().await;
+                if self.session.is_none() {
+                    continue;
+                }
                 if let Err(e) = self.rebalance().await {
                     self.lose_session("rebalance", e).await;
                     Self::pause(shutdown, outage_backoff(self.store_failures)).await;
@@ -428,6 +435,11 @@ impl<'a> Worker<'a> {
             }
 
             let batch = if self.prefetched.is_empty() {
+                // Rows still unmarked would be claimed again: mark them first.
+                self.flush_marks().await;
+                if self.session.is_none() {
+                    continue;
+                }
                 let request = self.claim_request(&[]);
                 let session = self.session.as_mut().expect("session is open");
                 match session.claim(&request).await {
@@ -443,6 +455,7 @@ impl<'a> Worker<'a> {
             };
 
             if batch.is_empty() {
+                self.flush_marks().await;
                 let until_rebalance = self
                     .next_rebalance
                     .saturating_duration_since(Instant::now());
@@ -472,6 +485,8 @@ impl<'a> Worker<'a> {
         let exclude: Vec<i64> = batch.iter().map(|e| e.id).collect();
         let prefetch = batch.len() >= relay.config.batch_size && !shutdown.is_triggered();
         let request = self.claim_request(&exclude);
+        let marks = std::mem::take(&mut self.unmarked);
+        let mode = relay.config.retention.mark_mode();
         let session = self.session.as_mut().expect("session is open");
 
         let mut grace = shutdown.clone();
@@ -482,11 +497,29 @@ impl<'a> Worker<'a> {
                 _ = async { grace.wait().await; tokio::time::sleep(grace_period).await } => None,
             }
         };
-        let (report, next) = if prefetch {
-            let (report, next) = tokio::join!(publish, session.claim(&request));
-            (report, Some(next))
-        } else {
-            (publish.await, None)
+        // While the broker works on this batch, the session marks the previous one and claims
+        // the next (excluding this one's rows): the database and the broker work in parallel.
+        let database = async {
+            if !marks.is_empty() {
+                session.mark_published(&marks, mode).await?;
+            }
+            if prefetch {
+                session.claim(&request).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (report, next) = tokio::join!(publish, database);
+        let next = match next {
+            Ok(next) => {
+                self.count_marked(marks.len());
+                next
+            }
+            Err(e) => {
+                // Marks not made: those events will be published again (at least once).
+                self.lose_session("mark", e).await;
+                None
+            }
         };
         let Some(report) = report else {
             warn!(
@@ -528,15 +561,41 @@ impl<'a> Worker<'a> {
             }
         }
 
-        match next {
-            Some(Ok(mut next)) if self.session.is_some() => {
-                next.retain(|e| !blocked.contains(e.aggregate_id.as_str()));
-                self.prefetched = next;
-            }
-            Some(Err(e)) => self.lose_session("claim", e).await,
-            _ => {}
+        if let Some(mut next) = next.filter(|_| self.session.is_some()) {
+            next.retain(|e| !blocked.contains(e.aggregate_id.as_str()));
+            self.prefetched = next;
         }
         true
+    }
+
+    fn count_marked(&self, n: usize) {
+        if n > 0 {
+            self.relay
+                .handle
+                .state
+                .published
+                .fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Mark what the broker acknowledged and is not marked yet (before idling, rebalancing or
+    /// closing the session).
+    async fn flush_marks(&mut self) {
+        if self.unmarked.is_empty() {
+            return;
+        }
+        let Some(session) = self.session.as_mut() else {
+            self.unmarked.clear();
+            return;
+        };
+        let marks = std::mem::take(&mut self.unmarked);
+        match session
+            .mark_published(&marks, self.relay.config.retention.mark_mode())
+            .await
+        {
+            Ok(()) => self.count_marked(marks.len()),
+            Err(e) => self.lose_session("mark", e).await,
+        }
     }
 
     /// Mark acknowledged rows, record failures, count. Returns the aggregates that must not
@@ -605,20 +664,10 @@ impl<'a> Worker<'a> {
             return blocked;
         };
         if !published.is_empty() {
-            if let Err(e) = session
-                .mark_published(&published, config.retention.mark_mode())
-                .await
-            {
-                // Acknowledged but not marked: they will be published again (at least once).
-                self.lose_session("mark", e).await;
-                return blocked;
-            }
-            relay
-                .handle
-                .state
-                .published
-                .fetch_add(published.len() as u64, Ordering::Relaxed);
             count_published(relay, batch, &published);
+            // Marked with the next claim (or before idling): acknowledged but unmarked rows are
+            // at worst published again.
+            self.unmarked.extend_from_slice(&published);
         }
         if !failures.is_empty() {
             if let Err(e) = session.record_failures(&failures).await {
@@ -718,10 +767,24 @@ impl<'a> Worker<'a> {
     async fn lose_session(&mut self, stage: &'static str, e: Error) {
         self.store_failed(stage, e);
         self.prefetched.clear();
+        // Acknowledged but not marked: they will be published again (at least once).
+        self.unmarked.clear();
         self.close_session().await;
     }
 
+    /// Mark what is left, release every lock and close the connection.
     async fn close_session(&mut self) {
+        if let (Some(session), false) = (self.session.as_mut(), self.unmarked.is_empty()) {
+            let marks = std::mem::take(&mut self.unmarked);
+            match session
+                .mark_published(&marks, self.relay.config.retention.mark_mode())
+                .await
+            {
+                Ok(()) => self.count_marked(marks.len()),
+                Err(e) => self.store_failed("mark", e),
+            }
+        }
+        self.unmarked.clear();
         self.prefetched.clear();
         if let Some(session) = self.session.take() {
             let owned = session.owned().len();

@@ -134,6 +134,10 @@ impl PostgresShardSession {
                 ("enable_seqscan", "off"),
                 ("enable_bitmapscan", "off"),
                 ("enable_sort", "off"),
+                // A mark that is lost in a database crash only makes its events be published
+                // again (at least once still holds), so marks need not wait for the WAL flush.
+                // Writers' transactions are untouched: this applies to this connection only.
+                ("synchronous_commit", "off"),
                 ("statement_timeout", timeout_ms.as_str()),
                 ("tcp_keepalives_idle", "10"),
                 ("tcp_keepalives_interval", "5"),
