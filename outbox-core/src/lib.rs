@@ -16,7 +16,10 @@ pub mod testkit;
 pub use config::{OnDead, RelayConfig, Retention};
 pub use engine::{Relay, RelayHandle, Shutdown, ShutdownTrigger};
 pub use error::{BoxError, Error, ErrorKind, Result};
-pub use model::{BacklogStatus, Headers, NewEvent, OutboxEvent, Outcome, ShardOwner};
+pub use model::{
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
+    Outcome, ShardOwner,
+};
 pub use sink::{Sink, SinkCapabilities};
 pub use store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
 pub use template::DestinationTemplate;

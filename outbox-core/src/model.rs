@@ -151,3 +151,52 @@ pub struct ShardOwner {
     /// The owning relay's identity as it registered it, or the session identifier.
     pub owner: String,
 }
+
+/// A row parked as dead, as `outbox-relay dead list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadEvent {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// Failed attempts before it was parked.
+    pub attempts: i32,
+    /// The broker's (or the relay's) last error.
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub dead_at: DateTime<Utc>,
+}
+
+/// Which dead rows to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    /// Most rows returned (oldest first).
+    pub limit: u32,
+}
+
+/// Which dead rows to send back to pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// These row ids (rows that are not dead are left alone).
+    Ids(Vec<i64>),
+    /// Every dead row, optionally of one aggregate.
+    All { aggregate_id: Option<String> },
+}
+
+/// An aggregate whose next event waits for a retry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldBack {
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// The waiting event's row id.
+    pub id: i64,
+    pub attempts: i32,
+    /// When it will be tried again (`None`: now).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    /// Later events of the aggregate waiting behind it.
+    pub waiting_behind: i64,
+}

@@ -22,6 +22,11 @@ pub(crate) struct Sql {
     pub status: String,
     pub cluster: String,
     pub owners: String,
+    pub dead_list: String,
+    pub dead_retry_ids: String,
+    pub dead_retry_all: String,
+    pub dead_discard: String,
+    pub held_back: String,
 }
 
 impl Sql {
@@ -86,6 +91,41 @@ impl Sql {
                 "SELECT l.objid::int8 AS shard, l.pid, a.application_name FROM pg_locks l \
                  LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
+            ),
+            // $1 aggregate_type or NULL, $2 aggregate_id or NULL, $3 limit.
+            dead_list: format!(
+                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, attempts, \
+                        last_error, created_at, dead_at FROM {t} \
+                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND ($1::text IS NULL OR aggregate_type = $1) \
+                   AND ($2::text IS NULL OR aggregate_id = $2) \
+                 ORDER BY id LIMIT $3"
+            ),
+            // $1 ids. The row keeps its id, so its place in its aggregate's order.
+            dead_retry_ids: format!(
+                "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
+                 WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
+            ),
+            // $1 aggregate_id or NULL.
+            dead_retry_all: format!(
+                "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
+                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND ($1::text IS NULL OR aggregate_id = $1)"
+            ),
+            // $1 ids.
+            dead_discard: format!(
+                "DELETE FROM {t} WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
+            ),
+            // $1 limit. The first retrying row of each aggregate, and how many wait behind it.
+            held_back: format!(
+                "SELECT * FROM (\
+                   SELECT DISTINCT ON (h.aggregate_id) h.aggregate_type, h.aggregate_id, h.id, \
+                          h.attempts, h.next_attempt_at, h.last_error, \
+                          (SELECT count(*) FROM {t} w WHERE w.aggregate_id = h.aggregate_id \
+                             AND w.id > h.id AND w.published_at IS NULL AND w.dead_at IS NULL) AS waiting \
+                   FROM {t} h WHERE h.published_at IS NULL AND h.dead_at IS NULL AND h.attempts > 0 \
+                   ORDER BY h.aggregate_id, h.id) first_waiting \
+                 ORDER BY id LIMIT $1"
             ),
         }
     }

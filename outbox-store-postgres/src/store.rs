@@ -10,7 +10,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
 
 use outbox_core::{
-    BacklogStatus, Error, ErrorKind, NewEvent, Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
+    Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Target};
@@ -312,6 +313,77 @@ impl Store for PostgresStore {
                 Some(ShardOwner { shard, owner })
             })
             .collect())
+    }
+
+    async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
+        let rows = sqlx::query(&self.sql().dead_list)
+            .bind(filter.aggregate_type.as_deref())
+            .bind(filter.aggregate_id.as_deref())
+            .bind(i64::from(filter.limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("listing dead rows"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadEvent {
+                    id: row.try_get("id")?,
+                    event_id: row.try_get("event_id")?,
+                    aggregate_type: row.try_get("aggregate_type")?,
+                    aggregate_id: row.try_get("aggregate_id")?,
+                    event_type: row.try_get("event_type")?,
+                    attempts: row.try_get("attempts")?,
+                    last_error: row.try_get("last_error")?,
+                    created_at: row.try_get("created_at")?,
+                    dead_at: row.try_get("dead_at")?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(|e| self.error(e).context("listing dead rows"))
+    }
+
+    async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
+        let query = match selection {
+            DeadSelection::Ids(ids) => sqlx::query(&self.sql().dead_retry_ids).bind(ids.clone()),
+            DeadSelection::All { aggregate_id } => {
+                sqlx::query(&self.sql().dead_retry_all).bind(aggregate_id.clone())
+            }
+        };
+        let done = query
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("sending dead rows back to pending"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
+        let done = sqlx::query(&self.sql().dead_discard)
+            .bind(ids)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("discarding dead rows"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
+        let rows = sqlx::query(&self.sql().held_back)
+            .bind(i64::from(limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("listing held-back aggregates"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(HeldBack {
+                    aggregate_type: row.try_get("aggregate_type")?,
+                    aggregate_id: row.try_get("aggregate_id")?,
+                    id: row.try_get("id")?,
+                    attempts: row.try_get("attempts")?,
+                    next_attempt_at: row.try_get("next_attempt_at")?,
+                    last_error: row.try_get("last_error")?,
+                    waiting_behind: row.try_get("waiting")?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(|e| self.error(e).context("listing held-back aggregates"))
     }
 }
 

@@ -38,6 +38,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Dead events: list, retry, discard.
+    Dead {
+        #[command(subcommand)]
+        command: crate::dead::DeadCommand,
+    },
     /// Write order events in business transactions on the local PostgreSQL, relay them to the
     /// local broker, read them back and check nothing was lost or reordered.
     Demo(crate::demo::DemoArgs),
@@ -167,6 +172,11 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             let (settings, figment) = load(&cli)?;
             let store = connect_store(&registry, &settings, &figment, &cli).await?;
             crate::status::print(store.as_ref(), json).await
+        }
+        Command::Dead { ref command } => {
+            let (settings, figment) = load(&cli)?;
+            let store = connect_store(&registry, &settings, &figment, &cli).await?;
+            crate::dead::run(store.as_ref(), command).await
         }
     }
 }

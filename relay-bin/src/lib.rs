@@ -2,6 +2,7 @@
 
 mod adapters;
 pub mod cli;
+pub mod dead;
 pub mod demo;
 pub mod registry;
 pub mod server;

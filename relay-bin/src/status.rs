@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::{BacklogStatus, ShardOwner, Store};
+use outbox_core::{BacklogStatus, HeldBack, ShardOwner, Store};
 use serde::Serialize;
 
 use crate::cli::Failure;
@@ -14,6 +14,8 @@ struct StatusReport {
     backlog: BacklogStatus,
     shards_owned: usize,
     owners: BTreeMap<String, Vec<i32>>,
+    /// Aggregates waiting for a retry (the first 20).
+    held_back: Vec<HeldBack>,
 }
 
 /// Print backlog figures and shard owners, as text or JSON.
@@ -24,11 +26,17 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     for o in &owners {
         by_owner.entry(o.owner.clone()).or_default().push(o.shard);
     }
+    let held_back = if backlog.held_back_aggregates > 0 {
+        store.held_back(20).await?
+    } else {
+        Vec::new()
+    };
     let report = StatusReport {
         store: store.describe(),
         backlog,
         shards_owned: owners.len(),
         owners: by_owner,
+        held_back,
     };
     if json {
         let text = serde_json::to_string_pretty(&report)
@@ -44,7 +52,25 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
         "retrying             {} events in {} held-back aggregates",
         b.retrying, b.held_back_aggregates
     );
-    println!("dead                 {}", b.dead);
+    for h in &report.held_back {
+        let when = h
+            .next_attempt_at
+            .map(|t| format!("next try {}", t.format("%H:%M:%S")))
+            .unwrap_or_else(|| "due now".to_owned());
+        println!(
+            "  held back {}/{}: row {} after {} attempts, {when}, {} waiting behind; {}",
+            h.aggregate_type,
+            h.aggregate_id,
+            h.id,
+            h.attempts,
+            h.waiting_behind,
+            h.last_error.as_deref().unwrap_or("")
+        );
+    }
+    println!(
+        "dead                 {} (see `outbox-relay dead list`)",
+        b.dead
+    );
     if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {

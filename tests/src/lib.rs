@@ -234,7 +234,7 @@ pub async fn read_streams(
                 .await
                 .expect("XRANGE");
             for entry in &reply.ids {
-                let fields: HashMap<String, String> = entry
+                let mut fields: HashMap<String, String> = entry
                     .map
                     .iter()
                     .filter_map(|(k, v)| {
@@ -243,6 +243,8 @@ pub async fn read_streams(
                             .map(|s| (k.clone(), s))
                     })
                     .collect();
+                // The stream entry id (server time-sequence), under a name no field uses.
+                fields.insert("__entry_id".to_owned(), entry.id.clone());
                 out.push(StreamMessage {
                     stream: stream.clone(),
                     event_id: fields

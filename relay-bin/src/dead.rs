@@ -1,0 +1,125 @@
+//! `outbox-relay dead list | retry | discard`: the operator's handle on parked events.
+
+use clap::Subcommand;
+use outbox_core::{DeadFilter, DeadSelection, Store};
+
+use crate::cli::Failure;
+
+/// `outbox-relay dead ...`
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List dead events, oldest first: id, event, attempts, last error, when.
+    List {
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this aggregate.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// Most rows shown.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print JSON for machines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send dead events back to pending (attempts reset; each keeps its place in its
+    /// aggregate's order).
+    Retry {
+        /// Row ids (as `dead list` shows them).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<i64>,
+        /// Every dead event (of one aggregate with --aggregate-id).
+        #[arg(long)]
+        all: bool,
+        /// With --all: only this aggregate.
+        #[arg(long, requires = "all")]
+        aggregate_id: Option<String>,
+    },
+    /// Delete dead events for good.
+    Discard {
+        /// Row ids (as `dead list` shows them).
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Confirm: without it nothing is deleted.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Run a `dead` subcommand.
+pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure> {
+    match command {
+        DeadCommand::List {
+            aggregate_type,
+            aggregate_id,
+            limit,
+            json,
+        } => {
+            let rows = store
+                .dead_list(&DeadFilter {
+                    aggregate_type: aggregate_type.clone(),
+                    aggregate_id: aggregate_id.clone(),
+                    limit: *limit,
+                })
+                .await?;
+            if *json {
+                let text = serde_json::to_string_pretty(&rows)
+                    .map_err(|e| Failure::runtime(format!("encoding dead events as JSON: {e}")))?;
+                println!("{text}");
+                return Ok(());
+            }
+            if rows.is_empty() {
+                println!("no dead events");
+                return Ok(());
+            }
+            println!(
+                "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  last error",
+                "id", "event_id", "aggregate", "event_type", "attempts", "dead since"
+            );
+            for r in &rows {
+                println!(
+                    "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  {}",
+                    r.id,
+                    r.event_id,
+                    format!("{}/{}", r.aggregate_type, r.aggregate_id),
+                    r.event_type,
+                    r.attempts,
+                    r.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    r.last_error.as_deref().unwrap_or("").replace('\n', " ")
+                );
+            }
+            if rows.len() as u32 >= *limit {
+                println!("(first {limit}; use --limit to see more)");
+            }
+            Ok(())
+        }
+        DeadCommand::Retry {
+            ids,
+            all,
+            aggregate_id,
+        } => {
+            let selection = if *all {
+                DeadSelection::All {
+                    aggregate_id: aggregate_id.clone(),
+                }
+            } else {
+                DeadSelection::Ids(ids.clone())
+            };
+            let n = store.dead_retry(&selection).await?;
+            println!("{n} dead event(s) back to pending; the relay publishes them in order with their aggregate");
+            Ok(())
+        }
+        DeadCommand::Discard { ids, yes } => {
+            if !yes {
+                return Err(Failure::config(format!(
+                    "dead discard deletes {} event(s) for good: add --yes to confirm",
+                    ids.len()
+                )));
+            }
+            let n = store.dead_discard(ids).await?;
+            println!("{n} dead event(s) discarded");
+            Ok(())
+        }
+    }
+}
