@@ -1,0 +1,103 @@
+//! The sink conformance suite of `outbox-core` against a local HTTP server (one per case):
+//! a destination is a path under the server's `/hooks`, and reading back a destination means
+//! the requests the server accepted there.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use common::TestServer;
+use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outbox_core::Sink;
+use outbox_webhook_sink::{WebhookSink, WebhookSinkConfig};
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+struct WebhookHarness {
+    server: TestServer,
+}
+
+impl WebhookHarness {
+    async fn start() -> Self {
+        Self {
+            server: TestServer::start().await,
+        }
+    }
+}
+
+/// What a consumer reads from one accepted request: the event's fields from the JSON body, the
+/// payload's exact bytes, and the HTTP headers (where the event's headers travel).
+fn received(request: &common::Recorded) -> ReceivedMessage {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        event_id: Uuid,
+        aggregate_id: String,
+        event_type: String,
+        #[serde(borrow)]
+        payload: &'a RawValue,
+    }
+    let body: Body<'_> = serde_json::from_slice(&request.body).unwrap_or_else(|e| {
+        panic!(
+            "{}: body is not the event document ({e}): {}",
+            request.path,
+            String::from_utf8_lossy(&request.body)
+        )
+    });
+    assert_eq!(
+        request.header("idempotency-key"),
+        Some(body.event_id.to_string().as_str()),
+        "{}: Idempotency-Key is the event_id",
+        request.path
+    );
+    assert_eq!(request.header("content-type"), Some("application/json"));
+    let headers: BTreeMap<String, String> = request.headers.clone();
+    ReceivedMessage {
+        event_id: body.event_id,
+        aggregate_id: body.aggregate_id,
+        event_type: body.event_type,
+        payload: body.payload.get().as_bytes().to_vec(),
+        headers,
+    }
+}
+
+#[async_trait]
+impl SinkHarness for WebhookHarness {
+    async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
+        let config = WebhookSinkConfig {
+            path: destination_template.to_owned(),
+            ..WebhookSinkConfig::new(format!("{}/hooks", self.server.url()))
+        };
+        Box::new(WebhookSink::new(config).unwrap_or_else(|e| panic!("building the sink: {e}")))
+    }
+
+    async fn unreachable_sink(&self) -> Box<dyn Sink> {
+        let config = WebhookSinkConfig {
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+            ..WebhookSinkConfig::new(format!("http://127.0.0.1:{}/hooks", common::free_port()))
+        };
+        Box::new(WebhookSink::new(config).expect("a valid configuration"))
+    }
+
+    async fn read_back(
+        &self,
+        destination: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<ReceivedMessage> {
+        let path = format!("/hooks/{destination}");
+        let deadline = Instant::now() + timeout;
+        let accepted = loop {
+            let accepted = self.server.accepted_at(&path);
+            if accepted.len() >= expected || Instant::now() >= deadline {
+                break accepted;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        accepted.iter().map(received).collect()
+    }
+}
+
+outbox_core::sink_suite!(WebhookHarness::start().await);
