@@ -90,7 +90,11 @@ impl PairResult {
         let article = m("article");
         if article > 0.0 {
             let ratio = drain / article;
-            out.push(("drain ≥ 10× the article's algorithm".into(), format!("{ratio:.1}×"), ratio >= 10.0));
+            out.push((
+                "drain ≥ 10× the article's algorithm".into(),
+                format!("{ratio:.1}×"),
+                ratio >= 10.0,
+            ));
         }
         if let Some(p99) = self.get("commit→receive p99 at 1000/s") {
             out.push((
@@ -150,7 +154,14 @@ fn first_line(cmd: &str, args: &[&str]) -> String {
         .args(args)
         .output()
         .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_owned())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".to_owned())
 }
@@ -177,9 +188,23 @@ impl Report {
                 date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
                 command,
                 cpu,
-                cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+                cores: std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(0),
                 memory_gib,
-                postgres: first_line("psql", &["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-Atc", "select version()"]),
+                postgres: first_line(
+                    "psql",
+                    &[
+                        "-h",
+                        "127.0.0.1",
+                        "-U",
+                        "postgres",
+                        "-d",
+                        "test",
+                        "-Atc",
+                        "select version()",
+                    ],
+                ),
                 redis: first_line("redis-server", &["--version"]),
                 runs: args.runs,
                 events: args.events,
@@ -216,7 +241,11 @@ impl Report {
         let _ = writeln!(t, "| target | measured (medians) | met |");
         let _ = writeln!(t, "|---|---:|:-:|");
         for (target, measured, met) in pair.targets() {
-            let _ = writeln!(t, "| {target} | {measured} | {} |", if met { "yes" } else { "**no**" });
+            let _ = writeln!(
+                t,
+                "| {target} | {measured} | {} |",
+                if met { "yes" } else { "**no**" }
+            );
         }
         t
     }
@@ -233,9 +262,15 @@ impl Report {
     pub fn write(&self, out: &Path) -> std::io::Result<()> {
         let dir = out.join("bench");
         std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(self).unwrap_or_default())?;
+        std::fs::write(
+            dir.join("results.json"),
+            serde_json::to_string_pretty(self).unwrap_or_default(),
+        )?;
         for pair in &self.pairs {
-            std::fs::write(dir.join(format!("{}-{}.svg", pair.store, pair.sink)), svg(pair))?;
+            std::fs::write(
+                dir.join(format!("{}-{}.svg", pair.store, pair.sink)),
+                svg(pair),
+            )?;
         }
         let analysis = std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default();
         std::fs::write(out.join("BENCHMARKS.md"), self.markdown(&analysis))?;
@@ -253,7 +288,11 @@ impl Report {
             s.date, s.command
         );
         let _ = writeln!(md, "## Setup\n");
-        let _ = writeln!(md, "- machine: {} cores of {}, {:.0} GiB; PostgreSQL, Redis and the relays share it", s.cores, s.cpu, s.memory_gib);
+        let _ = writeln!(
+            md,
+            "- machine: {} cores of {}, {:.0} GiB; PostgreSQL, Redis and the relays share it",
+            s.cores, s.cpu, s.memory_gib
+        );
         let _ = writeln!(md, "- {}; {}", s.postgres, s.redis);
         let _ = writeln!(
             md,
@@ -282,10 +321,17 @@ impl Report {
             "- **cost to writers**: {} writers commit business transactions as fast as they can for {} s, with no relay, then with one relay running",
             s.writers, s.writer_secs
         );
-        let _ = writeln!(md, "- **memory**: peak RSS (`VmHWM`) of the single relay process during the drain\n");
+        let _ = writeln!(
+            md,
+            "- **memory**: peak RSS (`VmHWM`) of the single relay process during the drain\n"
+        );
         for pair in &self.pairs {
             let _ = writeln!(md, "## {} → {}\n", pair.store, pair.sink);
-            let _ = writeln!(md, "![throughput]({})\n", format_args!("bench/{}-{}.svg", pair.store, pair.sink));
+            let _ = writeln!(
+                md,
+                "![throughput]({})\n",
+                format_args!("bench/{}-{}.svg", pair.store, pair.sink)
+            );
             md.push_str(&self.table(pair));
             md.push('\n');
             md.push_str(&self.targets(pair));
@@ -349,7 +395,11 @@ fn svg(pair: &PairResult) -> String {
             "#95a5a6"
         };
         let _ = writeln!(s, r#"<text x="20" y="{}">{}</text>"#, y + 18.0, f.name);
-        let _ = writeln!(s, r#"<rect x="{left}" y="{}" width="{w:.1}" height="22" fill="{color}"/>"#, y + 4.0);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{left}" y="{}" width="{w:.1}" height="22" fill="{color}"/>"#,
+            y + 4.0
+        );
         let (x0, x1) = (left + width * f.min() / top, left + width * f.max() / top);
         let _ = writeln!(
             s,
@@ -358,7 +408,13 @@ fn svg(pair: &PairResult) -> String {
             a = y + 10.0,
             b = y + 20.0
         );
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{}</text>"#, left + w.max(x1 - left) + 8.0, y + 19.0, fmt(f.median()));
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}">{}</text>"#,
+            left + w.max(x1 - left) + 8.0,
+            y + 19.0,
+            fmt(f.median())
+        );
     }
     let _ = writeln!(s, "</svg>");
     s
