@@ -1,0 +1,146 @@
+//! docs/CONFIGURATION.md cannot drift from the configuration types: every key of every section
+//! compiled in has a row with its environment variable, and the defaults of the typed sections
+//! match.
+
+use std::collections::BTreeMap;
+
+use outbox_relay::settings::{LogSettings, ServerSettings, StoreSettings};
+
+fn doc() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONFIGURATION.md");
+    std::fs::read_to_string(path).expect("reading docs/CONFIGURATION.md")
+}
+
+/// Rows of the doc's tables: key → (default cell, environment variable cell).
+fn rows() -> BTreeMap<String, (String, String)> {
+    let mut out = BTreeMap::new();
+    for line in doc().lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 6 || !cells[1].starts_with('`') {
+            continue;
+        }
+        let key = cells[1].trim_matches('`').to_owned();
+        out.insert(
+            key,
+            (
+                cells[3].trim_matches('`').to_owned(),
+                cells[4].trim_matches('`').to_owned(),
+            ),
+        );
+    }
+    out
+}
+
+/// The keys a `deny_unknown_fields` type accepts, read from the error it gives for a key it
+/// does not know.
+fn keys_of<T: serde::de::DeserializeOwned>() -> Vec<String> {
+    let probe = serde_json::json!({ "__not_a_key__": 0 });
+    let error = match serde_json::from_value::<T>(probe) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("the type accepted an unknown key: it must deny unknown fields"),
+    };
+    let expected = error
+        .split("expected one of ")
+        .nth(1)
+        .or_else(|| error.split("expected ").nth(1))
+        .unwrap_or_else(|| panic!("unexpected error shape: {error}"));
+    expected
+        .split(", ")
+        .flat_map(|part| part.split(" or "))
+        .map(|k| k.trim().trim_matches('`').to_owned())
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+fn env_name(key: &str) -> String {
+    format!("OUTBOX_{}", key.replace('.', "__").to_uppercase())
+}
+
+fn check_section(section: &str, keys: &[String], rows: &BTreeMap<String, (String, String)>) {
+    assert!(!keys.is_empty(), "no keys found for [{section}]");
+    for key in keys {
+        let full = format!("{section}.{key}");
+        let (_, env) = rows
+            .get(&full)
+            .unwrap_or_else(|| panic!("docs/CONFIGURATION.md has no row for `{full}`"));
+        assert_eq!(env, &env_name(&full), "environment variable of `{full}`");
+    }
+    // No row for a key that does not exist.
+    for documented in rows.keys().filter(|k| {
+        k.strip_prefix(section)
+            .and_then(|r| r.strip_prefix('.'))
+            .is_some_and(|r| !r.contains('.'))
+    }) {
+        let key = &documented[section.len() + 1..];
+        assert!(
+            keys.iter().any(|k| k == key),
+            "docs/CONFIGURATION.md documents `{documented}`, which [{section}] does not have"
+        );
+    }
+}
+
+/// Defaults of a serializable section must be what the doc says.
+fn check_defaults(
+    section: &str,
+    defaults: serde_json::Value,
+    rows: &BTreeMap<String, (String, String)>,
+) {
+    for (key, value) in defaults.as_object().expect("a table") {
+        let full = format!("{section}.{key}");
+        let (doc_default, _) = &rows[&full];
+        let expected = match value {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => continue,
+            other => other.to_string(),
+        };
+        assert!(
+            doc_default == &expected || doc_default.starts_with(&format!("{expected} ")),
+            "default of `{full}`: the doc says `{doc_default}`, the code `{expected}`"
+        );
+    }
+}
+
+#[test]
+fn every_key_is_documented_with_its_variable_and_default() {
+    let rows = rows();
+    check_section("store", &keys_of::<StoreSettings>(), &rows);
+    check_section("relay", &keys_of::<outbox_core::RelayConfig>(), &rows);
+    check_section("server", &keys_of::<ServerSettings>(), &rows);
+    check_section("log", &keys_of::<LogSettings>(), &rows);
+    check_section(
+        "sink",
+        &["kind".to_owned(), "destination".to_owned()],
+        &rows,
+    );
+
+    check_defaults(
+        "relay",
+        serde_json::to_value(outbox_core::RelayConfig::default()).unwrap(),
+        &rows,
+    );
+    check_defaults(
+        "server",
+        serde_json::to_value(ServerSettings::default()).unwrap(),
+        &rows,
+    );
+    check_defaults(
+        "log",
+        serde_json::to_value(LogSettings::default()).unwrap(),
+        &rows,
+    );
+    let store: StoreSettings =
+        serde_json::from_value(serde_json::json!({ "kind": "postgres", "url": "postgres://x" }))
+            .unwrap();
+    let mut store = serde_json::to_value(store).unwrap();
+    for required in ["kind", "url"] {
+        store.as_object_mut().unwrap().remove(required);
+    }
+    check_defaults("store", store, &rows);
+
+    #[cfg(feature = "sink-redis-streams")]
+    check_section(
+        "sink.redis_streams",
+        &keys_of::<outbox_sink_redis_streams::RedisStreamsConfig>(),
+        &rows,
+    );
+}
