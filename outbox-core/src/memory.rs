@@ -11,7 +11,10 @@ use async_trait::async_trait;
 use chrono::Utc;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{BacklogStatus, NewEvent, OutboxEvent, Outcome, ShardOwner};
+use crate::model::{
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent, Outcome,
+    ShardOwner,
+};
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
 
@@ -218,6 +221,94 @@ impl Store for MemoryStore {
             .into_iter()
             .map(|(shard, owner)| ShardOwner { shard, owner })
             .collect())
+    }
+
+    async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
+        let st = self.lock();
+        Ok(st
+            .rows
+            .values()
+            .filter(|r| r.dead && !r.published)
+            .filter(|r| filter.aggregate_type.as_ref().is_none_or(|t| *t == r.event.aggregate_type))
+            .filter(|r| filter.aggregate_id.as_ref().is_none_or(|a| *a == r.event.aggregate_id))
+            .take(filter.limit.max(1) as usize)
+            .map(|r| DeadEvent {
+                id: r.event.id,
+                event_id: r.event.event_id,
+                aggregate_type: r.event.aggregate_type.clone(),
+                aggregate_id: r.event.aggregate_id.clone(),
+                event_type: r.event.event_type.clone(),
+                attempts: r.event.attempts,
+                last_error: r.last_error.clone(),
+                created_at: r.event.created_at,
+                dead_at: r.event.created_at,
+            })
+            .collect())
+    }
+
+    async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
+        let mut st = self.lock();
+        let mut n = 0;
+        for row in st.rows.values_mut().filter(|r| r.dead && !r.published) {
+            let chosen = match selection {
+                DeadSelection::Ids(ids) => ids.contains(&row.event.id),
+                DeadSelection::All { aggregate_id } => aggregate_id
+                    .as_ref()
+                    .is_none_or(|a| *a == row.event.aggregate_id),
+            };
+            if chosen {
+                row.dead = false;
+                row.event.attempts = 0;
+                row.next_attempt_at = None;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
+        let mut st = self.lock();
+        let before = st.rows.len();
+        st.rows
+            .retain(|id, r| !(ids.contains(id) && r.dead && !r.published));
+        Ok((before - st.rows.len()) as u64)
+    }
+
+    async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
+        let st = self.lock();
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for row in st.rows.values() {
+            if row.published || row.dead || row.event.attempts == 0 {
+                continue;
+            }
+            if !seen.insert(row.event.aggregate_id.clone()) {
+                continue;
+            }
+            let waiting = st
+                .rows
+                .values()
+                .filter(|w| {
+                    w.event.aggregate_id == row.event.aggregate_id
+                        && w.event.id > row.event.id
+                        && !w.published
+                        && !w.dead
+                })
+                .count();
+            out.push(HeldBack {
+                aggregate_type: row.event.aggregate_type.clone(),
+                aggregate_id: row.event.aggregate_id.clone(),
+                id: row.event.id,
+                attempts: row.event.attempts,
+                next_attempt_at: None,
+                last_error: row.last_error.clone(),
+                waiting_behind: waiting as i64,
+            });
+            if out.len() >= limit.max(1) as usize {
+                break;
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -8,7 +8,6 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::error::{Error, ErrorKind};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent,
     ShardOwner,
@@ -86,37 +85,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>>;
 
     /// Dead rows, oldest first.
-    async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let _ = filter;
-        Err(unsupported(self.kind(), "dead list"))
-    }
+    async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>>;
 
     /// Send dead rows back to pending: `dead_at`, `attempts` and `next_attempt_at` reset, the
     /// row keeps its `id` and so its place in its aggregate's order. Returns how many.
-    async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
-        let _ = selection;
-        Err(unsupported(self.kind(), "dead retry"))
-    }
+    async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64>;
 
     /// Delete dead rows for good. Returns how many (rows that are not dead are left alone).
-    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
-        let _ = ids;
-        Err(unsupported(self.kind(), "dead discard"))
-    }
+    async fn dead_discard(&self, ids: &[i64]) -> Result<u64>;
 
     /// Aggregates held back by a retrying event, the longest-waiting first.
-    async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
-        let _ = limit;
-        Err(unsupported(self.kind(), "held-back aggregates"))
-    }
-}
-
-fn unsupported(kind: &str, what: &str) -> Error {
-    Error::new(
-        ErrorKind::Other,
-        format!("the {kind} store does not support {what}"),
-    )
-    .permanent()
+    async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>>;
 }
 
 /// A relay's dedicated database session: shard locks, claims and marks.

@@ -278,8 +278,10 @@ async fn wait_for_signal() {
 
 fn init_logging(format: LogFormat, level: &str) {
     use tracing_subscriber::EnvFilter;
+    // lapin logs every returned message at WARN with its payload and headers: keep event
+    // contents out of the relay's logs unless RUST_LOG asks for them.
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
+        .or_else(|_| EnvFilter::try_new(format!("{level},lapin=error")))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -234,3 +234,33 @@ fn locate(e: Error, figment: &Figment, file: Option<&Path>) -> Error {
     }
     Error::config(crate::settings::locate(&e.full_message(), figment, file))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shipped_kind_that_is_not_registered_names_its_feature() {
+        let registry = Registry::empty();
+        let e = Registry::unknown_kind("sink.kind", "kafka", registry.sink_kinds(), SHIPPED_SINKS);
+        assert!(e.message().contains("--features sink-kafka"), "{e}");
+        let e = Registry::unknown_kind(
+            "store.kind",
+            "mysql",
+            registry.store_kinds(),
+            SHIPPED_STORES,
+        );
+        assert!(e.message().contains("--features store-mysql"), "{e}");
+        let e = Registry::unknown_kind(
+            "sink.kind",
+            "carrier-pigeon",
+            vec!["redis-streams"],
+            SHIPPED_SINKS,
+        );
+        assert!(
+            e.message()
+                .contains("is not a known kind (known: redis-streams)"),
+            "{e}"
+        );
+    }
+}

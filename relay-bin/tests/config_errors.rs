@@ -291,27 +291,38 @@ fn unknown_sink_kind_lists_known_kinds() {
         &[],
         &[
             "sink.kind = \"carrier-pigeon\" is not a known kind",
-            "(known: redis-streams)",
+            "(known: ",
+            "redis-streams",
         ],
     );
 }
 
+/// Only meaningful in a binary built without some shipped adapters (e.g.
+/// `--no-default-features --features store-postgres,sink-redis-streams`); the registry's own
+/// unit tests cover the message whatever the features.
 #[test]
+#[cfg(not(all(feature = "sink-kafka", feature = "store-mysql")))]
 fn shipped_kind_not_compiled_in_names_the_feature() {
-    let config = TempConfig::new(&valid().replace("redis-streams", "kafka"));
-    config_error(
-        &config,
-        "run",
-        &[],
-        &["sink.kind = \"kafka\"", "--features sink-kafka"],
-    );
-    let config = TempConfig::new(&valid().replace("kind = \"postgres\"", "kind = \"mysql\""));
-    config_error(
-        &config,
-        "status",
-        &[],
-        &["store.kind = \"mysql\"", "--features store-mysql"],
-    );
+    #[cfg(not(feature = "sink-kafka"))]
+    {
+        let config = TempConfig::new(&valid().replace("redis-streams", "kafka"));
+        config_error(
+            &config,
+            "run",
+            &[],
+            &["sink.kind = \"kafka\"", "--features sink-kafka"],
+        );
+    }
+    #[cfg(not(feature = "store-mysql"))]
+    {
+        let config = TempConfig::new(&valid().replace("kind = \"postgres\"", "kind = \"mysql\""));
+        config_error(
+            &config,
+            "status",
+            &[],
+            &["store.kind = \"mysql\"", "--features store-mysql"],
+        );
+    }
 }
 
 #[test]
@@ -516,6 +527,12 @@ fn version_names_the_adapters_compiled_in() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let version = out.stdout.trim();
     assert!(version.starts_with("outbox-relay "), "{version}");
-    assert!(version.contains("stores: postgres"), "{version}");
-    assert!(version.contains("sinks: redis-streams"), "{version}");
+    assert!(
+        version.contains("stores: ") && version.contains("postgres"),
+        "{version}"
+    );
+    assert!(
+        version.contains("sinks: ") && version.contains("redis-streams"),
+        "{version}"
+    );
 }

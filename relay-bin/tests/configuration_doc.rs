@@ -137,6 +137,21 @@ fn every_key_is_documented_with_its_variable_and_default() {
     }
     check_defaults("store", store, &rows);
 
+    #[cfg(feature = "sink-rabbitmq")]
+    {
+        check_section(
+            "sink.rabbitmq",
+            &keys_of::<outbox_sink_rabbitmq::RabbitMqConfig>(),
+            &rows,
+        );
+        check_section(
+            "sink.rabbitmq.tls",
+            &keys_of::<outbox_sink_rabbitmq::TlsConfig>(),
+            &rows,
+        );
+    }
+    #[cfg(feature = "sink-sqs")]
+    check_section("sink.sqs", &keys_of::<outbox_sink_sqs::SqsConfig>(), &rows);
     #[cfg(feature = "sink-redis-streams")]
     check_section(
         "sink.redis_streams",

@@ -29,7 +29,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// The `outbox-relay` binary built by `cargo build -p outbox-relay`.
 pub fn relay_binary() -> PathBuf {
-    if let Ok(path) = std::env::var("OUTBOX_RELAY_BIN") {
+    if let Ok(path) = std::env::var("OUTBOX_TEST_RELAY_BIN") {
         return PathBuf::from(path);
     }
     let target = std::env::var("CARGO_TARGET_DIR")
@@ -39,7 +39,7 @@ pub fn relay_binary() -> PathBuf {
     assert!(
         path.exists(),
         "{} does not exist: build it first with `cargo build -p outbox-relay` (scripts/test.sh does), \
-         or point OUTBOX_RELAY_BIN at it",
+         or point OUTBOX_TEST_RELAY_BIN at it",
         path.display()
     );
     path
@@ -393,3 +393,284 @@ pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .reduce(|a, b| a + b)
 }
+
+/// MySQL / MariaDB for tests: `OUTBOX_TEST_MYSQL_URL`, default the machine's local MariaDB.
+pub fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A configuration file for MySQL / MariaDB (at `url`) → Redis Streams.
+pub fn mysql_redis_config(
+    url: &str,
+    table: &str,
+    stream_template: &str,
+    listen: &str,
+    extra_relay: &str,
+) -> String {
+    format!(
+        r#"
+[store]
+kind = "mysql"
+url = "{url}"
+table = "{table}"
+shards = 32
+
+[relay]
+batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s"
+{extra_relay}
+
+[sink]
+kind = "redis-streams"
+destination = "{stream_template}"
+
+[sink.redis_streams]
+url = "{redis}"
+
+[server]
+listen = "{listen}"
+"#,
+        redis = redis_url(),
+    )
+}
+
+/// Connect to MySQL / MariaDB at `url` or fail the test with a message that says what to start.
+pub async fn mysql_pool(url: &str) -> sqlx::MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(12)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("MySQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
+        })
+}
+
+/// RabbitMQ for tests: `OUTBOX_TEST_RABBITMQ_URL`, default the machine's local broker.
+pub fn rabbitmq_url() -> String {
+    std::env::var("OUTBOX_TEST_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// A configuration file for PostgreSQL → RabbitMQ: events go to `exchange` (declared by the
+/// relay, topic, durable) with the default routing key `{aggregate_type}.{event_type}`.
+pub fn postgres_rabbitmq_config(
+    table: &str,
+    exchange: &str,
+    listen: &str,
+    extra_relay: &str,
+) -> String {
+    format!(
+        r#"
+[store]
+kind = "postgres"
+url = "{pg}"
+table = "{table}"
+shards = 32
+
+[relay]
+batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s"
+{extra_relay}
+
+[sink]
+kind = "rabbitmq"
+
+[sink.rabbitmq]
+url = "{amqp}"
+exchange = "{exchange}"
+declare_exchange = true
+exchange_type = "topic"
+connect_timeout = "5s"
+confirm_timeout = "15s"
+
+[server]
+listen = "{listen}"
+"#,
+        pg = postgres_url(),
+        amqp = rabbitmq_url(),
+    )
+}
+
+/// A connection and channel to RabbitMQ, or fail the test with a message that says what to
+/// start.
+pub async fn rabbitmq_channel() -> (lapin::Connection, lapin::Channel) {
+    let url = rabbitmq_url();
+    let connect = lapin::Connection::connect(&url, lapin::ConnectionProperties::default());
+    let connection = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(e)) => panic!("RabbitMQ is unreachable ({e}): start it (scripts/services.sh)"),
+        Err(_) => panic!("RabbitMQ did not answer within 10s: start it (scripts/services.sh)"),
+    };
+    let channel = connection
+        .create_channel()
+        .await
+        .expect("opening a RabbitMQ channel");
+    (connection, channel)
+}
+
+/// Declare `exchange` (topic, durable, as the relay configuration above does) and a durable
+/// queue bound to it for `binding_key`; the queue expires an hour after its last use.
+pub async fn rabbitmq_bound_queue(
+    channel: &lapin::Channel,
+    exchange: &str,
+    queue: &str,
+    binding_key: &str,
+) {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    channel
+        .exchange_declare(
+            exchange.into(),
+            lapin::ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declaring exchange {exchange}: {e}"));
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            binding_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("binding queue {queue} to {exchange} ({binding_key}): {e}"));
+}
+
+/// Consume everything `queue` holds now, in queue order, as an independent consumer
+/// (`basic.consume`, no ack: the messages leave the queue). Each message becomes a
+/// [`StreamMessage`] (`stream` = the queue, `event_id` = `message_id`, `fields` = the AMQP
+/// headers plus `routing_key`), so [`check_delivery`] applies.
+pub async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<StreamMessage> {
+    use lapin::options::{BasicCancelOptions, BasicConsumeOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    let expected = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("queue {queue}: {e}"))
+        .message_count() as usize;
+    let tag = unique("reader");
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("consuming {queue}: {e}"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
+        let tx = tx.clone();
+        async move {
+            if let Ok(Some(delivery)) = delivery {
+                let _ = tx.send(delivery);
+            }
+        }
+    });
+    // lapin runs the delegate as one task per delivery, so deliveries reach the channel in
+    // any order: collect them all, then restore the queue order by delivery tag.
+    let mut deliveries = Vec::with_capacity(expected);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while deliveries.len() < expected {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(delivery)) = tokio::time::timeout(left, rx.recv()).await else {
+            panic!(
+                "{queue}: got {} of its {expected} messages within 60s",
+                deliveries.len()
+            );
+        };
+        deliveries.push(delivery);
+    }
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    deliveries.sort_by_key(|d: &lapin::message::Delivery| d.delivery_tag);
+    let mut out = Vec::with_capacity(expected);
+    for delivery in deliveries {
+        let mut fields: HashMap<String, String> = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .map(|table| {
+                table
+                    .inner()
+                    .iter()
+                    .filter_map(|(k, v)| match v {
+                        AMQPValue::LongString(s) => Some((
+                            k.to_string(),
+                            String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                        )),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        fields.insert("routing_key".to_owned(), delivery.routing_key.to_string());
+        out.push(StreamMessage {
+            stream: queue.to_owned(),
+            event_id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                .unwrap_or_default(),
+            aggregate_id: fields.get("aggregate_id").cloned().unwrap_or_default(),
+            payload: String::from_utf8_lossy(&delivery.data).into_owned(),
+            fields,
+        });
+    }
+    out
+}
+
+/// Delete RabbitMQ queues and an exchange (test clean-up; errors ignored).
+pub async fn rabbitmq_delete(channel: &lapin::Channel, queues: &[String], exchange: &str) {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    for queue in queues {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = channel
+        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+        .await;
+}
+

@@ -439,7 +439,8 @@ fn configuration_errors_name_the_key_and_the_file() {
         ),
         (
             "[sink.webhok]\nurl = \"http://h\"\n",
-            "sink.webhok: unknown key (expected one of: kind, destination, webhook)",
+            // The other sinks listed depend on the features the binary was built with.
+            "sink.webhok: unknown key (expected one of: kind, destination, ",
         ),
     ];
     for (section, expected) in cases {
@@ -483,5 +484,5 @@ fn version_lists_the_webhook_sink() {
         text.contains("sinks: ") && text.contains("webhook"),
         "{text}"
     );
-    assert!(text.contains("stores: postgres"), "{text}");
+    assert!(text.contains("stores: ") && text.contains("postgres"), "{text}");
 }

@@ -23,10 +23,16 @@ use uuid::Uuid;
 use crate::cli::Failure;
 use crate::registry::Registry;
 
+#[cfg(feature = "store-mysql")]
+mod mysql;
 #[cfg(feature = "store-postgres")]
 mod postgres;
+#[cfg(feature = "sink-rabbitmq")]
+mod rabbitmq;
 #[cfg(feature = "sink-redis-streams")]
 mod redis_streams;
+#[cfg(feature = "sink-sqs")]
+mod sqs;
 
 /// Flags of `outbox-relay demo`.
 #[derive(Debug, Clone, Args)]
@@ -127,6 +133,8 @@ async fn open_database(
     registry: &Registry,
 ) -> Result<Arc<dyn DemoDatabase>, Failure> {
     match args.store.as_str() {
+        #[cfg(feature = "store-mysql")]
+        "mysql" => mysql::open(args).await,
         #[cfg(feature = "store-postgres")]
         "postgres" => postgres::open(args).await,
         other => Err(Failure::config(format!(
@@ -138,8 +146,12 @@ async fn open_database(
 
 async fn open_broker(args: &DemoArgs, registry: &Registry) -> Result<Arc<dyn DemoBroker>, Failure> {
     match args.sink.as_str() {
+        #[cfg(feature = "sink-rabbitmq")]
+        "rabbitmq" => rabbitmq::open(args).await,
         #[cfg(feature = "sink-redis-streams")]
         "redis-streams" => redis_streams::open(args).await,
+        #[cfg(feature = "sink-sqs")]
+        "sqs" => sqs::open(args).await,
         other => Err(Failure::config(format!(
             "demo --sink {other}: not available (sinks compiled in: {})",
             registry.sink_kinds().join(", ")

@@ -1,0 +1,446 @@
+//! sqlx errors → relay errors: the kind and retryability are decided here, once.
+//!
+//! Server errors are classified by their MySQL / MariaDB error number, then (for numbers not in
+//! the table) by SQLSTATE class.
+//!
+//! | sqlx error | kind | retryable |
+//! |---|---|---|
+//! | I/O, TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
+//! | 1053 server shutdown, 1152/1184 aborted connection, 1159/1161 network read/write interrupted, 1927 connection killed (MariaDB), 4031 disconnected for inactivity (MySQL), SQLSTATE `08xxx` | `Connection` | yes |
+//! | 1045 access denied, 1044 no access to the database, 1130 host not allowed, 1251 auth plugin not supported, 1820 password expired, SQLSTATE `28xxx` | `Unauthorized` | no |
+//! | 1142 / 1143 / 1227 missing privilege | `Unauthorized` | no |
+//! | 1049 unknown database | `Config` | no |
+//! | 3159 secure transport required | `Config` | no |
+//! | 1146 unknown table, 1054 unknown column, SQLSTATE `42S02` | `Schema` | no |
+//! | 1040 / 1203 / 1226 too many connections, 1041 / 1037 / 1038 out of memory, 1021 disk full, 1114 table full, 1461 too many prepared statements, 1637 too many transactions, 1129 host blocked, 1290 / 1792 read-only server (failover) | `Unavailable` | yes |
+//! | 1205 lock wait timeout, 1317 query interrupted, 1969 max_statement_time (MariaDB), 3024 max_execution_time (MySQL) | `Timeout` | yes |
+//! | 1213 deadlock, 1615 statement needs re-preparing (table changed) | `Other` | yes |
+//! | 1153 packet larger than max_allowed_packet | `MessageTooLarge` | no |
+//! | 1406 data too long, 3140 invalid JSON, 3819 / 4025 CHECK constraint violated, SQLSTATE `22xxx` | `InvalidMessage` | no |
+//! | sqlx configuration error | `Config` | no |
+//! | anything else (1062 duplicate key, 1064 syntax...) | `Other` | no |
+
+use std::io;
+
+use outbox_core::{Error, ErrorKind};
+use sqlx::mysql::MySqlDatabaseError;
+
+/// What error messages name: where the database is and which table was used.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Target {
+    /// `host:port` (or socket path).
+    pub endpoint: Option<String>,
+    pub database: Option<String>,
+    pub user: Option<String>,
+    /// The outbox table as configured or resolved (`shop.outbox`).
+    pub table: String,
+}
+
+impl Target {
+    fn at(&self) -> String {
+        match &self.endpoint {
+            Some(endpoint) => format!("MySQL at {endpoint}"),
+            None => "MySQL".to_owned(),
+        }
+    }
+}
+
+/// The kind and retryability of a server error by its error number (when known) and SQLSTATE.
+pub(crate) fn kind_of_server_error(number: Option<u16>, sqlstate: &str) -> (ErrorKind, bool) {
+    if let Some(number) = number {
+        let by_number = match number {
+            1053 | 1152 | 1184 | 1159 | 1161 | 1927 | 4031 => Some((ErrorKind::Connection, true)),
+            1045 | 1044 | 1130 | 1251 | 1820 => Some((ErrorKind::Unauthorized, false)),
+            1142 | 1143 | 1227 => Some((ErrorKind::Unauthorized, false)),
+            1049 | 3159 => Some((ErrorKind::Config, false)),
+            1146 | 1054 => Some((ErrorKind::Schema, false)),
+            1040 | 1203 | 1226 | 1041 | 1037 | 1038 | 1021 | 1114 | 1461 | 1637 | 1129 | 1290
+            | 1792 => Some((ErrorKind::Unavailable, true)),
+            1205 | 1317 | 1969 | 3024 => Some((ErrorKind::Timeout, true)),
+            1213 | 1615 => Some((ErrorKind::Other, true)),
+            1153 => Some((ErrorKind::MessageTooLarge, false)),
+            1406 | 3140 | 3819 | 4025 => Some((ErrorKind::InvalidMessage, false)),
+            _ => None,
+        };
+        if let Some(kind) = by_number {
+            return kind;
+        }
+    }
+    let class = sqlstate.get(..2).unwrap_or("");
+    match (class, sqlstate) {
+        ("08", _) => (ErrorKind::Connection, true),
+        ("28", _) => (ErrorKind::Unauthorized, false),
+        (_, "42S02") => (ErrorKind::Schema, false),
+        (_, "40001") => (ErrorKind::Other, true),
+        ("22", _) => (ErrorKind::InvalidMessage, false),
+        _ => (ErrorKind::Other, false),
+    }
+}
+
+fn with_retryability(error: Error, retryable: bool) -> Error {
+    if retryable {
+        error.temporary()
+    } else {
+        error.permanent()
+    }
+}
+
+fn describe_io(error: &io::Error) -> String {
+    let text = match error.kind() {
+        io::ErrorKind::ConnectionRefused => "connection refused",
+        io::ErrorKind::ConnectionReset => "connection reset",
+        io::ErrorKind::ConnectionAborted => "connection aborted",
+        io::ErrorKind::BrokenPipe => "connection closed (broken pipe)",
+        io::ErrorKind::UnexpectedEof => "connection closed by the server",
+        io::ErrorKind::TimedOut => "timed out",
+        io::ErrorKind::NotFound => "not found",
+        io::ErrorKind::PermissionDenied => "permission denied",
+        _ => return error.to_string(),
+    };
+    text.to_owned()
+}
+
+/// Map a sqlx error to the relay's error. Messages name the server or table and say what to do.
+pub(crate) fn classify(error: sqlx::Error, target: &Target) -> Error {
+    let at = target.at();
+    let table = &target.table;
+    match error {
+        sqlx::Error::Io(e) => Error::new(
+            ErrorKind::Connection,
+            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
+        ),
+        sqlx::Error::Tls(e) => Error::new(
+            ErrorKind::Connection,
+            format!("TLS with {at} failed (store.url, ssl-mode): {e}"),
+        ),
+        sqlx::Error::Protocol(e) => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke: {e}"),
+        ),
+        sqlx::Error::WorkerCrashed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke (its background worker stopped)"),
+        ),
+        sqlx::Error::PoolTimedOut => Error::new(
+            ErrorKind::Connection,
+            format!(
+                "no connection to {at} could be had within store.connect_timeout: the server \
+                 is unreachable or every connection of the pool (store.pool_size) is busy"
+            ),
+        ),
+        sqlx::Error::PoolClosed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection pool to {at} was closed"),
+        ),
+        sqlx::Error::Configuration(e) => Error::config(format!("store.url: {e}")),
+        sqlx::Error::Database(e) => {
+            let number = e
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .map(MySqlDatabaseError::number);
+            let sqlstate = e.code().map(|c| c.into_owned()).unwrap_or_default();
+            let message = e.message().to_owned();
+            let code = match number {
+                Some(number) => format!("error {number}, SQLSTATE {sqlstate}"),
+                None => format!("SQLSTATE {sqlstate}"),
+            };
+            let (kind, retryable) = kind_of_server_error(number, &sqlstate);
+            let user = target.user.as_deref().unwrap_or("?");
+            let text = match kind {
+                ErrorKind::Schema => format!(
+                    "table {table} does not exist or is not as expected (not migrated?): run \
+                     `outbox-relay migrate` ({message})"
+                ),
+                ErrorKind::Config if number == Some(1049) => format!(
+                    "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
+                    target.database.as_deref().unwrap_or("?")
+                ),
+                ErrorKind::Config => format!(
+                    "{at} refused the connection (store.url): {message} — set ssl-mode in the URL"
+                ),
+                ErrorKind::Unauthorized if matches!(number, Some(1142 | 1143 | 1227)) => format!(
+                    "user \"{user}\" lacks a privilege on table {table}: {message} — grant it (see \
+                     the store README)"
+                ),
+                ErrorKind::Unauthorized => {
+                    format!("{at} refused user \"{user}\" (store.url): {message}")
+                }
+                ErrorKind::Connection => format!("{at} ended the connection: {message} ({code})"),
+                ErrorKind::Unavailable => {
+                    format!("{at} cannot serve right now: {message} ({code})")
+                }
+                ErrorKind::Timeout => format!(
+                    "a statement on table {table} was interrupted: {message} ({code}; raise \
+                     store.session_timeout if it is the statement time limit)"
+                ),
+                ErrorKind::MessageTooLarge => format!(
+                    "{at} refused a statement on table {table} as too large: {message} (raise the \
+                     server's max_allowed_packet)"
+                ),
+                ErrorKind::InvalidMessage => {
+                    format!("{at} refused a value for table {table}: {message} ({code})")
+                }
+                _ => format!("{at}, table {table}: {message} ({code})"),
+            };
+            with_retryability(Error::new(kind, text), retryable)
+        }
+        other => Error::new(
+            ErrorKind::Other,
+            format!("unexpected answer from {at} about table {table}: {other}"),
+        )
+        .permanent(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::error::Error as StdError;
+    use std::fmt;
+
+    use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
+
+    use super::*;
+
+    fn target() -> Target {
+        Target {
+            endpoint: Some("127.0.0.1:3999".to_owned()),
+            database: Some("shop".to_owned()),
+            user: Some("app".to_owned()),
+            table: "shop.outbox".to_owned(),
+        }
+    }
+
+    /// A database error with a given SQLSTATE (no MySQL error number), as another driver layer
+    /// would give it.
+    #[derive(Debug)]
+    struct FakeDbError(&'static str);
+
+    impl fmt::Display for FakeDbError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "server says {}", self.0)
+        }
+    }
+    impl StdError for FakeDbError {}
+    impl DatabaseError for FakeDbError {
+        fn message(&self) -> &str {
+            "server says no"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn StdError + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> SqlxErrorKind {
+            SqlxErrorKind::Other
+        }
+    }
+
+    fn db(sqlstate: &'static str) -> Error {
+        classify(
+            sqlx::Error::Database(Box::new(FakeDbError(sqlstate))),
+            &target(),
+        )
+    }
+
+    fn number(n: u16) -> (ErrorKind, bool) {
+        kind_of_server_error(Some(n), "HY000")
+    }
+
+    #[test]
+    fn io_errors_are_connection_errors_naming_host_and_port() {
+        let e = classify(
+            sqlx::Error::Io(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "os error 111",
+            )),
+            &target(),
+        );
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.full_message(),
+            "cannot reach MySQL at 127.0.0.1:3999 (store.url): connection refused"
+        );
+        let e = classify(
+            sqlx::Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "eof")),
+            &target(),
+        );
+        assert!(
+            e.message().ends_with("connection closed by the server"),
+            "{e}"
+        );
+        let e = classify(
+            sqlx::Error::Io(io::Error::other("weird failure")),
+            &target(),
+        );
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.message().contains("weird failure"), "{e}");
+    }
+
+    #[test]
+    fn tls_errors_are_connection_errors() {
+        let e = classify(sqlx::Error::Tls("bad certificate".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert!(e.message().contains("bad certificate") && e.message().contains("ssl-mode"));
+    }
+
+    #[test]
+    fn pool_timeout_and_closed_pool_are_connection_errors() {
+        for error in [sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            let e = classify(error, &target());
+            assert_eq!(e.kind(), ErrorKind::Connection);
+            assert!(e.is_retryable());
+            assert!(e.message().contains("127.0.0.1:3999"), "{e}");
+        }
+    }
+
+    #[test]
+    fn protocol_errors_and_crashed_workers_are_connection_errors() {
+        for error in [
+            sqlx::Error::Protocol("unexpected packet".into()),
+            sqlx::Error::WorkerCrashed,
+        ] {
+            assert_eq!(classify(error, &target()).kind(), ErrorKind::Connection);
+        }
+    }
+
+    #[test]
+    fn configuration_errors_are_config_errors() {
+        let e = classify(sqlx::Error::Configuration("bad ssl-mode".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.message().starts_with("store.url"), "{e}");
+    }
+
+    #[test]
+    fn decode_errors_are_permanent_other_errors() {
+        let e = classify(sqlx::Error::ColumnNotFound("shard".into()), &target());
+        assert_eq!(e.kind(), ErrorKind::Other);
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("shop.outbox"), "{e}");
+        assert_eq!(
+            classify(sqlx::Error::RowNotFound, &target()).kind(),
+            ErrorKind::Other
+        );
+    }
+
+    #[test]
+    fn lost_connections_and_server_shutdown_are_connection_errors() {
+        for n in [1053, 1152, 1184, 1159, 1161, 1927, 4031] {
+            assert_eq!(number(n), (ErrorKind::Connection, true), "{n}");
+        }
+        assert_eq!(
+            kind_of_server_error(None, "08S01"),
+            (ErrorKind::Connection, true)
+        );
+        assert_eq!(db("08004").kind(), ErrorKind::Connection);
+        assert!(db("08004").message().contains("127.0.0.1:3999"));
+    }
+
+    #[test]
+    fn refused_logins_are_unauthorized() {
+        for n in [1045, 1044, 1130, 1251, 1820] {
+            assert_eq!(number(n), (ErrorKind::Unauthorized, false), "{n}");
+        }
+        assert_eq!(
+            kind_of_server_error(None, "28000"),
+            (ErrorKind::Unauthorized, false)
+        );
+        let e = db("28000");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("\"app\"") && e.message().contains("store.url"));
+    }
+
+    #[test]
+    fn missing_privileges_are_unauthorized() {
+        for n in [1142, 1143, 1227] {
+            assert_eq!(number(n), (ErrorKind::Unauthorized, false), "{n}");
+        }
+    }
+
+    #[test]
+    fn unknown_database_and_required_tls_are_config_errors() {
+        assert_eq!(number(1049), (ErrorKind::Config, false));
+        assert_eq!(number(3159), (ErrorKind::Config, false));
+    }
+
+    #[test]
+    fn unknown_tables_and_columns_are_schema_errors() {
+        assert_eq!(number(1146), (ErrorKind::Schema, false));
+        assert_eq!(number(1054), (ErrorKind::Schema, false));
+        assert_eq!(
+            kind_of_server_error(None, "42S02"),
+            (ErrorKind::Schema, false)
+        );
+        let e = db("42S02");
+        assert_eq!(e.kind(), ErrorKind::Schema);
+        assert!(
+            e.message().starts_with("table shop.outbox does not exist")
+                && e.message().contains("outbox-relay migrate"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn resource_shortages_and_read_only_servers_are_unavailable() {
+        for n in [
+            1040, 1203, 1226, 1041, 1037, 1038, 1021, 1114, 1461, 1637, 1129, 1290, 1792,
+        ] {
+            assert_eq!(number(n), (ErrorKind::Unavailable, true), "{n}");
+        }
+    }
+
+    #[test]
+    fn lock_waits_and_statement_limits_are_timeouts() {
+        for n in [1205, 1317, 1969, 3024] {
+            assert_eq!(number(n), (ErrorKind::Timeout, true), "{n}");
+        }
+    }
+
+    #[test]
+    fn deadlocks_and_stale_statements_are_retryable() {
+        assert_eq!(number(1213), (ErrorKind::Other, true));
+        assert_eq!(number(1615), (ErrorKind::Other, true));
+        assert_eq!(
+            kind_of_server_error(None, "40001"),
+            (ErrorKind::Other, true)
+        );
+        assert!(db("40001").is_retryable());
+    }
+
+    #[test]
+    fn oversized_packets_are_too_large() {
+        assert_eq!(number(1153), (ErrorKind::MessageTooLarge, false));
+    }
+
+    #[test]
+    fn refused_values_are_invalid_messages() {
+        for n in [1406, 3140, 3819, 4025] {
+            assert_eq!(number(n), (ErrorKind::InvalidMessage, false), "{n}");
+        }
+        assert_eq!(
+            kind_of_server_error(None, "22001"),
+            (ErrorKind::InvalidMessage, false)
+        );
+        assert_eq!(db("22032").kind(), ErrorKind::InvalidMessage);
+    }
+
+    #[test]
+    fn other_errors_are_permanent_other_errors() {
+        for n in [1062, 1064, 1105] {
+            assert_eq!(kind_of_server_error(Some(n), "23000").0, ErrorKind::Other);
+            assert!(!kind_of_server_error(Some(n), "42000").1, "{n}");
+        }
+        assert_eq!(kind_of_server_error(None, ""), (ErrorKind::Other, false));
+        let e = db("23000");
+        assert!(!e.is_retryable());
+        assert!(e.message().contains("SQLSTATE 23000") && e.message().contains("shop.outbox"));
+    }
+}

@@ -1,0 +1,402 @@
+//! `[store]` settings of the MySQL / MariaDB store, and the outbox table name.
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// Settings of the MySQL / MariaDB store (`[store]` with `kind = "mysql"`).
+///
+/// Durations are human strings (`"5s"`). The `Debug` output hides the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MySqlStoreConfig {
+    /// `mysql://user:password@host:port/database?ssl-mode=...` (`mariadb://` is accepted too).
+    pub url: String,
+    /// Outbox table, optionally qualified by its database (`app.outbox`); an unqualified name
+    /// lives in the URL's database. Lowercase letters, digits, `_`.
+    #[serde(default = "default_table")]
+    pub table: String,
+    /// Number of shards, used only when `migrate` creates the table (then read from the database).
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    /// Connections of the pool used for migrations, inserts, purge and status (sessions that
+    /// hold shard locks have a dedicated connection each).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u32,
+    /// Longest wait for a connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest a single call on a shard session may take. Past it the session is given up (the
+    /// server releases its locks) and the relay opens a new one. Also set as the session's
+    /// statement time limit (`max_statement_time` on MariaDB, `max_execution_time` on MySQL) and
+    /// lock wait timeouts.
+    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    pub session_timeout: Duration,
+}
+
+fn default_table() -> String {
+    "outbox".to_owned()
+}
+fn default_shards() -> u32 {
+    64
+}
+fn default_pool_size() -> u32 {
+    4
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_session_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Most shards a table may have: a relay holding every shard holds one named lock per shard,
+/// and `cluster()` asks the server about every shard in one statement.
+pub const MAX_SHARDS: u32 = 1024;
+
+impl MySqlStoreConfig {
+    /// A configuration with every default and this URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            table: default_table(),
+            shards: default_shards(),
+            pool_size: default_pool_size(),
+            connect_timeout: default_connect_timeout(),
+            session_timeout: default_session_timeout(),
+        }
+    }
+
+    /// Use this table (optionally `database.table`).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Create the table with this many shards.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The URL with its password replaced by `***`, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// Check what serde cannot; each error names its key under `store.`.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.url.starts_with("mysql://") || self.url.starts_with("mariadb://")) {
+            return Err(Error::config(format!(
+                "store.url: expected mysql://user:password@host:port/database, got \"{}\"",
+                self.redacted_url()
+            )));
+        }
+        TableName::parse(&self.table).map_err(|e| e.context("store.table"))?;
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(Error::config(format!(
+                "store.shards: must be between 1 and {MAX_SHARDS}, got {}",
+                self.shards
+            )));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::config("store.pool_size: must be at least 1"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::config("store.connect_timeout: must be above 0"));
+        }
+        if self.session_timeout < Duration::from_millis(100) {
+            return Err(Error::config(
+                "store.session_timeout: must be at least 100ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for MySqlStoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStoreConfig")
+            .field("url", &self.redacted_url())
+            .field("table", &self.table)
+            .field("shards", &self.shards)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("session_timeout", &self.session_timeout)
+            .finish()
+    }
+}
+
+/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`.
+pub(crate) fn redact_url(raw: &str) -> String {
+    let Ok(mut url) = url::Url::parse(raw) else {
+        return "<unparsable URL>".to_owned();
+    };
+    if url.password().is_some() {
+        // Cannot fail: the URL has a host since it has a password.
+        let _ = url.set_password(Some("***"));
+    }
+    if url.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+/// Longest table name: the names of its CHECK constraints (unique per database in MySQL) add a
+/// suffix of up to 16 bytes to it, and MySQL identifiers are at most 64 bytes.
+const MAX_TABLE_NAME_LEN: usize = 48;
+const MAX_IDENT_LEN: usize = 64;
+
+/// The bookkeeping table of migrations, in the outbox table's database.
+pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
+/// Which relay holds which membership slot (so `status` can name shard owners).
+pub(crate) const MEMBERS_TABLE: &str = "outbox_relay_members";
+
+/// A validated outbox table name, `table` or `database.table`.
+///
+/// Names are limited to lowercase ASCII letters, digits and `_` (starting with a letter or `_`),
+/// so that the name used by the relay is the one writers get with plain unquoted SQL, whatever
+/// the server's `lower_case_table_names`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    database: Option<String>,
+    name: String,
+}
+
+impl TableName {
+    /// Parse `table` or `database.table`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let (database, name) = match text.split_once('.') {
+            Some((database, name)) => (Some(database), name),
+            None => (None, text),
+        };
+        if let Some(database) = database {
+            check_identifier(text, database, MAX_IDENT_LEN)?;
+        }
+        check_identifier(text, name, MAX_TABLE_NAME_LEN)?;
+        if name == SCHEMA_TABLE || name == MEMBERS_TABLE {
+            return Err(Error::config(format!(
+                "\"{text}\": {name} is one of the relay's own bookkeeping tables, choose another name"
+            )));
+        }
+        Ok(Self {
+            database: database.map(str::to_owned),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The database, when qualified.
+    pub fn database(&self) -> Option<&str> {
+        self.database.as_deref()
+    }
+
+    /// The table name without database.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The same table in `database` (when it had none). The database name comes from the URL
+    /// and may hold any character: it is always quoted.
+    pub(crate) fn in_database(mut self, database: &str) -> Self {
+        if self.database.is_none() {
+            self.database = Some(database.to_owned());
+        }
+        self
+    }
+
+    /// `` `database`.`table` `` or `` `table` ``, for SQL.
+    pub fn quoted(&self) -> String {
+        self.quoted_sibling(&self.name)
+    }
+
+    /// Another table of the same database, quoted.
+    pub(crate) fn quoted_sibling(&self, name: &str) -> String {
+        match &self.database {
+            Some(database) => format!("{}.{}", quote_ident(database), quote_ident(name)),
+            None => quote_ident(name),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.database {
+            Some(database) => write!(f, "{database}.{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// A MySQL identifier in backquotes, with backquotes doubled.
+pub(crate) fn quote_ident(ident: &str) -> String {
+    format!("`{}`", ident.replace('`', "``"))
+}
+
+fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
+    let mut chars = ident.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid_start || !valid_rest {
+        return Err(Error::config(format!(
+            "\"{whole}\" is not a valid table name: use `table` or `database.table` made of \
+             lowercase letters, digits and _ (not starting with a digit)"
+        )));
+    }
+    if ident.len() > max_len {
+        return Err(Error::config(format!(
+            "\"{whole}\": \"{ident}\" is longer than {max_len} bytes"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::ErrorKind;
+
+    #[test]
+    fn defaults_apply_and_unknown_keys_are_refused() {
+        let c: MySqlStoreConfig =
+            serde_json::from_str(r#"{"url": "mysql://u:secret@db:3306/app"}"#).unwrap();
+        assert_eq!(c, MySqlStoreConfig::new("mysql://u:secret@db:3306/app"));
+        assert_eq!(c.table, "outbox");
+        assert_eq!(c.shards, 64);
+        assert_eq!(c.pool_size, 4);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.session_timeout, Duration::from_secs(30));
+        c.validate().unwrap();
+
+        let c: MySqlStoreConfig = serde_json::from_str(
+            r#"{"url": "mariadb://db/app", "table": "app.events", "connect_timeout": "250ms",
+                "session_timeout": "1m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.session_timeout, Duration::from_secs(60));
+        c.validate().unwrap();
+
+        let e =
+            serde_json::from_str::<MySqlStoreConfig>(r#"{"url": "mysql://db/app", "tabel": "x"}"#)
+                .unwrap_err();
+        assert!(e.to_string().contains("tabel"), "{e}");
+        let e = serde_json::from_str::<MySqlStoreConfig>(r#"{"table": "x"}"#).unwrap_err();
+        assert!(e.to_string().contains("url"), "{e}");
+    }
+
+    #[test]
+    fn debug_and_redacted_url_hide_the_password() {
+        let c = MySqlStoreConfig::new("mysql://app:s3cr3t@db.internal:3307/app?ssl-mode=required");
+        assert_eq!(
+            c.redacted_url(),
+            "mysql://app:***@db.internal:3307/app?ssl-mode=required"
+        );
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("s3cr3t") && debug.contains("***"),
+            "{debug}"
+        );
+        let c = MySqlStoreConfig::new("mysql://db/app?user=app&password=s3cr3t");
+        assert!(!c.redacted_url().contains("s3cr3t"), "{}", c.redacted_url());
+        assert_eq!(
+            MySqlStoreConfig::new("mysql://db/app").redacted_url(),
+            "mysql://db/app"
+        );
+        assert!(!redact_url("my sql://a:s3cr3t@").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let base = || MySqlStoreConfig::new("mysql://db/app");
+        let bad = [
+            (MySqlStoreConfig::new("postgres://db/app"), "store.url"),
+            (base().table("Outbox"), "store.table"),
+            (base().table("a.b.c"), "store.table"),
+            (base().shards(0), "store.shards"),
+            (base().shards(5000), "store.shards"),
+            (
+                MySqlStoreConfig {
+                    pool_size: 0,
+                    ..base()
+                },
+                "store.pool_size",
+            ),
+            (
+                MySqlStoreConfig {
+                    connect_timeout: Duration::ZERO,
+                    ..base()
+                },
+                "store.connect_timeout",
+            ),
+            (
+                MySqlStoreConfig {
+                    session_timeout: Duration::from_millis(10),
+                    ..base()
+                },
+                "store.session_timeout",
+            ),
+        ];
+        for (config, key) in bad {
+            let e = config.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(e.message().starts_with(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn table_names_are_validated_and_quoted() {
+        let t = TableName::parse("outbox").unwrap();
+        assert_eq!((t.database(), t.name()), (None, "outbox"));
+        assert_eq!(t.quoted(), "`outbox`");
+        let t = t.in_database("shop");
+        assert_eq!(t.quoted(), "`shop`.`outbox`");
+        assert_eq!(t.to_string(), "shop.outbox");
+
+        let t = TableName::parse("app.outbox_2").unwrap();
+        assert_eq!(t.quoted(), "`app`.`outbox_2`");
+        assert_eq!(
+            t.quoted_sibling(SCHEMA_TABLE),
+            "`app`.`outbox_relay_schema`"
+        );
+        assert_eq!(t.clone().in_database("other"), t);
+
+        // A database name from the URL is quoted, whatever it holds.
+        let t = TableName::parse("outbox").unwrap().in_database("we`ird-db");
+        assert_eq!(t.quoted(), "`we``ird-db`.`outbox`");
+
+        for bad in [
+            "",
+            "a.",
+            ".a",
+            "a.b.c",
+            "Outbox",
+            "1outbox",
+            "out box",
+            "out`box",
+            "outbox;drop table x",
+            "outbox_relay_schema",
+            "app.outbox_relay_members",
+            &"x".repeat(49),
+        ] {
+            let e = TableName::parse(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+        }
+        TableName::parse(&"x".repeat(48)).unwrap();
+    }
+}

@@ -1,0 +1,369 @@
+//! Embedded, versioned migrations of the outbox table.
+//!
+//! Each table's version and shard count live in `outbox_relay_schema` (same database as the
+//! table). MySQL DDL is not transactional, so a migration runs on a dedicated connection under
+//! the server-wide named lock `outbox-relay:migrate` (relays starting at the same time migrate
+//! one after the other and all but the first find nothing to do), and each version is a single
+//! `CREATE`/`ALTER` statement whose table comment records the version: a migration interrupted
+//! between its DDL and its bookkeeping row is recognised and completed by the next run.
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::{ConnectOptions, Connection, Executor, Row};
+
+use outbox_core::{Error, ErrorKind, Result};
+
+use crate::classify::{classify, Target};
+use crate::config::{quote_ident, TableName, MEMBERS_TABLE, SCHEMA_TABLE};
+
+/// Schema version this crate creates and expects.
+pub const SCHEMA_VERSION: i32 = 1;
+
+struct Migration {
+    version: i32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "create the outbox table and its indexes",
+    sql: include_str!("../migrations/0001_create_outbox.sql"),
+}];
+
+/// Server-wide named lock held while migrating any outbox table.
+const MIGRATION_LOCK: &str = "outbox-relay:migrate";
+
+/// Longest wait for another relay's migration.
+const MIGRATION_LOCK_WAIT_SECS: i64 = 120;
+
+/// The table comment of a table created by the relay starts with this.
+const COMMENT_MARK: &str = "outbox-relay schema=";
+
+fn render(sql: &str, table: &TableName, shards: i32) -> String {
+    sql.replace("{table}", &table.quoted())
+        .replace("{name}", table.name())
+        .replace("{shards}", &shards.to_string())
+}
+
+/// `(version, shards)` read back from a table comment written by a migration.
+fn parse_comment(comment: &str) -> Option<(i32, i32)> {
+    let rest = comment.strip_prefix(COMMENT_MARK)?;
+    let (version, rest) = rest.split_once(' ')?;
+    let rest = rest.strip_prefix("shards=")?;
+    let shards: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((version.parse().ok()?, shards.parse().ok()?))
+}
+
+/// The version and shard count of `table`, or `None` when it was never migrated.
+pub(crate) async fn schema_row(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<Option<(i32, i32)>> {
+    let row = sqlx::query(&format!(
+        "SELECT version, shard_count FROM {} WHERE table_name = ?",
+        table.quoted_sibling(SCHEMA_TABLE)
+    ))
+    .bind(table.name())
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| classify(e, target))?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
+        .map_err(|e: sqlx::Error| classify(e, target))
+}
+
+/// Which of the outbox table, `outbox_relay_schema` and `outbox_relay_members` exist, and the
+/// outbox table's comment.
+pub(crate) struct Existing {
+    pub outbox: Option<String>,
+    pub schema_table: bool,
+    pub members_table: bool,
+}
+
+pub(crate) async fn existing_tables(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<Existing> {
+    let database = table.database().unwrap_or_default();
+    let rows = sqlx::query(
+        "SELECT TABLE_NAME, TABLE_COMMENT FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?)",
+    )
+    .bind(database)
+    .bind(table.name())
+    .bind(SCHEMA_TABLE)
+    .bind(MEMBERS_TABLE)
+    .fetch_all(conn)
+    .await
+    .map_err(|e| classify(e, target))?;
+    let mut existing = Existing {
+        outbox: None,
+        schema_table: false,
+        members_table: false,
+    };
+    for row in rows {
+        let text = |i: usize| -> Result<String> {
+            row.try_get_unchecked::<String, _>(i)
+                .map_err(|e| classify(e, target))
+        };
+        let name = text(0)?;
+        if name == table.name() {
+            existing.outbox = Some(text(1)?);
+        } else if name == SCHEMA_TABLE {
+            existing.schema_table = true;
+        } else if name == MEMBERS_TABLE {
+            existing.members_table = true;
+        }
+    }
+    Ok(existing)
+}
+
+/// Create or upgrade `table` (qualified by its database) to [`SCHEMA_VERSION`]. Idempotent.
+pub(crate) async fn migrate(
+    options: &MySqlConnectOptions,
+    table: &TableName,
+    shards: u32,
+    target: &Target,
+) -> Result<()> {
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(|e| classify(e, target).context(format!("migrating table {table}")))?;
+    let outcome = migrate_on(&mut conn, table, shards, target).await;
+    // Closing the connection releases the migration lock whatever happened.
+    if let Err(e) = conn.close().await {
+        tracing::debug!("closing the migration connection: {e}");
+    }
+    outcome
+}
+
+async fn migrate_on(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    shards: u32,
+    target: &Target,
+) -> Result<()> {
+    let err = |e: sqlx::Error| classify(e, target).context(format!("migrating table {table}"));
+    let locked: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+        .bind(MIGRATION_LOCK)
+        .bind(MIGRATION_LOCK_WAIT_SECS)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
+    if locked != Some(1) {
+        return Err(Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "migrating table {table}: another relay held the lock {MIGRATION_LOCK} for \
+                 {MIGRATION_LOCK_WAIT_SECS}s (a migration still running?); try again"
+            ),
+        ));
+    }
+
+    let database = table.database().unwrap_or_default();
+    let database_exists: Option<String> = sqlx::query_scalar(
+        "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
+    )
+    .bind(database)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(err)?;
+    if database_exists.is_none() {
+        conn.execute(sqlx::raw_sql(&format!(
+            "CREATE DATABASE IF NOT EXISTS {}",
+            quote_ident(database)
+        )))
+        .await
+        .map_err(err)?;
+        tracing::info!(database, "created database");
+    }
+
+    let existing = existing_tables(conn, table, target).await?;
+    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
+    if !existing.schema_table {
+        conn.execute(sqlx::raw_sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {schema_table} (\
+               table_name VARCHAR(64) NOT NULL PRIMARY KEY, \
+               version INT NOT NULL, \
+               shard_count INT NOT NULL, \
+               applied_at DATETIME(6) NOT NULL\
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
+             COMMENT = 'outbox-relay: schema version and shard count of each outbox table'"
+        )))
+        .await
+        .map_err(err)?;
+    }
+    if !existing.members_table {
+        conn.execute(sqlx::raw_sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+               table_name VARCHAR(64) NOT NULL, \
+               slot SMALLINT NOT NULL, \
+               connection_id BIGINT NOT NULL, \
+               relay_id VARCHAR(255) NOT NULL, \
+               opened_at DATETIME(6) NOT NULL, \
+               PRIMARY KEY (table_name, slot)\
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
+             COMMENT = 'outbox-relay: which relay session holds which membership slot'",
+            table.quoted_sibling(MEMBERS_TABLE)
+        )))
+        .await
+        .map_err(err)?;
+    }
+
+    let (current, shard_count) = match schema_row(conn, table, target).await? {
+        Some(row) => row,
+        None => match existing.outbox.as_deref() {
+            None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
+            Some(comment) => match parse_comment(comment) {
+                // Created by a migration that stopped before its bookkeeping row.
+                Some((version, shard_count)) => {
+                    record_version(conn, &schema_table, table, version, shard_count)
+                        .await
+                        .map_err(err)?;
+                    tracing::info!(table = %table, version, "recorded an interrupted migration");
+                    (version, shard_count)
+                }
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Schema,
+                        format!(
+                            "table {table} exists but was not created by outbox-relay (it has no \
+                             row in {SCHEMA_TABLE}): rename it or set store.table to another name"
+                        ),
+                    ));
+                }
+            },
+        },
+    };
+    if current > SCHEMA_VERSION {
+        return Err(newer_schema(table, current));
+    }
+    if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
+        tracing::info!(
+            table = %table,
+            shard_count,
+            configured = shards,
+            "the table keeps the shard count it was created with; store.shards is ignored"
+        );
+    }
+
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        conn.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
+            .await
+            .map_err(|e| {
+                err(e).context(format!(
+                    "schema version {} ({})",
+                    migration.version, migration.description
+                ))
+            })?;
+        record_version(conn, &schema_table, table, migration.version, shard_count)
+            .await
+            .map_err(err)?;
+        tracing::info!(
+            table = %table,
+            version = migration.version,
+            shards = shard_count,
+            "{}",
+            migration.description
+        );
+    }
+    sqlx::query("DO RELEASE_LOCK(?)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    Ok(())
+}
+
+async fn record_version(
+    conn: &mut MySqlConnection,
+    schema_table: &str,
+    table: &TableName,
+    version: i32,
+    shard_count: i32,
+) -> std::result::Result<(), sqlx::Error> {
+    let updated = sqlx::query(&format!(
+        "UPDATE {schema_table} SET version = ?, applied_at = UTC_TIMESTAMP(6) WHERE table_name = ?"
+    ))
+    .bind(version)
+    .bind(table.name())
+    .execute(&mut *conn)
+    .await?;
+    if updated.rows_affected() == 0 {
+        sqlx::query(&format!(
+            "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
+             VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
+        ))
+        .bind(table.name())
+        .bind(version)
+        .bind(shard_count)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+pub(crate) fn not_migrated(table: &TableName) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
+    )
+}
+
+pub(crate) fn newer_schema(table: &TableName, version: i32) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "table {table} is at schema version {version}, newer than this relay knows \
+             ({SCHEMA_VERSION}): upgrade outbox-relay"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order_and_end_at_the_schema_version() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn render_substitutes_the_table_and_shards() {
+        let table = TableName::parse("app.events").unwrap();
+        let sql = render(MIGRATIONS[0].sql, &table, 16);
+        assert!(sql.contains("CREATE TABLE `app`.`events` ("), "{sql}");
+        assert!(sql.contains("CONSTRAINT events_headers_object CHECK"));
+        assert!(sql.contains("CRC32(aggregate_id) % 16)"));
+        assert!(sql.contains("DEFAULT ('{}')"));
+        assert!(
+            sql.contains("[0-9a-fA-F]{8}-"),
+            "the regex keeps its braces"
+        );
+        assert!(!sql.contains("{table}") && !sql.contains("{name}") && !sql.contains("{shards}"));
+        // The comment records what the migration did.
+        let comment = sql
+            .split("COMMENT = '")
+            .nth(1)
+            .and_then(|c| c.split('\'').next())
+            .unwrap();
+        assert_eq!(parse_comment(comment), Some((1, 16)));
+    }
+
+    #[test]
+    fn comments_of_other_tables_are_not_recognised() {
+        assert_eq!(parse_comment(""), None);
+        assert_eq!(parse_comment("orders of the shop"), None);
+        assert_eq!(parse_comment("outbox-relay schema=x shards=4: ..."), None);
+        assert_eq!(
+            parse_comment("outbox-relay schema=2 shards=128: x"),
+            Some((2, 128))
+        );
+    }
+}

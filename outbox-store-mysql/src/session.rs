@@ -1,0 +1,707 @@
+//! A relay's shard session: one dedicated connection holding the shard locks (`GET_LOCK`),
+//! through which every claim and mark of those shards goes (the fencing).
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
+use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection, Row};
+use uuid::Uuid;
+
+use outbox_core::{
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, Headers, MarkMode, OutboxEvent, Result,
+    ShardSession,
+};
+
+use crate::classify::{classify, Target};
+use crate::config::TableName;
+use crate::sql::{self, Sql, MAX_LIST, TRY_LOCK, UNLOCK, UNLOCK_ALL};
+
+/// Membership slots per table: each session holds one (a named lock), so that live relays can
+/// be counted with `IS_USED_LOCK` and named through `outbox_relay_members`.
+pub(crate) const MEMBER_SLOTS: u16 = 128;
+
+/// Longest name of a MySQL named lock.
+const MAX_LOCK_NAME: usize = 64;
+
+/// How much longer than the server's statement limit the client waits before giving the session
+/// up.
+const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
+
+/// Longest `last_error` stored.
+const MAX_ERROR_LEN: usize = 8 * 1024;
+
+/// Longest `relay_id` stored in `outbox_relay_members`.
+const MAX_RELAY_ID_CHARS: usize = 255;
+
+/// Failures recorded per statement.
+const FAILURES_PER_STATEMENT: usize = 1024;
+
+/// Longest retry delay stored (ten years): `next_attempt_at` must stay a valid DATETIME.
+const MAX_DELAY_MS: i64 = 10 * 366 * 24 * 3600 * 1000;
+
+/// Named locks of one table. Named locks are server-wide, so the names carry the database and
+/// the table: `outbox:<database>.<table>:<shard>` for shards and `outbox:<database>.<table>:r<slot>`
+/// for membership slots — or, when that would be longer than MySQL's 64 characters (or the
+/// database name has other characters than lowercase letters, digits and `_`), the same with a
+/// 64-bit hash of `<database>.<table>` instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockNames {
+    prefix: String,
+}
+
+impl LockNames {
+    pub fn for_table(table: &TableName) -> Self {
+        let database = table.database().unwrap_or_default();
+        let qualified = format!("{database}.{}", table.name());
+        let plain = database
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        // The longest suffix: ":1023" or ":r127".
+        let prefix = format!("outbox:{qualified}:");
+        if plain && !database.is_empty() && prefix.len() + 5 <= MAX_LOCK_NAME {
+            return Self { prefix };
+        }
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in qualified.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self {
+            prefix: format!("outbox:{hash:016x}:"),
+        }
+    }
+
+    pub fn shard(&self, shard: i32) -> String {
+        format!("{}{shard}", self.prefix)
+    }
+
+    pub fn slot(&self, slot: u16) -> String {
+        format!("{}r{slot}", self.prefix)
+    }
+
+    /// Names of every shard (0..count) then every membership slot, as `lock_holders` binds them.
+    pub fn all(&self, shard_count: u32) -> Vec<String> {
+        let shards = (0..shard_count).map(|s| self.shard(s as i32));
+        let slots = (0..MEMBER_SLOTS).map(|s| self.slot(s));
+        shards.chain(slots).collect()
+    }
+}
+
+/// What a session shares with its store.
+#[derive(Debug)]
+pub(crate) struct SessionContext {
+    pub sql: Sql,
+    pub locks: LockNames,
+    pub target: Target,
+    /// The bare table name, the key of `outbox_relay_members`.
+    pub table_name: String,
+    /// Statements run once on each session connection: time limits, isolation.
+    pub setup: String,
+}
+
+/// The connection ids holding each lock of `names` (one statement), in order.
+pub(crate) async fn lock_holders(
+    conn: &mut MySqlConnection,
+    names: &[String],
+) -> std::result::Result<Vec<Option<i64>>, sqlx::Error> {
+    let statement = sql::lock_holders(names.len());
+    let mut query = sqlx::query(&statement);
+    for name in names {
+        query = query.bind(name);
+    }
+    let row = query.fetch_one(conn).await?;
+    (0..names.len())
+        .map(|i| row.try_get::<Option<i64>, _>(i))
+        .collect()
+}
+
+/// A shard session on MySQL / MariaDB: see [`ShardSession`].
+///
+/// Once its connection failed (I/O error, killed connection, no answer within
+/// `store.session_timeout`) the session is poisoned: its locks are gone with the connection, it
+/// owns nothing, and every call fails with [`ErrorKind::LeaseLost`].
+pub struct MySqlShardSession {
+    conn: Option<MySqlConnection>,
+    context: Arc<SessionContext>,
+    relay_id: String,
+    connection_id: i64,
+    slot: Option<u16>,
+    shard_count: u32,
+    owned: BTreeSet<i32>,
+    timeout: Duration,
+    poisoned: Option<String>,
+    /// Every shard lock name then every slot lock name, bound by `cluster()`.
+    all_locks: Vec<String>,
+}
+
+impl fmt::Debug for MySqlShardSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlShardSession")
+            .field("table", &self.context.target.table)
+            .field("relay_id", &self.relay_id)
+            .field("connection_id", &self.connection_id)
+            .field("slot", &self.slot)
+            .field("shard_count", &self.shard_count)
+            .field("owned", &self.owned)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl MySqlShardSession {
+    /// Connect a dedicated connection and join the table's relays.
+    pub(crate) async fn open(
+        options: &MySqlConnectOptions,
+        context: Arc<SessionContext>,
+        relay_id: &str,
+        shard_count: u32,
+        connect_timeout: Duration,
+        session_timeout: Duration,
+    ) -> Result<Self> {
+        let target = &context.target;
+        let mut conn = tokio::time::timeout(connect_timeout, options.connect())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "cannot reach MySQL at {} (store.url): no answer within {} \
+                         (store.connect_timeout)",
+                        target.endpoint.as_deref().unwrap_or("?"),
+                        humantime_serde::re::humantime::format_duration(connect_timeout)
+                    ),
+                )
+            })?
+            .map_err(|e| classify(e, target).context("opening a shard session"))?;
+        let timeout = session_timeout + CLIENT_TIMEOUT_MARGIN;
+        let joined = tokio::time::timeout(timeout, join(&mut conn, &context, relay_id))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "opening a shard session: MySQL at {} did not answer within {}",
+                        target.endpoint.as_deref().unwrap_or("?"),
+                        humantime_serde::re::humantime::format_duration(timeout)
+                    ),
+                )
+            })?
+            .map_err(|e| classify(e, target).context("opening a shard session"))?;
+        let (connection_id, slot) = joined;
+        if slot.is_none() {
+            tracing::warn!(
+                table = %target.table,
+                relay_id,
+                "all {MEMBER_SLOTS} membership slots of the table are taken: this relay works \
+                 but is not counted when relays share the shards"
+            );
+        }
+        tracing::debug!(table = %target.table, relay_id, connection_id, ?slot, "shard session opened");
+        Ok(Self {
+            conn: Some(conn),
+            all_locks: context.locks.all(shard_count),
+            context,
+            relay_id: relay_id.to_owned(),
+            connection_id,
+            slot,
+            shard_count,
+            owned: BTreeSet::new(),
+            // The server's statement limit fires first and leaves a usable session; this one is
+            // for a server that does not answer at all.
+            timeout,
+            poisoned: None,
+        })
+    }
+
+    /// The server's id of this session's connection (`CONNECTION_ID()`, the `Id` of
+    /// `SHOW PROCESSLIST`).
+    pub fn connection_id(&self) -> i64 {
+        self.connection_id
+    }
+
+    /// The membership slot this session holds, if any was free.
+    pub fn slot(&self) -> Option<u16> {
+        self.slot
+    }
+
+    /// Whether the connection was lost: the session owns nothing and every call fails.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.is_some()
+    }
+
+    fn lease_lost(&self) -> Error {
+        Error::new(
+            ErrorKind::LeaseLost,
+            format!(
+                "lost the MySQL session holding shard locks: {}",
+                self.poisoned.as_deref().unwrap_or("session closed")
+            ),
+        )
+    }
+
+    /// The session's connection, its statements and the timeout of a call; `LeaseLost` once
+    /// poisoned. Run the statement, then hand its outcome to [`Self::settle`].
+    fn connection(&mut self) -> Result<(&mut MySqlConnection, &SessionContext, Duration)> {
+        match self.conn.as_mut() {
+            Some(conn) => Ok((conn, &self.context, self.timeout)),
+            None => Err(Error::new(
+                ErrorKind::LeaseLost,
+                format!(
+                    "lost the MySQL session holding shard locks: {}",
+                    self.poisoned.as_deref().unwrap_or("session closed")
+                ),
+            )),
+        }
+    }
+
+    /// Classify the outcome of a statement; a broken connection or no answer in time poisons the
+    /// session.
+    fn settle<T>(
+        &mut self,
+        outcome: std::result::Result<
+            std::result::Result<T, sqlx::Error>,
+            tokio::time::error::Elapsed,
+        >,
+        action: &str,
+    ) -> Result<T> {
+        let error = match outcome {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => classify(e, &self.context.target).context(action),
+            Err(_) => {
+                let reason = format!(
+                    "no answer while {action} within {} (store.session_timeout + 1s)",
+                    humantime_serde::re::humantime::format_duration(self.timeout)
+                );
+                return Err(self.poison(reason));
+            }
+        };
+        if error.kind() == ErrorKind::Connection {
+            return Err(self.poison(error.full_message()));
+        }
+        Err(error)
+    }
+
+    /// The connection is unusable: drop it (the server releases its locks) and own nothing.
+    fn poison(&mut self, reason: String) -> Error {
+        tracing::warn!(
+            table = %self.context.target.table,
+            relay_id = %self.relay_id,
+            shards = self.owned.len(),
+            "shard session lost: {reason}"
+        );
+        self.poisoned = Some(reason);
+        self.conn = None;
+        self.owned.clear();
+        self.lease_lost()
+    }
+
+    fn check_shard(&self, shard: i32) -> Result<()> {
+        if shard < 0 || i64::from(shard) >= i64::from(self.shard_count) {
+            return Err(Error::new(
+                ErrorKind::Other,
+                format!(
+                    "shard {shard} does not exist: table {} has shards 0 to {}",
+                    self.context.target.table,
+                    i64::from(self.shard_count) - 1
+                ),
+            )
+            .permanent());
+        }
+        Ok(())
+    }
+
+    async fn claim_rows(
+        &mut self,
+        shards: &[i32],
+        excluded: &[i64],
+        dead_holds_aggregate: bool,
+        limit: i64,
+    ) -> Result<Vec<MySqlRow>> {
+        let shards = sql::padded(shards);
+        let excluded = sql::padded(excluded);
+        let (conn, ctx, timeout) = self.connection()?;
+        let statement = ctx.sql.claim(shards.len(), excluded.len());
+        let mut query = sqlx::query(&statement);
+        for shard in &shards {
+            query = query.bind(*shard);
+        }
+        for id in &excluded {
+            query = query.bind(*id);
+        }
+        let query = query.bind(dead_holds_aggregate).bind(limit);
+        let outcome = tokio::time::timeout(timeout, query.fetch_all(conn)).await;
+        self.settle(outcome, "claiming rows")
+    }
+
+    /// Run `statement` (one per chunk of padded ids) on the session.
+    async fn by_ids(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
+        for chunk in ids.chunks(MAX_LIST) {
+            let chunk = sql::padded(chunk);
+            let (conn, ctx, timeout) = self.connection()?;
+            let statement = match mode {
+                MarkMode::Delete => ctx.sql.mark_delete(chunk.len()),
+                MarkMode::Keep => ctx.sql.mark_keep(chunk.len()),
+            };
+            let mut query = sqlx::query(&statement);
+            for id in &chunk {
+                query = query.bind(*id);
+            }
+            let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
+            self.settle(outcome, "marking rows published")?;
+        }
+        Ok(())
+    }
+}
+
+/// Session setup on a fresh connection: time limits and isolation, connection id, a membership
+/// slot (first free one) and its row in `outbox_relay_members`.
+async fn join(
+    conn: &mut MySqlConnection,
+    context: &SessionContext,
+    relay_id: &str,
+) -> std::result::Result<(i64, Option<u16>), sqlx::Error> {
+    conn.execute(sqlx::raw_sql(&context.setup)).await?;
+    let connection_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        .fetch_one(&mut *conn)
+        .await?;
+    let names: Vec<String> = (0..MEMBER_SLOTS).map(|s| context.locks.slot(s)).collect();
+    let holders = lock_holders(conn, &names).await?;
+    let mut slot = None;
+    for (index, holder) in holders.iter().enumerate() {
+        if holder.is_some() {
+            continue;
+        }
+        let taken: Option<i64> = sqlx::query_scalar(TRY_LOCK)
+            .bind(&names[index])
+            .fetch_one(&mut *conn)
+            .await?;
+        if taken == Some(1) {
+            slot = u16::try_from(index).ok();
+            break;
+        }
+    }
+    if let Some(slot) = slot {
+        let relay_id: String = relay_id.chars().take(MAX_RELAY_ID_CHARS).collect();
+        sqlx::query(&context.sql.join_members)
+            .bind(&context.table_name)
+            .bind(slot)
+            .bind(relay_id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok((connection_id, slot))
+}
+
+/// Read a text column whatever its collation (`_bin` collations carry the BINARY flag).
+fn text(row: &MySqlRow, index: usize) -> std::result::Result<String, sqlx::Error> {
+    row.try_get_unchecked::<String, _>(index)
+}
+
+fn decode_event(row: &MySqlRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
+    let decode_error = |column: &str, source: Box<dyn std::error::Error + Send + Sync>| {
+        sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source,
+        }
+    };
+    let event_id = text(row, 1)?;
+    let headers = text(row, 6)?;
+    let destination: Option<String> = row.try_get_unchecked(7)?;
+    Ok(OutboxEvent {
+        id: row.try_get(0)?,
+        event_id: Uuid::parse_str(&event_id).map_err(|e| decode_error("event_id", e.into()))?,
+        aggregate_type: text(row, 2)?,
+        aggregate_id: text(row, 3)?,
+        event_type: text(row, 4)?,
+        payload: text(row, 5)?,
+        headers: parse_headers(&headers).map_err(|e| decode_error("headers", e.into()))?,
+        destination,
+        created_at: row.try_get::<NaiveDateTime, _>(8)?.and_utc(),
+        attempts: row.try_get(9)?,
+        shard: row.try_get(10)?,
+    })
+}
+
+/// Headers are a JSON object; values that are not strings become their JSON text.
+pub(crate) fn parse_headers(text: &str) -> std::result::Result<Headers, serde_json::Error> {
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
+    Ok(object
+        .into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(s) => (name, s),
+            other => (name, other.to_string()),
+        })
+        .collect())
+}
+
+fn truncate_error(text: &str) -> &str {
+    if text.len() <= MAX_ERROR_LEN {
+        return text;
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[async_trait]
+impl ShardSession for MySqlShardSession {
+    fn shard_count(&self) -> u32 {
+        self.shard_count
+    }
+
+    fn owned(&self) -> &BTreeSet<i32> {
+        &self.owned
+    }
+
+    async fn cluster(&mut self) -> Result<ClusterView> {
+        let names = std::mem::take(&mut self.all_locks);
+        let outcome = match self.connection() {
+            Ok((conn, _, timeout)) => {
+                let outcome = tokio::time::timeout(timeout, lock_holders(conn, &names)).await;
+                Ok(outcome)
+            }
+            Err(e) => Err(e),
+        };
+        self.all_locks = names;
+        let holders = self.settle(outcome?, "reading the relays' locks")?;
+        let shards = self.shard_count as usize;
+        let mut view = ClusterView::default();
+        for (shard, holder) in holders.iter().take(shards).enumerate() {
+            if holder.is_some() {
+                view.locked.insert(shard as i32);
+            }
+        }
+        let members = holders[shards..].iter().filter(|h| h.is_some()).count()
+            + usize::from(self.slot.is_none());
+        view.live_relays = u32::try_from(members).unwrap_or(u32::MAX);
+        Ok(view)
+    }
+
+    async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
+        if self.poisoned.is_some() {
+            return Err(self.lease_lost());
+        }
+        self.check_shard(shard)?;
+        if self.owned.contains(&shard) {
+            // Named locks stack within a session: never take one twice, one release must free it.
+            return Ok(true);
+        }
+        let name = self.context.locks.shard(shard);
+        let (conn, _, timeout) = self.connection()?;
+        let outcome = tokio::time::timeout(
+            timeout,
+            sqlx::query_scalar::<_, Option<i64>>(TRY_LOCK)
+                .bind(&name)
+                .fetch_one(conn),
+        )
+        .await;
+        match self.settle(outcome, "taking a shard lock")? {
+            Some(1) => {
+                self.owned.insert(shard);
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(Error::new(
+                ErrorKind::Other,
+                format!("GET_LOCK('{name}') failed on the server; will try again"),
+            )
+            .temporary()),
+        }
+    }
+
+    async fn release(&mut self, shard: i32) -> Result<()> {
+        if self.poisoned.is_some() {
+            return Err(self.lease_lost());
+        }
+        if !self.owned.contains(&shard) {
+            return Ok(());
+        }
+        let name = self.context.locks.shard(shard);
+        let (conn, _, timeout) = self.connection()?;
+        let outcome = tokio::time::timeout(
+            timeout,
+            sqlx::query_scalar::<_, Option<i64>>(UNLOCK)
+                .bind(&name)
+                .fetch_one(conn),
+        )
+        .await;
+        let released = self.settle(outcome, "releasing a shard lock")?;
+        self.owned.remove(&shard);
+        if released != Some(1) {
+            tracing::warn!(shard, lock = %name, "released a shard lock this session did not hold");
+        }
+        Ok(())
+    }
+
+    async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
+        if self.poisoned.is_some() {
+            return Err(self.lease_lost());
+        }
+        if self.owned.is_empty() || request.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let shards: Vec<i32> = self.owned.iter().copied().collect();
+        let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
+        let rows = if request.exclude_ids.len() <= MAX_LIST {
+            self.claim_rows(
+                &shards,
+                request.exclude_ids,
+                request.dead_holds_aggregate,
+                limit,
+            )
+            .await?
+        } else {
+            // Too many to list in the statement: read past them and drop them here.
+            let extra = i64::try_from(request.exclude_ids.len()).unwrap_or(i64::MAX);
+            let mut rows = self
+                .claim_rows(
+                    &shards,
+                    &[],
+                    request.dead_holds_aggregate,
+                    limit.saturating_add(extra),
+                )
+                .await?;
+            let excluded: HashSet<i64> = request.exclude_ids.iter().copied().collect();
+            rows.retain(|row| {
+                row.try_get::<i64, _>(0)
+                    .map_or(true, |id| !excluded.contains(&id))
+            });
+            rows.truncate(request.limit);
+            rows
+        };
+        rows.iter()
+            .map(decode_event)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| classify(e, &self.context.target).context("claiming rows"))
+    }
+
+    async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
+        if self.poisoned.is_some() {
+            return Err(self.lease_lost());
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.by_ids(ids, mode).await
+    }
+
+    async fn record_failures(&mut self, failures: &[Failure]) -> Result<()> {
+        if self.poisoned.is_some() {
+            return Err(self.lease_lost());
+        }
+        for chunk in failures.chunks(FAILURES_PER_STATEMENT) {
+            let chunk = sql::padded(&chunk.iter().collect::<Vec<_>>());
+            let (conn, ctx, timeout) = self.connection()?;
+            let statement = ctx.sql.record_failures(chunk.len());
+            let mut query = sqlx::query(&statement);
+            for failure in &chunk {
+                let delay_ms = failure.retry_in.map(|d| {
+                    i64::try_from(d.as_millis())
+                        .unwrap_or(i64::MAX)
+                        .min(MAX_DELAY_MS)
+                });
+                query = query
+                    .bind(failure.id)
+                    .bind(truncate_error(&failure.error))
+                    .bind(delay_ms);
+            }
+            let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
+            self.settle(outcome, "recording failures")?;
+        }
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        if self.poisoned.is_some() {
+            return Ok(());
+        }
+        // Leave and unlock explicitly, so that other relays see the shards free as soon as this
+        // returns.
+        let slot = self.slot;
+        let left = match self.connection() {
+            Ok((conn, ctx, timeout)) => {
+                let work = async {
+                    if let Some(slot) = slot {
+                        sqlx::query(&ctx.sql.leave_members)
+                            .bind(&ctx.table_name)
+                            .bind(slot)
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    sqlx::query(UNLOCK_ALL).execute(&mut *conn).await
+                };
+                let outcome = tokio::time::timeout(timeout, work).await;
+                self.settle(outcome, "releasing shard locks")
+            }
+            Err(e) => Err(e),
+        };
+        self.owned.clear();
+        if let Some(conn) = self.conn.take() {
+            if let Err(e) = conn.close().await {
+                tracing::debug!("closing a shard session: {e}");
+            }
+        }
+        match left {
+            Ok(_) => Ok(()),
+            // The connection is gone, and the locks with it.
+            Err(e) if e.kind() == ErrorKind::LeaseLost => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_names_are_readable_when_short_and_always_fit() {
+        let t = TableName::parse("shop.outbox").unwrap();
+        let names = LockNames::for_table(&t);
+        assert_eq!(names.shard(7), "outbox:shop.outbox:7");
+        assert_eq!(names.slot(3), "outbox:shop.outbox:r3");
+        assert_eq!(names, LockNames::for_table(&t));
+        assert_ne!(
+            names,
+            LockNames::for_table(&TableName::parse("shop.outbox2").unwrap())
+        );
+
+        let long = TableName::parse(&format!("{}.{}", "d".repeat(30), "t".repeat(40))).unwrap();
+        let hashed = LockNames::for_table(&long);
+        assert!(hashed.shard(1023).starts_with("outbox:"), "{hashed:?}");
+        assert!(hashed.shard(1023).len() <= MAX_LOCK_NAME);
+        assert!(hashed.slot(MEMBER_SLOTS - 1).len() <= MAX_LOCK_NAME);
+        let odd = TableName::parse("outbox").unwrap().in_database("Shop-DB");
+        assert!(!LockNames::for_table(&odd).shard(0).contains("Shop"));
+
+        let all = names.all(4);
+        assert_eq!(all.len(), 4 + MEMBER_SLOTS as usize);
+        assert_eq!(all[3], "outbox:shop.outbox:3");
+        assert_eq!(all[4], "outbox:shop.outbox:r0");
+    }
+
+    #[test]
+    fn headers_keep_strings_and_stringify_other_values() {
+        let h = parse_headers(r#"{"a": "x", "n": 1, "o": {"k": true}, "z": null}"#).unwrap();
+        assert_eq!(h["a"], "x");
+        assert_eq!(h["n"], "1");
+        assert_eq!(h["o"], r#"{"k":true}"#);
+        assert_eq!(h["z"], "null");
+        assert!(parse_headers("[1]").is_err());
+    }
+
+    #[test]
+    fn long_errors_are_truncated_on_a_char_boundary() {
+        let text = "é".repeat(MAX_ERROR_LEN);
+        let cut = truncate_error(&text);
+        assert!(cut.len() <= MAX_ERROR_LEN && text.starts_with(cut));
+        assert_eq!(truncate_error("short"), "short");
+    }
+}

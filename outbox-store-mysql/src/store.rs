@@ -1,0 +1,650 @@
+//! `MySqlStore`: the `Store` implementation.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection, Executor, MySqlPool, Row};
+
+use outbox_core::{
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
+    Result, ShardOwner, ShardSession, Store,
+};
+
+use crate::classify::{classify, Target};
+use crate::config::{MySqlStoreConfig, TableName};
+use crate::enqueue::Outbox;
+use crate::migrate::{self, SCHEMA_VERSION};
+use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
+use crate::sql::Sql;
+
+/// What the store found out about the server when it connected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `VERSION()`, e.g. `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
+    pub version: String,
+    /// Whether the server is MariaDB (else MySQL).
+    pub mariadb: bool,
+    /// Whether the relay's connections use READ COMMITTED (not possible with statement-based
+    /// binary logging, where they keep the server's default, REPEATABLE READ).
+    pub read_committed: bool,
+}
+
+impl ServerInfo {
+    fn parse(version: &str, log_bin: bool, binlog_format: &str) -> Self {
+        Self {
+            version: version.to_owned(),
+            mariadb: version.to_ascii_lowercase().contains("mariadb"),
+            read_committed: !log_bin || !binlog_format.eq_ignore_ascii_case("STATEMENT"),
+        }
+    }
+
+    /// `(major, minor, patch)` of the version string.
+    fn numbers(&self) -> (u32, u32, u32) {
+        let mut parts = self
+            .version
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty())
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        )
+    }
+
+    /// `Err` with what is needed when the server is too old for the relay.
+    fn check_supported(&self, endpoint: &str) -> Result<()> {
+        let version = self.numbers();
+        let (product, minimum) = if self.mariadb {
+            ("MariaDB", (10, 6, 0))
+        } else {
+            ("MySQL", (8, 0, 16))
+        };
+        if version < minimum {
+            return Err(Error::config(format!(
+                "store.url: {product} {} at {endpoint} is too old: outbox-relay needs MySQL \
+                 8.0.16+ or MariaDB 10.6+ (SKIP LOCKED-era servers with expression defaults \
+                 and enforced CHECK constraints)",
+                self.version
+            )));
+        }
+        Ok(())
+    }
+
+    /// The `SET` statements of every shard session.
+    fn session_setup(&self, session_timeout: Duration) -> String {
+        let lock_wait = session_timeout.as_secs_f64().ceil().max(1.0) as u64;
+        // The server drops a session (and its locks) that stayed silent this long: a relay
+        // whose host vanished gives its shards back after it. Live relays talk to their session
+        // at least every relay.rebalance_interval.
+        let idle = (session_timeout.as_secs() * 4).max(120);
+        let statement_limit = if self.mariadb {
+            format!("max_statement_time = {:.3}", session_timeout.as_secs_f64())
+        } else {
+            format!("max_execution_time = {}", session_timeout.as_millis())
+        };
+        let mut setup = format!(
+            "SET SESSION {statement_limit}, innodb_lock_wait_timeout = {lock_wait}, \
+             lock_wait_timeout = {lock_wait}, wait_timeout = {idle}"
+        );
+        if self.read_committed {
+            setup.push_str("; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+        }
+        setup
+    }
+}
+
+/// The outbox table in MySQL / MariaDB: migrations, claims through shard sessions, purge,
+/// status. Cheap to clone.
+#[derive(Clone)]
+pub struct MySqlStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: MySqlStoreConfig,
+    options: MySqlConnectOptions,
+    pool: MySqlPool,
+    table: TableName,
+    context: Arc<SessionContext>,
+    outbox: Outbox,
+    server: ServerInfo,
+}
+
+impl fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("url", &self.inner.config.redacted_url())
+            .field("table", &self.inner.table.to_string())
+            .field("server", &self.inner.server.version)
+            .finish()
+    }
+}
+
+fn format_duration(duration: Duration) -> String {
+    humantime_serde::re::humantime::format_duration(duration).to_string()
+}
+
+impl MySqlStore {
+    /// Check the configuration and connect. The first connection is made now, so an
+    /// unreachable server, refused credentials or an unsupported version fail here with a
+    /// one-line error.
+    ///
+    /// An unqualified table name lives in the URL's database.
+    pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
+        config.validate()?;
+        let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
+            Error::config(format!(
+                "store.url: \"{}\" is not a valid MySQL URL: {e}",
+                config.redacted_url()
+            ))
+        })?;
+        let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
+        let table = match (configured.database(), options.get_database()) {
+            (Some(_), _) => configured,
+            (None, Some(database)) => configured.in_database(database),
+            (None, None) => {
+                return Err(Error::config(format!(
+                    "store.table: \"{configured}\" names no database and neither does store.url \
+                     (\"{}\"): add /database to the URL or write the table as database.table",
+                    config.redacted_url()
+                )))
+            }
+        };
+        let endpoint = match options.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
+        };
+        let target = Target {
+            endpoint: Some(endpoint.clone()),
+            database: options.get_database().map(str::to_owned),
+            user: Some(options.get_username().to_owned()),
+            table: table.to_string(),
+        };
+
+        let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "cannot reach MySQL at {endpoint} (store.url): no answer within {} \
+                         (store.connect_timeout)",
+                        format_duration(config.connect_timeout)
+                    ),
+                )
+            })?
+            .map_err(|e| classify(e, &target))?;
+        let row = sqlx::query(
+            "SELECT VERSION(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| classify(e, &target))?;
+        let read = || -> std::result::Result<ServerInfo, sqlx::Error> {
+            let version: String = row.try_get_unchecked(0)?;
+            let log_bin: Option<i64> = row.try_get(1)?;
+            let format: Option<String> = row.try_get_unchecked(2)?;
+            Ok(ServerInfo::parse(
+                &version,
+                log_bin.unwrap_or(0) != 0,
+                format.as_deref().unwrap_or(""),
+            ))
+        };
+        let server = read().map_err(|e| classify(e, &target))?;
+        if let Err(e) = conn.close().await {
+            tracing::debug!("closing the first connection: {e}");
+        }
+        server.check_supported(&endpoint)?;
+
+        let read_committed = server.read_committed;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(config.pool_size)
+            .min_connections(0)
+            .acquire_timeout(config.connect_timeout)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if read_committed {
+                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options.clone());
+        let context = Arc::new(SessionContext {
+            sql: Sql::new(&table),
+            locks: LockNames::for_table(&table),
+            target,
+            table_name: table.name().to_owned(),
+            setup: server.session_setup(config.session_timeout),
+        });
+        Ok(Self {
+            inner: Arc::new(Inner {
+                outbox: Outbox::for_table(&table),
+                config,
+                options,
+                pool,
+                table,
+                context,
+                server,
+            }),
+        })
+    }
+
+    /// The connection pool (not used by shard sessions, which have their own connections).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// The outbox table, qualified by its database.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    /// The configuration this store was connected with.
+    pub fn config(&self) -> &MySqlStoreConfig {
+        &self.inner.config
+    }
+
+    /// The server this store talks to.
+    pub fn server(&self) -> &ServerInfo {
+        &self.inner.server
+    }
+
+    /// The writers' handle on this store's table.
+    pub fn outbox(&self) -> &Outbox {
+        &self.inner.outbox
+    }
+
+    /// The claim statement a session runs for `shards` owned shards and `excluded` ids (both
+    /// already padded; see the `sql` module), for EXPLAIN in tests and benchmarks. Binds: the
+    /// shards, the excluded ids, whether dead rows hold their aggregate, the limit.
+    #[doc(hidden)]
+    pub fn claim_statement(&self, shards: usize, excluded: usize) -> String {
+        self.sql().claim(shards, excluded)
+    }
+
+    /// Like [`Store::open_session`], with the concrete session type.
+    pub async fn open_mysql_session(&self, relay_id: &str) -> Result<MySqlShardSession> {
+        let shard_count = self.shard_count().await?;
+        MySqlShardSession::open(
+            &self.inner.options,
+            Arc::clone(&self.inner.context),
+            relay_id,
+            shard_count,
+            self.inner.config.connect_timeout,
+            self.inner.config.session_timeout,
+        )
+        .await
+    }
+
+    /// The table's shard count, checking its schema version.
+    async fn shard_count(&self) -> Result<u32> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        match migrate::schema_row(&mut conn, &self.inner.table, self.target()).await {
+            Ok(Some((version, shards))) => {
+                self.check_version(version)?;
+                Ok(u32::try_from(shards).unwrap_or(0))
+            }
+            Ok(None) => Err(migrate::not_migrated(&self.inner.table)),
+            Err(e) if e.kind() == ErrorKind::Schema => {
+                Err(migrate::not_migrated(&self.inner.table))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn target(&self) -> &Target {
+        &self.inner.context.target
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.inner.context.sql
+    }
+
+    fn error(&self, error: sqlx::Error) -> Error {
+        classify(error, self.target())
+    }
+
+    fn check_version(&self, version: i32) -> Result<()> {
+        let table = &self.inner.table;
+        if version > SCHEMA_VERSION {
+            return Err(migrate::newer_schema(table, version));
+        }
+        if version < SCHEMA_VERSION {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "table {table} is at schema version {version}, this relay needs \
+                     {SCHEMA_VERSION}: run `outbox-relay migrate`"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn describe(&self) -> String {
+        let product = if self.inner.server.mariadb {
+            "MariaDB"
+        } else {
+            "MySQL"
+        };
+        format!(
+            "{product} {}, table {}",
+            self.inner.config.redacted_url(),
+            self.inner.table
+        )
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        migrate::migrate(
+            &self.inner.options,
+            &self.inner.table,
+            self.inner.config.shards,
+            self.target(),
+        )
+        .await
+    }
+
+    async fn check(&self) -> Result<()> {
+        let table = &self.inner.table;
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let existing = migrate::existing_tables(&mut conn, table, self.target()).await?;
+        if existing.outbox.is_none() || !existing.schema_table || !existing.members_table {
+            return Err(migrate::not_migrated(table));
+        }
+        match migrate::schema_row(&mut conn, table, self.target()).await? {
+            Some((version, _)) => self.check_version(version),
+            None => Err(migrate::not_migrated(table)),
+        }
+    }
+
+    async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
+        Ok(Box::new(self.open_mysql_session(relay_id).await?))
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
+        let mut tx = self.inner.pool.begin().await.map_err(|e| self.error(e))?;
+        let ids = self.inner.outbox.enqueue_many(&mut tx, events).await?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(ids)
+    }
+
+    async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64> {
+        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        // Older than ~290,000 years cannot be: nothing to purge.
+        let micros = micros.min(i64::from(i32::MAX) * 1_000_000);
+        let done = sqlx::query(&self.sql().purge)
+            .bind(micros)
+            .bind(i64::from(limit))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("purging published rows"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn status(&self) -> Result<BacklogStatus> {
+        let row = sqlx::query(&self.sql().status)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("reading the backlog"))?;
+        let read = || -> std::result::Result<BacklogStatus, sqlx::Error> {
+            Ok(BacklogStatus {
+                pending: row.try_get("pending")?,
+                oldest_pending_age_secs: row.try_get("oldest_pending_age_secs")?,
+                dead: row.try_get("dead")?,
+                held_back_aggregates: row.try_get("held_back_aggregates")?,
+                retrying: row.try_get("retrying")?,
+            })
+        };
+        read().map_err(|e| self.error(e).context("reading the backlog"))
+    }
+
+    async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
+        let shard_count = self.shard_count().await?;
+        let context = &self.inner.context;
+        let names = context.locks.all(shard_count);
+        let err = |e: sqlx::Error| self.error(e).context("reading shard owners");
+        let mut conn = self.inner.pool.acquire().await.map_err(err)?;
+        let holders = session::lock_holders(&mut conn, &names)
+            .await
+            .map_err(err)?;
+        let members: Vec<(i64, i64, String)> = sqlx::query(&self.sql().members_of_table)
+            .bind(&context.table_name)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get::<i64, _>(0)?,
+                    row.try_get::<i64, _>(1)?,
+                    row.try_get_unchecked::<String, _>(2)?,
+                ))
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(err)?;
+        let shards = shard_count as usize;
+        // Relay ids by connection: a members row counts only while its slot is held by the
+        // connection that wrote it.
+        let mut relay_of: HashMap<i64, &str> = HashMap::new();
+        for (slot, connection_id, relay_id) in &members {
+            let held_by = usize::try_from(*slot)
+                .ok()
+                .filter(|s| *s < MEMBER_SLOTS as usize)
+                .and_then(|s| holders[shards + s]);
+            if held_by == Some(*connection_id) {
+                relay_of.insert(*connection_id, relay_id);
+            }
+        }
+        Ok(holders[..shards]
+            .iter()
+            .enumerate()
+            .filter_map(|(shard, holder)| {
+                let connection_id = (*holder)?;
+                let owner = match relay_of.get(&connection_id) {
+                    Some(relay_id) => format!("{relay_id} (connection {connection_id})"),
+                    None => format!("connection {connection_id}"),
+                };
+                Some(ShardOwner {
+                    shard: shard as i32,
+                    owner,
+                })
+            })
+            .collect())
+    }
+
+    async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
+        let err = |e: sqlx::Error| self.error(e).context("listing dead rows");
+        let rows = sqlx::query(&self.sql().dead_list)
+            .bind(filter.aggregate_type.as_deref())
+            .bind(filter.aggregate_type.as_deref())
+            .bind(filter.aggregate_id.as_deref())
+            .bind(filter.aggregate_id.as_deref())
+            .bind(i64::from(filter.limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(err)?;
+        rows.iter()
+            .map(|row| {
+                let event_id: String = row.try_get_unchecked(1)?;
+                Ok(DeadEvent {
+                    id: row.try_get(0)?,
+                    event_id: uuid::Uuid::parse_str(&event_id).map_err(|e| {
+                        sqlx::Error::ColumnDecode {
+                            index: "event_id".into(),
+                            source: e.into(),
+                        }
+                    })?,
+                    aggregate_type: row.try_get_unchecked(2)?,
+                    aggregate_id: row.try_get_unchecked(3)?,
+                    event_type: row.try_get_unchecked(4)?,
+                    attempts: row.try_get(5)?,
+                    last_error: row.try_get_unchecked(6)?,
+                    created_at: row.try_get::<chrono::NaiveDateTime, _>(7)?.and_utc(),
+                    dead_at: row.try_get::<chrono::NaiveDateTime, _>(8)?.and_utc(),
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(err)
+    }
+
+    async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
+        let err = |e: sqlx::Error| self.error(e).context("sending dead rows back to pending");
+        match selection {
+            DeadSelection::All { aggregate_id } => {
+                let done = sqlx::query(&self.sql().dead_retry_all)
+                    .bind(aggregate_id.as_deref())
+                    .bind(aggregate_id.as_deref())
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(err)?;
+                Ok(done.rows_affected())
+            }
+            DeadSelection::Ids(ids) => {
+                let mut total = 0;
+                for chunk in ids.chunks(crate::sql::MAX_LIST) {
+                    let padded = crate::sql::padded(chunk);
+                    let statement = self.sql().dead_retry_ids(padded.len());
+                    let mut query = sqlx::query(&statement);
+                    for id in &padded {
+                        query = query.bind(*id);
+                    }
+                    total += query
+                        .execute(&self.inner.pool)
+                        .await
+                        .map_err(err)?
+                        .rows_affected();
+                }
+                Ok(total)
+            }
+        }
+    }
+
+    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
+        let err = |e: sqlx::Error| self.error(e).context("discarding dead rows");
+        let mut total = 0;
+        for chunk in ids.chunks(crate::sql::MAX_LIST) {
+            let padded = crate::sql::padded(chunk);
+            let statement = self.sql().dead_discard(padded.len());
+            let mut query = sqlx::query(&statement);
+            for id in &padded {
+                query = query.bind(*id);
+            }
+            total += query
+                .execute(&self.inner.pool)
+                .await
+                .map_err(err)?
+                .rows_affected();
+        }
+        Ok(total)
+    }
+
+    async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
+        let err = |e: sqlx::Error| self.error(e).context("listing held-back aggregates");
+        let rows = sqlx::query(&self.sql().held_back)
+            .bind(i64::from(limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(err)?;
+        rows.iter()
+            .map(|row| {
+                Ok(HeldBack {
+                    aggregate_type: row.try_get_unchecked(0)?,
+                    aggregate_id: row.try_get_unchecked(1)?,
+                    id: row.try_get(2)?,
+                    attempts: row.try_get(3)?,
+                    next_attempt_at: row
+                        .try_get::<Option<chrono::NaiveDateTime>, _>(4)?
+                        .map(|t| t.and_utc()),
+                    last_error: row.try_get_unchecked(5)?,
+                    waiting_behind: row.try_get(6)?,
+                })
+            })
+            .collect::<std::result::Result<_, sqlx::Error>>()
+            .map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions_are_recognised_and_old_ones_refused() {
+        let maria = ServerInfo::parse("10.11.6-MariaDB-0+deb12u1", false, "MIXED");
+        assert!(maria.mariadb && maria.read_committed);
+        assert_eq!(maria.numbers(), (10, 11, 6));
+        maria.check_supported("db:3306").unwrap();
+        ServerInfo::parse("10.6.0-MariaDB", true, "ROW")
+            .check_supported("db:3306")
+            .unwrap();
+        ServerInfo::parse("11.4.2-MariaDB", true, "MIXED")
+            .check_supported("db:3306")
+            .unwrap();
+        let e = ServerInfo::parse("10.5.23-MariaDB", false, "")
+            .check_supported("db:3306")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(
+            e.message()
+                .contains("MariaDB 10.5.23-MariaDB at db:3306 is too old"),
+            "{e}"
+        );
+
+        let mysql = ServerInfo::parse("8.0.36", true, "ROW");
+        assert!(!mysql.mariadb && mysql.read_committed);
+        mysql.check_supported("db:3306").unwrap();
+        ServerInfo::parse("8.4.0-commercial", true, "ROW")
+            .check_supported("db:3306")
+            .unwrap();
+        for old in ["5.7.44-log", "8.0.13"] {
+            assert!(ServerInfo::parse(old, true, "ROW")
+                .check_supported("db:3306")
+                .is_err());
+        }
+    }
+
+    #[test]
+    fn statement_based_binlogs_keep_repeatable_read() {
+        let s = ServerInfo::parse("8.0.36", true, "STATEMENT");
+        assert!(!s.read_committed);
+        assert!(!s
+            .session_setup(Duration::from_secs(30))
+            .contains("READ COMMITTED"));
+        assert!(ServerInfo::parse("8.0.36", false, "STATEMENT").read_committed);
+    }
+
+    #[test]
+    fn session_setup_sets_the_statement_limit_of_each_server() {
+        let maria = ServerInfo::parse("10.11.6-MariaDB", false, "MIXED");
+        let setup = maria.session_setup(Duration::from_millis(1500));
+        assert!(
+            setup.starts_with("SET SESSION max_statement_time = 1.500, "),
+            "{setup}"
+        );
+        assert!(setup.contains("innodb_lock_wait_timeout = 2"), "{setup}");
+        assert!(setup.contains("wait_timeout = 120"), "{setup}");
+        assert!(setup.ends_with("; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"));
+        let mysql = ServerInfo::parse("8.0.36", true, "ROW");
+        let setup = mysql.session_setup(Duration::from_secs(60));
+        assert!(
+            setup.starts_with("SET SESSION max_execution_time = 60000, "),
+            "{setup}"
+        );
+        assert!(setup.contains("wait_timeout = 240"), "{setup}");
+    }
+}

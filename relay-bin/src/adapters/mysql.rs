@@ -1,0 +1,28 @@
+//! `kind = "mysql"` (feature `store-mysql`): MySQL 8.0.16+ and MariaDB 10.6+.
+
+use std::sync::Arc;
+
+use crate::registry::{BoxFuture, Registry};
+
+fn mysql(
+    s: &crate::settings::StoreSettings,
+) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Store>>> {
+    Box::pin(async move {
+        let config = outbox_store_mysql::MySqlStoreConfig {
+            url: s.url.clone(),
+            table: s.table.clone(),
+            shards: s.shards,
+            pool_size: s.pool_size,
+            connect_timeout: s.connect_timeout,
+            session_timeout: s.session_timeout,
+        };
+        config.validate()?;
+        let store = outbox_store_mysql::MySqlStore::connect(config).await?;
+        Ok(Arc::new(store) as Arc<dyn outbox_core::Store>)
+    })
+}
+
+/// Register `kind = "mysql"`.
+pub fn register(registry: &mut Registry) {
+    registry.register_store("mysql", mysql);
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# An SQS-API server for the `sink-sqs` tests and `outbox-relay demo --sink sqs`: LocalStack
+# (SQS only, no Docker) on 127.0.0.1:4566. Installs it once into a venv (Python >= 3.13 from
+# pyenv), starts it when nothing answers on the port, waits until it serves SQS requests.
+# Idempotent and quick when it already runs. Falls back to moto (Python 3) when LocalStack
+# cannot be installed or started; see /work/shared/services/sqs.md for the differences.
+#
+# Overridable: OUTBOX_SQS_HOME (venvs, state and log; default /opt/outbox-relay),
+# OUTBOX_SQS_PORT (default 4566).
+set -euo pipefail
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+home=${OUTBOX_SQS_HOME:-/opt/outbox-relay}
+port=${OUTBOX_SQS_PORT:-4566}
+venv=$home/localstack-venv
+moto_venv=$home/moto-venv
+state=$home/localstack-state
+logfile=$home/sqs-server.log
+localstack_pins=("localstack-core[base-runtime]==2026.3.0" "cbor2<6" "pyopenssl<25")
+moto_pins=("moto[server]==5.2.5")
+
+# An SQS JSON-protocol request that any SQS server answers (200 with a QueueUrls list).
+sqs_up() {
+  curl -sf -m 3 -X POST "http://127.0.0.1:$port/" \
+    -H 'Content-Type: application/x-amz-json-1.0' \
+    -H 'X-Amz-Target: AmazonSQS.ListQueues' \
+    -H "Authorization: AWS4-HMAC-SHA256 Credential=test/20250101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0" \
+    -d '{}' >/dev/null 2>&1
+}
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
+
+wait_until_up() { # what, seconds
+  local what=$1 tries=$(( $2 * 2 ))
+  for _ in $(seq "$tries"); do
+    if sqs_up; then return 0; fi
+    sleep 0.5
+  done
+  log "$what did not answer on 127.0.0.1:$port within $2 s (log: $logfile)"
+  tail -n 20 "$logfile" >&2 || true
+  return 1
+}
+
+# The newest pyenv Python >= 3.13 (empty when there is none).
+python313() {
+  local root
+  root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  { ls -d "$root"/versions/3.1[3-9]* "$root"/versions/3.[2-9][0-9]* 2>/dev/null || true; } |
+    sort -V | tail -1
+}
+
+install_localstack() {
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import localstack.runtime.main' 2>/dev/null && return 0
+  local py
+  py=$(python313)
+  if [ -z "$py" ] || [ ! -x "$py/bin/python3" ]; then
+    log "no Python >= 3.13 under \$(pyenv root)/versions: LocalStack cannot run"; return 1
+  fi
+  log "installing LocalStack (SQS) into $venv with $py/bin/python3 (~20 s)"
+  rm -rf "$venv"
+  "$py/bin/python3" -m venv "$venv" &&
+    "$venv/bin/pip" install -q --disable-pip-version-check "${localstack_pins[@]}" >&2
+}
+
+start_localstack() {
+  mkdir -p "$state/fs"
+  log "starting LocalStack SQS on 127.0.0.1:$port"
+  GATEWAY_SERVER=hypercorn GATEWAY_LISTEN=127.0.0.1:$port SERVICES=sqs PERSISTENCE=0 \
+    LOCALSTACK_TELEMETRY_DISABLED=1 SKIP_SSL_CERT_DOWNLOAD=1 DNS_ADDRESS=0 \
+    SQS_ENDPOINT_STRATEGY=path LOCALSTACK_HOST=127.0.0.1:$port \
+    LOCALSTACK_VOLUME_DIR="$state" FILESYSTEM_ROOT="$state/fs" \
+    setsid nohup "$venv/bin/python" -m localstack.runtime.main >>"$logfile" 2>&1 </dev/null &
+  echo $! >"$home/sqs-server.pid"
+}
+
+install_moto() {
+  [ -x "$moto_venv/bin/moto_server" ] && return 0
+  log "installing moto server into $moto_venv"
+  rm -rf "$moto_venv"
+  python3 -m venv "$moto_venv" &&
+    "$moto_venv/bin/pip" install -q --disable-pip-version-check "${moto_pins[@]}" >&2
+}
+
+start_moto() {
+  log "starting moto server (fallback) on 127.0.0.1:$port"
+  setsid nohup "$moto_venv/bin/moto_server" -H 127.0.0.1 -p "$port" >>"$logfile" 2>&1 </dev/null &
+  echo $! >"$home/sqs-server.pid"
+}
+
+if sqs_up; then
+  exit 0
+fi
+if port_open; then
+  # Something listens but does not answer yet (a server starting up, or one frozen by a test).
+  wait_until_up "the server already listening" 60 && exit 0
+  log "127.0.0.1:$port is taken by something that does not answer SQS requests"; exit 1
+fi
+mkdir -p "$home"
+if install_localstack && start_localstack && wait_until_up "LocalStack" 90; then
+  log "LocalStack SQS is up on 127.0.0.1:$port"
+  exit 0
+fi
+log "LocalStack failed; falling back to moto"
+if [ -f "$home/sqs-server.pid" ]; then kill "$(cat "$home/sqs-server.pid")" 2>/dev/null || true; fi
+install_moto && start_moto && wait_until_up "moto" 60
+log "moto SQS is up on 127.0.0.1:$port (fallback: no FIFO dedup after delete, whole-batch failure on oversized entries)"

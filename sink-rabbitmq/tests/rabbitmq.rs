@@ -1,0 +1,700 @@
+//! The RabbitMQ sink against the real RabbitMQ (`OUTBOX_TEST_RABBITMQ_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`). Every test uses its own routing keys and queues.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use lapin::options::ExchangeDeleteOptions;
+use lapin::types::AMQPValue;
+use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
+use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, UnroutablePolicy};
+
+fn config(routing_key: &str) -> RabbitMqConfig {
+    RabbitMqConfig {
+        routing_key: routing_key.to_owned(),
+        ..RabbitMqConfig::new(common::rabbitmq_url(), common::TEST_EXCHANGE)
+    }
+}
+
+async fn connect(config: RabbitMqConfig) -> RabbitMqSink {
+    RabbitMqSink::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the test RabbitMQ: {e}"))
+}
+
+fn describe(outcomes: &[Outcome]) -> String {
+    outcomes
+        .iter()
+        .map(|o| format!("{o:?}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn url_with_password(password: &str, vhost: &str) -> String {
+    let mut url = url::Url::parse(&common::rabbitmq_url()).expect("a URL");
+    url.set_password(Some(password)).expect("a URL with a host");
+    url.set_path(vhost);
+    url.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_carry_the_specified_properties_and_headers() {
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.all");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &format!("{prefix}.#"), &[])
+        .await;
+    let sink = connect(config(&format!(
+        "{prefix}.{{aggregate_type}}.{{event_type}}"
+    )))
+    .await;
+
+    let mut first = sample_event(1, "order", "42", "OrderConfirmed");
+    first.payload =
+        "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".to_owned();
+    first
+        .headers
+        .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
+    // A writer's header named like an event field does not override the event's own value.
+    first
+        .headers
+        .insert("aggregate_id".to_owned(), "spoofed".to_owned());
+    first.created_at = Utc
+        .with_ymd_and_hms(2024, 5, 1, 12, 0, 0)
+        .unwrap()
+        .checked_add_signed(chrono::Duration::nanoseconds(123_456_789))
+        .unwrap();
+    let mut second = sample_event(2, "invoice", "7", "InvoiceSent");
+    second.headers.clear();
+    let mut third = sample_event(3, "order", "43", "OrderCancelled");
+    third.destination = Some(format!("{prefix}.audit"));
+    let batch = vec![first, second, third];
+
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    let deliveries = admin.drain(&queue, 3, Duration::from_secs(10)).await;
+    admin.delete_queue(&queue).await;
+    assert_eq!(deliveries.len(), 3);
+    let expected_keys = [
+        format!("{prefix}.order.OrderConfirmed"),
+        format!("{prefix}.invoice.InvoiceSent"),
+        format!("{prefix}.audit"),
+    ];
+    for ((delivery, event), key) in deliveries.iter().zip(&batch).zip(&expected_keys) {
+        let p = &delivery.properties;
+        assert_eq!(delivery.exchange.as_str(), common::TEST_EXCHANGE);
+        assert_eq!(delivery.routing_key.as_str(), key);
+        assert_eq!(delivery.data, event.payload.as_bytes(), "payload bytes");
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.to_string()),
+            Some(event.event_id.to_string())
+        );
+        assert_eq!(
+            p.kind().as_ref().map(|s| s.to_string()),
+            Some(event.event_type.clone())
+        );
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.to_string()),
+            Some("application/json".to_owned())
+        );
+        assert_eq!(*p.delivery_mode(), Some(2), "persistent");
+        assert_eq!(
+            *p.timestamp(),
+            Some(event.created_at.timestamp() as u64),
+            "timestamp in seconds"
+        );
+        let headers = common::headers(delivery);
+        assert_eq!(headers["event_id"], event.event_id.to_string());
+        assert_eq!(headers["aggregate_type"], event.aggregate_type);
+        assert_eq!(headers["aggregate_id"], event.aggregate_id);
+        assert_eq!(headers["event_type"], event.event_type);
+        for (name, value) in &event.headers {
+            if name != "aggregate_id" {
+                assert_eq!(headers.get(name), Some(value), "header {name}");
+            }
+        }
+    }
+    let headers = common::headers(&deliveries[0]);
+    assert_eq!(headers["created_at"], "2024-05-01T12:00:00.123456Z");
+    assert_eq!(headers["tenant"], "acme \"eu\"");
+    assert_eq!(headers["aggregate_id"], "42");
+    let names: Vec<String> = common::headers(&deliveries[1]).into_keys().collect();
+    assert_eq!(
+        names,
+        [
+            "aggregate_id",
+            "aggregate_type",
+            "created_at",
+            "event_id",
+            "event_type"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_messages_never_count_as_published() {
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let bound = format!("{prefix}.order");
+    admin
+        .bind_queue(&bound, common::TEST_EXCHANGE, &bound, &[])
+        .await;
+    let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
+
+    // Orders are routed; invoices (no queue bound) are not — interleaved in one batch, so
+    // that `multiple` acks mix the returned messages with the acked ones.
+    let mut batch: Vec<OutboxEvent> = Vec::new();
+    for i in 0..40 {
+        let kind = if i % 3 == 0 { "invoice" } else { "order" };
+        batch.push(sample_event(i + 1, kind, &format!("a{i}"), "Changed"));
+    }
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert_eq!(outcomes.len(), batch.len());
+    for (event, outcome) in batch.iter().zip(&outcomes) {
+        if event.aggregate_type == "invoice" {
+            match outcome {
+                Outcome::Retry(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                    let text = e.full_message();
+                    assert!(text.contains("312 NO_ROUTE"), "{text}");
+                    assert!(text.contains(&format!("`{prefix}.invoice`")), "{text}");
+                    assert!(text.contains("`outbox.tests`"), "{text}");
+                }
+                other => panic!("unroutable event {}: {other:?}", event.id),
+            }
+        } else {
+            assert!(outcome.is_published(), "event {}: {outcome:?}", event.id);
+        }
+    }
+    let routed = batch.iter().filter(|e| e.aggregate_type == "order").count();
+    let deliveries = admin.drain(&bound, routed, Duration::from_secs(10)).await;
+    assert_eq!(deliveries.len(), routed);
+
+    // unroutable = "reject": parked at once.
+    let rejecting = connect(RabbitMqConfig {
+        unroutable: UnroutablePolicy::Reject,
+        ..config(&format!("{prefix}.{{aggregate_type}}"))
+    })
+    .await;
+    let batch = vec![
+        sample_event(100, "order", "x", "Changed"),
+        sample_event(101, "invoice", "y", "Changed"),
+    ];
+    let outcomes = rejecting.publish(&batch).await.expect("publish");
+    assert!(outcomes[0].is_published(), "{}", describe(&outcomes));
+    assert!(
+        matches!(&outcomes[1], Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable),
+        "{}",
+        describe(&outcomes)
+    );
+
+    // mandatory = false: RabbitMQ drops unroutable messages silently and acks them (documented).
+    let lax = connect(RabbitMqConfig {
+        mandatory: false,
+        ..config(&format!("{prefix}.{{aggregate_type}}"))
+    })
+    .await;
+    let outcomes = lax.publish(&batch).await.expect("publish");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    assert_eq!(
+        admin.drain(&bound, 2, Duration::from_secs(10)).await.len(),
+        2
+    );
+    admin.delete_queue(&bound).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacked_messages_are_retried() {
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(
+            &queue,
+            common::TEST_EXCHANGE,
+            &queue,
+            &[
+                ("x-max-length", AMQPValue::LongInt(2)),
+                ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+            ],
+        )
+        .await;
+    let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
+    let batch = sample_batch(1, 5, "order", 5);
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    let published = outcomes.iter().filter(|o| o.is_published()).count();
+    assert_eq!(published, 2, "{}", describe(&outcomes));
+    for outcome in &outcomes[2..] {
+        match outcome {
+            Outcome::Retry(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                assert!(e.message().contains("basic.nack"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let deliveries = admin.drain(&queue, 2, Duration::from_secs(10)).await;
+    assert_eq!(deliveries.len(), 2);
+    admin.delete_queue(&queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_that_cannot_be_amqp_messages_are_rejected_alone() {
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
+        .await;
+    let sink = connect(RabbitMqConfig {
+        max_message_bytes: 1000,
+        ..config(&format!("{prefix}.{{aggregate_type}}"))
+    })
+    .await;
+    let mut batch = sample_batch(1, 5, "order", 5);
+    batch[1].destination = Some("k".repeat(300));
+    batch[2].headers.insert("h".repeat(256), "v".to_owned());
+    batch[3].payload = format!("\"{}\"", "x".repeat(2000));
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert!(outcomes[0].is_published() && outcomes[4].is_published());
+    for (i, kind) in [
+        (1, ErrorKind::InvalidMessage),
+        (2, ErrorKind::InvalidMessage),
+        (3, ErrorKind::MessageTooLarge),
+    ] {
+        match &outcomes[i] {
+            Outcome::Reject(e) => assert_eq!(e.kind(), kind, "event {i}: {e}"),
+            other => panic!("event {i}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        admin.drain(&queue, 2, Duration::from_secs(10)).await.len(),
+        2
+    );
+    admin.delete_queue(&queue).await;
+}
+
+/// Restores the broker's `max_message_size` when dropped, even if the test fails.
+struct MaxMessageSize(String);
+
+impl Drop for MaxMessageSize {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args([
+                "eval",
+                &format!("application:set_env(rabbit, max_message_size, {}).", self.0),
+            ])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
+    // Lower the broker's max_message_size (new channels pick it up), restore it afterwards.
+    let current = common::rabbitmqctl(&["eval", "application:get_env(rabbit, max_message_size)."]);
+    let current = current
+        .trim()
+        .strip_prefix("{ok,")
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or("134217728")
+        .to_owned();
+    let _restore = MaxMessageSize(current);
+    common::rabbitmqctl(&[
+        "eval",
+        "application:set_env(rabbit, max_message_size, 65536).",
+    ]);
+
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
+        .await;
+    // The sink allows more than the broker does: the broker closes the channel.
+    let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
+    let mut batch = sample_batch(1, 6, "order", 6);
+    batch[2].payload = format!("\"{}\"", "x".repeat(100_000));
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            match outcome {
+                Outcome::Reject(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+                    assert!(e.full_message().contains("406"), "{e}");
+                }
+                other => panic!("the oversized event: {other:?}"),
+            }
+        } else {
+            assert!(outcome.is_published(), "event {i}: {outcome:?}");
+        }
+    }
+    // Each good event arrived (maybe twice: at least once), the refused one never.
+    let deliveries = admin.drain(&queue, 5, Duration::from_secs(10)).await;
+    let ids: std::collections::HashSet<String> = deliveries
+        .iter()
+        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    for (i, event) in batch.iter().enumerate() {
+        assert_eq!(
+            ids.contains(&event.event_id.to_string()),
+            i != 2,
+            "event {i}"
+        );
+    }
+    // The sink goes on with a new channel.
+    let next = sample_batch(10, 3, "order", 3);
+    let outcomes = sink
+        .publish(&next)
+        .await
+        .expect("publish after the refusal");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    admin.delete_queue(&queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_fails_the_call_and_is_named() {
+    let prefix = common::unique_prefix();
+    let exchange = format!("{prefix}.missing");
+    let config = RabbitMqConfig {
+        routing_key: format!("{prefix}.{{aggregate_type}}"),
+        ..RabbitMqConfig::new(common::rabbitmq_url(), &exchange)
+    };
+    let e = RabbitMqSink::connect(config.clone()).await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("exchange `{exchange}` does not exist")),
+        "{text}"
+    );
+    assert!(text.contains("sink.rabbitmq.declare_exchange"), "{text}");
+
+    // Publishing to it fails the whole call (nothing is dead-lettered)...
+    let sink = RabbitMqSink::connect_lazy(config).unwrap();
+    let batch = sample_batch(1, 4, "order", 4);
+    let e = sink.publish(&batch).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+    assert!(e.to_string().contains(&exchange), "{e}");
+
+    // ... and once the exchange exists, the same sink publishes (a new channel is opened).
+    let admin = common::Admin::connect().await;
+    admin
+        .channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            lapin::ExchangeKind::Topic,
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{prefix}.order");
+    admin.bind_queue(&queue, &exchange, &queue, &[]).await;
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    assert_eq!(
+        admin.drain(&queue, 4, Duration::from_secs(10)).await.len(),
+        4
+    );
+    admin.delete_queue(&queue).await;
+    let _ = admin
+        .channel
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declares_the_exchange_when_asked_and_names_a_conflict() {
+    let prefix = common::unique_prefix();
+    let exchange = format!("{prefix}.declared");
+    let declaring = RabbitMqConfig {
+        routing_key: format!("{prefix}.{{aggregate_type}}"),
+        declare_exchange: true,
+        exchange_type: "direct".to_owned(),
+        exchange_durable: false,
+        ..RabbitMqConfig::new(common::rabbitmq_url(), &exchange)
+    };
+    let sink = connect(declaring.clone()).await;
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin.bind_queue(&queue, &exchange, &queue, &[]).await;
+    let batch = sample_batch(1, 3, "order", 3);
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    assert_eq!(
+        admin.drain(&queue, 3, Duration::from_secs(10)).await.len(),
+        3
+    );
+
+    let e = RabbitMqSink::connect(RabbitMqConfig {
+        exchange_type: "fanout".to_owned(),
+        ..declaring
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    let text = e.to_string();
+    assert!(text.contains(&format!("exchange `{exchange}`")), "{text}");
+    assert!(text.contains("sink.rabbitmq.exchange_type"), "{text}");
+    assert!(text.contains("406"), "{text}");
+    admin.delete_queue(&queue).await;
+    let _ = admin
+        .channel
+        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_unauthorized_and_the_password_never_shows() {
+    let config = RabbitMqConfig::new(url_with_password("n0t-the-s3cr3t", "/%2f"), "");
+    let e = RabbitMqSink::connect(config.clone()).await.unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{text}");
+    assert!(!e.is_retryable());
+    assert!(text.contains("refused user `guest`"), "{text}");
+    assert!(text.contains("sink.rabbitmq.url"), "{text}");
+    assert!(!text.contains("n0t-the-s3cr3t"), "{text}");
+    let sink = RabbitMqSink::connect_lazy(config).unwrap();
+    assert!(!format!("{sink:?}").contains("n0t-the-s3cr3t"));
+    let e = sink
+        .publish(&sample_batch(1, 1, "order", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
+    assert!(!e.to_string().contains("n0t-the-s3cr3t"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_vhost_is_refused_and_named() {
+    let url = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let password = url.password().unwrap_or("guest").to_owned();
+    let config = RabbitMqConfig::new(url_with_password(&password, "/no-such-vhost"), "");
+    let e = RabbitMqSink::connect(config).await.unwrap_err();
+    let text = e.to_string();
+    assert!(!e.is_retryable(), "{text}");
+    assert!(text.contains("vhost `no-such-vhost`"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_broker_closes_its_connection() {
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
+        .await;
+    let name = format!("{prefix}-relay");
+    let sink = connect(RabbitMqConfig {
+        connection_name: name.clone(),
+        ..config(&format!("{prefix}.{{aggregate_type}}"))
+    })
+    .await;
+    let first = sample_batch(1, 10, "order", 10);
+    let outcomes = sink.publish(&first).await.expect("publish");
+    assert!(outcomes.iter().all(Outcome::is_published));
+
+    // An operator closes the relay's connection.
+    let listing = common::rabbitmqctl(&["list_connections", "pid", "client_properties", "-s"]);
+    let pid = listing
+        .lines()
+        .find(|line| line.contains(&name))
+        .and_then(|line| line.split_whitespace().next())
+        .unwrap_or_else(|| panic!("connection {name} not listed:\n{listing}"))
+        .to_owned();
+    common::rabbitmqctl(&["close_connection", &pid, "test closes the connection"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sink.is_connected().await {
+        assert!(Instant::now() < deadline, "the sink never saw the close");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The next calls reconnect by themselves; a call that fails does so as a whole, retryably.
+    let second = sample_batch(11, 10, "order", 10);
+    let mut failures = 0;
+    loop {
+        match sink.publish(&second).await {
+            Ok(outcomes) => {
+                assert!(
+                    outcomes.iter().all(Outcome::is_published),
+                    "{}",
+                    describe(&outcomes)
+                );
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+                failures += 1;
+                assert!(failures < 5, "still failing: {e}");
+            }
+        }
+    }
+    assert!(sink.is_connected().await);
+    let deliveries = admin.drain(&queue, 20, Duration::from_secs(10)).await;
+    let ids: std::collections::HashSet<String> = deliveries
+        .iter()
+        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    for event in first.iter().chain(&second) {
+        assert!(
+            ids.contains(&event.event_id.to_string()),
+            "{} lost",
+            event.id
+        );
+    }
+    admin.delete_queue(&queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_name_the_server_and_the_key() {
+    let config = RabbitMqConfig {
+        connect_timeout: Duration::from_secs(3),
+        ..RabbitMqConfig::new("amqp://relay:s3cr3t@127.0.0.1:1/%2f", "events")
+    };
+    let e = RabbitMqSink::connect(config).await.unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{text}");
+    assert!(e.is_retryable());
+    assert!(
+        text.starts_with("cannot reach RabbitMQ at 127.0.0.1:1 (sink.rabbitmq.url): "),
+        "{text}"
+    );
+    assert!(!text.contains("s3cr3t"), "{text}");
+}
+
+/// A TCP proxy to the broker that can be frozen: while frozen, bytes stop flowing both ways
+/// and the connections stay open — a broker that hangs.
+async fn freezable_proxy(frozen: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let broker = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let upstream = format!(
+        "{}:{}",
+        broker.host_str().unwrap_or("127.0.0.1"),
+        broker.port().unwrap_or(5672)
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            for (mut from, mut to) in [(client_read, server_write), (server_read, client_write)] {
+                let frozen = frozen.clone();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from.read(&mut buffer).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while frozen.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        if to.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let frozen = std::sync::Arc::new(AtomicBool::new(false));
+    let port = freezable_proxy(frozen.clone()).await;
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
+        .await;
+    let mut url = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    url.set_port(Some(port)).unwrap();
+    let sink = connect(RabbitMqConfig {
+        confirm_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..RabbitMqConfig {
+            url: url.to_string(),
+            ..config(&format!("{prefix}.{{aggregate_type}}"))
+        }
+    })
+    .await;
+    let first = sample_batch(1, 5, "order", 5);
+    assert!(sink
+        .publish(&first)
+        .await
+        .expect("publish")
+        .iter()
+        .all(Outcome::is_published));
+
+    // The broker hangs: the call fails as a whole, in bounded time, retryably.
+    frozen.store(true, Ordering::Relaxed);
+    let second = sample_batch(6, 5, "order", 5);
+    let started = Instant::now();
+    let e = sink.publish(&second).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "{e}");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.is_retryable());
+    assert!(
+        e.to_string().contains("sink.rabbitmq.confirm_timeout"),
+        "{e}"
+    );
+    // Still hanging: reconnecting times out too (connect_timeout).
+    let e = sink.publish(&second).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.is_retryable());
+
+    // It answers again: the next call goes through a new connection.
+    frozen.store(false, Ordering::Relaxed);
+    let outcomes = sink.publish(&second).await.expect("publish after the hang");
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    let deliveries = admin.drain(&queue, 10, Duration::from_secs(10)).await;
+    let ids: std::collections::HashSet<String> = deliveries
+        .iter()
+        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    for event in first.iter().chain(&second) {
+        assert!(
+            ids.contains(&event.event_id.to_string()),
+            "{} lost",
+            event.id
+        );
+    }
+    admin.delete_queue(&queue).await;
+}

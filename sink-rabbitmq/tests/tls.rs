@@ -1,0 +1,192 @@
+//! `amqps://` with `[sink.rabbitmq.tls]`: the local broker speaks plain AMQP, so the test puts
+//! an in-process TLS proxy in front of it, with a certificate signed by a CA made for the test
+//! (`openssl` on the machine).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::testkit::sink_suite::sample_batch;
+use outbox_core::{ErrorKind, Outcome, Sink};
+use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, TlsConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running openssl (needed to make test certificates): {e}"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it (`server.pem`,
+/// `server.key`), in a fresh directory.
+fn make_certificates() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("outbox-rabbitmq-tls-{}", common::unique_prefix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=outbox relay test CA",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    dir
+}
+
+/// Listen for TLS on a free loopback port and forward each connection to the broker.
+async fn tls_proxy(dir: &Path) -> u16 {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let broker = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let upstream = format!(
+        "{}:{}",
+        broker.host_str().unwrap_or("127.0.0.1"),
+        broker.port().unwrap_or(5672)
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(client).await else {
+                    return;
+                };
+                if let Ok(mut broker) = TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut broker).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() {
+    let dir = make_certificates();
+    let port = tls_proxy(&dir).await;
+    let prefix = common::unique_prefix();
+    let admin = common::Admin::connect().await;
+    let queue = format!("{prefix}.order");
+    admin
+        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
+        .await;
+    let plain = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let url = format!(
+        "amqps://{}:{}@127.0.0.1:{port}{}",
+        plain.username(),
+        plain.password().unwrap_or("guest"),
+        plain.path()
+    );
+    let base = RabbitMqConfig {
+        routing_key: format!("{prefix}.{{aggregate_type}}"),
+        connect_timeout: Duration::from_secs(10),
+        ..RabbitMqConfig::new(&url, common::TEST_EXCHANGE)
+    };
+
+    // The CA given in tls.ca_file makes the server trusted.
+    let sink = RabbitMqSink::connect(RabbitMqConfig {
+        tls: TlsConfig {
+            ca_file: Some(dir.join("ca.pem")),
+            ..TlsConfig::default()
+        },
+        ..base.clone()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("connecting over TLS: {e}"));
+    let batch = sample_batch(1, 5, "order", 5);
+    let outcomes = sink.publish(&batch).await.expect("publish over TLS");
+    assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
+    assert_eq!(
+        admin.drain(&queue, 5, Duration::from_secs(10)).await.len(),
+        5
+    );
+
+    // Without it, the certificate is not trusted: a connection error naming the server.
+    let e = RabbitMqSink::connect(base).await.unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "cannot reach RabbitMQ at 127.0.0.1:{port} (sink.rabbitmq.url)"
+        )),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    admin.delete_queue(&queue).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

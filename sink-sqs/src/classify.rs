@@ -1,0 +1,625 @@
+//! The error table: every SQS failure becomes an [`outbox_core::Error`] with a kind and a
+//! retryability, decided here once. The rest of the sink acts on [`ErrorKind`] only.
+//!
+//! **Whole requests** (an `SdkError` of `SendMessageBatch`, `GetQueueUrl`, `ListQueues`):
+//!
+//! | failure | kind | retryable | the sink then |
+//! |---|---|---|---|
+//! | connection refused / reset, DNS, TLS (`DispatchFailure` I/O) | `Connection` | yes | fails the call if nothing else went through, else retries those events |
+//! | attempt or connect timeout (`TimeoutError`, connector timeout) | `Timeout` | yes | same |
+//! | throttling (`RequestThrottled`, `ThrottlingException`, `KmsThrottled`, HTTP 429) | `Unavailable` | yes | same |
+//! | server errors (`InternalError`, `ServiceUnavailable`, any HTTP 5xx) | `Unavailable` | yes | same |
+//! | unparsable response (`ResponseError`) | `Other` | yes | same |
+//! | batch-structure codes (`TooManyEntriesInBatchRequest`, `BatchEntryIdsNotDistinct`, `InvalidBatchEntryId`, `EmptyBatchRequest`): a sink bug | `Other` | yes | same |
+//! | unknown code, HTTP 4xx | `Other` | yes | same |
+//! | credentials or permission refused (`InvalidClientTokenId`, `SignatureDoesNotMatch`, `ExpiredToken`, `AccessDenied`, `InvalidSecurity`, ..., HTTP 401/403) | `Unauthorized` | no | **fails the call** (nothing dead-lettered) |
+//! | the queue's KMS key refused (`KmsAccessDenied`, `KmsDisabled`, `KmsNotFound`, `KmsInvalidState`, ...) | `Unauthorized` | no | **fails the call** |
+//! | no usable credentials in the AWS chain (`CredentialsError`) | `Unauthorized` | no | **fails the call** |
+//! | client misconfiguration (`ConstructionFailure`, connector "user" error, `UnsupportedOperation`) | `Config` | no | **fails the call** |
+//! | `QueueDoesNotExist` / `NonExistentQueue` | `Unroutable` | yes | retries the events of that queue (dead after `max_attempts`) |
+//! | `InvalidAddress` (malformed queue URL) | `Unroutable` | no | rejects the events of that queue |
+//! | `BatchRequestTooLong`, `InvalidParameterValue`, `InvalidMessageContents`, ... | `MessageTooLarge` / `InvalidMessage` | no | sends each entry alone; rejects an entry refused alone |
+//!
+//! **Entries** of a `SendMessageBatch` answer (`Failed` list):
+//!
+//! | entry | kind | retryable |
+//! |---|---|---|
+//! | `SenderFault = true` (too large, invalid attribute, ...) | `InvalidMessage` (or `MessageTooLarge` by code) | no: rejected, parked as dead with SQS's error |
+//! | `SenderFault = false`, throttling / server codes | `Unavailable` | yes |
+//! | `SenderFault = false`, anything else | `Other` | yes |
+//! | a credentials, permission or KMS code, whatever `SenderFault` | `Unauthorized` | no: **fails the call** |
+
+use aws_credential_types::provider::error::CredentialsError;
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::BatchResultErrorEntry;
+use outbox_core::{Error, ErrorKind};
+
+const THROTTLING: &[&str] = &[
+    "RequestThrottled",
+    "RequestThrottledException",
+    "AWS.SimpleQueueService.RequestThrottled",
+    "ThrottlingException",
+    "Throttling",
+    "ThrottledException",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "SlowDown",
+    "KmsThrottled",
+    "KMS.ThrottlingException",
+];
+
+const SERVER: &[&str] = &[
+    "InternalError",
+    "InternalFailure",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "AWS.SimpleQueueService.InternalError",
+];
+
+const CREDENTIALS: &[&str] = &[
+    "InvalidClientTokenId",
+    "InvalidAccessKeyId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+    "MissingAuthenticationTokenException",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "InvalidSecurity",
+    "AWS.SimpleQueueService.InvalidSecurity",
+    "AccessDenied",
+    "AccessDeniedException",
+    "AuthFailure",
+    "AuthorizationError",
+    "NotAuthorized",
+    "OptInRequired",
+];
+
+const KMS: &[&str] = &[
+    "KmsAccessDenied",
+    "KMS.AccessDeniedException",
+    "KmsDisabled",
+    "KMS.DisabledException",
+    "KmsInvalidState",
+    "KMS.InvalidStateException",
+    "KmsNotFound",
+    "KMS.NotFoundException",
+    "KmsInvalidKeyUsage",
+    "KMS.InvalidKeyUsageException",
+    "KmsOptInRequired",
+    "KMS.OptInRequired",
+];
+
+const MISSING_QUEUE: &[&str] = &[
+    "QueueDoesNotExist",
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "NonExistentQueue",
+    "QueueDeletedRecently",
+    "AWS.SimpleQueueService.QueueDeletedRecently",
+];
+
+const BAD_ADDRESS: &[&str] = &["InvalidAddress", "AWS.SimpleQueueService.InvalidAddress"];
+
+const TOO_LARGE: &[&str] = &[
+    "BatchRequestTooLong",
+    "AWS.SimpleQueueService.BatchRequestTooLong",
+    "MessageTooLong",
+    "RequestEntityTooLarge",
+];
+
+const INVALID_MESSAGE: &[&str] = &[
+    "InvalidParameterValue",
+    "InvalidParameterValueException",
+    "InvalidParameterException",
+    "InvalidParameterCombination",
+    "InvalidMessageContents",
+    "InvalidAttributeName",
+    "InvalidAttributeValue",
+    "MissingParameter",
+    "ValidationError",
+    "ValidationException",
+];
+
+const SINK_BUG: &[&str] = &[
+    "TooManyEntriesInBatchRequest",
+    "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+    "BatchEntryIdsNotDistinct",
+    "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+    "InvalidBatchEntryId",
+    "AWS.SimpleQueueService.InvalidBatchEntryId",
+    "EmptyBatchRequest",
+    "AWS.SimpleQueueService.EmptyBatchRequest",
+];
+
+const UNSUPPORTED: &[&str] = &[
+    "UnsupportedOperation",
+    "AWS.SimpleQueueService.UnsupportedOperation",
+    "InvalidAction",
+    "UnknownOperationException",
+];
+
+/// The kind and retryability of an SQS error code (service error or batch entry), with the
+/// HTTP status of the answer when there was one. Unknown codes are `Other` and retryable:
+/// never dead-letter an event on an error nobody understood.
+pub fn classify_code(code: Option<&str>, status: Option<u16>) -> (ErrorKind, bool) {
+    if let Some(code) = code {
+        let is = |set: &[&str]| set.contains(&code);
+        if is(THROTTLING) || is(SERVER) {
+            return (ErrorKind::Unavailable, true);
+        }
+        if is(CREDENTIALS) || is(KMS) {
+            return (ErrorKind::Unauthorized, false);
+        }
+        if is(MISSING_QUEUE) {
+            return (ErrorKind::Unroutable, true);
+        }
+        if is(BAD_ADDRESS) {
+            return (ErrorKind::Unroutable, false);
+        }
+        if is(TOO_LARGE) {
+            return (ErrorKind::MessageTooLarge, false);
+        }
+        if is(INVALID_MESSAGE) {
+            return (ErrorKind::InvalidMessage, false);
+        }
+        if is(SINK_BUG) {
+            return (ErrorKind::Other, true);
+        }
+        if is(UNSUPPORTED) {
+            return (ErrorKind::Config, false);
+        }
+    }
+    match status {
+        Some(429) => (ErrorKind::Unavailable, true),
+        Some(401 | 403) => (ErrorKind::Unauthorized, false),
+        Some(s) if s >= 500 => (ErrorKind::Unavailable, true),
+        _ => (ErrorKind::Other, true),
+    }
+}
+
+fn error(kind: ErrorKind, retryable: bool, message: String) -> Error {
+    let error = Error::new(kind, message);
+    if retryable {
+        error.temporary()
+    } else {
+        error.permanent()
+    }
+}
+
+/// Turn an SDK error of any SQS operation into the relay's error (see the module table).
+pub fn classify_sdk_error<E>(err: &SdkError<E, HttpResponse>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if let Some(credentials) = find_source::<CredentialsError>(err) {
+        let reason = chain(credentials);
+        return error(
+            ErrorKind::Unauthorized,
+            false,
+            format!(
+                "no usable AWS credentials ({reason}); provide them through the AWS chain: \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance/task role"
+            ),
+        );
+    }
+    match err {
+        SdkError::ServiceError(service) => {
+            let status = service.raw().status().as_u16();
+            let inner = service.err();
+            let code = inner.code();
+            let (kind, retryable) = classify_code(code, Some(status));
+            let text = match (code, inner.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => code.to_owned(),
+                (None, Some(message)) => message.to_owned(),
+                (None, None) => "the service refused the request".to_owned(),
+            };
+            error(kind, retryable, format!("{text} (HTTP {status})"))
+        }
+        SdkError::TimeoutError(_) => error(
+            ErrorKind::Timeout,
+            true,
+            format!("no answer in time: {}", chain(err)),
+        ),
+        SdkError::DispatchFailure(dispatch) => {
+            let (kind, retryable) = if dispatch.is_timeout() {
+                (ErrorKind::Timeout, true)
+            } else if dispatch.is_user() {
+                (ErrorKind::Config, false)
+            } else {
+                (ErrorKind::Connection, true)
+            };
+            error(kind, retryable, format!("cannot reach SQS: {}", chain(err)))
+        }
+        SdkError::ResponseError(_) => error(
+            ErrorKind::Other,
+            true,
+            format!("unreadable answer: {}", chain(err)),
+        ),
+        SdkError::ConstructionFailure(_) => error(
+            ErrorKind::Config,
+            false,
+            format!("cannot build the request: {}", chain(err)),
+        ),
+        _ => error(ErrorKind::Other, true, chain(err)),
+    }
+}
+
+/// Turn one `Failed` entry of a `SendMessageBatch` answer into the relay's error, with SQS's
+/// code and message as text (what is stored in `last_error`).
+pub fn classify_entry(entry: &BatchResultErrorEntry) -> Error {
+    let code = entry.code();
+    let (known, _) = classify_code(Some(code), None);
+    let text = match entry.message() {
+        Some(message) => format!("{code}: {message}"),
+        None => code.to_owned(),
+    };
+    let text = if entry.sender_fault() {
+        format!("{text} (sender fault)")
+    } else {
+        text
+    };
+    match known {
+        ErrorKind::Unauthorized | ErrorKind::Config => error(known, false, text),
+        _ if entry.sender_fault() => {
+            let kind = match known {
+                ErrorKind::MessageTooLarge | ErrorKind::Unroutable => known,
+                _ => ErrorKind::InvalidMessage,
+            };
+            error(kind, false, text)
+        }
+        ErrorKind::Unavailable => error(ErrorKind::Unavailable, true, text),
+        _ => error(ErrorKind::Other, true, text),
+    }
+}
+
+/// Whether SQS refused an operation for lack of permission (`AccessDenied`): the endpoint
+/// answered and the credentials are valid — the caller may not do this particular thing.
+pub fn is_access_denied<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool {
+    err.as_service_error()
+        .and_then(ProvideErrorMetadata::code)
+        .is_some_and(|code| {
+            matches!(
+                code,
+                "AccessDenied" | "AccessDeniedException" | "AuthorizationError" | "NotAuthorized"
+            )
+        })
+}
+
+/// Whether an error fails the whole `publish` call (returned as `Err`, nothing dead-lettered):
+/// refused credentials or permissions, or a client misconfiguration.
+pub fn fails_whole_call(error: &Error) -> bool {
+    matches!(error.kind(), ErrorKind::Unauthorized | ErrorKind::Config)
+}
+
+/// Whether a whole request failed for a reason that says nothing about its messages (broker
+/// unreachable, slow, throttling, overloaded): when every request of a call fails so, the call
+/// fails as a whole and no attempt is counted against the events.
+pub fn is_transient(error: &Error) -> bool {
+    error.is_retryable()
+        && matches!(
+            error.kind(),
+            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable | ErrorKind::Other
+        )
+}
+
+/// Whether a whole request was refused for its content (too long, an invalid entry): each of
+/// its entries is then sent alone, so that only the bad one is rejected.
+pub fn refuses_content(error: &Error) -> bool {
+    !error.is_retryable()
+        && matches!(
+            error.kind(),
+            ErrorKind::MessageTooLarge | ErrorKind::InvalidMessage
+        )
+}
+
+/// An error and its causes on one line (`dispatch failure: io error: ...: Connection refused`),
+/// each text once.
+fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut next = Some(err);
+    while let Some(current) = next {
+        let text = current.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        next = current.source();
+    }
+    out
+}
+
+fn find_source<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut next = Some(err);
+    while let Some(current) = next {
+        if let Some(found) = current.downcast_ref::<T>() {
+            return Some(found);
+        }
+        next = current.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use aws_credential_types::provider::error::CredentialsError;
+    use aws_sdk_sqs::error::{ConnectorError, ErrorMetadata};
+    use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError;
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+
+    use super::*;
+
+    type BatchSdkError = SdkError<SendMessageBatchError, HttpResponse>;
+
+    fn service(code: &str, status: u16) -> BatchSdkError {
+        let meta = ErrorMetadata::builder()
+            .code(code)
+            .message("details from SQS")
+            .build();
+        SdkError::service_error(
+            SendMessageBatchError::generic(meta),
+            HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty()),
+        )
+    }
+
+    fn check(err: BatchSdkError, kind: ErrorKind, retryable: bool) -> Error {
+        let e = classify_sdk_error(&err);
+        assert_eq!(e.kind(), kind, "{e}");
+        assert_eq!(e.is_retryable(), retryable, "{e}");
+        e
+    }
+
+    fn entry(code: &str, sender_fault: bool) -> Error {
+        let entry = BatchResultErrorEntry::builder()
+            .id("e0")
+            .code(code)
+            .sender_fault(sender_fault)
+            .message("details from SQS")
+            .build()
+            .unwrap();
+        classify_entry(&entry)
+    }
+
+    #[test]
+    fn connection_failures_are_transient_connection_errors() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = check(
+            SdkError::dispatch_failure(ConnectorError::io(Box::new(refused))),
+            ErrorKind::Connection,
+            true,
+        );
+        assert_eq!(
+            e.message(),
+            "cannot reach SQS: dispatch failure: io error: connection refused"
+        );
+        assert!(is_transient(&e) && !fails_whole_call(&e));
+        let other = ConnectorError::other("tls handshake eof".into(), None);
+        check(
+            SdkError::dispatch_failure(other),
+            ErrorKind::Connection,
+            true,
+        );
+    }
+
+    #[test]
+    fn timeouts_are_transient_timeouts() {
+        let e = check(
+            SdkError::timeout_error("operation attempt timeout"),
+            ErrorKind::Timeout,
+            true,
+        );
+        assert!(is_transient(&e));
+        let connect = ConnectorError::timeout("connect timeout".into());
+        check(
+            SdkError::dispatch_failure(connect),
+            ErrorKind::Timeout,
+            true,
+        );
+    }
+
+    #[test]
+    fn throttling_is_unavailable() {
+        for code in [
+            "RequestThrottled",
+            "AWS.SimpleQueueService.RequestThrottled",
+            "ThrottlingException",
+            "KmsThrottled",
+        ] {
+            let e = check(service(code, 400), ErrorKind::Unavailable, true);
+            assert!(is_transient(&e), "{code}");
+        }
+        check(service("Whatever", 429), ErrorKind::Unavailable, true);
+    }
+
+    #[test]
+    fn server_errors_are_unavailable() {
+        check(service("InternalError", 500), ErrorKind::Unavailable, true);
+        check(
+            service("ServiceUnavailable", 503),
+            ErrorKind::Unavailable,
+            true,
+        );
+        check(service("SomethingNew", 502), ErrorKind::Unavailable, true);
+    }
+
+    #[test]
+    fn refused_credentials_fail_the_call() {
+        for code in [
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "AccessDenied",
+            "AccessDeniedException",
+            "InvalidSecurity",
+        ] {
+            let e = check(service(code, 403), ErrorKind::Unauthorized, false);
+            assert!(fails_whole_call(&e), "{code}");
+            assert!(e.message().starts_with(code), "{e}");
+            assert!(e.message().contains("details from SQS"), "{e}");
+        }
+        check(service("Unknown", 401), ErrorKind::Unauthorized, false);
+    }
+
+    #[test]
+    fn refused_kms_keys_fail_the_call() {
+        for code in [
+            "KmsAccessDenied",
+            "KmsDisabled",
+            "KmsNotFound",
+            "KmsInvalidState",
+            "KmsInvalidKeyUsage",
+            "KmsOptInRequired",
+        ] {
+            let e = check(service(code, 400), ErrorKind::Unauthorized, false);
+            assert!(fails_whole_call(&e), "{code}");
+        }
+    }
+
+    #[test]
+    fn missing_credentials_fail_the_call() {
+        let missing = CredentialsError::not_loaded("no providers in chain provided credentials");
+        let dispatch = ConnectorError::other(Box::new(missing), None);
+        let e = check(
+            SdkError::dispatch_failure(dispatch),
+            ErrorKind::Unauthorized,
+            false,
+        );
+        assert!(fails_whole_call(&e));
+        assert!(e.message().contains("AWS_ACCESS_KEY_ID"), "{e}");
+    }
+
+    #[test]
+    fn client_misconfiguration_fails_the_call() {
+        let e = check(
+            SdkError::construction_failure("no region configured"),
+            ErrorKind::Config,
+            false,
+        );
+        assert!(fails_whole_call(&e));
+        let user = ConnectorError::user("invalid endpoint URI".into());
+        check(SdkError::dispatch_failure(user), ErrorKind::Config, false);
+        check(
+            service("UnsupportedOperation", 400),
+            ErrorKind::Config,
+            false,
+        );
+    }
+
+    #[test]
+    fn missing_queues_are_retryable_unroutable() {
+        for code in [
+            "QueueDoesNotExist",
+            "AWS.SimpleQueueService.NonExistentQueue",
+        ] {
+            let e = check(service(code, 400), ErrorKind::Unroutable, true);
+            assert!(!fails_whole_call(&e) && !is_transient(&e), "{code}");
+        }
+        let e = check(service("InvalidAddress", 404), ErrorKind::Unroutable, false);
+        assert!(!fails_whole_call(&e) && !is_transient(&e));
+    }
+
+    #[test]
+    fn refused_request_content_is_split() {
+        let e = check(
+            service("AWS.SimpleQueueService.BatchRequestTooLong", 400),
+            ErrorKind::MessageTooLarge,
+            false,
+        );
+        assert!(refuses_content(&e));
+        let e = check(
+            service("InvalidParameterValue", 400),
+            ErrorKind::InvalidMessage,
+            false,
+        );
+        assert!(refuses_content(&e) && !is_transient(&e) && !fails_whole_call(&e));
+    }
+
+    #[test]
+    fn batch_structure_errors_are_retryable_sink_bugs() {
+        for code in [
+            "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+            "BatchEntryIdsNotDistinct",
+            "InvalidBatchEntryId",
+            "EmptyBatchRequest",
+        ] {
+            let e = check(service(code, 400), ErrorKind::Other, true);
+            assert!(is_transient(&e), "{code}");
+        }
+    }
+
+    #[test]
+    fn access_denied_is_recognised_for_check() {
+        assert!(is_access_denied(&service("AccessDenied", 403)));
+        assert!(is_access_denied(&service("AccessDeniedException", 400)));
+        assert!(!is_access_denied(&service("InvalidClientTokenId", 403)));
+        assert!(!is_access_denied(&SdkError::<
+            SendMessageBatchError,
+            HttpResponse,
+        >::timeout_error("t")));
+    }
+
+    #[test]
+    fn unknown_client_errors_are_retried() {
+        let e = check(service("SomethingNew", 400), ErrorKind::Other, true);
+        assert_eq!(e.message(), "SomethingNew: details from SQS (HTTP 400)");
+    }
+
+    #[test]
+    fn unreadable_answers_are_retried() {
+        let raw = HttpResponse::new(StatusCode::try_from(200).unwrap(), SdkBody::from("<html>"));
+        let err: BatchSdkError = SdkError::response_error("not JSON", raw);
+        check(err, ErrorKind::Other, true);
+    }
+
+    #[test]
+    fn sender_fault_entries_are_rejected_with_sqs_error() {
+        let e = entry("InvalidParameterValueException", true);
+        assert_eq!(e.kind(), ErrorKind::InvalidMessage);
+        assert!(!e.is_retryable());
+        assert!(!fails_whole_call(&e));
+        assert_eq!(
+            e.message(),
+            "InvalidParameterValueException: details from SQS (sender fault)"
+        );
+        let e = entry("MessageTooLong", true);
+        assert_eq!(e.kind(), ErrorKind::MessageTooLarge);
+        assert!(!e.is_retryable());
+        let e = entry("SomethingNew", true);
+        assert_eq!(e.kind(), ErrorKind::InvalidMessage);
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn server_fault_entries_are_retried() {
+        let e = entry("InternalError", false);
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        let e = entry("RequestThrottled", false);
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        let e = entry("SomethingNew", false);
+        assert_eq!(e.kind(), ErrorKind::Other);
+        assert!(e.is_retryable());
+    }
+
+    #[test]
+    fn permission_entries_fail_the_call_whatever_the_fault() {
+        for sender_fault in [true, false] {
+            let e = entry("KMS.AccessDeniedException", sender_fault);
+            assert_eq!(e.kind(), ErrorKind::Unauthorized);
+            assert!(fails_whole_call(&e));
+        }
+    }
+}

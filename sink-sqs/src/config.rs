@@ -1,0 +1,366 @@
+//! Configuration of the SQS sink (`[sink.sqs]`).
+//!
+//! Credentials are deliberately not configuration keys: they come from the standard AWS chain
+//! (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, the shared profile files, web identity, ECS
+//! or EC2 instance roles...), so they never sit in a relay configuration file or its logs.
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_core::{DestinationTemplate, Error, Result};
+use serde::Deserialize;
+
+/// Where this configuration lives in the relay's configuration file; error messages name it.
+pub const CONFIG_SECTION: &str = "sink.sqs";
+
+/// Most entries SQS takes in one `SendMessageBatch` request.
+pub const MAX_ENTRIES_PER_REQUEST: usize = 10;
+
+/// The largest request (and message) SQS accepts at all: 1 MiB.
+pub const SQS_MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// The classic SQS limit for one `SendMessageBatch` request and one message: 256 KiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 256 * 1024;
+
+/// Configuration of [`SqsSink`](crate::SqsSink).
+///
+/// Every key has a default; unknown keys are errors. There are no credential keys (see the
+/// module documentation), and `Debug` hides the user-info part of an endpoint URL.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqsConfig {
+    /// Destination template naming the queue: a queue name (`orders`, `orders.fifo`), a queue
+    /// URL or a queue ARN; a row's `destination` overrides it. Names ending in `.fifo` are
+    /// FIFO queues.
+    pub queue: String,
+    /// Endpoint override, e.g. `http://127.0.0.1:4566` for LocalStack. Default: the AWS chain
+    /// (`AWS_ENDPOINT_URL_SQS`, `AWS_ENDPOINT_URL`, the profile), else the regional endpoint.
+    pub endpoint: Option<String>,
+    /// AWS region, e.g. `eu-west-1`. Default: the AWS chain (`AWS_REGION`, the profile...).
+    pub region: Option<String>,
+    /// A named profile of the shared AWS config files. Default: `AWS_PROFILE`, else `default`.
+    pub profile: Option<String>,
+    /// Account owning the queues, for queues given by name that another account owns.
+    pub queue_owner_account_id: Option<String>,
+    /// On standard queues, set `MessageGroupId = aggregate_id` (SQS fair queues: one noisy
+    /// aggregate cannot delay the others' consumers). FIFO queues always get it.
+    pub fair_queue_group: bool,
+    /// Most events in one `publish` call; the sink splits a call into `SendMessageBatch`
+    /// requests of at most 10 entries and `max_request_bytes` each, sent concurrently.
+    pub max_batch_len: usize,
+    /// Most bytes in one `SendMessageBatch` request (bodies plus attributes). 256 KiB works on
+    /// every SQS; AWS accepts up to 1 MiB since 2025.
+    pub max_request_bytes: usize,
+    /// Most `SendMessageBatch` requests in flight at once within one call.
+    pub max_concurrent_requests: usize,
+    /// How long opening a connection may take.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long one attempt of one request may take before it is abandoned.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Attempts the AWS SDK makes per request (first try included) on throttling and transient
+    /// errors, before the relay's own backoff takes over.
+    pub retry_attempts: u32,
+}
+
+impl Default for SqsConfig {
+    fn default() -> Self {
+        Self {
+            queue: "{aggregate_type}".to_owned(),
+            endpoint: None,
+            region: None,
+            profile: None,
+            queue_owner_account_id: None,
+            fair_queue_group: false,
+            max_batch_len: 100,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_concurrent_requests: 10,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            retry_attempts: 3,
+        }
+    }
+}
+
+impl fmt::Debug for SqsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqsConfig")
+            .field("queue", &self.queue)
+            .field("endpoint", &self.redacted_endpoint())
+            .field("region", &self.region)
+            .field("profile", &self.profile)
+            .field("queue_owner_account_id", &self.queue_owner_account_id)
+            .field("fair_queue_group", &self.fair_queue_group)
+            .field("max_batch_len", &self.max_batch_len)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry_attempts", &self.retry_attempts)
+            .finish()
+    }
+}
+
+impl SqsConfig {
+    /// A configuration routing to `queue` (a template) with every other key at its default.
+    pub fn new(queue: impl Into<String>) -> Self {
+        Self {
+            queue: queue.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The endpoint override without any user-info part, fit for logs.
+    pub fn redacted_endpoint(&self) -> Option<String> {
+        self.endpoint.as_deref().map(redact_url)
+    }
+
+    /// Check every key; errors name the key (`sink.sqs.endpoint: ...`).
+    pub fn validate(&self) -> Result<()> {
+        self.template()?;
+        if let Some(endpoint) = &self.endpoint {
+            let shown = redact_url(endpoint);
+            let url = url::Url::parse(endpoint).map_err(|e| {
+                Error::config(format!(
+                    "{CONFIG_SECTION}.endpoint: `{shown}` is not a URL: {e} \
+                     (expected e.g. http://127.0.0.1:4566)"
+                ))
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.endpoint: unsupported scheme `{}://` (expected http:// or https://)",
+                    url.scheme()
+                )));
+            }
+            if url.host_str().is_none_or(str::is_empty) {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.endpoint: `{shown}` has no host"
+                )));
+            }
+        }
+        if let Some(region) = &self.region {
+            let valid = !region.is_empty()
+                && region
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !valid {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.region: `{region}` is not an AWS region name (e.g. us-east-1)"
+                )));
+            }
+        }
+        if let Some(profile) = &self.profile {
+            if profile.trim().is_empty() {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.profile: must not be empty (leave it out for the default chain)"
+                )));
+            }
+        }
+        if let Some(account) = &self.queue_owner_account_id {
+            if account.len() != 12 || !account.chars().all(|c| c.is_ascii_digit()) {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.queue_owner_account_id: `{account}` is not a 12-digit AWS account id \
+                     (give it as a string in TOML: \"123456789012\")"
+                )));
+            }
+        }
+        if self.max_batch_len == 0 || self.max_batch_len > 10_000 {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.max_batch_len: must be between 1 and 10000, got {}",
+                self.max_batch_len
+            )));
+        }
+        if !(1024..=SQS_MAX_REQUEST_BYTES).contains(&self.max_request_bytes) {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.max_request_bytes: must be between 1024 and {SQS_MAX_REQUEST_BYTES} \
+                 (SQS's limit), got {}",
+                self.max_request_bytes
+            )));
+        }
+        if self.max_concurrent_requests == 0 || self.max_concurrent_requests > 256 {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.max_concurrent_requests: must be between 1 and 256, got {}",
+                self.max_concurrent_requests
+            )));
+        }
+        if self.retry_attempts == 0 || self.retry_attempts > 10 {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.retry_attempts: must be between 1 and 10, got {}",
+                self.retry_attempts
+            )));
+        }
+        for (key, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.{key}: must be longer than 0s"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parsed queue template.
+    pub fn template(&self) -> Result<DestinationTemplate> {
+        DestinationTemplate::parse(&self.queue)
+            .map_err(|e| e.context(format!("{CONFIG_SECTION}.queue")))
+    }
+}
+
+/// Drop the user-info part (`user:password@`) of a URL.
+pub(crate) fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            if (!url.username().is_empty() || url.password().is_some())
+                && (url.set_username("").is_err() || url.set_password(None).is_err())
+            {
+                return strip_userinfo(raw);
+            }
+            url.to_string().trim_end_matches('/').to_owned()
+        }
+        Err(_) => strip_userinfo(raw),
+    }
+}
+
+fn strip_userinfo(raw: &str) -> String {
+    match (raw.find("://"), raw.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}***@{}", &raw[..scheme_end + 3], &raw[at + 1..])
+        }
+        (None, Some(at)) => format!("***@{}", &raw[at + 1..]),
+        _ => raw.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_json(value: serde_json::Value) -> std::result::Result<SqsConfig, String> {
+        serde_json::from_value(value).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults() {
+        let config = from_json(serde_json::json!({})).unwrap();
+        assert_eq!(config, SqsConfig::default());
+        assert_eq!(config.queue, "{aggregate_type}");
+        assert_eq!(config.endpoint, None);
+        assert_eq!(config.region, None);
+        assert!(!config.fair_queue_group);
+        assert_eq!(config.max_batch_len, 100);
+        assert_eq!(config.max_request_bytes, 262_144);
+        assert_eq!(config.max_concurrent_requests, 10);
+        assert_eq!(config.connect_timeout, Duration::from_secs(5));
+        assert_eq!(config.request_timeout, Duration::from_secs(10));
+        assert_eq!(config.retry_attempts, 3);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn all_keys_and_human_durations() {
+        let config = from_json(serde_json::json!({
+            "queue": "app-{aggregate_type}.fifo",
+            "endpoint": "http://127.0.0.1:4566",
+            "region": "eu-west-1",
+            "profile": "relay",
+            "queue_owner_account_id": "123456789012",
+            "fair_queue_group": true,
+            "max_batch_len": 500,
+            "max_request_bytes": 1_048_576,
+            "max_concurrent_requests": 4,
+            "connect_timeout": "1500ms",
+            "request_timeout": "1m",
+            "retry_attempts": 5,
+        }))
+        .unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(config.request_timeout, Duration::from_secs(60));
+        assert_eq!(config.max_request_bytes, SQS_MAX_REQUEST_BYTES);
+        assert!(config.fair_queue_group);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = from_json(serde_json::json!({ "queue_url": "x" })).unwrap_err();
+        assert!(e.contains("unknown field `queue_url`"), "{e}");
+        // Credentials are not configuration keys: they come from the AWS chain.
+        let e = from_json(serde_json::json!({ "secret_access_key": "x" })).unwrap_err();
+        assert!(e.contains("unknown field `secret_access_key`"), "{e}");
+    }
+
+    #[test]
+    fn endpoint_user_info_never_shows() {
+        let config = SqsConfig {
+            endpoint: Some("https://key:s3cr3t@sqs.internal:4566/".into()),
+            ..SqsConfig::default()
+        };
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        assert!(!debug.contains("key:"), "{debug}");
+        assert_eq!(
+            config.redacted_endpoint().as_deref(),
+            Some("https://sqs.internal:4566")
+        );
+        assert_eq!(redact_url("not a url:s3cr3t@host"), "***@host");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let bad = |config: SqsConfig| config.validate().unwrap_err().to_string();
+        let e = bad(SqsConfig::new("{aggregate}"));
+        assert!(e.starts_with("sink.sqs.queue: "), "{e}");
+        let e = bad(SqsConfig {
+            endpoint: Some("127.0.0.1:4566".into()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.endpoint: "), "{e}");
+        let e = bad(SqsConfig {
+            endpoint: Some("ftp://127.0.0.1:4566".into()),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("sink.sqs.endpoint: unsupported scheme"),
+            "{e}"
+        );
+        let e = bad(SqsConfig {
+            region: Some("EU West".into()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.region: "), "{e}");
+        let e = bad(SqsConfig {
+            queue_owner_account_id: Some("1234".into()),
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.queue_owner_account_id: "), "{e}");
+        let e = bad(SqsConfig {
+            max_batch_len: 0,
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.max_batch_len: "), "{e}");
+        let e = bad(SqsConfig {
+            max_request_bytes: 2 * 1024 * 1024,
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.max_request_bytes: "), "{e}");
+        let e = bad(SqsConfig {
+            max_concurrent_requests: 0,
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.max_concurrent_requests: "), "{e}");
+        let e = bad(SqsConfig {
+            retry_attempts: 0,
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.retry_attempts: "), "{e}");
+        let e = bad(SqsConfig {
+            request_timeout: Duration::ZERO,
+            ..Default::default()
+        });
+        assert!(e.starts_with("sink.sqs.request_timeout: "), "{e}");
+    }
+}

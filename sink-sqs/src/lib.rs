@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+
+pub mod classify;
+mod config;
+mod message;
+mod queue;
+mod sink;
+
+pub use config::{
+    SqsConfig, CONFIG_SECTION, DEFAULT_MAX_REQUEST_BYTES, MAX_ENTRIES_PER_REQUEST,
+    SQS_MAX_REQUEST_BYTES,
+};
+pub use message::{group_id, EVENT_ATTRIBUTES, MAX_ATTRIBUTES, OVERFLOW_ATTRIBUTE};
+pub use queue::is_fifo_name;
+pub use sink::SqsSink;

@@ -1,0 +1,301 @@
+//! How an outbox event becomes an SQS message: body, message attributes, group and
+//! deduplication ids, and the size SQS counts for it.
+//!
+//! SQS allows 10 message attributes per message. The event's own fields take up to four
+//! (`event_id`, `event_type`, `aggregate_type`, `aggregate_id`), leaving six for headers:
+//!
+//! - up to six headers, each a valid attribute (name of `A-Z a-z 0-9 _ - .`, not starting with
+//!   `AWS.`/`Amazon.`, value non-empty and of XML characters), travel as one `String`
+//!   attribute each;
+//! - otherwise the first five such headers in name order travel as attributes and **every
+//!   other header** travels in one more attribute, `headers`, a JSON object of strings. A
+//!   consumer reads the attributes, then merges `headers` when present. Nothing is dropped.
+
+use std::collections::BTreeMap;
+
+use outbox_core::OutboxEvent;
+use sha2::{Digest, Sha256};
+
+/// Most message attributes SQS accepts on one message.
+pub const MAX_ATTRIBUTES: usize = 10;
+
+/// The attribute carrying headers that could not be attributes of their own (JSON object).
+pub const OVERFLOW_ATTRIBUTE: &str = "headers";
+
+/// Attribute names the sink sets from the event's fields.
+pub const EVENT_ATTRIBUTES: [&str; 4] =
+    ["event_id", "event_type", "aggregate_type", "aggregate_id"];
+
+/// SQS's data type name of string attributes, counted in the message size.
+const STRING_TYPE: &str = "String";
+
+/// Longest `MessageGroupId` SQS accepts.
+const MAX_GROUP_ID: usize = 128;
+
+/// One event as an SQS message, ready to be put into a `SendMessageBatch` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreparedMessage {
+    pub body: String,
+    /// `(name, value)` of every `String` attribute, at most [`MAX_ATTRIBUTES`].
+    pub attributes: Vec<(String, String)>,
+    pub group_id: Option<String>,
+    pub deduplication_id: Option<String>,
+    /// Bytes SQS counts against its size limit: body plus attribute names, types and values.
+    pub size: usize,
+}
+
+/// Build the message of `event` for a FIFO queue (`fifo`) or a standard one (with
+/// `fair_queue_group`, standard queues get a `MessageGroupId` too).
+pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -> PreparedMessage {
+    let event_id = event.event_id.to_string();
+    let mut attributes: Vec<(String, String)> = Vec::with_capacity(MAX_ATTRIBUTES);
+    for (name, value) in [
+        ("event_id", event_id.as_str()),
+        ("event_type", event.event_type.as_str()),
+        ("aggregate_type", event.aggregate_type.as_str()),
+        ("aggregate_id", event.aggregate_id.as_str()),
+    ] {
+        // SQS refuses empty attribute values: an empty field is an absent attribute.
+        if !value.is_empty() {
+            attributes.push((name.to_owned(), value.to_owned()));
+        }
+    }
+    let free = MAX_ATTRIBUTES - attributes.len();
+    let (own, overflow): (Vec<_>, Vec<_>) = event
+        .headers
+        .iter()
+        .partition(|(name, value)| is_attribute_name(name) && is_attribute_value(value));
+    if overflow.is_empty() && own.len() <= free {
+        for (name, value) in own {
+            attributes.push((name.clone(), value.clone()));
+        }
+    } else {
+        let mut rest: BTreeMap<&str, &str> = BTreeMap::new();
+        for (i, (name, value)) in own.into_iter().enumerate() {
+            if i + 1 < free {
+                attributes.push((name.clone(), value.clone()));
+            } else {
+                rest.insert(name, value);
+            }
+        }
+        for (name, value) in overflow {
+            rest.insert(name, value);
+        }
+        let json = serde_json::to_string(&rest).unwrap_or_else(|_| "{}".to_owned());
+        attributes.push((OVERFLOW_ATTRIBUTE.to_owned(), json));
+    }
+    let size = event.payload.len()
+        + attributes
+            .iter()
+            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+            .sum::<usize>();
+    let group_id = (fifo || fair_queue_group).then(|| group_id(&event.aggregate_id));
+    PreparedMessage {
+        body: event.payload.clone(),
+        attributes,
+        group_id,
+        deduplication_id: fifo.then_some(event_id),
+        size,
+    }
+}
+
+/// The `MessageGroupId` of an aggregate: the `aggregate_id` itself when SQS accepts it (1 to
+/// 128 printable ASCII characters), otherwise `sha256-` and the hex SHA-256 of it — still one
+/// group per aggregate, so the order per aggregate holds.
+pub fn group_id(aggregate_id: &str) -> String {
+    let valid = !aggregate_id.is_empty()
+        && aggregate_id.len() <= MAX_GROUP_ID
+        && aggregate_id.bytes().all(|b| b.is_ascii_graphic());
+    if valid {
+        return aggregate_id.to_owned();
+    }
+    let digest = Sha256::digest(aggregate_id.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256-");
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// Whether SQS accepts `name` as a message attribute name of ours.
+fn is_attribute_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    !name.is_empty()
+        && name.len() <= 256
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && !lower.starts_with("aws.")
+        && !lower.starts_with("amazon.")
+        && name != OVERFLOW_ATTRIBUTE
+        && !EVENT_ATTRIBUTES.contains(&name)
+}
+
+/// Whether SQS accepts `value` as a `String` attribute value: non-empty, XML characters only.
+fn is_attribute_value(value: &str) -> bool {
+    !value.is_empty()
+        && value.chars().all(|c| {
+            matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    fn event(headers: &[(&str, &str)]) -> OutboxEvent {
+        OutboxEvent {
+            id: 7,
+            event_id: Uuid::parse_str("0190a4c2-0000-7000-8000-000000000001").unwrap(),
+            aggregate_type: "order".into(),
+            aggregate_id: "42".into(),
+            event_type: "OrderPlaced".into(),
+            payload: r#"{"total": 12.5}"#.into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            destination: None,
+            created_at: Utc::now(),
+            attempts: 0,
+            shard: 0,
+        }
+    }
+
+    fn names(message: &PreparedMessage) -> Vec<&str> {
+        message.attributes.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn fields_and_a_few_headers_are_attributes() {
+        let message = prepare(&event(&[("traceparent", "00-abc-01")]), false, false);
+        assert_eq!(
+            names(&message),
+            [
+                "event_id",
+                "event_type",
+                "aggregate_type",
+                "aggregate_id",
+                "traceparent"
+            ]
+        );
+        assert_eq!(
+            message.attributes[0].1,
+            "0190a4c2-0000-7000-8000-000000000001"
+        );
+        assert_eq!(message.body, r#"{"total": 12.5}"#);
+        assert_eq!(message.group_id, None);
+        assert_eq!(message.deduplication_id, None);
+        let expected_size = message.body.len()
+            + message
+                .attributes
+                .iter()
+                .map(|(n, v)| n.len() + 6 + v.len())
+                .sum::<usize>();
+        assert_eq!(message.size, expected_size);
+    }
+
+    #[test]
+    fn fifo_messages_get_group_and_deduplication_ids() {
+        let message = prepare(&event(&[]), true, false);
+        assert_eq!(message.group_id.as_deref(), Some("42"));
+        assert_eq!(
+            message.deduplication_id.as_deref(),
+            Some("0190a4c2-0000-7000-8000-000000000001")
+        );
+        let fair = prepare(&event(&[]), false, true);
+        assert_eq!(fair.group_id.as_deref(), Some("42"));
+        assert_eq!(fair.deduplication_id, None);
+    }
+
+    #[test]
+    fn six_headers_fit_seven_overflow_into_headers_json() {
+        let six: Vec<(String, String)> = (1..=6)
+            .map(|i| (format!("h{i}"), format!("v{i}")))
+            .collect();
+        let six_refs: Vec<(&str, &str)> =
+            six.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let message = prepare(&event(&six_refs), false, false);
+        assert_eq!(message.attributes.len(), 10);
+        assert!(!names(&message).contains(&OVERFLOW_ATTRIBUTE));
+
+        let seven: Vec<(String, String)> = (1..=7)
+            .map(|i| (format!("h{i}"), format!("v{i}")))
+            .collect();
+        let seven_refs: Vec<(&str, &str)> = seven
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let message = prepare(&event(&seven_refs), false, false);
+        assert_eq!(message.attributes.len(), 10);
+        assert_eq!(
+            &names(&message)[4..],
+            ["h1", "h2", "h3", "h4", "h5", OVERFLOW_ATTRIBUTE]
+        );
+        let json: BTreeMap<String, String> =
+            serde_json::from_str(&message.attributes[9].1).unwrap();
+        assert_eq!(json.len(), 2);
+        assert_eq!(json["h6"], "v6");
+        assert_eq!(json["h7"], "v7");
+    }
+
+    #[test]
+    fn headers_sqs_refuses_as_attributes_travel_in_headers_json() {
+        let message = prepare(
+            &event(&[
+                ("traceparent", "00-abc-01"),
+                ("x:colon", "1"),
+                ("empty", ""),
+                ("AWS.TraceHeader", "t"),
+                ("control", "a\u{1}b"),
+                ("event_id", "spoofed"),
+                ("headers", "x"),
+            ]),
+            false,
+            false,
+        );
+        assert_eq!(&names(&message)[4..], ["traceparent", OVERFLOW_ATTRIBUTE]);
+        let json: BTreeMap<String, String> =
+            serde_json::from_str(&message.attributes[5].1).unwrap();
+        assert_eq!(json.len(), 6);
+        assert_eq!(json["x:colon"], "1");
+        assert_eq!(json["empty"], "");
+        assert_eq!(json["control"], "a\u{1}b");
+        assert_eq!(json["event_id"], "spoofed");
+        // The event's own event_id attribute is not overwritten.
+        assert_eq!(
+            message.attributes[0].1,
+            "0190a4c2-0000-7000-8000-000000000001"
+        );
+    }
+
+    #[test]
+    fn empty_fields_are_left_out() {
+        let mut e = event(&[]);
+        e.event_type.clear();
+        let message = prepare(&e, false, false);
+        assert_eq!(
+            names(&message),
+            ["event_id", "aggregate_type", "aggregate_id"]
+        );
+    }
+
+    #[test]
+    fn group_ids_sqs_refuses_are_hashed_per_aggregate() {
+        assert_eq!(group_id("order-42"), "order-42");
+        assert_eq!(group_id("a/b:c!"), "a/b:c!");
+        for odd in ["with space", "caf\u{e9}", "", &"x".repeat(129)] {
+            let g = group_id(odd);
+            assert!(g.starts_with("sha256-"), "{g}");
+            assert_eq!(g.len(), 7 + 64);
+            assert_eq!(g, group_id(odd), "stable");
+        }
+        assert_ne!(group_id("with space"), group_id("with  space"));
+    }
+}

@@ -1,0 +1,341 @@
+//! The SQS sink against a real SQS-API server (`OUTBOX_TEST_SQS_ENDPOINT`, default LocalStack
+//! on `http://127.0.0.1:4566`): FIFO groups and deduplication, SQS's per-entry refusals,
+//! missing queues, attributes past SQS's limit, request splitting, `check`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use outbox_core::testkit::sink_suite::{sample_batch, sample_event, unique_prefix};
+use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outbox_sink_sqs::SqsConfig;
+
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn publish(sink: &dyn Sink, batch: &[OutboxEvent]) -> Vec<Outcome> {
+    let outcomes = sink
+        .publish(batch)
+        .await
+        .unwrap_or_else(|e| panic!("publish failed as a whole: {e}"));
+    assert_eq!(outcomes.len(), batch.len());
+    outcomes
+}
+
+fn assert_all_published(outcomes: &[Outcome]) {
+    for (i, outcome) in outcomes.iter().enumerate() {
+        assert!(outcome.is_published(), "event {i}: {outcome:?}");
+    }
+}
+
+/// Per aggregate, the ids of `events` in the order `received` (by `event_id`) holds them.
+fn order_per_aggregate(
+    events: &[OutboxEvent],
+    received: &[common::Received],
+) -> HashMap<String, Vec<i64>> {
+    let by_id: HashMap<String, &OutboxEvent> =
+        events.iter().map(|e| (e.event_id.to_string(), e)).collect();
+    let mut order: HashMap<String, Vec<i64>> = HashMap::new();
+    for message in received {
+        let event = by_id[message.attribute("event_id")];
+        order
+            .entry(event.aggregate_id.clone())
+            .or_default()
+            .push(event.id);
+    }
+    order
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
+    let admin = common::admin();
+    let queue = format!("{}.fifo", unique_prefix());
+    let url = common::create_queue(&admin, &queue, &[]).await;
+    let sink = common::sink(common::config(&queue));
+    // Several events per aggregate in one call: the sink sends them in waves.
+    let batch = sample_batch(1, 40, "order", 4);
+    assert_all_published(&publish(&sink, &batch).await);
+    // And the engine's way: one event per aggregate per call.
+    let more = sample_batch(41, 20, "order", 4);
+    for wave in more.chunks(4) {
+        assert_all_published(&publish(&sink, wave).await);
+    }
+    let all: Vec<OutboxEvent> = batch.into_iter().chain(more).collect();
+    let received = common::receive_all(&admin, &url, all.len(), READ_TIMEOUT).await;
+    assert_eq!(received.len(), all.len());
+    for message in &received {
+        let event = all
+            .iter()
+            .find(|e| e.event_id.to_string() == message.attribute("event_id"))
+            .expect("a sent event");
+        assert_eq!(
+            message.group_id.as_deref(),
+            Some(event.aggregate_id.as_str())
+        );
+        assert_eq!(
+            message.deduplication_id.as_deref(),
+            Some(event.event_id.to_string().as_str())
+        );
+        assert_eq!(message.body, event.payload);
+        assert_eq!(message.attribute("aggregate_type"), "order");
+        assert_eq!(
+            message.attribute("traceparent"),
+            event.headers["traceparent"]
+        );
+    }
+    for (aggregate, ids) in order_per_aggregate(&all, &received) {
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(ids, sorted, "aggregate {aggregate} out of order");
+        assert_eq!(ids.len(), 15);
+    }
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_redelivery_of_an_event_id_is_deduplicated_by_sqs() {
+    let admin = common::admin();
+    let queue = format!("{}.fifo", unique_prefix());
+    let url = common::create_queue(&admin, &queue, &[]).await;
+    let sink = common::sink(common::config(&queue));
+    let batch = sample_batch(1, 10, "order", 10);
+    assert_all_published(&publish(&sink, &batch).await);
+    let first = common::receive_all(&admin, &url, 10, READ_TIMEOUT).await;
+    assert_eq!(first.len(), 10);
+    // The relay sends again after a crash or a lost acknowledgement: SQS acknowledges and
+    // drops the copies, even though the first ones were already consumed and deleted.
+    assert_all_published(&publish(&sink, &batch).await);
+    let fresh = vec![sample_event(11, "order", "agg-0", "ItemAdded")];
+    assert_all_published(&publish(&sink, &fresh).await);
+    let second = common::receive_all(&admin, &url, 1, READ_TIMEOUT).await;
+    assert_eq!(
+        second
+            .iter()
+            .map(|m| m.attribute("event_id").to_owned())
+            .collect::<Vec<_>>(),
+        vec![fresh[0].event_id.to_string()],
+        "only the fresh event arrives"
+    );
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_event_is_rejected_with_sqs_error_while_the_others_publish() {
+    let admin = common::admin();
+    let queue = unique_prefix();
+    let url = common::create_queue(
+        &admin,
+        &queue,
+        &[(QueueAttributeName::MaximumMessageSize, "262144")],
+    )
+    .await;
+    let sink = common::sink(common::config(&queue));
+    let mut batch = sample_batch(1, 6, "order", 6);
+    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(300 * 1024));
+    let outcomes = publish(&sink, &batch).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            match outcome {
+                Outcome::Reject(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+                    let text = e.full_message();
+                    assert!(text.contains(&format!("SQS queue `{queue}`")), "{text}");
+                    assert!(text.contains("262144"), "SQS's own error: {text}");
+                }
+                other => panic!("the oversized event: {other:?}"),
+            }
+        } else {
+            assert!(outcome.is_published(), "event {i}: {outcome:?}");
+        }
+    }
+    let received = common::receive_all(&admin, &url, 5, READ_TIMEOUT).await;
+    assert_eq!(received.len(), 5);
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_queue_retries_its_events_while_other_queues_flow() {
+    let admin = common::admin();
+    let prefix = unique_prefix();
+    let orders = format!("{prefix}_order");
+    let invoices = format!("{prefix}_invoice");
+    let orders_url = common::create_queue(&admin, &orders, &[]).await;
+    let sink = common::sink(common::config(&format!("{prefix}_{{aggregate_type}}")));
+    let mut batch = sample_batch(1, 4, "order", 4);
+    batch.extend(sample_batch(5, 3, "invoice", 3));
+    let outcomes = publish(&sink, &batch).await;
+    assert_all_published(&outcomes[..4]);
+    for outcome in &outcomes[4..] {
+        match outcome {
+            Outcome::Retry(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                let text = e.full_message();
+                assert!(text.contains(&format!("`{invoices}`")), "{text}");
+                assert!(text.contains("does not exist"), "{text}");
+                assert!(text.contains("create the queue"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Once the queue exists, the retry goes through (a failed lookup is not cached).
+    let invoices_url = common::create_queue(&admin, &invoices, &[]).await;
+    assert_all_published(&publish(&sink, &batch[4..]).await);
+    assert_eq!(
+        common::receive_all(&admin, &invoices_url, 3, READ_TIMEOUT)
+            .await
+            .len(),
+        3
+    );
+    assert_eq!(
+        common::receive_all(&admin, &orders_url, 4, READ_TIMEOUT)
+            .await
+            .len(),
+        4
+    );
+    common::delete_queue(&admin, &orders_url).await;
+    common::delete_queue(&admin, &invoices_url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
+    let admin = common::admin();
+    let queue = unique_prefix();
+    let url = common::create_queue(&admin, &queue, &[]).await;
+    let sink = common::sink(common::config(&queue));
+    let mut event = sample_event(1, "order", "42", "OrderPlaced");
+    for i in 0..8 {
+        event
+            .headers
+            .insert(format!("x-h{i}"), format!("value {i}"));
+    }
+    event.headers.insert("bad:name".into(), "kept".into());
+    event.headers.insert("empty".into(), String::new());
+    assert_all_published(&publish(&sink, std::slice::from_ref(&event)).await);
+    let received = common::receive_all(&admin, &url, 1, READ_TIMEOUT).await;
+    assert_eq!(received.len(), 1);
+    let message = &received[0];
+    assert_eq!(message.attribute_count, 10, "SQS's limit, fully used");
+    for (name, value) in &event.headers {
+        assert_eq!(message.attributes.get(name), Some(value), "header {name}");
+    }
+    assert_eq!(message.attribute("event_type"), "OrderPlaced");
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_calls_are_split_into_requests_sqs_accepts() {
+    let admin = common::admin();
+    let queue = unique_prefix();
+    let url = common::create_queue(&admin, &queue, &[]).await;
+    let sink = common::sink(SqsConfig {
+        max_batch_len: 100,
+        ..common::config(&queue)
+    });
+    // 60 events of 60 KiB: 3.6 MiB, far beyond one request (10 entries, 256 KiB).
+    let mut batch = sample_batch(1, 60, "order", 60);
+    for event in &mut batch {
+        event.payload = format!("{{\"blob\": \"{}\"}}", "y".repeat(60 * 1024));
+    }
+    assert_all_published(&publish(&sink, &batch).await);
+    assert_eq!(
+        common::receive_all(&admin, &url, 60, READ_TIMEOUT)
+            .await
+            .len(),
+        60
+    );
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_urls_and_arns_work_as_destinations() {
+    let admin = common::admin();
+    let by_url = unique_prefix();
+    let by_arn = unique_prefix();
+    let url = common::create_queue(&admin, &by_url, &[]).await;
+    let arn_url = common::create_queue(&admin, &by_arn, &[]).await;
+    let sink = common::sink(common::config("{aggregate_type}"));
+    let mut batch = sample_batch(1, 4, "order", 4);
+    batch[0].destination = Some(url.clone());
+    batch[1].destination = Some(url.clone());
+    batch[2].destination = Some(format!("arn:aws:sqs:us-east-1:000000000000:{by_arn}"));
+    batch[3].destination = Some(format!("arn:aws:sqs:us-east-1:000000000000:{by_arn}"));
+    assert_all_published(&publish(&sink, &batch).await);
+    assert_eq!(
+        common::receive_all(&admin, &url, 2, READ_TIMEOUT)
+            .await
+            .len(),
+        2
+    );
+    assert_eq!(
+        common::receive_all(&admin, &arn_url, 2, READ_TIMEOUT)
+            .await
+            .len(),
+        2
+    );
+    common::delete_queue(&admin, &url).await;
+    common::delete_queue(&admin, &arn_url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_destinations_are_rejected_without_a_request() {
+    let sink = common::sink(common::config("{aggregate_type}"));
+    let mut batch = sample_batch(1, 2, "order", 2);
+    batch[0].destination = Some("not a queue!".into());
+    batch[1].aggregate_type = "caf\u{e9}".into();
+    let outcomes = publish(&sink, &batch).await;
+    for outcome in &outcomes {
+        match outcome {
+            Outcome::Reject(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                assert!(e.message().starts_with("SQS queue `"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_queue_group_sets_the_group_on_standard_queues() {
+    let admin = common::admin();
+    let queue = unique_prefix();
+    let url = common::create_queue(&admin, &queue, &[]).await;
+    let sink = common::sink(SqsConfig {
+        fair_queue_group: true,
+        ..common::config(&queue)
+    });
+    let batch = sample_batch(1, 3, "order", 3);
+    assert_all_published(&publish(&sink, &batch).await);
+    let received = common::receive_all(&admin, &url, 3, READ_TIMEOUT).await;
+    assert_eq!(received.len(), 3);
+    for message in &received {
+        assert_eq!(
+            message.group_id.as_deref(),
+            Some(message.attribute("aggregate_id"))
+        );
+        assert_eq!(message.deduplication_id, None);
+    }
+    common::delete_queue(&admin, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_fixed_queue_and_passes_on_an_existing_one() {
+    let admin = common::admin();
+    common::require_server(&admin).await;
+    let missing = unique_prefix();
+    let sink = common::sink(common::config(&missing));
+    let e = sink.check().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+    let text = e.full_message();
+    assert!(
+        text.contains(&format!("GetQueueUrl of SQS queue `{missing}`")),
+        "{text}"
+    );
+    assert!(text.contains("us-east-1 at http://"), "{text}");
+    assert!(text.contains("create the queue"), "{text}");
+
+    let url = common::create_queue(&admin, &missing, &[]).await;
+    sink.check().await.expect("the queue exists now");
+    assert_eq!(sink.queue_url(&missing).await.unwrap(), url);
+    common::delete_queue(&admin, &url).await;
+}
