@@ -229,8 +229,18 @@ impl Store for MemoryStore {
             .rows
             .values()
             .filter(|r| r.dead && !r.published)
-            .filter(|r| filter.aggregate_type.as_ref().is_none_or(|t| *t == r.event.aggregate_type))
-            .filter(|r| filter.aggregate_id.as_ref().is_none_or(|a| *a == r.event.aggregate_id))
+            .filter(|r| {
+                filter
+                    .aggregate_type
+                    .as_ref()
+                    .is_none_or(|t| *t == r.event.aggregate_type)
+            })
+            .filter(|r| {
+                filter
+                    .aggregate_id
+                    .as_ref()
+                    .is_none_or(|a| *a == r.event.aggregate_id)
+            })
             .take(filter.limit.max(1) as usize)
             .map(|r| DeadEvent {
                 id: r.event.id,

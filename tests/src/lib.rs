@@ -673,4 +673,3 @@ pub async fn rabbitmq_delete(channel: &lapin::Channel, queues: &[String], exchan
         .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
         .await;
 }
-
