@@ -484,5 +484,8 @@ fn version_lists_the_webhook_sink() {
         text.contains("sinks: ") && text.contains("webhook"),
         "{text}"
     );
-    assert!(text.contains("stores: ") && text.contains("postgres"), "{text}");
+    assert!(
+        text.contains("stores: ") && text.contains("postgres"),
+        "{text}"
+    );
 }
