@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the services the tests and the demo need are up on loopback:
-# PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379). Starts what is stopped, installs
+# PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379), then every scripts/services.d/*.sh
+# (MariaDB, RabbitMQ, Kafka-API, SQS-API) — or, with arguments, only the ones named
+# (`scripts/services.sh kafka sqs`). Starts what is stopped, installs
 # what is missing (Debian packages), waits until each answers. Idempotent and quick when all
 # is running.
 set -euo pipefail
@@ -61,5 +63,9 @@ log "PostgreSQL and Redis are up"
 # Brokers and databases of other adapters: one script each, sourced in name order.
 for script in "$(dirname "$0")"/services.d/*.sh; do
   [ -e "$script" ] || continue
+  name=$(basename "$script" .sh)
+  if [ "$#" -gt 0 ] && [[ " $* " != *" $name "* ]]; then
+    continue
+  fi
   bash "$script"
 done

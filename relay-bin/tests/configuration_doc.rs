@@ -137,6 +137,22 @@ fn every_key_is_documented_with_its_variable_and_default() {
     }
     check_defaults("store", store, &rows);
 
+    #[cfg(feature = "sink-kafka")]
+    {
+        // Any other key is a librdkafka property: the sink's own keys are listed by the crate.
+        let mut keys: Vec<String> = outbox_sink_kafka::OWN_KEYS
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        keys.push("bootstrap.servers".to_owned());
+        for key in &keys {
+            let full = format!("sink.kafka.{key}");
+            let (_, env) = rows
+                .get(&full)
+                .unwrap_or_else(|| panic!("docs/CONFIGURATION.md has no row for `{full}`"));
+            assert_eq!(env, &env_name(&full), "environment variable of `{full}`");
+        }
+    }
     #[cfg(feature = "sink-rabbitmq")]
     {
         check_section(

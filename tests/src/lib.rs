@@ -673,3 +673,294 @@ pub async fn rabbitmq_delete(channel: &lapin::Channel, queues: &[String], exchan
         .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
         .await;
 }
+
+// ---- Kafka (sink-kafka) -------------------------------------------------------------------
+
+/// The Kafka-API broker for tests: `OUTBOX_TEST_KAFKA_BOOTSTRAP`, default the tansu broker
+/// that `scripts/services.sh` starts on 127.0.0.1:9092.
+pub fn kafka_bootstrap() -> String {
+    std::env::var("OUTBOX_TEST_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// A configuration file for PostgreSQL → Kafka. `extra_kafka` lines go into `[sink.kafka]`.
+pub fn postgres_kafka_config(
+    table: &str,
+    topic_template: &str,
+    bootstrap: &str,
+    listen: &str,
+    extra_relay: &str,
+    extra_kafka: &str,
+) -> String {
+    format!(
+        r#"
+[store]
+kind = "postgres"
+url = "{pg}"
+table = "{table}"
+shards = 32
+
+[relay]
+batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s"
+{extra_relay}
+
+[sink]
+kind = "kafka"
+destination = "{topic_template}"
+
+[sink.kafka]
+"bootstrap.servers" = "{bootstrap}"
+{extra_kafka}
+
+[server]
+listen = "{listen}"
+"#,
+        pg = postgres_url(),
+    )
+}
+
+/// Create `topics` (each with `partitions` partitions and the given topic configs) on the
+/// broker at `bootstrap`, or fail the test saying what to start.
+pub async fn kafka_create_topics(
+    bootstrap: &str,
+    topics: &[String],
+    partitions: i32,
+    configs: &[(&str, &str)],
+) {
+    let specs: Vec<outbox_sink_kafka::TopicSpec> = topics
+        .iter()
+        .map(|t| {
+            configs.iter().fold(
+                outbox_sink_kafka::TopicSpec::new(t.clone(), partitions),
+                |spec, (k, v)| spec.config(*k, *v),
+            )
+        })
+        .collect();
+    let config = outbox_sink_kafka::KafkaSinkConfig::new(bootstrap);
+    outbox_sink_kafka::ensure_topics(&config, &specs, Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")
+        });
+}
+
+/// One message read back from Kafka: its partition and offset, and the message as the
+/// delivery checks take it (`fields` = the headers, `aggregate_id` = the key).
+#[derive(Debug, Clone)]
+pub struct KafkaMessage {
+    pub partition: i32,
+    pub offset: i64,
+    pub message: StreamMessage,
+}
+
+/// Read every message of every partition of `topics` from the beginning, independently of
+/// the relay (a plain consumer with manually assigned partitions): until `expected` distinct
+/// event ids arrived and then 2 s passed without a message (so late duplicates are seen too),
+/// or until `timeout`. (Partition end offsets are not used: tansu 0.6's ListOffsets high
+/// watermark lags behind when a produce batch holds several records.)
+pub async fn read_kafka_topics(
+    bootstrap: &str,
+    topics: &[String],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<KafkaMessage> {
+    let bootstrap = bootstrap.to_owned();
+    let topics = topics.to_vec();
+    tokio::task::spawn_blocking(move || {
+        read_kafka_topics_blocking(&bootstrap, &topics, expected, timeout)
+    })
+    .await
+    .expect("the Kafka reader thread")
+}
+
+fn read_kafka_topics_blocking(
+    bootstrap: &str,
+    topics: &[String],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<KafkaMessage> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+
+    const QUIET: Duration = Duration::from_secs(2);
+    let deadline = Instant::now() + timeout;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("creating the test consumer");
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of {topic} from Kafka at {bootstrap}: {e}"));
+        for t in metadata.topics().iter().filter(|t| t.name() == topic) {
+            for p in t.partitions() {
+                assignment
+                    .add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)
+                    .expect("assigning a partition");
+            }
+        }
+    }
+    assert!(
+        assignment.count() > 0,
+        "Kafka at {bootstrap} has none of the topics {topics:?}"
+    );
+    consumer.assign(&assignment).expect("assigning partitions");
+    let mut out = Vec::new();
+    let mut distinct = std::collections::HashSet::new();
+    let mut last_message = Instant::now();
+    while Instant::now() < deadline {
+        if distinct.len() >= expected && last_message.elapsed() >= QUIET {
+            break;
+        }
+        let Some(result) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = result.unwrap_or_else(|e| panic!("reading Kafka at {bootstrap}: {e}"));
+        last_message = Instant::now();
+        let fields: HashMap<String, String> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| {
+                        (
+                            header.key.to_owned(),
+                            String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let event_id = fields
+            .get("event_id")
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .unwrap_or_default();
+        distinct.insert(event_id);
+        out.push(KafkaMessage {
+            partition: m.partition(),
+            offset: m.offset(),
+            message: StreamMessage {
+                stream: m.topic().to_owned(),
+                event_id,
+                aggregate_id: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                payload: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                fields,
+            },
+        });
+    }
+    out
+}
+
+/// Every aggregate's messages in one partition (of its topic); returns the violations.
+pub fn kafka_partition_violations(messages: &[KafkaMessage]) -> Vec<String> {
+    let mut home: HashMap<(&str, &str), i32> = HashMap::new();
+    let mut violations = Vec::new();
+    for m in messages {
+        let key = (m.message.stream.as_str(), m.message.aggregate_id.as_str());
+        let partition = *home.entry(key).or_insert(m.partition);
+        if partition != m.partition {
+            violations.push(format!(
+                "aggregate {} of {} in partitions {partition} and {}",
+                key.1, key.0, m.partition
+            ));
+        }
+    }
+    violations
+}
+
+/// A private Kafka-API broker (tansu, in-memory) on a free loopback port, for tests that
+/// freeze their broker without disturbing the shared one. Killed when dropped.
+#[derive(Debug)]
+pub struct KafkaBrokerProcess {
+    pub bootstrap: String,
+    child: Child,
+}
+
+impl KafkaBrokerProcess {
+    /// The tansu binary: `OUTBOX_TEST_TANSU_BIN`, default where `scripts/services.sh`
+    /// installs it.
+    pub fn binary() -> PathBuf {
+        let path = std::env::var("OUTBOX_TEST_TANSU_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from("/opt/outbox-relay/tansu/bin/tansu"));
+        assert!(
+            path.exists(),
+            "{} does not exist: install the Kafka-API broker with scripts/services.sh \
+             (or point OUTBOX_TEST_TANSU_BIN at a tansu binary)",
+            path.display()
+        );
+        path
+    }
+
+    /// Start it and wait until it answers.
+    pub fn start(dir: &Path) -> Self {
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.join("tansu.log")).expect("creating the broker log");
+        let child = Command::new(Self::binary())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cloning the log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("starting tansu");
+        let broker = Self {
+            bootstrap: format!("127.0.0.1:{port}"),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {port} within 30s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        broker
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill {signal} of the test broker failed");
+    }
+
+    /// SIGSTOP: the broker stops answering (connections stay open, requests hang) and
+    /// forgets nothing — what a hung or unreachable broker looks like to the relay.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT: the broker answers again.
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for KafkaBrokerProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

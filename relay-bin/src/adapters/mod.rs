@@ -3,6 +3,8 @@
 
 use crate::registry::Registry;
 
+#[cfg(feature = "sink-kafka")]
+pub mod kafka;
 #[cfg(feature = "store-mysql")]
 pub mod mysql;
 #[cfg(feature = "store-postgres")]
@@ -24,6 +26,8 @@ pub fn register_builtin(#[allow(unused_variables)] registry: &mut Registry) {
     rabbitmq::register(registry);
     #[cfg(feature = "sink-redis-streams")]
     redis_streams::register(registry);
+    #[cfg(feature = "sink-kafka")]
+    kafka::register(registry);
     #[cfg(feature = "sink-sqs")]
     sqs::register(registry);
 }

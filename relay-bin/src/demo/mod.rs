@@ -23,6 +23,8 @@ use uuid::Uuid;
 use crate::cli::Failure;
 use crate::registry::Registry;
 
+#[cfg(feature = "sink-kafka")]
+mod kafka;
 #[cfg(feature = "store-mysql")]
 mod mysql;
 #[cfg(feature = "store-postgres")]
@@ -152,6 +154,8 @@ async fn open_broker(args: &DemoArgs, registry: &Registry) -> Result<Arc<dyn Dem
         "redis-streams" => redis_streams::open(args).await,
         #[cfg(feature = "sink-sqs")]
         "sqs" => sqs::open(args).await,
+        #[cfg(feature = "sink-kafka")]
+        "kafka" => kafka::open(args).await,
         other => Err(Failure::config(format!(
             "demo --sink {other}: not available (sinks compiled in: {})",
             registry.sink_kinds().join(", ")

@@ -1,0 +1,212 @@
+//! `kind = "kafka"` (feature `sink-kafka`). Settings in `[sink.kafka]`: the sink's own keys
+//! (`topic`, `delivery_timeout`, `check_timeout`, `max_batch_len`) and any librdkafka
+//! property as a quoted key (`"bootstrap.servers" = "..."`), or from the environment with
+//! `__` for every dot (`OUTBOX_SINK__KAFKA__SASL__PASSWORD`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use figment::Figment;
+
+use crate::registry::{BoxFuture, FactoryContext, Registry};
+
+/// Say where a `sink.kafka."property": ...` error's key was set: the environment variable
+/// (a property given as `OUTBOX_SINK__KAFKA__LINGER__MS`) or the file. Other messages go
+/// through the generic locator.
+fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
+    use crate::settings::{env_var_for, locate};
+    let prefix = format!("{}.\"", outbox_sink_kafka::CONFIG_SECTION);
+    let Some(name) = message
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.split_once('"'))
+        .map(|(name, _)| name)
+    else {
+        return locate(message, figment, file);
+    };
+    if message.contains("missing required key") {
+        return message.to_owned();
+    }
+    let var = env_var_for(&format!("{}.{name}", outbox_sink_kafka::CONFIG_SECTION));
+    if std::env::var_os(&var).is_some() {
+        return format!("{message} (from environment variable {var})");
+    }
+    match file {
+        Some(file) => format!("{message} (in {})", file.display()),
+        None => message.to_owned(),
+    }
+}
+
+/// `[sink.kafka]` with `sink.destination` applied, checked without connecting; errors name
+/// the key and where it was set.
+fn kafka_config(
+    ctx: FactoryContext<'_>,
+) -> outbox_core::Result<outbox_sink_kafka::KafkaSinkConfig> {
+    use crate::settings::sink_section;
+    use outbox_core::Error;
+
+    let file = ctx.file.map(|p| p.as_path());
+    let mut config: outbox_sink_kafka::KafkaSinkConfig =
+        sink_section(ctx.figment, "kafka", file).map_err(|e| Error::config(e.0))?;
+    if let Some(destination) = &ctx.settings.sink.destination {
+        outbox_core::DestinationTemplate::parse(destination).map_err(|e| {
+            let e = e.context("sink.destination");
+            Error::config(locate(e.message(), ctx.figment, file))
+        })?;
+        config.topic = destination.clone();
+    }
+    config
+        .validate()
+        .map_err(|e| Error::config(locate(e.message(), ctx.figment, file)))?;
+    Ok(config)
+}
+
+fn kafka(
+    ctx: FactoryContext<'_>,
+) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Sink>>> {
+    Box::pin(async move {
+        let config = kafka_config(ctx)?;
+        tracing::debug!(config = ?config, "Kafka sink configuration");
+        // Connects in the background; `run` checks the brokers right after building.
+        let sink = outbox_sink_kafka::KafkaSink::new(config)?;
+        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+    })
+}
+
+/// Register `kind = "kafka"` (settings in `[sink.kafka]`).
+pub fn register(registry: &mut Registry) {
+    registry.register_sink("kafka", kafka);
+    registry.register_sink_check("kafka", |ctx| kafka_config(ctx).map(drop));
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+mod tests {
+    use std::path::Path;
+
+    use figment::Jail;
+
+    use super::*;
+    use crate::settings::load;
+
+    const BASE: &str = r#"
+[store]
+kind = "postgres"
+url = "postgres://app@db:5432/app"
+
+[sink]
+kind = "kafka"
+"#;
+
+    fn config_from(jail_file: &str) -> Result<outbox_sink_kafka::KafkaSinkConfig, String> {
+        let file = Path::new(jail_file).to_path_buf();
+        let (settings, figment) = load(Some(&file)).map_err(|e| e.to_string())?;
+        let ctx = FactoryContext {
+            settings: &settings,
+            figment: &figment,
+            file: Some(&file),
+        };
+        kafka_config(ctx).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn properties_pass_through_as_strings_and_the_environment_wins() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!(
+                    "{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"file:9092\"\n\
+                     \"linger.ms\" = 20\n\"enable.idempotence\" = true\n\
+                     delivery_timeout = \"45s\"\nmax_batch_len = 300\n\
+                     \"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanisms\" = \"PLAIN\"\n\
+                     \"sasl.username\" = \"relay\"\n"
+                ),
+            )?;
+            jail.set_env(
+                "OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS",
+                "env1:9092,env2:9092",
+            );
+            jail.set_env("OUTBOX_SINK__KAFKA__SASL__PASSWORD", "007");
+            jail.set_env("OUTBOX_SINK__KAFKA__MAX_BATCH_LEN", "250");
+            let config = config_from("relay.toml").unwrap();
+            assert_eq!(config.bootstrap_servers(), "env1:9092,env2:9092");
+            assert_eq!(config.properties["linger.ms"], "20");
+            assert_eq!(config.properties["enable.idempotence"], "true");
+            assert_eq!(config.properties["sasl.password"], "007");
+            assert_eq!(config.max_batch_len, 250);
+            assert_eq!(config.delivery_timeout, std::time::Duration::from_secs(45));
+            assert_eq!(config.topic, "{aggregate_type}.{event_type}");
+            let debug = format!("{config:?}");
+            assert!(!debug.contains("007"), "{debug}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn sink_destination_overrides_the_topic() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "relay.toml",
+                &format!(
+                    "{BASE}destination = \"app.{{aggregate_type}}\"\n\
+                     [sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\ntopic = \"ignored\"\n"
+                ),
+            )?;
+            assert_eq!(
+                config_from("relay.toml").unwrap().topic,
+                "app.{aggregate_type}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn errors_name_the_key_and_where_it_was_set() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("relay.toml", BASE)?;
+            let e = config_from("relay.toml").unwrap_err();
+            assert!(
+                e.starts_with("sink.kafka.\"bootstrap.servers\": missing required key")
+                    && e.contains("OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
+                "{e}"
+            );
+
+            jail.create_file(
+                "relay.toml",
+                &format!(
+                    "{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\n\"lingr.ms\" = 5\n"
+                ),
+            )?;
+            let e = config_from("relay.toml").unwrap_err();
+            assert!(
+                e.starts_with("sink.kafka.\"lingr.ms\": No such configuration property")
+                    && e.ends_with("(in relay.toml)"),
+                "{e}"
+            );
+
+            jail.create_file(
+                "relay.toml",
+                &format!("{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\n"),
+            )?;
+            jail.set_env("OUTBOX_SINK__KAFKA__ACKS", "most");
+            let e = config_from("relay.toml").unwrap_err();
+            assert!(
+                e.starts_with("sink.kafka.\"acks\": Invalid value")
+                    && e.ends_with("(from environment variable OUTBOX_SINK__KAFKA__ACKS)"),
+                "{e}"
+            );
+
+            jail.set_env("OUTBOX_SINK__KAFKA__ACKS", "all");
+            jail.set_env("OUTBOX_SINK__KAFKA__DELIVERY_TIMEOUT", "soon");
+            let e = config_from("relay.toml").unwrap_err();
+            assert!(
+                e.starts_with("sink.kafka.delivery_timeout")
+                    && e.contains("OUTBOX_SINK__KAFKA__DELIVERY_TIMEOUT"),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,750 @@
+//! The [`Sink`] implementation: every event of a batch is handed to librdkafka at once
+//! (it batches and pipelines them per partition), then every delivery report is awaited.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::SecondsFormat;
+use outbox_core::{
+    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
+};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
+use tracing::{debug, error, warn};
+
+use crate::classify::{
+    classify, code_kind, describe, error_code, fails_whole_call, is_broker_side, needs_new_producer,
+};
+use crate::config::{KafkaSinkConfig, BOOTSTRAP_SERVERS, CONFIG_SECTION};
+
+/// How much longer than `delivery_timeout` a call waits for librdkafka's delivery reports
+/// before purging what is left (librdkafka reports every message within about
+/// `message.timeout.ms`; this is a safety net).
+const DELIVERY_GRACE: Duration = Duration::from_secs(15);
+
+/// After a purge, how long the purged messages' reports may take.
+const PURGE_GRACE: Duration = Duration::from_secs(5);
+
+/// How long the metadata probe for the topics of timed-out events may take.
+const METADATA_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Most topics probed after one call.
+const MAX_TOPICS_EXPLAINED: usize = 4;
+
+/// Header names the relay sets on every message (after the event's own headers, so a
+/// consumer reading the last header of a name gets the relay's value).
+pub const RELAY_HEADERS: &[&str] = &[
+    "event_id",
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "created_at",
+];
+
+/// What the client context remembers of librdkafka's last error callback: the most telling
+/// explanation of a call that timed out ("Connect to ipv4#127.0.0.1:9092 failed: Connection
+/// refused", "SASL authentication error: ...").
+#[derive(Debug, Default)]
+struct ClientState {
+    /// The last few distinct errors, oldest first.
+    recent: Mutex<Vec<(Instant, Option<RDKafkaErrorCode>, String)>>,
+}
+
+/// How many distinct client errors a message quotes.
+const RECENT_ERRORS: usize = 3;
+
+impl ClientState {
+    fn remember(&self, code: Option<RDKafkaErrorCode>, reason: &str) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.retain(|(_, _, r)| r != reason);
+        recent.push((Instant::now(), code, reason.to_owned()));
+        if recent.len() > RECENT_ERRORS {
+            recent.remove(0);
+        }
+    }
+
+    /// The distinct client errors of the last `within`, oldest first.
+    fn recent(&self, within: Duration) -> Vec<(Option<RDKafkaErrorCode>, String)> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent
+            .iter()
+            .filter(|(at, _, _)| at.elapsed() <= within)
+            .map(|(_, code, reason)| (*code, reason.clone()))
+            .collect()
+    }
+}
+
+/// librdkafka's callbacks, routed to `tracing` (target `librdkafka`).
+#[derive(Clone)]
+pub struct KafkaContext {
+    state: Arc<ClientState>,
+}
+
+impl fmt::Debug for KafkaContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaContext").finish_non_exhaustive()
+    }
+}
+
+impl ClientContext for KafkaContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => error!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility, "{message}"),
+            // Connection notices and the like: what `debug` shows, not every-day news.
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info | RDKafkaLogLevel::Debug => {
+                debug!(target: "librdkafka", facility, "{message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let code = error_code(&error);
+        self.state.remember(code, reason);
+        match code {
+            Some(RDKafkaErrorCode::Fatal) => {
+                error!(target: "librdkafka", error = %error, "Kafka producer fatal error: {reason}")
+            }
+            _ => warn!(target: "librdkafka", error = %error, "{reason}"),
+        }
+    }
+}
+
+type RelayProducer = FutureProducer<KafkaContext>;
+
+/// Publishes outbox events to Kafka topics with an idempotent librdkafka producer.
+///
+/// Topic from the template (default `{aggregate_type}.{event_type}`) or the row's
+/// `destination`; key = `aggregate_id`, so all events of an aggregate land in one partition;
+/// value = the payload bytes; headers = the event's own headers, then `event_id`,
+/// `event_type`, `aggregate_type`, `aggregate_id`, `created_at`.
+///
+/// The producer reconnects by itself. When its idempotence state breaks (fatal error,
+/// out-of-order sequence, fenced producer id) the sink drops it and makes a new one before
+/// the next call.
+pub struct KafkaSink {
+    config: KafkaSinkConfig,
+    template: DestinationTemplate,
+    client_config: ClientConfig,
+    state: Arc<ClientState>,
+    producer: Mutex<Arc<RelayProducer>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One event of a call: decided already, or waiting for its delivery report.
+enum Slot {
+    Done(Outcome),
+    Waiting(String, DeliveryFuture),
+}
+
+impl KafkaSink {
+    /// The sink kind as named in configuration.
+    pub const KIND: &'static str = "kafka";
+
+    /// Validate `config` and create the producer without waiting for the network
+    /// (librdkafka connects in the background; errors surface from [`Sink::check`] and
+    /// [`Sink::publish`]). Must be called within a Tokio runtime.
+    pub fn new(config: KafkaSinkConfig) -> Result<Self> {
+        config.validate()?;
+        let template = config.template()?;
+        let client_config = config.client_config();
+        let state = Arc::new(ClientState::default());
+        let producer = create_producer(&client_config, &state, &config)?;
+        Ok(Self {
+            config,
+            template,
+            client_config,
+            state,
+            producer: Mutex::new(Arc::new(producer)),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// [`new`](Self::new), then [`check`](Sink::check): fails fast with one line naming the
+    /// brokers and the key, e.g. `cannot reach Kafka at 127.0.0.1:9099
+    /// (sink.kafka."bootstrap.servers"): ...`.
+    pub async fn connect(config: KafkaSinkConfig) -> Result<Self> {
+        let sink = Self::new(config)?;
+        sink.check().await?;
+        Ok(sink)
+    }
+
+    /// The configuration this sink was built with.
+    pub fn config(&self) -> &KafkaSinkConfig {
+        &self.config
+    }
+
+    /// How many times the producer was recreated after a fatal error or a broken
+    /// idempotence state.
+    pub fn producer_generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn producer(&self) -> Arc<RelayProducer> {
+        self.producer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replace the producer `used` by a new one (unless another call already did). The old
+    /// one is dropped off the async threads: dropping purges and flushes it.
+    fn renew_producer(&self, used: &Arc<RelayProducer>, why: &str) {
+        let fresh = match create_producer(&self.client_config, &self.state, &self.config) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                error!(error = %e, "cannot recreate the Kafka producer; keeping the old one");
+                return;
+            }
+        };
+        let old = {
+            let mut guard = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+            if !Arc::ptr_eq(&guard, used) {
+                return;
+            }
+            std::mem::replace(&mut *guard, fresh)
+        };
+        let generation = self
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        warn!(
+            generation,
+            reason = why,
+            "recreated the Kafka producer (new producer id); the failed events will be sent again"
+        );
+        tokio::task::spawn_blocking(move || drop(old));
+    }
+
+    fn servers(&self) -> &str {
+        self.config.bootstrap_servers()
+    }
+
+    /// ` (client errors: ...)` when librdkafka reported some during this call.
+    fn last_client_error(&self, since: Instant) -> String {
+        let recent = self.state.recent(since.elapsed() + Duration::from_secs(1));
+        if recent.is_empty() {
+            return String::new();
+        }
+        let reasons: Vec<String> = recent.into_iter().map(|(_, reason)| reason).collect();
+        format!(" (client errors: {})", reasons.join("; "))
+    }
+
+    /// The kind to report for a call that timed out: what the client errors say (refused
+    /// credentials) when they do, else `fallback`.
+    fn timeout_kind(&self, since: Instant, fallback: ErrorKind) -> ErrorKind {
+        let recent = self.state.recent(since.elapsed() + Duration::from_secs(1));
+        let refused = recent
+            .iter()
+            .any(|(code, _)| code.is_some_and(|c| code_kind(c).0 == ErrorKind::Unauthorized));
+        if refused {
+            ErrorKind::Unauthorized
+        } else {
+            fallback
+        }
+    }
+
+    fn headers(event: &OutboxEvent) -> OwnedHeaders {
+        let event_id = event.event_id.to_string();
+        let created_at = event
+            .created_at
+            .to_rfc3339_opts(SecondsFormat::Micros, true);
+        let mut headers =
+            OwnedHeaders::new_with_capacity(event.headers.len() + RELAY_HEADERS.len());
+        for (name, value) in &event.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_str()),
+            });
+        }
+        for (key, value) in [
+            ("event_id", event_id.as_str()),
+            ("event_type", event.event_type.as_str()),
+            ("aggregate_type", event.aggregate_type.as_str()),
+            ("aggregate_id", event.aggregate_id.as_str()),
+            ("created_at", created_at.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        headers
+    }
+
+    /// The error of an event librdkafka refused to queue.
+    fn enqueue_error(&self, error: &KafkaError, event: &OutboxEvent, topic: &str) -> Error {
+        let classified = classify(error);
+        match error_code(error) {
+            Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
+                let size = event.payload.len()
+                    + event.aggregate_id.len()
+                    + event
+                        .headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>();
+                classified.context(format!(
+                    "event of about {size} bytes (payload {} bytes) is larger than the \
+                     producer's message.max.bytes ({} bytes) for topic `{topic}`; to send it, \
+                     raise {CONFIG_SECTION}.\"message.max.bytes\" and the topic's \
+                     max.message.bytes",
+                    event.payload.len(),
+                    self.config.message_max_bytes()
+                ))
+            }
+            Some(RDKafkaErrorCode::QueueFull) => classified.context(format!(
+                "queueing for topic `{topic}` (the producer's queue is full: \
+                 queue.buffering.max.messages / queue.buffering.max.kbytes)"
+            )),
+            _ => classified.context(format!("queueing for topic `{topic}`")),
+        }
+    }
+
+    /// The error of a message whose delivery report says it failed.
+    fn delivery_error(&self, error: &KafkaError, topic: &str) -> Error {
+        let classified = classify(error);
+        match error_code(error) {
+            Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge) => {
+                classified.context(format!(
+                    "the broker refused the message to topic `{topic}` as too large (the \
+                     topic's max.message.bytes or the broker's message.max.bytes)"
+                ))
+            }
+            Some(
+                RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownPartition,
+            ) => classified.context(format!(
+                "topic `{topic}` does not exist and the broker did not create it: create it \
+                 (or enable auto.create.topics.enable on the broker); the event is retried"
+            )),
+            Some(RDKafkaErrorCode::MessageTimedOut) => classified.context(format!(
+                "no acknowledgement for topic `{topic}` within {} ({CONFIG_SECTION}.delivery_timeout)",
+                humantime::format_duration(self.config.delivery_timeout)
+            )),
+            _ => classified.context(format!("delivering to topic `{topic}`")),
+        }
+    }
+
+    /// Await every waiting slot: up to `delivery_timeout` + a grace period, then purge what
+    /// is left and collect the purge reports.
+    async fn await_reports(
+        &self,
+        producer: &Arc<RelayProducer>,
+        slots: Vec<Slot>,
+        started: Instant,
+    ) -> Reports {
+        let deadline =
+            tokio::time::Instant::from_std(started) + self.config.delivery_timeout + DELIVERY_GRACE;
+        let mut outcomes = Vec::with_capacity(slots.len());
+        let mut purged = false;
+        let mut broken_state = None;
+        let mut timed_out = Vec::new();
+        for slot in slots {
+            let (topic, mut future) = match slot {
+                Slot::Done(outcome) => {
+                    outcomes.push(outcome);
+                    continue;
+                }
+                Slot::Waiting(topic, future) => (topic, future),
+            };
+            let report = match tokio::time::timeout_at(deadline, &mut future).await {
+                Ok(report) => Some(report),
+                Err(_) => {
+                    if !purged {
+                        purged = true;
+                        warn!(
+                            delivery_timeout = ?self.config.delivery_timeout,
+                            "Kafka delivery reports are late; purging the producer's queue"
+                        );
+                        let p = producer.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            p.purge(PurgeConfig::default().queue().inflight())
+                        })
+                        .await;
+                    }
+                    tokio::time::timeout(PURGE_GRACE, &mut future).await.ok()
+                }
+            };
+            outcomes.push(match report {
+                Some(Ok(Ok(_delivery))) => Outcome::Published,
+                Some(Ok(Err((error, _message)))) => {
+                    broken_state =
+                        broken_state.or(error_code(&error).filter(|c| needs_new_producer(*c)));
+                    if error_code(&error) == Some(RDKafkaErrorCode::MessageTimedOut) {
+                        timed_out.push((outcomes.len(), topic.clone()));
+                    }
+                    Outcome::from_error(self.delivery_error(&error, &topic))
+                }
+                Some(Err(_canceled)) => Outcome::from_error(
+                    classify(&KafkaError::Canceled)
+                        .context(format!("delivering to topic `{topic}`")),
+                ),
+                None => Outcome::Retry(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "delivering to topic `{topic}`: no delivery report within {} \
+                         ({CONFIG_SECTION}.delivery_timeout plus {}s)",
+                        humantime::format_duration(self.config.delivery_timeout),
+                        DELIVERY_GRACE.as_secs()
+                    ),
+                )),
+            });
+        }
+        Reports {
+            outcomes,
+            broken_state,
+            timed_out,
+        }
+    }
+}
+
+/// The outcomes of a call's delivery reports, and whether one of them says the producer's
+/// idempotence state is broken.
+struct Reports {
+    outcomes: Vec<Outcome>,
+    broken_state: Option<RDKafkaErrorCode>,
+    /// Events whose delivery timed out: (index, topic).
+    timed_out: Vec<(usize, String)>,
+}
+
+impl KafkaSink {
+    /// A message that times out may be one for a topic that does not exist (a broker that
+    /// does not create topics on first use may never say so). Ask the cluster about the
+    /// topics of timed-out events (briefly; a broker that is down does not answer) and turn
+    /// their timeouts into "does not exist" retries, which name the topic and what to do.
+    async fn explain_missing_topics(
+        &self,
+        producer: &Arc<RelayProducer>,
+        outcomes: &mut [Outcome],
+        timed_out: &[(usize, String)],
+    ) {
+        let mut topics: Vec<String> = timed_out.iter().map(|(_, t)| t.clone()).collect();
+        topics.sort();
+        topics.dedup();
+        topics.truncate(MAX_TOPICS_EXPLAINED);
+        if topics.is_empty() {
+            return;
+        }
+        let producer = producer.clone();
+        let missing = tokio::task::spawn_blocking(move || {
+            let mut missing = HashSet::new();
+            for topic in topics {
+                let Ok(metadata) = producer
+                    .client()
+                    .fetch_metadata(Some(&topic), METADATA_PROBE_TIMEOUT)
+                else {
+                    // The broker does not answer: the timeouts say it all.
+                    break;
+                };
+                let absent = metadata
+                    .topics()
+                    .iter()
+                    .find(|t| t.name() == topic)
+                    .is_none_or(|t| t.error().is_some() || t.partitions().is_empty());
+                if absent {
+                    missing.insert(topic);
+                }
+            }
+            missing
+        })
+        .await
+        .unwrap_or_default();
+        for (index, topic) in timed_out {
+            if missing.contains(topic) {
+                outcomes[*index] = Outcome::Retry(
+                    Error::new(
+                        ErrorKind::Unroutable,
+                        format!(
+                            "topic `{topic}` does not exist and the broker did not create it: \
+                             create it (or enable auto.create.topics.enable on the broker); \
+                             the event is retried"
+                        ),
+                    )
+                    .temporary(),
+                );
+            }
+        }
+    }
+}
+
+fn create_producer(
+    client_config: &ClientConfig,
+    state: &Arc<ClientState>,
+    config: &KafkaSinkConfig,
+) -> Result<RelayProducer> {
+    let context = KafkaContext {
+        state: state.clone(),
+    };
+    client_config
+        .create_with_context::<_, RelayProducer>(context)
+        .map_err(|e| {
+            let mut text = classify(&e).full_message();
+            for (name, value) in &config.properties {
+                if crate::config::is_secret_property(name) && !value.is_empty() {
+                    text = text.replace(value.as_str(), "***");
+                }
+            }
+            Error::config(format!("{CONFIG_SECTION}: {text}"))
+        })
+}
+
+#[async_trait]
+impl Sink for KafkaSink {
+    fn kind(&self) -> &'static str {
+        Self::KIND
+    }
+
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities {
+            max_batch_len: self.config.max_batch_len,
+            // librdkafka checks message.max.bytes itself (payload, key and headers together)
+            // and the sink turns its refusal into a Reject with the numbers in it.
+            max_payload_bytes: None,
+            // librdkafka keeps produce order per partition, but a message that times out in
+            // its queue leaves a gap while later messages of the partition still go out
+            // (librdkafka INTRODUCTION.md, "Message timeout considerations"): a failed event
+            // does not guarantee that no later event of its key was delivered. So the engine
+            // sends one event per aggregate per call.
+            ordered_per_key: false,
+        }
+    }
+
+    fn destination(&self, event: &OutboxEvent) -> String {
+        self.template.render(event)
+    }
+
+    async fn check(&self) -> Result<()> {
+        let producer = self.producer();
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            self.renew_producer(&producer, &reason);
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the Kafka producer hit a fatal error and was recreated: {} {reason}",
+                    describe(code)
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let timeout = self.config.check_timeout;
+        let fetch = {
+            let producer = producer.clone();
+            tokio::task::spawn_blocking(move || {
+                producer
+                    .client()
+                    .fetch_metadata(None, timeout)
+                    .map(|metadata| metadata.brokers().len())
+            })
+        };
+        let fetched = fetch
+            .await
+            .map_err(|e| Error::new(ErrorKind::Other, format!("fetching Kafka metadata: {e}")))?;
+        let reach = |kind: ErrorKind, reason: String| {
+            Error::new(
+                kind,
+                format!(
+                    "cannot reach Kafka at {} ({CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\"): {reason}",
+                    self.servers()
+                ),
+            )
+        };
+        match fetched {
+            Ok(0) => Err(reach(
+                ErrorKind::Unavailable,
+                "the cluster's metadata lists no broker".to_owned(),
+            )),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let classified = classify(&e);
+                let kind = self.timeout_kind(started, classified.kind());
+                let reason = format!(
+                    "no metadata within {} ({CONFIG_SECTION}.check_timeout): {}{}",
+                    humantime::format_duration(timeout),
+                    classified.message(),
+                    self.last_client_error(started)
+                );
+                Err(reach(kind, reason))
+            }
+        }
+    }
+
+    async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let producer = self.producer();
+
+        // Hand every event to librdkafka without waiting: it batches them per partition.
+        let mut slots = Vec::with_capacity(batch.len());
+        let mut broken_state = None;
+        let mut failed_keys: HashSet<&str> = HashSet::new();
+        for event in batch {
+            let topic = self.destination(event);
+            if failed_keys.contains(event.aggregate_id.as_str()) {
+                // Never let a later event of an aggregate go out when an earlier one of this
+                // call could not even be queued.
+                slots.push(Slot::Done(Outcome::Retry(Error::new(
+                    ErrorKind::Other,
+                    format!(
+                        "not sent to topic `{topic}`: an earlier event of aggregate `{}` in \
+                         the same batch failed",
+                        event.aggregate_id
+                    ),
+                ))));
+                continue;
+            }
+            let record = FutureRecord::to(&topic)
+                .key(event.aggregate_id.as_bytes())
+                .payload(event.payload_bytes())
+                .headers(Self::headers(event));
+            match producer.send_result(record) {
+                Ok(future) => slots.push(Slot::Waiting(topic, future)),
+                Err((error, _record)) => {
+                    failed_keys.insert(event.aggregate_id.as_str());
+                    broken_state =
+                        broken_state.or(error_code(&error).filter(|c| needs_new_producer(*c)));
+                    let error = self.enqueue_error(&error, event, &topic);
+                    debug!(id = event.id, error = %error, "Kafka producer refused to queue an event");
+                    slots.push(Slot::Done(Outcome::from_error(error)));
+                }
+            }
+        }
+
+        let reports = self.await_reports(&producer, slots, started).await;
+        let mut outcomes = reports.outcomes;
+        self.explain_missing_topics(&producer, &mut outcomes, &reports.timed_out)
+            .await;
+
+        // A broken producer (fatal error, idempotence state) is replaced before the next
+        // call; the events of this call are retried.
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            self.renew_producer(&producer, &reason);
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "publishing to Kafka at {}: the producer hit a fatal error and was \
+                     recreated: {} {reason}",
+                    self.servers(),
+                    describe(code)
+                ),
+            ));
+        }
+        if let Some(code) = broken_state.or(reports.broken_state) {
+            self.renew_producer(&producer, &describe(code));
+        }
+
+        // Whole-call failures: refused credentials or producer settings; or every event
+        // failed because the broker is down or overloaded.
+        let context = |n: usize| {
+            format!(
+                "publishing {n} events to Kafka at {} ({CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\")",
+                self.servers()
+            )
+        };
+        for outcome in &outcomes {
+            if let Outcome::Retry(e) | Outcome::Reject(e) = outcome {
+                if fails_whole_call(e) {
+                    // librdkafka remembers a refused topic until its next metadata refresh
+                    // (minutes); a fresh producer sees fixed permissions on the next call.
+                    self.renew_producer(&producer, e.message());
+                    return Err(e.clone().context(context(batch.len())));
+                }
+            }
+        }
+        let all_broker_side = outcomes.iter().all(|o| match o {
+            Outcome::Retry(e) | Outcome::Reject(e) => is_broker_side(e),
+            Outcome::Published => false,
+        });
+        if all_broker_side {
+            if let Some(Outcome::Retry(e) | Outcome::Reject(e)) = outcomes.first() {
+                let kind = self.timeout_kind(started, e.kind());
+                let error = Error::new(
+                    kind,
+                    format!(
+                        "{}: {}{}",
+                        context(batch.len()),
+                        e.message(),
+                        self.last_client_error(started)
+                    ),
+                );
+                return Err(if kind == ErrorKind::Unauthorized {
+                    error.permanent()
+                } else {
+                    error.temporary()
+                });
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_are_remembered_distinct_and_few() {
+        let state = ClientState::default();
+        state.remember(
+            Some(RDKafkaErrorCode::BrokerTransportFailure),
+            "connect refused",
+        );
+        state.remember(
+            Some(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
+        state.remember(
+            Some(RDKafkaErrorCode::BrokerTransportFailure),
+            "connect refused",
+        );
+        let recent = state.recent(Duration::from_secs(60));
+        let reasons: Vec<&str> = recent.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(reasons, ["1/1 brokers are down", "connect refused"]);
+        for i in 0..5 {
+            state.remember(None, &format!("error {i}"));
+        }
+        assert_eq!(state.recent(Duration::from_secs(60)).len(), RECENT_ERRORS);
+        assert!(state.recent(Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn headers_are_the_events_then_the_relays() {
+        use rdkafka::message::Headers;
+        let mut event = outbox_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
+        event.headers.insert("tenant".into(), "acme".into());
+        let headers = KafkaSink::headers(&event);
+        let names: Vec<&str> = headers.iter().map(|h| h.key).collect();
+        assert_eq!(
+            names,
+            [
+                "tenant",
+                "traceparent",
+                "event_id",
+                "event_type",
+                "aggregate_type",
+                "aggregate_id",
+                "created_at"
+            ]
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Creating topics ahead of time, for brokers that do not create them on first use (the
+//! demo and the tests use it; the relay itself never creates topics).
+
+use std::time::Duration;
+
+use outbox_core::{Error, ErrorKind, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+
+use crate::classify::{classify, code_kind, describe};
+use crate::config::{KafkaSinkConfig, CONFIG_SECTION};
+
+/// A topic to create: name, partitions, replication factor and topic configs
+/// (e.g. `("max.message.bytes", "100000")`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub configs: Vec<(String, String)>,
+}
+
+impl TopicSpec {
+    /// `name` with `partitions` partitions, replication factor 1, no topic configs.
+    pub fn new(name: impl Into<String>, partitions: i32) -> Self {
+        Self {
+            name: name.into(),
+            partitions,
+            replication_factor: 1,
+            configs: Vec::new(),
+        }
+    }
+
+    /// Set a topic config.
+    pub fn config(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.configs.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// Create each topic that does not exist yet, with the connection settings of `config`
+/// (bootstrap servers, TLS, SASL...). A topic that already exists is left as it is.
+pub async fn ensure_topics(
+    config: &KafkaSinkConfig,
+    topics: &[TopicSpec],
+    timeout: Duration,
+) -> Result<()> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let mut client_config = rdkafka::ClientConfig::new();
+    for (name, value) in &config.properties {
+        // Only the connection settings matter to the admin client; producer-only
+        // properties would be refused by it.
+        if is_connection_property(name) {
+            client_config.set(name, value);
+        }
+    }
+    let admin: AdminClient<DefaultClientContext> = client_config.create().map_err(|e| {
+        classify(&e).context(format!("{CONFIG_SECTION}: creating the admin client"))
+    })?;
+    let new_topics: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| {
+            let mut topic = NewTopic::new(
+                &t.name,
+                t.partitions,
+                TopicReplication::Fixed(t.replication_factor),
+            );
+            for (k, v) in &t.configs {
+                topic = topic.set(k, v);
+            }
+            topic
+        })
+        .collect();
+    let options = AdminOptions::new()
+        .request_timeout(Some(timeout))
+        .operation_timeout(Some(timeout));
+    let results = admin
+        .create_topics(new_topics.iter(), &options)
+        .await
+        .map_err(|e| {
+            classify(&e).context(format!(
+                "creating topics at {} (within {})",
+                config.bootstrap_servers(),
+                humantime::format_duration(timeout)
+            ))
+        })?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                let (kind, _) = code_kind(code);
+                let kind = if kind == ErrorKind::Other {
+                    ErrorKind::Config
+                } else {
+                    kind
+                };
+                return Err(Error::new(
+                    kind,
+                    format!("creating topic `{name}`: {}", describe(code)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Properties an admin client needs to reach the cluster: brokers, security, client id,
+/// socket and address settings.
+fn is_connection_property(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "bootstrap.",
+        "metadata.broker.list",
+        "security.",
+        "ssl.",
+        "ssl_",
+        "sasl.",
+        "socket.",
+        "broker.address.",
+        "client.",
+        "enable.ssl.",
+        "https.",
+        "debug",
+        "reconnect.",
+        "connections.",
+        "api.version.",
+        "broker.version.",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_connection_properties_reach_the_admin_client() {
+        for name in [
+            "bootstrap.servers",
+            "security.protocol",
+            "ssl.ca.location",
+            "sasl.password",
+            "client.id",
+            "socket.timeout.ms",
+            "broker.address.family",
+        ] {
+            assert!(is_connection_property(name), "{name}");
+        }
+        for name in [
+            "acks",
+            "linger.ms",
+            "enable.idempotence",
+            "compression.type",
+        ] {
+            assert!(!is_connection_property(name), "{name}");
+        }
+    }
+}
