@@ -425,7 +425,9 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
         .filter(|(t, _)| *t >= frozen_at && *t <= thawed_at + 5.0)
         .map(|(_, p)| *p)
         .fold(0.0, f64::max);
-    let last = samples.last().map(|(_, p)| *p).unwrap_or(-1.0);
+    // The sampler may stop just before the gauge's next refresh: read the drained backlog
+    // from the /metrics fetched after the wait above saw it at 0.
+    let last = metric_value(&metrics, "outbox_pending_events").unwrap_or(-1.0);
     let caught_up = samples
         .iter()
         .find(|(t, p)| *t > thawed_at && *p <= 100.0)
