@@ -153,10 +153,20 @@ impl Drop for RelayProcess {
 
 /// Run `outbox-relay --config FILE <args>` to completion; returns (success, stdout, stderr).
 pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
+    run_cli_with_env(config, args, &[])
+}
+
+/// Same with extra environment variables (e.g. AWS test credentials).
+pub fn run_cli_with_env(
+    config: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, String, String) {
     let out = Command::new(relay_binary())
         .arg("--config")
         .arg(config)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("running outbox-relay");
     (
@@ -164,6 +174,27 @@ pub fn run_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Rows of `table` not yet published and not dead (the same SQL on PostgreSQL and MySQL).
+fn pending_rows_sql(table: &str) -> String {
+    format!("SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL")
+}
+
+/// Pending rows of a PostgreSQL outbox table.
+pub async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(&pending_rows_sql(table))
+        .fetch_one(pool)
+        .await
+        .expect("counting pending rows")
+}
+
+/// Pending rows of a MySQL / MariaDB outbox table.
+pub async fn mysql_pending_rows(pool: &sqlx::MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(&pending_rows_sql(table))
+        .fetch_one(pool)
+        .await
+        .expect("counting pending rows")
 }
 
 /// A configuration file for PostgreSQL → Redis Streams.

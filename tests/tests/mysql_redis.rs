@@ -15,20 +15,12 @@ use std::time::{Duration, Instant};
 
 use outbox_core::NewEvent;
 use outbox_store_mysql::Outbox;
+use outbox_tests::mysql_pending_rows as pending_rows;
 use outbox_tests::*;
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 
 type Committed = Arc<Mutex<HashMap<Uuid, (i64, String)>>>;
-
-async fn pending_rows(pool: &sqlx::MySqlPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
-}
 
 /// The business table of the writers: one row per aggregate, `version` bumped by each event.
 async fn create_orders(pool: &sqlx::MySqlPool, orders: &str, aggregates: u64) {

@@ -20,7 +20,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +29,7 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 use outbox_core::NewEvent;
 use outbox_store_mysql::Outbox;
+use outbox_tests::mysql_pending_rows as pending_rows;
 use outbox_tests::*;
 use uuid::Uuid;
 
@@ -70,66 +70,6 @@ listen = ""
 "#,
         url = mysql_url(),
     )
-}
-
-/// `outbox-relay --config FILE ...` with the test's AWS credentials in its environment and
-/// without `OUTBOX_TEST_RELAY_BIN` (which points the tests at a binary, but which the relay
-/// would read as a configuration key and refuse).
-fn relay_command(config: &Path) -> Command {
-    let mut command = Command::new(relay_binary());
-    command
-        .arg("--config")
-        .arg(config)
-        .env_remove("OUTBOX_TEST_RELAY_BIN")
-        .envs(AWS_ENV.iter().copied());
-    command
-}
-
-/// Like `RelayProcess::start`, through [`relay_command`].
-fn start_relay(config: &Path, dir: &Path, name: &str) -> RelayProcess {
-    let log = dir.join(format!("{name}.log"));
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .expect("opening the relay log");
-    let err = out.try_clone().expect("cloning the log handle");
-    let child = relay_command(config)
-        .arg("run")
-        .env("OUTBOX_RELAY__RELAY_ID", name)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("starting outbox-relay");
-    RelayProcess {
-        name: name.to_owned(),
-        child,
-        log,
-    }
-}
-
-/// Like `run_cli`, through [`relay_command`]: (success, stdout, stderr).
-fn relay_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = relay_command(config)
-        .args(args)
-        .output()
-        .expect("running outbox-relay");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn pending_rows(pool: &sqlx::MySqlPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
 }
 
 /// The business table of the writers: one row per aggregate, `version` bumped by each event.
@@ -214,13 +154,13 @@ async fn run_relays_and_writers(
     scale: Scale,
 ) -> Run {
     for _ in 0..2 {
-        let (ok, out, err) = relay_cli(config, &["migrate"]);
+        let (ok, out, err) = run_cli_with_env(config, &["migrate"], AWS_ENV);
         assert!(ok, "migrate failed: {out}{err}");
     }
     create_orders(pool, orders, scale.aggregates).await;
 
     let mut relays: Vec<RelayProcess> = (0..scale.relays)
-        .map(|i| start_relay(config, dir, &format!("relay-{i}")))
+        .map(|i| RelayProcess::start_with_env(config, dir, &format!("relay-{i}"), AWS_ENV))
         .collect();
 
     let committed: Committed = Arc::default();
@@ -295,7 +235,7 @@ async fn run_relays_and_writers(
     relays[0].kill_hard();
     let killed_at = written.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    relays[0] = start_relay(config, dir, "relay-0");
+    relays[0] = RelayProcess::start_with_env(config, dir, "relay-0", AWS_ENV);
 
     for w in writers {
         w.await.expect("writer");
@@ -316,7 +256,7 @@ async fn run_relays_and_writers(
         || {
             let config = config.to_owned();
             async move {
-                let (ok, status, _) = relay_cli(&config, &["status", "--json"]);
+                let (ok, status, _) = run_cli_with_env(&config, &["status", "--json"], AWS_ENV);
                 let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
                 ok && status["shards_owned"] == 32
                     && status["owners"].as_object().map(|o| o.len()) == Some(relay_count)
@@ -324,7 +264,7 @@ async fn run_relays_and_writers(
         },
     )
     .await;
-    let (ok, status, err) = relay_cli(config, &["status", "--json"]);
+    let (ok, status, err) = run_cli_with_env(config, &["status", "--json"], AWS_ENV);
     assert!(ok, "status failed: {err}");
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["pending"], 0, "{status}");

@@ -22,15 +22,6 @@ const PARTITIONS: i32 = 6;
 
 type Committed = Arc<Mutex<HashMap<Uuid, (i64, String)>>>;
 
-async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT count(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
-}
-
 fn delivered(messages: &[KafkaMessage]) -> Vec<StreamMessage> {
     messages.iter().map(|m| m.message.clone()).collect()
 }

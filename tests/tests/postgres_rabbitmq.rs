@@ -17,15 +17,6 @@ const WRITERS: u64 = 8;
 
 type Committed = Arc<Mutex<HashMap<Uuid, (i64, String)>>>;
 
-async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT count(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     let table = unique("e2e_rmq");

@@ -128,66 +128,6 @@ listen = "{listen}"
     )
 }
 
-/// `outbox-relay --config FILE ...` with the test's AWS credentials in its environment and
-/// without `OUTBOX_TEST_RELAY_BIN` (which points the tests at a binary, but which the relay would
-/// read as the configuration key `relay_bin` and refuse).
-fn relay_command(config: &Path) -> Command {
-    let mut command = Command::new(relay_binary());
-    command
-        .arg("--config")
-        .arg(config)
-        .env_remove("OUTBOX_TEST_RELAY_BIN")
-        .envs(AWS_ENV.iter().copied());
-    command
-}
-
-/// Like `RelayProcess::start`, through [`relay_command`].
-fn start_relay(config: &Path, dir: &Path, name: &str) -> RelayProcess {
-    let log = dir.join(format!("{name}.log"));
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .expect("opening the relay log");
-    let err = out.try_clone().expect("cloning the log handle");
-    let child = relay_command(config)
-        .arg("run")
-        .env("OUTBOX_RELAY__RELAY_ID", name)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("starting outbox-relay");
-    RelayProcess {
-        name: name.to_owned(),
-        child,
-        log,
-    }
-}
-
-/// Like `run_cli`, through [`relay_command`]: (success, stdout, stderr).
-fn relay_cli(config: &Path, args: &[&str]) -> (bool, String, String) {
-    let out = relay_command(config)
-        .args(args)
-        .output()
-        .expect("running outbox-relay");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT count(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
-}
-
 async fn wait_drained(pool: &sqlx::PgPool, table: &str, timeout: Duration) {
     wait_for("the backlog to drain", timeout, || {
         let (pool, table) = (pool.clone(), table.to_owned());
@@ -482,13 +422,13 @@ async fn two_relays_one_sigkilled(fifo: bool) {
         "relay.toml",
         &sqs_config(&table, &queue, &endpoint, "", "", ""),
     );
-    let (ok, out, err) = relay_cli(&config, &["migrate"]);
+    let (ok, out, err) = run_cli_with_env(&config, &["migrate"], AWS_ENV);
     assert!(ok, "migrate failed: {out}{err}");
     let pool = postgres_pool().await;
     create_orders(&pool, &orders, AGGREGATES).await;
 
     let mut relays: Vec<RelayProcess> = (0..2)
-        .map(|i| start_relay(&config, &dir, &format!("relay-{i}")))
+        .map(|i| RelayProcess::start_with_env(&config, &dir, &format!("relay-{i}"), AWS_ENV))
         .collect();
     let consumer = Consumer::start(client.clone(), url.clone(), 4);
     let outbox = Outbox::new(&table).unwrap();
@@ -507,7 +447,7 @@ async fn two_relays_one_sigkilled(fifo: bool) {
     relays[0].kill_hard();
     let killed_at = written.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    relays[0] = start_relay(&config, &dir, "relay-0");
+    relays[0] = RelayProcess::start_with_env(&config, &dir, "relay-0", AWS_ENV);
 
     for w in writers {
         w.await.expect("writer");
@@ -520,7 +460,7 @@ async fn two_relays_one_sigkilled(fifo: bool) {
         .await;
     let consumed_secs = started.elapsed().as_secs_f64();
 
-    let (ok, status, err) = relay_cli(&config, &["status", "--json"]);
+    let (ok, status, err) = run_cli_with_env(&config, &["status", "--json"], AWS_ENV);
     assert!(ok, "status failed: {err}");
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["pending"], 0, "{status}");
@@ -691,7 +631,7 @@ async fn an_event_over_256_kib_ends_dead_with_sqs_error_while_others_flow() {
         "relay.toml",
         &sqs_config(&table, &queue, &endpoint, "", "", ""),
     );
-    let (ok, out, err) = relay_cli(&config, &["migrate"]);
+    let (ok, out, err) = run_cli_with_env(&config, &["migrate"], AWS_ENV);
     assert!(ok, "migrate failed: {out}{err}");
     let pool = postgres_pool().await;
     let outbox = Outbox::new(&table).unwrap();
@@ -714,7 +654,7 @@ async fn an_event_over_256_kib_ends_dead_with_sqs_error_while_others_flow() {
     drop(conn);
 
     let consumer = Consumer::start(client.clone(), url.clone(), 2);
-    let mut relay = start_relay(&config, &dir, "relay-big");
+    let mut relay = RelayProcess::start_with_env(&config, &dir, "relay-big", AWS_ENV);
     wait_drained(&pool, &table, Duration::from_secs(60)).await;
     let expected: HashSet<Uuid> = events
         .iter()
@@ -748,7 +688,7 @@ async fn an_event_over_256_kib_ends_dead_with_sqs_error_while_others_flow() {
         last_error.contains("262144") && last_error.contains(&format!("SQS queue `{queue}`")),
         "SQS's own error must be recorded: {last_error}"
     );
-    let (ok, status, err) = relay_cli(&config, &["status", "--json"]);
+    let (ok, status, err) = run_cli_with_env(&config, &["status", "--json"], AWS_ENV);
     assert!(ok, "status failed: {err}");
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["dead"], 1, "{status}");
@@ -907,11 +847,11 @@ async fn sqs_frozen_for_30s_under_steady_writes_loses_nothing_and_recovers_by_it
             "request_timeout = \"3s\"\nretry_attempts = 2",
         ),
     );
-    let (ok, out, err) = relay_cli(&config, &["migrate"]);
+    let (ok, out, err) = run_cli_with_env(&config, &["migrate"], AWS_ENV);
     assert!(ok, "migrate failed: {out}{err}");
     let pool = postgres_pool().await;
     let outbox = Outbox::new(&table).unwrap();
-    let mut relay = start_relay(&config, &dir, "relay-outage");
+    let mut relay = RelayProcess::start_with_env(&config, &dir, "relay-outage", AWS_ENV);
     let consumer = Consumer::start(client.clone(), url.clone(), 2);
 
     // Steady writes: one event every 50 ms over 40 aggregates, until told to stop.
@@ -998,7 +938,7 @@ async fn sqs_frozen_for_30s_under_steady_writes_loses_nothing_and_recovers_by_it
         .wait_for_all(&committed, Duration::from_secs(120))
         .await;
 
-    let (ok, status, err) = relay_cli(&config, &["status", "--json"]);
+    let (ok, status, err) = run_cli_with_env(&config, &["status", "--json"], AWS_ENV);
     assert!(ok, "status failed: {err}");
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["dead"], 0, "{status}");

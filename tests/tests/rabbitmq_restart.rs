@@ -74,15 +74,6 @@ impl Drop for BrokerGuard {
     }
 }
 
-async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
-        "SELECT count(*) FROM {table} WHERE published_at IS NULL AND dead_at IS NULL"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("counting pending rows")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect() {
     let table = unique("e2e_rmq_restart");
