@@ -82,10 +82,10 @@ impl Sql {
                      FROM {t} WHERE pending = 1 ORDER BY id LIMIT 1), 0e0) \
                      AS oldest_pending_age_secs, \
                  (SELECT COUNT(*) FROM {t} WHERE dead_at IS NOT NULL) AS dead, \
-                 (SELECT COUNT(DISTINCT retry_aggregate_id) FROM {t} \
+                 (SELECT COUNT(DISTINCT retry_aggregate_id) FROM {t} FORCE INDEX (retry_idx) \
                      WHERE retry_aggregate_id IS NOT NULL AND dead_at IS NULL) \
                      AS held_back_aggregates, \
-                 (SELECT COUNT(*) FROM {t} \
+                 (SELECT COUNT(*) FROM {t} FORCE INDEX (retry_idx) \
                      WHERE retry_aggregate_id IS NOT NULL AND dead_at IS NULL) AS retrying"
             ),
             // ? table name.
@@ -123,8 +123,9 @@ impl Sql {
                         h.last_error, \
                         (SELECT COUNT(*) FROM {t} w WHERE w.pending = 1 AND w.id > h.id \
                            AND w.aggregate_id = h.aggregate_id) AS waiting \
-                 FROM {t} h WHERE h.retry_aggregate_id IS NOT NULL AND h.dead_at IS NULL \
-                   AND h.id = (SELECT MIN(x.id) FROM {t} x \
+                 FROM {t} h FORCE INDEX (retry_idx) \
+                 WHERE h.retry_aggregate_id IS NOT NULL AND h.dead_at IS NULL \
+                   AND h.id = (SELECT MIN(x.id) FROM {t} x FORCE INDEX (retry_idx) \
                                WHERE x.retry_aggregate_id = h.retry_aggregate_id AND x.dead_at IS NULL) \
                  ORDER BY h.id LIMIT ?"
             ),
@@ -158,7 +159,10 @@ impl Sql {
     /// Walks `pending_idx (pending, id, shard)` from `pending = 1` in id order — history rows
     /// have `pending = NULL` and are never scanned — filtering shards and excluded ids inside
     /// the index; the held-back check looks up `retry_idx (retry_aggregate_id, id)`, which holds
-    /// a key only for rows waiting for a retry (or dead). No row locks: the shard locks give
+    /// a key only for rows waiting for a retry (or dead). Both indexes are forced: while no row
+    /// retries, every key of retry_idx is NULL, its statistics say "one value for the whole
+    /// table", and MariaDB then scans the table once per candidate row (measured: 0.8 s for a
+    /// 500-row claim over 5,000 rows instead of 17 ms). No row locks: the shard locks give
     /// this session exclusivity.
     pub fn claim(&self, shards: usize, excluded: usize) -> String {
         let t = &self.table;
@@ -172,7 +176,7 @@ impl Sql {
              WHERE o.pending = 1 AND o.shard IN ({}) \
              AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)) \
              {exclude}\
-             AND NOT EXISTS (SELECT 1 FROM {t} b \
+             AND NOT EXISTS (SELECT 1 FROM {t} b FORCE INDEX (retry_idx) \
                  WHERE b.retry_aggregate_id = o.aggregate_id AND b.id < o.id \
                  AND (b.dead_at IS NULL OR ?)) \
              ORDER BY o.id LIMIT ?",
