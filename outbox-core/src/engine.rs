@@ -365,6 +365,9 @@ struct Worker<'a> {
     sink_failures: u32,
     next_rebalance: Instant,
     acquire_offset: u32,
+    /// When the last claim at the top of the loop started (partial batches wait for
+    /// `poll_interval_min` from there).
+    last_claim: Instant,
 }
 
 impl<'a> Worker<'a> {
@@ -383,6 +386,7 @@ impl<'a> Worker<'a> {
             sink_failures: 0,
             next_rebalance: Instant::now(),
             acquire_offset,
+            last_claim: Instant::now(),
         }
     }
 
@@ -441,6 +445,7 @@ impl<'a> Worker<'a> {
                     continue;
                 }
                 let request = self.claim_request(&[]);
+                self.last_claim = Instant::now();
                 let session = self.session.as_mut().expect("session is open");
                 match session.claim(&request).await {
                     Ok(batch) => batch,
@@ -468,12 +473,25 @@ impl<'a> Worker<'a> {
                 continue;
             }
             self.poll = self.relay.config.poll_interval_min;
+            let partial = batch.len() < self.relay.config.batch_size;
 
             if !self.process(batch, shutdown).await {
                 break;
             }
             if self.sink_failures > 0 {
                 Self::pause(shutdown, outage_backoff(self.sink_failures)).await;
+            } else if partial && self.prefetched.is_empty() {
+                // The backlog is drained and rows trickle in: claim every poll_interval_min
+                // rather than at once, so a claim carries the rows of that interval instead of
+                // one or two. Fewer, fuller rounds cost the database (and so the writers
+                // sharing it) far less per event; the wait adds at most poll_interval_min to
+                // an event's latency.
+                self.flush_marks().await;
+                let next = self.last_claim + self.relay.config.poll_interval_min;
+                let wait = next.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    Self::pause(shutdown, wait).await;
+                }
             }
         }
     }
