@@ -11,8 +11,10 @@
 //! steady write rate, writer throughput with the relay stopped and running, and the relay's
 //! peak RSS. Each figure is the median of `--runs` runs, with min and max.
 
+mod brokers;
 mod pair;
 mod report;
+mod stores;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,18 +36,24 @@ pub struct Args {
     /// Aggregates the events are spread over.
     #[arg(long, default_value_t = 1000)]
     pub aggregates: u64,
-    /// Events the article's algorithm publishes per run (it is slow; its rate is steady).
+    /// Events loaded for the article's algorithm per run (it is slow; its rate is steady).
     #[arg(long, default_value_t = 50_000)]
     pub article_events: u64,
+    /// Longest the article's algorithm runs per run (its rate is taken over what it did).
+    #[arg(long, default_value_t = 20)]
+    pub article_secs: u64,
     /// Seconds of steady writes per latency run.
     #[arg(long, default_value_t = 30)]
     pub latency_secs: u64,
     /// Steady write rates for the latency runs (events/s).
     #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
     pub latency_rates: Vec<u64>,
-    /// Seconds per writer-throughput run.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds of each writer-throughput segment.
+    #[arg(long, default_value_t = 5)]
     pub writer_secs: u64,
+    /// Segments with the relay stopped, alternating with as many with it running.
+    #[arg(long, default_value_t = 3)]
+    pub writer_rounds: u32,
     /// Concurrent writers in the writer-throughput runs.
     #[arg(long, default_value_t = 4)]
     pub writers: u64,
@@ -58,9 +66,25 @@ pub struct Args {
     /// PostgreSQL.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     pub postgres_url: String,
+    /// MySQL / MariaDB.
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306/test")]
+    pub mysql_url: String,
     /// Redis.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+    /// RabbitMQ.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub rabbitmq_url: String,
+    /// The tansu binary (Kafka API): the Kafka side starts a private broker for each run.
+    #[arg(long, default_value = "/opt/outbox-relay/tansu/bin/tansu")]
+    pub tansu_bin: PathBuf,
+    /// The SQS endpoint (LocalStack).
+    #[arg(long, default_value = "http://127.0.0.1:4566")]
+    pub sqs_endpoint: String,
+    /// Events per drain for the sqs sink: LocalStack, a Python emulator, takes a few thousand
+    /// messages per second, so 200,000 per run would take many minutes.
+    #[arg(long, default_value_t = 20_000)]
+    pub sqs_events: u64,
     /// Where docs/BENCHMARKS.md and docs/bench/ go.
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
@@ -70,8 +94,17 @@ pub struct Args {
     /// Parts to leave out of a quick run: article, ceilings, latency, writers.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
+    /// Measure nothing: render docs/BENCHMARKS.md and the plots again from this results.json
+    /// (e.g. after editing docs/bench/analysis.md).
+    #[arg(long)]
+    pub render: Option<PathBuf>,
     /// Store × sink pairs to measure.
-    #[arg(long, value_delimiter = ',', default_value = "postgres:redis-streams")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "postgres:redis-streams,postgres:kafka,postgres:rabbitmq,postgres:sqs,\
+                         mysql:redis-streams,mysql:kafka,mysql:rabbitmq,mysql:sqs"
+    )]
     pub pairs: Vec<String>,
 }
 
@@ -85,6 +118,13 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    if let Some(path) = &args.render {
+        let report = Report::load(path)?;
+        report.print();
+        return report
+            .write(&args.out)
+            .map_err(|e| format!("writing the report: {e}"));
+    }
     if !args.relay_bin.exists() {
         return Err(format!(
             "{} does not exist: build it with `cargo build --release -p outbox-relay` or pass --relay-bin",
@@ -99,7 +139,12 @@ async fn run(args: Args) -> Result<(), String> {
             .ok_or_else(|| format!("--pairs: \"{pair}\" is not store:sink"))?;
         let bench = pair::open(&args, store, sink).await?;
         eprintln!("== {store} → {sink}");
+        let (store_server, broker_server) = bench.describe();
+        report.add_server(store, &store_server);
+        report.add_server(sink, &broker_server);
         let mut result = PairResult::new(store, sink);
+        result.events = bench.events(args.events);
+        result.article_events = args.article_events.min(result.events);
         measure(&args, bench.as_ref(), &mut result).await?;
         report.pairs.push(result);
     }
@@ -116,6 +161,7 @@ async fn measure(
     result: &mut PairResult,
 ) -> Result<(), String> {
     let runs = args.runs.max(1);
+    let events = result.events;
     let mut drains: Vec<Figure> = args
         .relays
         .iter()
@@ -132,7 +178,7 @@ async fn measure(
     let mut broker_ceiling = Figure::new("broker ceiling (same client, no database)", "events/s");
     let mut writers_alone = Figure::new("writers, relay stopped", "commits/s");
     let mut writers_with = Figure::new("writers, relay running", "commits/s");
-    let mut latency: Vec<[Figure; 3]> = args
+    let mut latency: Vec<[Figure; 4]> = args
         .latency_rates
         .iter()
         .map(|r| {
@@ -140,6 +186,7 @@ async fn measure(
                 Figure::new(&format!("commit→receive p50 at {r}/s"), "ms"),
                 Figure::new(&format!("commit→receive p99 at {r}/s"), "ms"),
                 Figure::new(&format!("commit→receive max at {r}/s"), "ms"),
+                Figure::new(&format!("writes achieved at {r}/s"), "commits/s"),
             ]
         })
         .collect();
@@ -147,7 +194,7 @@ async fn measure(
     for run in 1..=runs {
         eprintln!("-- run {run}/{runs}");
         for (i, n) in args.relays.iter().enumerate() {
-            let d = bench.drain(args.events, args.aggregates, *n).await?;
+            let d = bench.drain(events, args.aggregates, *n).await?;
             eprintln!(
                 "   drain with {n} relay(s): {:.0} events/s, peak RSS {:.1} MiB",
                 d.rate, d.peak_rss_mib
@@ -159,15 +206,17 @@ async fn measure(
         }
         let skip = |part: &str| args.skip.iter().any(|s| s == part);
         if !skip("article") {
-            let a = bench.article(args.article_events, args.aggregates).await?;
+            let a = bench
+                .article(result.article_events, args.aggregates)
+                .await?;
             eprintln!("   article: {a:.0} events/s");
             article.push(a);
         }
         if !skip("ceilings") {
-            let c = bench.database_ceiling(args.events, args.aggregates).await?;
+            let c = bench.database_ceiling(events, args.aggregates).await?;
             eprintln!("   database ceiling: {c:.0} rows/s");
             db_ceiling.push(c);
-            let b = bench.broker_ceiling(args.events, args.aggregates).await?;
+            let b = bench.broker_ceiling(events, args.aggregates).await?;
             eprintln!("   broker ceiling: {b:.0} events/s");
             broker_ceiling.push(b);
         }
@@ -185,22 +234,20 @@ async fn measure(
                 )
                 .await?;
             eprintln!(
-                "   latency at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events)",
-                l.p50_ms, l.p99_ms, l.max_ms, l.events
+                "   latency at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} events, {:.0} commits/s)",
+                l.p50_ms, l.p99_ms, l.max_ms, l.events, l.write_rate
             );
             latency[i][0].push(l.p50_ms);
             latency[i][1].push(l.p99_ms);
             latency[i][2].push(l.max_ms);
+            latency[i][3].push(l.write_rate);
         }
         if skip("writers") {
             continue;
         }
         let duration = Duration::from_secs(args.writer_secs);
-        let alone = bench
-            .writer_throughput(args.writers, duration, args.aggregates, false)
-            .await?;
-        let with = bench
-            .writer_throughput(args.writers, duration, args.aggregates, true)
+        let (alone, with) = bench
+            .writer_cost(args.writers, duration, args.aggregates, args.writer_rounds)
             .await?;
         eprintln!("   writers: {alone:.0} commits/s alone, {with:.0} with the relay running");
         writers_alone.push(alone);

@@ -9,20 +9,21 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
-use outbox_core::{ClaimRequest, MarkMode, NewEvent, OutboxEvent, Sink, Store};
-use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
-use outbox_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
-use sqlx::Row;
+use outbox_core::{ClaimRequest, MarkMode, OutboxEvent, Sink, Store};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use crate::brokers::{KafkaSide, RabbitMqSide, RedisSide, SqsSide};
+use crate::stores::{MySqlSide, PostgresSide};
 use crate::Args;
 
-const TABLE: &str = "bench_outbox";
-const ORDERS: &str = "bench_orders";
-const SHARDS: u32 = 64;
+pub const TABLE: &str = "bench_outbox";
+pub const ORDERS: &str = "bench_orders";
+pub const SHARDS: u32 = 64;
+/// Connections of the writers' pool (and most transactions in flight in the latency runs).
+pub const WRITER_CONNECTIONS: usize = 40;
 /// Padding that makes each payload about 300 bytes of JSON.
-const PAD: usize = 240;
+pub const PAD: usize = 240;
 
 /// Drain result.
 #[derive(Debug, Clone, Copy)]
@@ -38,11 +39,18 @@ pub struct Latency {
     pub p99_ms: f64,
     pub max_ms: f64,
     pub events: usize,
+    /// Commits per second the writers achieved (below the target when the machine could not
+    /// keep up).
+    pub write_rate: f64,
 }
 
 /// Everything measured for a pair.
 #[async_trait]
 pub trait PairBench: Send + Sync {
+    /// Server versions of the store and the broker.
+    fn describe(&self) -> (String, String);
+    /// Events per drain for this pair (`--events`, or less for a slow emulated broker).
+    fn events(&self, requested: u64) -> u64;
     async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String>;
     async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String>;
     async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String>;
@@ -53,25 +61,28 @@ pub trait PairBench: Send + Sync {
         duration: Duration,
         aggregates: u64,
     ) -> Result<Latency, String>;
-    async fn writer_throughput(
+    /// Writer commits/s with the relay stopped and running, alternating `rounds` times.
+    async fn writer_cost(
         &self,
         writers: u64,
         duration: Duration,
         aggregates: u64,
-        relay_running: bool,
-    ) -> Result<f64, String>;
+        rounds: u32,
+    ) -> Result<(f64, f64), String>;
 }
 
 /// The database side of a pair.
 #[async_trait]
-trait StoreSide: Send + Sync {
+pub trait StoreSide: Send + Sync {
+    /// Server and version.
+    fn describe(&self) -> String;
     fn store(&self) -> Arc<dyn Store>;
     /// `[store]` of the relay's configuration.
     fn relay_toml(&self) -> String;
     /// Empty the outbox and load `events` pending rows spread over `aggregates`.
     async fn load(&self, events: u64, aggregates: u64) -> Result<(), String>;
-    /// Pending rows.
-    async fn pending(&self) -> Result<i64, String>;
+    /// Whether any row is still pending (cheap: the first entry of the pending index).
+    async fn any_pending(&self) -> Result<bool, String>;
     /// Recreate the business table with `aggregates` rows and empty the outbox.
     async fn reset_business(&self, aggregates: u64) -> Result<(), String>;
     /// One business transaction: update the order row, enqueue its event, commit.
@@ -84,14 +95,25 @@ trait StoreSide: Send + Sync {
 
 /// The broker side of a pair.
 #[async_trait]
-trait BrokerSide: Send + Sync {
+pub trait BrokerSide: Send + Sync {
+    /// Server and version.
+    fn describe(&self) -> String;
+    /// The sink as the relay builds it (for the article's run and the broker ceiling).
     fn sink(&self) -> Arc<dyn Sink>;
     /// `[sink]` of the relay's configuration.
     fn relay_toml(&self) -> String;
+    /// Environment the relay process needs (e.g. credentials).
+    fn relay_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Most events per drain this broker can take in reasonable time (an emulator).
+    fn max_events(&self) -> Option<u64> {
+        None
+    }
     /// Forget everything delivered.
     async fn reset(&self) -> Result<(), String>;
-    /// Messages delivered so far.
-    async fn delivered(&self) -> Result<u64, String>;
+    /// Messages delivered since the last reset (may read them back: not timed).
+    async fn delivered(&self, expected: u64) -> Result<u64, String>;
     /// Stream (event id, receive time) of messages delivered from now on.
     async fn consume(&self) -> Result<mpsc::UnboundedReceiver<(Uuid, Instant)>, String>;
 }
@@ -100,17 +122,21 @@ trait BrokerSide: Send + Sync {
 pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBench>, String> {
     let store: Arc<dyn StoreSide> = match store {
         "postgres" => Arc::new(PostgresSide::open(&args.postgres_url).await?),
+        "mysql" => Arc::new(MySqlSide::open(&args.mysql_url).await?),
         other => {
             return Err(format!(
-                "--pairs: store \"{other}\" is not benchmarked (known: postgres)"
+                "--pairs: store \"{other}\" is not benchmarked (known: postgres, mysql)"
             ))
         }
     };
     let broker: Box<dyn BrokerSide> = match sink {
         "redis-streams" => Box::new(RedisSide::open(&args.redis_url).await?),
+        "kafka" => Box::new(KafkaSide::open(&args.tansu_bin).await?),
+        "rabbitmq" => Box::new(RabbitMqSide::open(&args.rabbitmq_url).await?),
+        "sqs" => Box::new(SqsSide::open(&args.sqs_endpoint, args.sqs_events).await?),
         other => {
             return Err(format!(
-                "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams)"
+                "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs)"
             ))
         }
     };
@@ -118,6 +144,7 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBe
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     Ok(Box::new(Pair {
         batch: args.batch_size,
+        article_secs: args.article_secs,
         store,
         broker,
         relay_bin: args.relay_bin.clone(),
@@ -127,13 +154,15 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBe
 
 struct Pair {
     batch: usize,
+    article_secs: u64,
     store: Arc<dyn StoreSide>,
     broker: Box<dyn BrokerSide>,
     relay_bin: PathBuf,
     dir: PathBuf,
 }
 
-/// A relay child process.
+/// A relay child process; stopped (SIGTERM, then SIGKILL after 30 s) when dropped, so a
+/// failed measurement never leaves a relay running into the next one.
 struct RelayProcess(Child);
 
 impl RelayProcess {
@@ -149,7 +178,16 @@ impl RelayProcess {
             .unwrap_or(0.0)
     }
 
-    fn stop(mut self) {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.0.id().to_string())
@@ -187,6 +225,7 @@ impl Pair {
             .arg(config)
             .arg("run")
             .env("OUTBOX_RELAY__RELAY_ID", format!("bench-{n}"))
+            .envs(self.broker.relay_env())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -224,6 +263,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[async_trait]
 impl PairBench for Pair {
+    fn describe(&self) -> (String, String) {
+        (self.store.describe(), self.broker.describe())
+    }
+
+    fn events(&self, requested: u64) -> u64 {
+        self.broker
+            .max_events()
+            .map_or(requested, |max| max.min(requested))
+    }
+
     async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String> {
         self.broker.reset().await?;
         self.store.load(events, aggregates).await?;
@@ -233,10 +282,9 @@ impl PairBench for Pair {
             .map(|n| self.start_relay(&config, n))
             .collect::<Result<_, _>>()?;
         let deadline = started + Duration::from_secs(900);
-        loop {
-            if self.broker.delivered().await? >= events {
-                break;
-            }
+        // A row leaves the pending set only once the broker acknowledged it: the drain is
+        // over when none is left.
+        while self.store.any_pending().await? {
             if Instant::now() > deadline {
                 return Err(format!(
                     "drain of {events} events did not finish in 15 minutes"
@@ -245,12 +293,12 @@ impl PairBench for Pair {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let elapsed = started.elapsed();
-        // Acknowledged is not yet marked: wait for the table too (not timed).
-        while self.store.pending().await? > 0 {
-            if Instant::now() > deadline {
-                return Err("rows still pending after the broker got them all".into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // Not timed: the broker really holds them all.
+        let delivered = self.broker.delivered(events).await?;
+        if delivered < events {
+            return Err(format!(
+                "drain: the table is empty but the broker holds {delivered} of {events} events"
+            ));
         }
         let peak_rss_mib = processes
             .first()
@@ -270,16 +318,18 @@ impl PairBench for Pair {
         self.store.load(events, aggregates).await?;
         let sink = self.broker.sink();
         let started = Instant::now();
+        let budget = Duration::from_secs(self.article_secs);
         let mut done = 0;
-        loop {
+        // Its rate is steady: stop at the time budget when the broker is slow.
+        while started.elapsed() < budget {
             let n = self.store.article_round(sink.as_ref()).await?;
             if n == 0 {
                 break;
             }
             done += n;
         }
-        if (done as u64) < events {
-            return Err(format!("the article's relay published {done} of {events}"));
+        if done == 0 {
+            return Err(format!("the article's relay published none of {events}"));
         }
         Ok(done as f64 / started.elapsed().as_secs_f64())
     }
@@ -292,10 +342,15 @@ impl PairBench for Pair {
             .await
             .map_err(|e| e.to_string())?;
         for shard in 0..session.shard_count() as i32 {
-            session
+            if !session
                 .try_acquire(shard)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| e.to_string())?
+            {
+                return Err(format!(
+                    "database ceiling: shard {shard} is held by another session (a relay still running?)"
+                ));
+            }
         }
         let started = Instant::now();
         let mut done = 0u64;
@@ -357,14 +412,23 @@ impl PairBench for Pair {
         let mut tasks = tokio::task::JoinSet::new();
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         let mut order = 0u64;
+        // No more transactions in flight than the pool has connections: when the machine
+        // cannot keep up, the writers fall behind the rate (reported) instead of timing out.
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(WRITER_CONNECTIONS));
         while started.elapsed() < duration {
             tick.tick().await;
             let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
-            while issued < due {
+            while issued < due && started.elapsed() < duration {
                 issued += 1;
                 order = (order + 7) % aggregates;
                 let (store, committed) = (self.store.clone(), committed.clone());
+                let permit = in_flight
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| e.to_string())?;
                 tasks.spawn(async move {
+                    let _permit = permit;
                     let id = store.write_one(order as i64 + 1).await?;
                     committed
                         .lock()
@@ -380,13 +444,21 @@ impl PairBench for Pair {
         while let Some(r) = tasks.join_next().await {
             r.map_err(|e| e.to_string())??;
         }
+        let write_rate = issued as f64 / started.elapsed().as_secs_f64();
         let expected = committed.lock().unwrap_or_else(|p| p.into_inner()).len();
         let mut arrivals: HashMap<Uuid, Instant> = HashMap::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while arrivals.len() < expected && Instant::now() < deadline {
+        // A broker slower than the write rate (an emulator) delivers the backlog after the
+        // writers stop: wait while events keep arriving, up to 10 minutes.
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut last_arrival = Instant::now();
+        while arrivals.len() < expected
+            && Instant::now() < deadline
+            && last_arrival.elapsed() < Duration::from_secs(30)
+        {
             match tokio::time::timeout(Duration::from_millis(500), received.recv()).await {
                 Ok(Some((id, at))) => {
                     arrivals.entry(id).or_insert(at);
+                    last_arrival = Instant::now();
                 }
                 Ok(None) => break,
                 Err(_) => {}
@@ -415,26 +487,53 @@ impl PairBench for Pair {
             p99_ms: percentile(&ms, 99.0),
             max_ms: ms.last().copied().unwrap_or(0.0),
             events: ms.len(),
+            write_rate,
         })
     }
 
-    async fn writer_throughput(
+    async fn writer_cost(
         &self,
         writers: u64,
         duration: Duration,
         aggregates: u64,
-        relay_running: bool,
-    ) -> Result<f64, String> {
+        rounds: u32,
+    ) -> Result<(f64, f64), String> {
         self.broker.reset().await?;
         self.store.reset_business(aggregates).await?;
-        let relay = if relay_running {
-            let config = self.config()?;
+        let config = self.config()?;
+        let (mut alone, mut with) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+        // Alternate, so that drift (checkpoints, table growth) weighs on both sides alike.
+        for _ in 0..rounds {
+            let (n, t) = self.writers(writers, duration, aggregates).await?;
+            alone = (alone.0 + n, alone.1 + t);
             let relay = self.start_relay(&config, 0)?;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Some(relay)
-        } else {
-            None
-        };
+            // Not timed: the relay takes its shards and publishes what the writers left.
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while self.store.any_pending().await? {
+                if Instant::now() > deadline {
+                    return Err("writer cost: the relay did not catch up within 2 minutes".into());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (n, t) = self.writers(writers, duration, aggregates).await?;
+            with = (with.0 + n, with.1 + t);
+            relay.stop();
+        }
+        Ok((
+            alone.0 as f64 / alone.1.as_secs_f64(),
+            with.0 as f64 / with.1.as_secs_f64(),
+        ))
+    }
+}
+
+impl Pair {
+    /// `writers` concurrent business transactions, as fast as they go, for `duration`.
+    async fn writers(
+        &self,
+        writers: u64,
+        duration: Duration,
+        aggregates: u64,
+    ) -> Result<(u64, Duration), String> {
         let started = Instant::now();
         let store = &self.store;
         let results = futures_join_all((0..writers).map(|w| async move {
@@ -449,14 +548,11 @@ impl PairBench for Pair {
         }))
         .await;
         let elapsed = started.elapsed();
-        if let Some(relay) = relay {
-            relay.stop();
-        }
         let mut total = 0;
         for r in results {
             total += r?;
         }
-        Ok(total as f64 / elapsed.as_secs_f64())
+        Ok((total, elapsed))
     }
 }
 
@@ -487,254 +583,4 @@ async fn futures_join_all<F: std::future::Future>(
         .into_iter()
         .map(|o| o.expect("every future completed"))
         .collect()
-}
-
-/// PostgreSQL side.
-struct PostgresSide {
-    store: Arc<PostgresStore>,
-    url: String,
-    outbox: Outbox,
-}
-
-impl PostgresSide {
-    async fn open(url: &str) -> Result<Self, String> {
-        let mut config = PostgresStoreConfig::new(url).table(TABLE).shards(SHARDS);
-        config.pool_size = 40;
-        let store = PostgresStore::connect(config)
-            .await
-            .map_err(|e| e.to_string())?;
-        store.migrate().await.map_err(|e| e.to_string())?;
-        Ok(Self {
-            store: Arc::new(store),
-            url: url.to_owned(),
-            outbox: Outbox::new(TABLE).map_err(|e| e.to_string())?,
-        })
-    }
-
-    async fn exec(&self, sql: &str) -> Result<(), String> {
-        sqlx::raw_sql(sql)
-            .execute(self.store.pool())
-            .await
-            .map(drop)
-            .map_err(|e| format!("{sql}: {e}"))
-    }
-}
-
-#[async_trait]
-impl StoreSide for PostgresSide {
-    fn store(&self) -> Arc<dyn Store> {
-        self.store.clone()
-    }
-
-    fn relay_toml(&self) -> String {
-        format!(
-            "[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{TABLE}\"\n",
-            self.url
-        )
-    }
-
-    async fn load(&self, events: u64, aggregates: u64) -> Result<(), String> {
-        self.exec(&format!("TRUNCATE {TABLE}")).await?;
-        sqlx::query(&format!(
-            "INSERT INTO {TABLE} (aggregate_type, aggregate_id, event_type, payload) \
-             SELECT 'order', ((g - 1) % $2)::text, 'OrderChanged', \
-                    jsonb_build_object('n', g, 'order_id', (g - 1) % $2, 'pad', repeat('x', {PAD})) \
-             FROM generate_series(1, $1) g"
-        ))
-        .bind(events as i64)
-        .bind(aggregates as i64)
-        .execute(self.store.pool())
-        .await
-        .map_err(|e| format!("loading {events} events: {e}"))?;
-        self.exec(&format!("VACUUM ANALYZE {TABLE}")).await
-    }
-
-    async fn pending(&self) -> Result<i64, String> {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {TABLE} WHERE published_at IS NULL AND dead_at IS NULL"
-        ))
-        .fetch_one(self.store.pool())
-        .await
-        .map_err(|e| e.to_string())
-    }
-
-    async fn reset_business(&self, aggregates: u64) -> Result<(), String> {
-        self.exec(&format!(
-            "TRUNCATE {TABLE}; DROP TABLE IF EXISTS {ORDERS}; \
-             CREATE TABLE {ORDERS} (id bigint PRIMARY KEY, version bigint NOT NULL); \
-             INSERT INTO {ORDERS} SELECT g, 0 FROM generate_series(1, {aggregates}) g"
-        ))
-        .await?;
-        self.exec(&format!("VACUUM ANALYZE {TABLE}")).await?;
-        self.exec(&format!("VACUUM ANALYZE {ORDERS}")).await
-    }
-
-    async fn write_one(&self, order: i64) -> Result<Uuid, String> {
-        let mut tx = self.store.pool().begin().await.map_err(|e| e.to_string())?;
-        let version: i64 = sqlx::query(&format!(
-            "UPDATE {ORDERS} SET version = version + 1 WHERE id = $1 RETURNING version"
-        ))
-        .bind(order)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?
-        .get(0);
-        let event = NewEvent::new(
-            "order",
-            order.to_string(),
-            "OrderChanged",
-            serde_json::json!({ "order_id": order, "version": version, "pad": "x".repeat(PAD) }),
-        )
-        .event_id(Uuid::now_v7());
-        self.outbox
-            .enqueue(&mut tx, &event)
-            .await
-            .map_err(|e| e.to_string())?;
-        tx.commit().await.map_err(|e| e.to_string())?;
-        Ok(event.event_id_or_new())
-    }
-
-    async fn article_round(&self, sink: &dyn Sink) -> Result<usize, String> {
-        let mut tx = self.store.pool().begin().await.map_err(|e| e.to_string())?;
-        let rows = sqlx::query(&format!(
-            "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, created_at \
-             FROM {TABLE} WHERE published_at IS NULL AND dead_at IS NULL \
-             ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
-        ))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
-        let mut ids = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let event = OutboxEvent {
-                id: row.get(0),
-                event_id: row.get(1),
-                aggregate_type: row.get(2),
-                aggregate_id: row.get(3),
-                event_type: row.get(4),
-                payload: row.get(5),
-                headers: Default::default(),
-                destination: None,
-                created_at: row.get(6),
-                attempts: 0,
-                shard: 0,
-            };
-            // One by one, waiting for each acknowledgement, inside the transaction.
-            let outcome = sink
-                .publish(std::slice::from_ref(&event))
-                .await
-                .map_err(|e| e.to_string())?;
-            if !outcome.iter().all(|o| o.is_published()) {
-                return Err("the broker refused an event in the article's run".into());
-            }
-            ids.push(event.id);
-        }
-        sqlx::query(&format!(
-            "UPDATE {TABLE} SET published_at = now() WHERE id = ANY($1)"
-        ))
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
-        tx.commit().await.map_err(|e| e.to_string())?;
-        Ok(ids.len())
-    }
-}
-
-/// Redis Streams side: one stream, `bench.order`.
-struct RedisSide {
-    url: String,
-    sink: Arc<RedisStreamsSink>,
-    connection: redis::aio::MultiplexedConnection,
-}
-
-const STREAM: &str = "bench.order";
-
-impl RedisSide {
-    async fn open(url: &str) -> Result<Self, String> {
-        let mut config = RedisStreamsConfig::new(url);
-        config.stream = STREAM.to_owned();
-        let sink = RedisStreamsSink::connect(config)
-            .await
-            .map_err(|e| e.to_string())?;
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let connection = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
-            url: url.to_owned(),
-            sink: Arc::new(sink),
-            connection,
-        })
-    }
-}
-
-#[async_trait]
-impl BrokerSide for RedisSide {
-    fn sink(&self) -> Arc<dyn Sink> {
-        self.sink.clone()
-    }
-
-    fn relay_toml(&self) -> String {
-        format!(
-            "[sink]\nkind = \"redis-streams\"\ndestination = \"{STREAM}\"\n\n[sink.redis_streams]\nurl = \"{}\"\n",
-            self.url
-        )
-    }
-
-    async fn reset(&self) -> Result<(), String> {
-        redis::cmd("DEL")
-            .arg(STREAM)
-            .query_async::<()>(&mut self.connection.clone())
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn delivered(&self) -> Result<u64, String> {
-        redis::cmd("XLEN")
-            .arg(STREAM)
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn consume(&self) -> Result<mpsc::UnboundedReceiver<(Uuid, Instant)>, String> {
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
-        // A dedicated connection: XREAD BLOCK holds it.
-        let mut connection = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut last = "$".to_owned();
-            loop {
-                let reply: Result<Option<redis::streams::StreamReadReply>, _> = redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(1000)
-                    .arg("BLOCK")
-                    .arg(200)
-                    .arg("STREAMS")
-                    .arg(STREAM)
-                    .arg(&last)
-                    .query_async(&mut connection)
-                    .await;
-                let Ok(reply) = reply else { return };
-                let now = Instant::now();
-                for key in reply.map(|r| r.keys).unwrap_or_default() {
-                    for entry in key.ids {
-                        let id: String = entry.get("event_id").unwrap_or_default();
-                        if let Ok(id) = Uuid::parse_str(&id) {
-                            if tx.send((id, now)).is_err() {
-                                return;
-                            }
-                        }
-                        last = entry.id;
-                    }
-                }
-            }
-        });
-        Ok(rx)
-    }
 }

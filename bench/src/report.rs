@@ -3,12 +3,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Args;
 
 /// One figure measured in several runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Figure {
     pub name: String,
     pub unit: String,
@@ -53,10 +53,14 @@ impl Figure {
 }
 
 /// All figures of one store × sink pair.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairResult {
     pub store: String,
     pub sink: String,
+    /// Events per drain (and per ceiling run).
+    pub events: u64,
+    /// Events loaded for the article's algorithm.
+    pub article_events: u64,
     pub figures: Vec<Figure>,
 }
 
@@ -65,11 +69,13 @@ impl PairResult {
         Self {
             store: store.to_owned(),
             sink: sink.to_owned(),
+            events: 0,
+            article_events: 0,
             figures: Vec::new(),
         }
     }
 
-    fn get(&self, prefix: &str) -> Option<&Figure> {
+    pub fn get(&self, prefix: &str) -> Option<&Figure> {
         self.figures.iter().find(|f| f.name.starts_with(prefix))
     }
 
@@ -124,49 +130,43 @@ impl PairResult {
 }
 
 /// Machine and run description.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Setup {
     pub date: String,
     pub command: String,
     pub cpu: String,
     pub cores: usize,
     pub memory_gib: f64,
-    pub postgres: String,
-    pub redis: String,
+    /// (kind, server and version) of every store and broker measured.
+    pub servers: Vec<(String, String)>,
     pub runs: usize,
     pub events: u64,
     pub aggregates: u64,
     pub article_events: u64,
+    pub article_secs: u64,
     pub latency_secs: u64,
     pub writer_secs: u64,
+    pub writer_rounds: u32,
     pub writers: u64,
 }
 
 /// The whole report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub setup: Setup,
     pub pairs: Vec<PairResult>,
 }
 
-fn first_line(cmd: &str, args: &[&str]) -> String {
-    std::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .ok()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_owned()
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
 impl Report {
+    /// Note the server behind a store or sink kind (once).
+    pub fn add_server(&mut self, kind: &str, server: &str) {
+        if !self.setup.servers.iter().any(|(k, _)| k == kind) {
+            self.setup
+                .servers
+                .push((kind.to_owned(), server.to_owned()));
+        }
+    }
+
     pub async fn new(args: &Args, command: String) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
@@ -192,26 +192,15 @@ impl Report {
                     .map(|n| n.get())
                     .unwrap_or(0),
                 memory_gib,
-                postgres: first_line(
-                    "psql",
-                    &[
-                        "-h",
-                        "127.0.0.1",
-                        "-U",
-                        "postgres",
-                        "-d",
-                        "test",
-                        "-Atc",
-                        "select version()",
-                    ],
-                ),
-                redis: first_line("redis-server", &["--version"]),
+                servers: Vec::new(),
                 runs: args.runs,
                 events: args.events,
                 aggregates: args.aggregates,
                 article_events: args.article_events,
+                article_secs: args.article_secs,
                 latency_secs: args.latency_secs,
                 writer_secs: args.writer_secs,
+                writer_rounds: args.writer_rounds,
                 writers: args.writers,
             },
             pairs: Vec::new(),
@@ -251,12 +240,22 @@ impl Report {
     }
 
     pub fn print(&self) {
+        println!("\nSummary (medians)\n");
+        print!("{}", self.summary());
         for pair in &self.pairs {
             println!("\n{} → {}\n", pair.store, pair.sink);
             print!("{}", self.table(pair));
             println!();
             print!("{}", self.targets(pair));
         }
+    }
+
+    /// A report written before (its results.json), to render again with the current
+    /// analysis.md.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     pub fn write(&self, out: &Path) -> std::io::Result<()> {
@@ -272,9 +271,56 @@ impl Report {
                 svg(pair),
             )?;
         }
+        std::fs::write(dir.join("summary.svg"), summary_svg(self))?;
         let analysis = std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default();
         std::fs::write(out.join("BENCHMARKS.md"), self.markdown(&analysis))?;
         Ok(())
+    }
+
+    /// One line per pair: the headline figures and how they compare.
+    pub fn summary(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "| pair | drain, 1 relay (events/s) | article (events/s) | drain ÷ article | drain ÷ min(ceilings) | p99 at 1,000/s | writers with ÷ without relay | peak RSS |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for pair in &self.pairs {
+            let m = |p: &str| pair.get(p).map(Figure::median);
+            let drain = m("drain, 1 relay").unwrap_or(0.0);
+            let ratio = |a: Option<f64>| match a {
+                Some(a) if a > 0.0 => format!("{:.1}×", drain / a),
+                _ => "–".to_owned(),
+            };
+            let ceiling = match (m("database ceiling"), m("broker ceiling")) {
+                (Some(d), Some(b)) if d.min(b) > 0.0 => {
+                    format!("{:.0}%", 100.0 * drain / d.min(b))
+                }
+                _ => "–".to_owned(),
+            };
+            let writers = match (m("writers, relay running"), m("writers, relay stopped")) {
+                (Some(w), Some(a)) if a > 0.0 => format!("{:.1}%", 100.0 * w / a),
+                _ => "–".to_owned(),
+            };
+            let _ = writeln!(
+                t,
+                "| {} → {} | {} | {} | {} | {} | {} | {} | {} |",
+                pair.store,
+                pair.sink,
+                fmt(drain),
+                m("article").map(fmt).unwrap_or_else(|| "–".into()),
+                ratio(m("article")),
+                ceiling,
+                m("commit→receive p99 at 1000/s")
+                    .map(|v| format!("{} ms", fmt(v)))
+                    .unwrap_or_else(|| "–".into()),
+                writers,
+                m("relay peak RSS")
+                    .map(|v| format!("{} MiB", fmt(v)))
+                    .unwrap_or_else(|| "–".into()),
+            );
+        }
+        t
     }
 
     fn markdown(&self, analysis: &str) -> String {
@@ -284,16 +330,25 @@ impl Report {
         let _ = writeln!(
             md,
             "Generated by `outbox-bench` on {} — regenerate with:\n\n```sh\nscripts/bench.sh\n```\n\n\
-             (which runs `{}`). Raw figures: [`bench/results.json`](bench/results.json).\n",
+             (which builds in release mode, starts the services and runs `{}`). Raw figures: \
+             [`bench/results.json`](bench/results.json).\n",
             s.date, s.command
+        );
+        let _ = writeln!(md, "## Summary (medians of {} runs)\n", s.runs);
+        md.push_str(&self.summary());
+        let _ = writeln!(
+            md,
+            "\n![drain beside the article's algorithm and the ceilings](bench/summary.svg)\n"
         );
         let _ = writeln!(md, "## Setup\n");
         let _ = writeln!(
             md,
-            "- machine: {} cores of {}, {:.0} GiB; PostgreSQL, Redis and the relays share it",
+            "- machine: {} cores of {}, {:.0} GiB; the databases, the brokers, the relays and the benchmark share it",
             s.cores, s.cpu, s.memory_gib
         );
-        let _ = writeln!(md, "- {}; {}", s.postgres, s.redis);
+        for (kind, server) in &s.servers {
+            let _ = writeln!(md, "- `{kind}`: {server}");
+        }
         let _ = writeln!(
             md,
             "- every figure is the median of {} runs, with min and max; all figures of a pair come from the same runs on the same machine",
@@ -301,25 +356,25 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "- **drain**: {} pending events over {} aggregates (JSON payload ≈ 300 bytes) loaded with the relay stopped, then N `outbox-relay run` processes (release build, default settings, batch 500) start; timed from their start until the broker holds every event",
+            "- **drain**: {} pending events (fewer where a pair's section says so) over {} aggregates (JSON payload ≈ 300 bytes) loaded with the relay stopped, then N `outbox-relay run` processes (release build, default settings, batch 500) start; timed from their start until no row is pending — a row leaves the pending set only after the broker acknowledged it — then (untimed) the broker is checked to hold every event",
             s.events, s.aggregates
         );
         let _ = writeln!(
             md,
-            "- **article's algorithm**: done faithfully in Rust with the same clients — one transaction selects 100 rows `FOR UPDATE SKIP LOCKED` in `id` order, publishes them one by one awaiting each acknowledgement, sets `published_at`, commits; again until empty ({} events per run)",
-            s.article_events
+            "- **article's algorithm**: done faithfully in Rust with the same clients — one transaction selects 100 rows `FOR UPDATE SKIP LOCKED` in `id` order, publishes them one by one awaiting each acknowledgement, sets `published_at`, commits; again until empty ({} events loaded per run; stopped after {} s, its rate being steady)",
+            s.article_events, s.article_secs
         );
         let _ = writeln!(md, "- **database ceiling**: the relay's own claim and mark statements (batch 500, delete on mark) in a loop, no broker");
         let _ = writeln!(md, "- **broker ceiling**: the same messages through the same sink and client (batches of 500, every acknowledgement awaited), no database");
         let _ = writeln!(
             md,
-            "- **latency**: writers commit business transactions (update the order row + enqueue) at a steady rate for {} s while one relay runs; an independent consumer (`XREAD BLOCK`) notes when each event arrives; commit→receive = arrival − the writer's commit returning",
+            "- **latency**: writers commit business transactions (update the order row + enqueue) at a steady rate for {} s while one relay runs; an independent consumer (Redis `XREAD BLOCK`; a Kafka consumer on every partition; AMQP `basic.consume`; 4 SQS long-polling `ReceiveMessage` loops) notes when each event arrives; commit→receive = arrival − the writer's commit returning",
             s.latency_secs
         );
         let _ = writeln!(
             md,
-            "- **cost to writers**: {} writers commit business transactions as fast as they can for {} s, with no relay, then with one relay running",
-            s.writers, s.writer_secs
+            "- **cost to writers**: {} writers commit business transactions as fast as they can: {} segments of {} s with no relay, alternating with {} segments of {} s with one relay running (started before the segment, once it has published what the writers left)",
+            s.writers, s.writer_rounds, s.writer_secs, s.writer_rounds, s.writer_secs
         );
         let _ = writeln!(
             md,
@@ -327,6 +382,13 @@ impl Report {
         );
         for pair in &self.pairs {
             let _ = writeln!(md, "## {} → {}\n", pair.store, pair.sink);
+            if pair.events != s.events {
+                let _ = writeln!(
+                    md,
+                    "Drains and ceilings of this pair use **{} events** per run (see the setup).\n",
+                    pair.events
+                );
+            }
             let _ = writeln!(
                 md,
                 "![throughput]({})\n",
@@ -343,6 +405,97 @@ impl Report {
         }
         md
     }
+}
+
+/// Drain (1 relay) beside the article's algorithm and the lower ceiling, for every pair; log
+/// scale, since the article's rate is an order of magnitude below.
+fn summary_svg(report: &Report) -> String {
+    let rows: Vec<(String, f64, f64, f64)> = report
+        .pairs
+        .iter()
+        .map(|p| {
+            let m = |n: &str| p.get(n).map(Figure::median).unwrap_or(0.0);
+            let ceiling = match (m("database ceiling"), m("broker ceiling")) {
+                (d, b) if d > 0.0 && b > 0.0 => d.min(b),
+                (d, b) => d.max(b),
+            };
+            (
+                format!("{} → {}", p.store, p.sink),
+                m("drain, 1 relay"),
+                m("article"),
+                ceiling,
+            )
+        })
+        .collect();
+    let top = rows
+        .iter()
+        .map(|r| r.1.max(r.2).max(r.3))
+        .fold(10.0, f64::max)
+        .log10()
+        .ceil();
+    let bottom = 2.0; // 100 events/s
+    let (left, width, row) = (230.0, 600.0, 46.0);
+    let x = |v: f64| left + width * ((v.max(1.0).log10() - bottom).max(0.0) / (top - bottom));
+    let height = 90.0 + row * rows.len() as f64 + 20.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="20" y="26" font-size="16" font-weight="bold">Events/s (log scale, medians): relay drain, article's algorithm, lower ceiling</text>"#
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="20" y="38" width="12" height="12" fill="#2b7bb9"/><text x="38" y="49">outbox relay, 1 process</text><rect x="220" y="38" width="12" height="12" fill="#c0392b"/><text x="238" y="49">article's algorithm</text><line x1="400" x2="400" y1="36" y2="52" stroke="black" stroke-width="3"/><text x="408" y="49">min(database ceiling, broker ceiling)</text>"##
+    );
+    let mut decade = bottom;
+    while decade <= top {
+        let gx = x(10f64.powf(decade));
+        let _ = writeln!(
+            s,
+            r##"<line x1="{gx:.1}" x2="{gx:.1}" y1="62" y2="{}" stroke="#ddd"/><text x="{gx:.1}" y="{}" text-anchor="middle" fill="#666">{}</text>"##,
+            height - 24.0,
+            height - 8.0,
+            fmt(10f64.powf(decade))
+        );
+        decade += 1.0;
+    }
+    for (i, (name, drain, article, ceiling)) in rows.iter().enumerate() {
+        let y = 70.0 + row * i as f64;
+        let _ = writeln!(s, r#"<text x="20" y="{}">{name}</text>"#, y + 20.0);
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{}" width="{:.1}" height="16" fill="#2b7bb9"/><text x="{:.1}" y="{}">{}</text>"##,
+            y + 2.0,
+            x(*drain) - left,
+            x(*drain) + 6.0,
+            y + 15.0,
+            fmt(*drain)
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{}" width="{:.1}" height="16" fill="#c0392b"/><text x="{:.1}" y="{}">{}</text>"##,
+            y + 20.0,
+            x(*article) - left,
+            x(*article) + 6.0,
+            y + 33.0,
+            fmt(*article)
+        );
+        if *ceiling > 0.0 {
+            let cx = x(*ceiling);
+            let _ = writeln!(
+                s,
+                r#"<line x1="{cx:.1}" x2="{cx:.1}" y1="{}" y2="{}" stroke="black" stroke-width="3"/>"#,
+                y,
+                y + 38.0
+            );
+        }
+    }
+    let _ = writeln!(s, "</svg>");
+    s
 }
 
 fn fmt(v: f64) -> String {
