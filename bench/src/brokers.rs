@@ -369,6 +369,7 @@ const QUEUE: &str = "bench.order";
 /// `bench.order` bound with `#`; messages are persistent and confirmed.
 pub struct RabbitMqSide {
     url: String,
+    max_events: u64,
     sink: Arc<RabbitMqSink>,
     _connection: lapin::Connection,
     channel: lapin::Channel,
@@ -376,7 +377,7 @@ pub struct RabbitMqSide {
 }
 
 impl RabbitMqSide {
-    pub async fn open(url: &str) -> Result<Self, String> {
+    pub async fn open(url: &str, max_events: u64) -> Result<Self, String> {
         use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
         use lapin::types::FieldTable;
         let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
@@ -427,6 +428,7 @@ impl RabbitMqSide {
             .map_err(|e| e.to_string())?;
         Ok(Self {
             url: url.to_owned(),
+            max_events,
             sink: Arc::new(sink),
             _connection: connection,
             channel,
@@ -461,6 +463,10 @@ impl BrokerSide for RabbitMqSide {
 
     fn sink(&self) -> Arc<dyn Sink> {
         self.sink.clone()
+    }
+
+    fn max_events(&self) -> Option<u64> {
+        Some(self.max_events)
     }
 
     fn relay_toml(&self) -> String {

@@ -85,6 +85,10 @@ pub struct Args {
     /// messages per second, so 200,000 per run would take many minutes.
     #[arg(long, default_value_t = 20_000)]
     pub sqs_events: u64,
+    /// Events per drain for the rabbitmq sink (persistent, confirmed messages: the server's
+    /// CPU bounds the rate, which is steady).
+    #[arg(long, default_value_t = 200_000)]
+    pub rabbitmq_events: u64,
     /// Where docs/BENCHMARKS.md and docs/bench/ go.
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
@@ -94,10 +98,11 @@ pub struct Args {
     /// Parts to leave out of a quick run: article, ceilings, latency, writers.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
-    /// Measure nothing: render docs/BENCHMARKS.md and the plots again from this results.json
-    /// (e.g. after editing docs/bench/analysis.md).
-    #[arg(long)]
-    pub render: Option<PathBuf>,
+    /// Measure nothing: render docs/BENCHMARKS.md and the plots again from these results.json
+    /// files (comma-separated; their pairs are put together), e.g. after editing
+    /// docs/bench/analysis.md.
+    #[arg(long, value_delimiter = ',')]
+    pub render: Vec<PathBuf>,
     /// Store × sink pairs to measure.
     #[arg(
         long,
@@ -118,8 +123,11 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    if let Some(path) = &args.render {
-        let report = Report::load(path)?;
+    if !args.render.is_empty() {
+        let mut report = Report::load(&args.render[0])?;
+        for path in &args.render[1..] {
+            report.merge(Report::load(path)?);
+        }
         report.print();
         return report
             .write(&args.out)
@@ -147,6 +155,10 @@ async fn run(args: Args) -> Result<(), String> {
         result.article_events = args.article_events.min(result.events);
         measure(&args, bench.as_ref(), &mut result).await?;
         report.pairs.push(result);
+        // After each pair, so an interrupted run keeps what it measured.
+        report
+            .write(&args.out)
+            .map_err(|e| format!("writing the report: {e}"))?;
     }
     report.print();
     report

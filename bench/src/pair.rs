@@ -132,7 +132,7 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBe
     let broker: Box<dyn BrokerSide> = match sink {
         "redis-streams" => Box::new(RedisSide::open(&args.redis_url).await?),
         "kafka" => Box::new(KafkaSide::open(&args.tansu_bin).await?),
-        "rabbitmq" => Box::new(RabbitMqSide::open(&args.rabbitmq_url).await?),
+        "rabbitmq" => Box::new(RabbitMqSide::open(&args.rabbitmq_url, args.rabbitmq_events).await?),
         "sqs" => Box::new(SqsSide::open(&args.sqs_endpoint, args.sqs_events).await?),
         other => {
             return Err(format!(

@@ -250,6 +250,18 @@ impl Report {
         }
     }
 
+    /// Put another run's pairs beside these (its servers too; its command is kept).
+    pub fn merge(&mut self, other: Report) {
+        for (kind, server) in &other.setup.servers {
+            self.add_server(kind, server);
+        }
+        self.setup.command = format!("{}` and `{}", self.setup.command, other.setup.command);
+        if other.setup.date > self.setup.date {
+            self.setup.date = other.setup.date;
+        }
+        self.pairs.extend(other.pairs);
+    }
+
     /// A report written before (its results.json), to render again with the current
     /// analysis.md.
     pub fn load(path: &Path) -> Result<Self, String> {

@@ -87,6 +87,26 @@ async fn explain_claim(store: &MySqlStore) -> Vec<(String, String, Option<String
         .collect()
 }
 
+/// The claim walks pending_idx, the held-back check looks up retry_idx, and no table is
+/// scanned whole: EXPLAIN of the very statement the session runs, same values.
+async fn assert_claim_uses_its_indexes(store: &MySqlStore) {
+    let plan = explain_claim(store).await;
+    assert!(
+        plan.iter()
+            .any(|(t, _, k)| t == "o" && k.as_deref() == Some("pending_idx")),
+        "{plan:?}"
+    );
+    assert!(
+        plan.iter()
+            .any(|(t, _, k)| t == "b" && k.as_deref() == Some("retry_idx")),
+        "{plan:?}"
+    );
+    assert!(
+        plan.iter().all(|(_, access, _)| access != "ALL"),
+        "{plan:?}"
+    );
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
@@ -147,21 +167,7 @@ async fn a_claim_stays_fast_with_a_million_published_rows() {
     // The plan: the claim walks pending_idx, the held-back check looks up retry_idx, and no
     // table is scanned whole. EXPLAIN of the very statement the session runs, same values.
     let claim = store.claim_statement(64, 0);
-    let plan = explain_claim(&store).await;
-    assert!(
-        plan.iter()
-            .any(|(t, _, k)| t == "o" && k.as_deref() == Some("pending_idx")),
-        "{plan:?}"
-    );
-    assert!(
-        plan.iter()
-            .any(|(t, _, k)| t == "b" && k.as_deref() == Some("retry_idx")),
-        "{plan:?}"
-    );
-    assert!(
-        plan.iter().all(|(_, access, _)| access != "ALL"),
-        "{plan:?}"
-    );
+    assert_claim_uses_its_indexes(&store).await;
 
     // For scale: the same query made to ignore the index reads the whole history.
     let scan = claim.replace("FORCE INDEX (pending_idx)", "IGNORE INDEX (pending_idx)");
@@ -295,16 +301,7 @@ async fn after_mass_deletes_without_retries_the_held_back_check_still_uses_retry
     }
     // Let the automatic statistics catch up with part of it.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let plan = explain_claim(&store).await;
-    assert!(
-        plan.iter()
-            .any(|(t, _, k)| t == "b" && k.as_deref() == Some("retry_idx")),
-        "{plan:?}"
-    );
-    assert!(
-        plan.iter().all(|(_, access, _)| access != "ALL"),
-        "{plan:?}"
-    );
+    assert_claim_uses_its_indexes(&store).await;
     let (median, _, rows) = time_claims(&mut session).await;
     assert_eq!(rows, BATCH);
     println!(
