@@ -7,6 +7,7 @@ pub mod error;
 pub mod memory;
 pub mod metrics;
 pub mod model;
+pub mod redact;
 pub mod sink;
 pub mod store;
 pub mod template;

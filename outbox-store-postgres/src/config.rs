@@ -127,30 +127,10 @@ impl fmt::Debug for PostgresStoreConfig {
     }
 }
 
-/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`.
+/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
+/// nothing of an unparsable value is shown.
 pub(crate) fn redact_url(raw: &str) -> String {
-    let Ok(mut url) = url::Url::parse(raw) else {
-        return "<unparsable URL>".to_owned();
-    };
-    if url.password().is_some() {
-        // Cannot fail: the URL has a host since it has a password.
-        let _ = url.set_password(Some("***"));
-    }
-    if url.query_pairs().any(|(k, _)| k == "password") {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if k == "password" {
-                    "***".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    url.to_string()
+    outbox_core::redact::redact_url(raw).unwrap_or_else(|| "<unparsable URL>".to_owned())
 }
 
 /// Longest table name: index names add a suffix of up to 14 bytes to it and PostgreSQL cuts

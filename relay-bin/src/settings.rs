@@ -440,18 +440,7 @@ where
 
 /// Replace the password of a URL by `***` for logs and errors.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if url.password().is_some() {
-                let _ = url.set_password(Some("***"));
-            }
-            url.to_string()
-        }
-        Err(_) => match raw.find('@') {
-            Some(at) => format!("***{}", &raw[at..]),
-            None => raw.to_owned(),
-        },
-    }
+    outbox_core::redact::redact_url(raw).unwrap_or_else(|| outbox_core::redact::strip_userinfo(raw))
 }
 
 /// The config file's path for messages.

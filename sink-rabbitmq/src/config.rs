@@ -397,25 +397,7 @@ fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
 
 /// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
 pub(crate) fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if url.password().is_some() && url.set_password(Some("***")).is_err() {
-                return strip_userinfo(raw);
-            }
-            url.to_string()
-        }
-        Err(_) => strip_userinfo(raw),
-    }
-}
-
-fn strip_userinfo(raw: &str) -> String {
-    match (raw.find("://"), raw.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}***@{}", &raw[..scheme_end + 3], &raw[at + 1..])
-        }
-        (None, Some(at)) => format!("***@{}", &raw[at + 1..]),
-        _ => raw.to_owned(),
-    }
+    outbox_core::redact::redact_url(raw).unwrap_or_else(|| outbox_core::redact::strip_userinfo(raw))
 }
 
 #[cfg(test)]

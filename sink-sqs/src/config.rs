@@ -217,21 +217,11 @@ pub(crate) fn redact_url(raw: &str) -> String {
             if (!url.username().is_empty() || url.password().is_some())
                 && (url.set_username("").is_err() || url.set_password(None).is_err())
             {
-                return strip_userinfo(raw);
+                return outbox_core::redact::strip_userinfo(raw);
             }
             url.to_string().trim_end_matches('/').to_owned()
         }
-        Err(_) => strip_userinfo(raw),
-    }
-}
-
-fn strip_userinfo(raw: &str) -> String {
-    match (raw.find("://"), raw.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}***@{}", &raw[..scheme_end + 3], &raw[at + 1..])
-        }
-        (None, Some(at)) => format!("***@{}", &raw[at + 1..]),
-        _ => raw.to_owned(),
+        Err(_) => outbox_core::redact::strip_userinfo(raw),
     }
 }
 

@@ -1,0 +1,69 @@
+//! Connection URLs fit for logs and error messages: passwords never shown. Every store and
+//! sink redacts its URLs with these.
+
+/// `raw` with the password of its user-info part and any `password=` query parameter
+/// replaced by `***`; `None` when `raw` is not a URL, so that the caller decides what an
+/// unparsable value shows (a store shows nothing of it, a sink [`strip_userinfo`]).
+pub fn redact_url(raw: &str) -> Option<String> {
+    let mut url = url::Url::parse(raw).ok()?;
+    if url.password().is_some() && url.set_password(Some("***")).is_err() {
+        return Some(strip_userinfo(raw));
+    }
+    if url.query_pairs().any(|(k, _)| k == "password") {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "password" {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    Some(url.to_string())
+}
+
+/// Text-level redaction for values that do not parse as URLs: everything between `://` (or
+/// the start) and the last `@` becomes `***`.
+pub fn strip_userinfo(raw: &str) -> String {
+    match (raw.find("://"), raw.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}***@{}", &raw[..scheme_end + 3], &raw[at + 1..])
+        }
+        (None, Some(at)) => format!("***@{}", &raw[at + 1..]),
+        _ => raw.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_replaced_wherever_they_are() {
+        assert_eq!(
+            redact_url("postgres://app:s3cr3t@db:5432/app").as_deref(),
+            Some("postgres://app:***@db:5432/app")
+        );
+        let shown = redact_url("mysql://app@db/app?password=s3cr3t&ssl-mode=required").unwrap();
+        assert!(
+            !shown.contains("s3cr3t") && shown.contains("ssl-mode=required"),
+            "{shown}"
+        );
+        assert_eq!(
+            redact_url("redis://cache:6379").as_deref(),
+            Some("redis://cache:6379")
+        );
+        assert_eq!(redact_url("not a url"), None);
+    }
+
+    #[test]
+    fn unparsable_values_lose_their_user_info() {
+        assert_eq!(strip_userinfo("x://u:s3cr3t@h/p"), "x://***@h/p");
+        assert_eq!(strip_userinfo("u:s3cr3t@h"), "***@h");
+        assert_eq!(strip_userinfo("plain"), "plain");
+    }
+}
