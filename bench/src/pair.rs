@@ -535,52 +535,25 @@ impl Pair {
         aggregates: u64,
     ) -> Result<(u64, Duration), String> {
         let started = Instant::now();
-        let store = &self.store;
-        let results = futures_join_all((0..writers).map(|w| async move {
-            let mut n = 0u64;
-            let mut order = w;
-            while started.elapsed() < duration {
-                order = (order + writers) % aggregates;
-                store.write_one(order as i64 + 1).await?;
-                n += 1;
-            }
-            Ok::<u64, String>(n)
-        }))
-        .await;
-        let elapsed = started.elapsed();
-        let mut total = 0;
-        for r in results {
-            total += r?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..writers {
+            let store = self.store.clone();
+            tasks.spawn(async move {
+                let mut n = 0u64;
+                let mut order = w;
+                while started.elapsed() < duration {
+                    order = (order + writers) % aggregates;
+                    store.write_one(order as i64 + 1).await?;
+                    n += 1;
+                }
+                Ok::<u64, String>(n)
+            });
         }
+        let mut total = 0;
+        while let Some(done) = tasks.join_next().await {
+            total += done.map_err(|e| e.to_string())??;
+        }
+        let elapsed = started.elapsed();
         Ok((total, elapsed))
     }
-}
-
-/// Run futures concurrently on this task and collect their outputs in order.
-async fn futures_join_all<F: std::future::Future>(
-    futures: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futures.iter_mut().enumerate() {
-            if outputs[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs
-        .into_iter()
-        .map(|o| o.expect("every future completed"))
-        .collect()
 }
