@@ -371,6 +371,34 @@ pub fn check_delivery(
     check
 }
 
+/// A PostgreSQL business table `orders` with rows `{prefix}0` .. `{prefix}{aggregates - 1}`.
+///
+/// Writers that run concurrently must update (and so lock) an aggregate's row before
+/// enqueueing its event: that is the writer contract that makes `id` order the commit order of
+/// an aggregate (README, "Writing events"). Without it two transactions can take ids 7 and 8
+/// for one aggregate and commit 8 first, and no relay can publish them in `id` order.
+pub async fn create_postgres_orders(
+    pool: &sqlx::PgPool,
+    orders: &str,
+    prefix: &str,
+    aggregates: u64,
+) {
+    sqlx::query(&format!(
+        "CREATE TABLE {orders} (id text PRIMARY KEY, version bigint NOT NULL)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {orders} SELECT $1 || g, 0 FROM generate_series(0, {}) g",
+        aggregates - 1
+    ))
+    .bind(prefix)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Poll `cond` until it holds or `timeout` passes.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
 where

@@ -388,22 +388,6 @@ fn start_writers(
     (committed, rolled_back, written, writers)
 }
 
-async fn create_orders(pool: &sqlx::PgPool, orders: &str, aggregates: u64) {
-    sqlx::query(&format!(
-        "CREATE TABLE {orders} (id text PRIMARY KEY, version bigint NOT NULL)"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {orders} SELECT 'agg-' || g, 0 FROM generate_series(0, {}) g",
-        aggregates - 1
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 /// Two relays, one SIGKILLed and restarted mid-run; returns what the consumer recorded.
 async fn two_relays_one_sigkilled(fifo: bool) {
     let table = unique("sqs");
@@ -425,7 +409,7 @@ async fn two_relays_one_sigkilled(fifo: bool) {
     let (ok, out, err) = run_cli_with_env(&config, &["migrate"], AWS_ENV);
     assert!(ok, "migrate failed: {out}{err}");
     let pool = postgres_pool().await;
-    create_orders(&pool, &orders, AGGREGATES).await;
+    create_postgres_orders(&pool, &orders, "agg-", AGGREGATES).await;
 
     let mut relays: Vec<RelayProcess> = (0..2)
         .map(|i| RelayProcess::start_with_env(&config, &dir, &format!("relay-{i}"), AWS_ENV))

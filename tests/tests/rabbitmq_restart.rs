@@ -77,6 +77,7 @@ impl Drop for BrokerGuard {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect() {
     let table = unique("e2e_rmq_restart");
+    let orders = format!("{table}_orders");
     let exchange = unique("e2e.rmq");
     let queue = format!("{exchange}.all");
     let dir = scratch_dir(&table);
@@ -88,6 +89,7 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
     let (ok, out, err) = run_cli(&config, &["migrate"]);
     assert!(ok, "migrate failed: {out}{err}");
     let pool = postgres_pool().await;
+    create_postgres_orders(&pool, &orders, "", AGGREGATES).await;
     let (rabbit, channel) = rabbitmq_channel().await;
     rabbitmq_bound_queue(&channel, &exchange, &queue, "#").await;
 
@@ -112,19 +114,21 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
         .await;
     }
 
-    // Steady writers until told to stop.
+    // Steady writers until told to stop; each event in a business transaction that updates
+    // (locks) its aggregate's row, as the writer contract asks.
     let committed: Arc<Mutex<HashMap<Uuid, (i64, String)>>> = Arc::default();
     let written = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let outbox = Outbox::new(&table).unwrap();
     let mut writers = Vec::new();
     for w in 0..WRITERS {
-        let (pool, outbox, committed, written, stop) = (
+        let (pool, outbox, committed, written, stop, orders) = (
             pool.clone(),
             outbox.clone(),
             committed.clone(),
             written.clone(),
             stop.clone(),
+            orders.clone(),
         );
         writers.push(tokio::spawn(async move {
             let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ (w + 1);
@@ -143,6 +147,13 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
                 .event_id(Uuid::now_v7());
                 let event_id = event.event_id.unwrap();
                 let mut tx = pool.begin().await.unwrap();
+                sqlx::query(&format!(
+                    "UPDATE {orders} SET version = version + 1 WHERE id = $1"
+                ))
+                .bind(&aggregate)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
                 let id = outbox.enqueue(&mut tx, &event).await.unwrap();
                 tx.commit().await.unwrap();
                 committed.lock().unwrap().insert(event_id, (id, aggregate));
@@ -266,7 +277,7 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
     );
 
     rabbitmq_delete(&channel, std::slice::from_ref(&queue), &exchange).await;
-    sqlx::query(&format!("DROP TABLE {table}"))
+    sqlx::query(&format!("DROP TABLE {orders}, {table}"))
         .execute(&pool)
         .await
         .unwrap();
