@@ -399,6 +399,18 @@ pub async fn create_postgres_orders(
     .unwrap();
 }
 
+/// The writer contract's first step: update (and so lock) `aggregate`'s row of the business
+/// table made by [`create_postgres_orders`], inside the writer's transaction.
+pub async fn touch_postgres_order(tx: &mut sqlx::PgConnection, orders: &str, aggregate: &str) {
+    sqlx::query(&format!(
+        "UPDATE {orders} SET version = version + 1 WHERE id = $1"
+    ))
+    .bind(aggregate)
+    .execute(tx)
+    .await
+    .unwrap();
+}
+
 /// Poll `cond` until it holds or `timeout` passes.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
 where

@@ -44,19 +44,7 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     // the default `{aggregate_type}.{event_type}`.
     rabbitmq_bound_queue(&channel, &exchange, &queues[0], "order.*").await;
     rabbitmq_bound_queue(&channel, &exchange, &queues[1], "customer.*").await;
-    sqlx::query(&format!(
-        "CREATE TABLE {orders} (id text PRIMARY KEY, version int NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {orders} SELECT g::text, 0 FROM generate_series(0, {}) g",
-        AGGREGATES - 1
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    create_postgres_orders(&pool, &orders, "", AGGREGATES).await;
 
     let mut relays: Vec<RelayProcess> = (0..3)
         .map(|i| RelayProcess::start(&config, &dir, &format!("relay-{i}")))
@@ -93,13 +81,7 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
                     "customer"
                 };
                 let mut tx = pool.begin().await.unwrap();
-                sqlx::query(&format!(
-                    "UPDATE {orders} SET version = version + 1 WHERE id = $1"
-                ))
-                .bind(&aggregate)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
+                touch_postgres_order(&mut tx, &orders, &aggregate).await;
                 let event = NewEvent::new(
                     kind,
                     aggregate.clone(),

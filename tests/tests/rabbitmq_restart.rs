@@ -147,13 +147,7 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
                 .event_id(Uuid::now_v7());
                 let event_id = event.event_id.unwrap();
                 let mut tx = pool.begin().await.unwrap();
-                sqlx::query(&format!(
-                    "UPDATE {orders} SET version = version + 1 WHERE id = $1"
-                ))
-                .bind(&aggregate)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
+                touch_postgres_order(&mut tx, &orders, &aggregate).await;
                 let id = outbox.enqueue(&mut tx, &event).await.unwrap();
                 tx.commit().await.unwrap();
                 committed.lock().unwrap().insert(event_id, (id, aggregate));
