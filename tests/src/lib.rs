@@ -399,6 +399,25 @@ pub async fn create_postgres_orders(
     .unwrap();
 }
 
+/// The MySQL/MariaDB business table `orders` with rows `0` .. `aggregates - 1` (see
+/// [`create_postgres_orders`] for why concurrent writers need it).
+pub async fn create_mysql_orders(pool: &sqlx::MySqlPool, orders: &str, aggregates: u64) {
+    sqlx::query(&format!(
+        "CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, version INT NOT NULL) ENGINE = InnoDB"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
+    sqlx::query(&format!(
+        "INSERT INTO {orders} VALUES {}",
+        values.join(", ")
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// The writer contract's first step: update (and so lock) `aggregate`'s row of the business
 /// table made by [`create_postgres_orders`], inside the writer's transaction.
 pub async fn touch_postgres_order(tx: &mut sqlx::PgConnection, orders: &str, aggregate: &str) {

@@ -22,24 +22,6 @@ use uuid::Uuid;
 
 type Committed = Arc<Mutex<HashMap<Uuid, (i64, String)>>>;
 
-/// The business table of the writers: one row per aggregate, `version` bumped by each event.
-async fn create_orders(pool: &sqlx::MySqlPool, orders: &str, aggregates: u64) {
-    sqlx::query(&format!(
-        "CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, version INT NOT NULL) ENGINE = InnoDB"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-    let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
-    sqlx::query(&format!(
-        "INSERT INTO {orders} VALUES {}",
-        values.join(", ")
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 /// Drop the outbox table, its bookkeeping rows and the business table.
 async fn drop_tables(pool: &sqlx::MySqlPool, table: &str, orders: &str) {
     sqlx::query(&format!("DROP TABLE IF EXISTS {orders}, {table}"))
@@ -86,7 +68,7 @@ async fn three_relays_one_sigkilled_deliver_every_event_in_order() {
     }
     let pool = mysql_pool(&url).await;
     let mut redis = redis_connection().await;
-    create_orders(&pool, &orders, AGGREGATES).await;
+    create_mysql_orders(&pool, &orders, AGGREGATES).await;
 
     let mut relays: Vec<RelayProcess> = (0..3)
         .map(|i| RelayProcess::start(&config, &dir, &format!("relay-{i}")))
@@ -453,7 +435,7 @@ async fn a_mariadb_restart_mid_run_loses_nothing_and_the_relays_reconnect() {
     assert!(ok, "migrate failed: {out}{err}");
     let pool = mysql_pool(&url).await;
     let mut redis = redis_connection().await;
-    create_orders(&pool, &orders, AGGREGATES).await;
+    create_mysql_orders(&pool, &orders, AGGREGATES).await;
 
     let mut relays: Vec<RelayProcess> = (0..2)
         .map(|i| RelayProcess::start(&config, &dir, &format!("relay-{i}")))

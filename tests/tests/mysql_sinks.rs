@@ -72,24 +72,6 @@ listen = ""
     )
 }
 
-/// The business table of the writers: one row per aggregate, `version` bumped by each event.
-async fn create_orders(pool: &sqlx::MySqlPool, orders: &str, aggregates: u64) {
-    sqlx::query(&format!(
-        "CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, version INT NOT NULL) ENGINE = InnoDB"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-    let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
-    sqlx::query(&format!(
-        "INSERT INTO {orders} VALUES {}",
-        values.join(", ")
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 /// Drop the outbox table, its bookkeeping rows and the business table.
 async fn drop_tables(pool: &sqlx::MySqlPool, table: &str, orders: &str) {
     sqlx::query(&format!("DROP TABLE IF EXISTS {orders}, {table}"))
@@ -157,7 +139,7 @@ async fn run_relays_and_writers(
         let (ok, out, err) = run_cli_with_env(config, &["migrate"], AWS_ENV);
         assert!(ok, "migrate failed: {out}{err}");
     }
-    create_orders(pool, orders, scale.aggregates).await;
+    create_mysql_orders(pool, orders, scale.aggregates).await;
 
     let mut relays: Vec<RelayProcess> = (0..scale.relays)
         .map(|i| RelayProcess::start_with_env(config, dir, &format!("relay-{i}"), AWS_ENV))
