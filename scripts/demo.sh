@@ -11,6 +11,6 @@ case " $* " in *" sqs "*|*"=sqs "*) needed+=(sqs) ;; esac
 case " $* " in *" rabbitmq "*|*"=rabbitmq "*) needed+=(rabbitmq) ;; esac
 case " $* " in *" mysql "*|*"=mysql "*) needed+=(mariadb) ;; esac
 scripts/services.sh "${needed[@]:-none}"
-cargo build --release -p outbox-relay
+cargo build --release -p outboxkit-relay
 target_dir="${CARGO_TARGET_DIR:-target}"
 exec "$target_dir/release/outbox-relay" demo "$@"

@@ -7,7 +7,7 @@ export CI="${CI:-}"
 
 scripts/services.sh
 
-cargo build -p outbox-relay
+cargo build -p outboxkit-relay
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --no-fail-fast "$@"
   cargo test --workspace --doc --all-features

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::Sink;
-use outbox_sink_kafka::{ensure_topics, KafkaSink, KafkaSinkConfig, TopicSpec};
-use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
-use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
-use outbox_sink_sqs::{SqsConfig, SqsSink};
+use outboxkit_core::Sink;
+use outboxkit_sink_kafka::{ensure_topics, KafkaSink, KafkaSinkConfig, TopicSpec};
+use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
+use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+use outboxkit_sink_sqs::{SqsConfig, SqsSink};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -569,7 +569,7 @@ impl SqsSide {
                 "test",
                 None,
                 None,
-                "outbox-bench",
+                "outboxkit-bench",
             ))
             .endpoint_url(endpoint)
             .load()

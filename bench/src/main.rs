@@ -1,8 +1,8 @@
-//! `outbox-bench`: measures outbox relay against the article's algorithm and against the
+//! `outboxkit-bench`: measures outbox relay against the article's algorithm and against the
 //! database's and the broker's own limits, in one run, on one machine.
 //!
 //! ```text
-//! scripts/bench.sh            # = cargo run --release -p outbox-bench -- --runs 3
+//! scripts/bench.sh            # = cargo run --release -p outboxkit-bench -- --runs 3
 //! ```
 //!
 //! For each store × sink pair it measures drain throughput (1, 2, 3 relay processes), the
@@ -25,7 +25,7 @@ use crate::report::{Figure, PairResult, Report};
 
 /// Command line.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "outbox-bench")]
+#[command(name = "outboxkit-bench")]
 pub struct Args {
     /// Runs per figure (the median is reported, with min and max).
     #[arg(long, default_value_t = 3)]
@@ -135,7 +135,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
     if !args.relay_bin.exists() {
         return Err(format!(
-            "{} does not exist: build it with `cargo build --release -p outbox-relay` or pass --relay-bin",
+            "{} does not exist: build it with `cargo build --release -p outboxkit-relay` or pass --relay-bin",
             args.relay_bin.display()
         ));
     }

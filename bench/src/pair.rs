@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
-use outbox_core::{ClaimRequest, MarkMode, OutboxEvent, Sink, Store};
+use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, Sink, Store};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -140,7 +140,7 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBe
             ))
         }
     };
-    let dir = std::env::temp_dir().join("outbox-bench");
+    let dir = std::env::temp_dir().join("outboxkit-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     Ok(Box::new(Pair {
         batch: args.batch_size,

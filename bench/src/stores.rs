@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::{NewEvent, OutboxEvent, Sink, Store};
-use outbox_store_mysql::{MySqlStore, MySqlStoreConfig};
-use outbox_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
+use outboxkit_core::{NewEvent, OutboxEvent, Sink, Store};
+use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig};
+use outboxkit_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -172,7 +172,7 @@ impl StoreSide for PostgresSide {
 pub struct MySqlSide {
     store: Arc<MySqlStore>,
     url: String,
-    outbox: outbox_store_mysql::Outbox,
+    outbox: outboxkit_store_mysql::Outbox,
     version: String,
 }
 

@@ -22,7 +22,7 @@
 
 use std::io;
 
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 use sqlx::mysql::MySqlDatabaseError;
 
 /// What error messages name: where the database is and which table was used.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::{Error, Result};
+use outboxkit_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// Settings of the MySQL / MariaDB store (`[store]` with `kind = "mysql"`).
@@ -132,7 +132,7 @@ impl fmt::Debug for MySqlStoreConfig {
 /// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
 /// nothing of an unparsable value is shown.
 pub(crate) fn redact_url(raw: &str) -> String {
-    outbox_core::redact::redact_url(raw).unwrap_or_else(|| "<unparsable URL>".to_owned())
+    outboxkit_core::redact::redact_url(raw).unwrap_or_else(|| "<unparsable URL>".to_owned())
 }
 
 /// Longest table name: the names of its CHECK constraints (unique per database in MySQL) add a
@@ -249,7 +249,7 @@ fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_core::ErrorKind;
+    use outboxkit_core::ErrorKind;
 
     #[test]
     fn defaults_apply_and_unknown_keys_are_refused() {

@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use sqlx::MySqlConnection;
 
-use outbox_core::{Error, ErrorKind, NewEvent, Result};
+use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;
@@ -28,8 +28,8 @@ const INSERT_COLUMNS: &str =
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_core::NewEvent;
-/// use outbox_store_mysql::Outbox;
+/// use outboxkit_core::NewEvent;
+/// use outboxkit_store_mysql::Outbox;
 ///
 /// let outbox = Outbox::new("outbox")?;
 /// let mut tx = pool.begin().await?;

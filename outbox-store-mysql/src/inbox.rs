@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn handle(pool: sqlx::MySqlPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_store_mysql::Inbox;
+//! use outboxkit_store_mysql::Inbox;
 //!
 //! let inbox = Inbox::new("processed_events")?;
 //! inbox.migrate(&pool).await?; // once, at start-up
@@ -24,7 +24,7 @@ use std::time::Duration;
 use sqlx::{MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
-use outbox_core::{Error, Result};
+use outboxkit_core::{Error, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;

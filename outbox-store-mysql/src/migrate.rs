@@ -10,7 +10,7 @@
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
-use outbox_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::{quote_ident, TableName, MEMBERS_TABLE, SCHEMA_TABLE};

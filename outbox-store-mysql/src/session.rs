@@ -12,7 +12,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
 use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection, Row};
 use uuid::Uuid;
 
-use outbox_core::{
+use outboxkit_core::{
     ClaimRequest, ClusterView, Error, ErrorKind, Failure, Headers, MarkMode, OutboxEvent, Result,
     ShardSession,
 };

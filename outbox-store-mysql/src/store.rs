@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, MySqlPool, Row};
 
-use outbox_core::{
+use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
     Result, ShardOwner, ShardSession, Store,
 };

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_store_mysql::Inbox;
+use outboxkit_store_mysql::Inbox;
 use uuid::Uuid;
 
 fn url() -> String {

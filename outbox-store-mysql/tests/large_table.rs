@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimRequest, Failure, NewEvent, ShardSession, Store};
-use outbox_store_mysql::sqlx::{self, Executor, Row};
-use outbox_store_mysql::{MySqlShardSession, MySqlStore};
+use outboxkit_core::{ClaimRequest, Failure, NewEvent, ShardSession, Store};
+use outboxkit_store_mysql::sqlx::{self, Executor, Row};
+use outboxkit_store_mysql::{MySqlShardSession, MySqlStore};
 use serde_json::json;
 
 const HISTORY: u64 = 1_000_000;
@@ -21,7 +21,7 @@ async fn store_with_all_shards(name: &str) -> (MySqlStore, MySqlShardSession) {
     let store = common::connect(common::fresh_config()).await;
     store.migrate().await.expect("migrate");
     let mut session = store.open_mysql_session(name).await.expect("open session");
-    outbox_core::testkit::store_suite::acquire_all_shards(&mut session).await;
+    outboxkit_core::testkit::store_suite::acquire_all_shards(&mut session).await;
     (store, session)
 }
 
@@ -294,7 +294,7 @@ async fn after_mass_deletes_without_retries_the_held_back_check_still_uses_retry
             .map(|e| e.id)
             .collect();
         session
-            .mark_published(&ids, outbox_core::MarkMode::Delete)
+            .mark_published(&ids, outboxkit_core::MarkMode::Delete)
             .await
             .expect("mark");
         published += ids.len();

@@ -5,11 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{
+use outboxkit_core::{
     ClaimRequest, ErrorKind, Failure, MarkMode, NewEvent, OutboxEvent, ShardSession, Store,
 };
-use outbox_store_mysql::sqlx::{self, Connection, Executor, Row};
-use outbox_store_mysql::{
+use outboxkit_store_mysql::sqlx::{self, Connection, Executor, Row};
+use outboxkit_store_mysql::{
     enqueue, enqueue_many, MySqlShardSession, MySqlStore, MySqlStoreConfig, Outbox, SCHEMA_VERSION,
 };
 use serde_json::json;
@@ -25,11 +25,11 @@ async fn session_with_all_shards(store: &MySqlStore, relay_id: &str) -> MySqlSha
         .open_mysql_session(relay_id)
         .await
         .expect("open session");
-    outbox_core::testkit::store_suite::acquire_all_shards(&mut session).await;
+    outboxkit_core::testkit::store_suite::acquire_all_shards(&mut session).await;
     session
 }
 
-async fn claim_all(session: &mut MySqlShardSession) -> outbox_core::Result<Vec<OutboxEvent>> {
+async fn claim_all(session: &mut MySqlShardSession) -> outboxkit_core::Result<Vec<OutboxEvent>> {
     claim_excluding(session, 10_000, &[]).await
 }
 
@@ -37,7 +37,7 @@ async fn claim_excluding(
     session: &mut MySqlShardSession,
     limit: usize,
     exclude_ids: &[i64],
-) -> outbox_core::Result<Vec<OutboxEvent>> {
+) -> outboxkit_core::Result<Vec<OutboxEvent>> {
     session
         .claim(&ClaimRequest {
             limit,

@@ -16,7 +16,7 @@
 
 use std::io;
 
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 
 /// What error messages name: where the database is and which table was used.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use outbox_core::{Error, ErrorKind, NewEvent, Result};
+use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;
@@ -15,8 +15,8 @@ use crate::config::TableName;
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use outbox_core::NewEvent;
-/// use outbox_store_postgres::Outbox;
+/// use outboxkit_core::NewEvent;
+/// use outboxkit_store_postgres::Outbox;
 ///
 /// let outbox = Outbox::new("app.outbox")?;
 /// let mut tx = pool.begin().await?;

@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! # async fn handle(pool: sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_store_postgres::Inbox;
+//! use outboxkit_store_postgres::Inbox;
 //!
 //! let inbox = Inbox::new("processed_events")?;
 //! inbox.migrate(&pool).await?; // once, at start-up
@@ -27,7 +27,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use outbox_core::Result;
+use outboxkit_core::Result;
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;

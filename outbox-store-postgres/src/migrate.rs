@@ -7,7 +7,7 @@
 
 use sqlx::{Executor, PgPool, Row};
 
-use outbox_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::{TableName, SCHEMA_TABLE};

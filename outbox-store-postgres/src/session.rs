@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 use uuid::Uuid;
 
-use outbox_core::{
+use outboxkit_core::{
     ClaimRequest, ClusterView, Error, ErrorKind, Failure, Headers, MarkMode, OutboxEvent, Result,
     ShardSession,
 };

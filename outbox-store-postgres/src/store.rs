@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
 
-use outbox_core::{
+use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
     Result, ShardOwner, ShardSession, Store,
 };
@@ -391,7 +391,7 @@ impl Store for PostgresStore {
 mod tests {
     use std::time::Duration;
 
-    use outbox_core::{Failure, MarkMode};
+    use outboxkit_core::{Failure, MarkMode};
     use sqlx::Executor;
 
     use super::*;
@@ -430,7 +430,7 @@ mod tests {
             assert!(session.try_acquire(shard).await.unwrap());
         }
         let claimed = session
-            .claim(&outbox_core::ClaimRequest {
+            .claim(&outboxkit_core::ClaimRequest {
                 limit: 10,
                 exclude_ids: &[],
                 dead_holds_aggregate: false,

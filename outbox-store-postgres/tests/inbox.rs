@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_store_postgres::Inbox;
+use outboxkit_store_postgres::Inbox;
 use uuid::Uuid;
 
 fn url() -> String {

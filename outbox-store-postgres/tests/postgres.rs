@@ -5,9 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimRequest, ErrorKind, MarkMode, NewEvent, OutboxEvent, ShardSession, Store};
-use outbox_store_postgres::sqlx::{self, Connection, Executor, Row};
-use outbox_store_postgres::{
+use outboxkit_core::{
+    ClaimRequest, ErrorKind, MarkMode, NewEvent, OutboxEvent, ShardSession, Store,
+};
+use outboxkit_store_postgres::sqlx::{self, Connection, Executor, Row};
+use outboxkit_store_postgres::{
     enqueue, enqueue_many, PostgresShardSession, PostgresStore, PostgresStoreConfig, SCHEMA_VERSION,
 };
 use serde_json::json;
@@ -23,11 +25,11 @@ async fn session_with_all_shards(store: &PostgresStore, relay_id: &str) -> Postg
         .open_postgres_session(relay_id)
         .await
         .expect("open session");
-    outbox_core::testkit::store_suite::acquire_all_shards(&mut session).await;
+    outboxkit_core::testkit::store_suite::acquire_all_shards(&mut session).await;
     session
 }
 
-async fn claim_all(session: &mut PostgresShardSession) -> outbox_core::Result<Vec<OutboxEvent>> {
+async fn claim_all(session: &mut PostgresShardSession) -> outboxkit_core::Result<Vec<OutboxEvent>> {
     session
         .claim(&ClaimRequest {
             limit: 1000,

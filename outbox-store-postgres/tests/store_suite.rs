@@ -1,13 +1,13 @@
-//! The store conformance suite of outbox-core, on a real PostgreSQL.
+//! The store conformance suite of outboxkit-core, on a real PostgreSQL.
 
 mod common;
 
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use outbox_core::testkit::store_suite::StoreFactory;
-use outbox_core::Store;
-use outbox_store_postgres::TableName;
+use outboxkit_core::testkit::store_suite::StoreFactory;
+use outboxkit_core::Store;
+use outboxkit_store_postgres::TableName;
 
 /// Each store on a new random table; the tables are dropped when a case passes.
 #[derive(Debug, Default)]
@@ -34,4 +34,4 @@ impl StoreFactory for PostgresFactory {
     }
 }
 
-outbox_core::store_suite!(PostgresFactory::default());
+outboxkit_core::store_suite!(PostgresFactory::default());

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use outbox_core::{ErrorKind, Relay, Shutdown, Store};
+use outboxkit_core::{ErrorKind, Relay, Shutdown, Store};
 use tracing::{info, warn};
 
 use crate::registry::{FactoryContext, Registry};
@@ -73,8 +73,8 @@ impl Failure {
     }
 }
 
-impl From<outbox_core::Error> for Failure {
-    fn from(e: outbox_core::Error) -> Self {
+impl From<outboxkit_core::Error> for Failure {
+    fn from(e: outboxkit_core::Error) -> Self {
         if e.kind() == ErrorKind::Config {
             Self::config(format!("invalid configuration: {}", e.full_message()))
         } else {
@@ -221,7 +221,7 @@ fn check_listen(listen: &str, figment: &figment::Figment, cli: &Cli) -> Result<(
 
 async fn run(
     store: Arc<dyn Store>,
-    sink: Arc<dyn outbox_core::Sink>,
+    sink: Arc<dyn outboxkit_core::Sink>,
     settings: &Settings,
 ) -> Result<(), Failure> {
     let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;

@@ -1,7 +1,7 @@
 //! `outbox-relay dead list | retry | discard`: the operator's handle on parked events.
 
 use clap::Subcommand;
-use outbox_core::{DeadFilter, DeadSelection, Store};
+use outboxkit_core::{DeadFilter, DeadSelection, Store};
 
 use crate::cli::Failure;
 

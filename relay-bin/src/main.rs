@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    outbox_relay::main(outbox_relay::Registry::builtin())
+    outboxkit_relay::main(outboxkit_relay::Registry::builtin())
 }

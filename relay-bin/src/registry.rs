@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use figment::Figment;
-use outbox_core::{Error, ErrorKind, Result, Sink, Store};
+use outboxkit_core::{Error, ErrorKind, Result, Sink, Store};
 
 use crate::settings::{Settings, StoreSettings};
 

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_core::{RelayHandle, Shutdown};
+use outboxkit_core::{RelayHandle, Shutdown};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
@@ -14,7 +14,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".to_owned()),
-            outbox_core::metrics::LATENCY_BUCKETS,
+            outboxkit_core::metrics::LATENCY_BUCKETS,
         )
         .map_err(|e| format!("configuring metrics: {e}"))?
         .install_recorder()

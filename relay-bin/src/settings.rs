@@ -7,7 +7,7 @@ use std::time::Duration;
 use figment::providers::{Env, Format, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
-use outbox_core::RelayConfig;
+use outboxkit_core::RelayConfig;
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration.
@@ -130,7 +130,7 @@ pub enum LogFormat {
 pub struct LogSettings {
     /// `text` or `json`.
     pub format: LogFormat,
-    /// A tracing filter, e.g. `info` or `outbox_core=debug,info` (`RUST_LOG` wins).
+    /// A tracing filter, e.g. `info` or `outboxkit_core=debug,info` (`RUST_LOG` wins).
     pub level: String,
 }
 
@@ -440,7 +440,8 @@ where
 
 /// Replace the password of a URL by `***` for logs and errors.
 pub fn redact_url(raw: &str) -> String {
-    outbox_core::redact::redact_url(raw).unwrap_or_else(|| outbox_core::redact::strip_userinfo(raw))
+    outboxkit_core::redact::redact_url(raw)
+        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
 /// The config file's path for messages.
@@ -531,7 +532,7 @@ mod tests {
             assert_eq!(s.relay.backoff_initial, Duration::from_millis(250));
             assert_eq!(
                 s.relay.retention,
-                outbox_core::Retention::Keep(Duration::from_secs(7 * 86_400))
+                outboxkit_core::Retention::Keep(Duration::from_secs(7 * 86_400))
             );
             Ok(())
         });

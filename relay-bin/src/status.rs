@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::{BacklogStatus, HeldBack, ShardOwner, Store};
+use outboxkit_core::{BacklogStatus, HeldBack, ShardOwner, Store};
 use serde::Serialize;
 
 use crate::cli::Failure;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_relay::settings::{LogSettings, ServerSettings, StoreSettings};
+use outboxkit_relay::settings::{LogSettings, ServerSettings, StoreSettings};
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONFIGURATION.md");
@@ -104,7 +104,7 @@ fn check_defaults(
 fn every_key_is_documented_with_its_variable_and_default() {
     let rows = rows();
     check_section("store", &keys_of::<StoreSettings>(), &rows);
-    check_section("relay", &keys_of::<outbox_core::RelayConfig>(), &rows);
+    check_section("relay", &keys_of::<outboxkit_core::RelayConfig>(), &rows);
     check_section("server", &keys_of::<ServerSettings>(), &rows);
     check_section("log", &keys_of::<LogSettings>(), &rows);
     check_section(
@@ -115,7 +115,7 @@ fn every_key_is_documented_with_its_variable_and_default() {
 
     check_defaults(
         "relay",
-        serde_json::to_value(outbox_core::RelayConfig::default()).unwrap(),
+        serde_json::to_value(outboxkit_core::RelayConfig::default()).unwrap(),
         &rows,
     );
     check_defaults(
@@ -140,7 +140,7 @@ fn every_key_is_documented_with_its_variable_and_default() {
     #[cfg(feature = "sink-kafka")]
     {
         // Any other key is a librdkafka property: the sink's own keys are listed by the crate.
-        let mut keys: Vec<String> = outbox_sink_kafka::OWN_KEYS
+        let mut keys: Vec<String> = outboxkit_sink_kafka::OWN_KEYS
             .iter()
             .map(|k| k.to_string())
             .collect();
@@ -157,21 +157,25 @@ fn every_key_is_documented_with_its_variable_and_default() {
     {
         check_section(
             "sink.rabbitmq",
-            &keys_of::<outbox_sink_rabbitmq::RabbitMqConfig>(),
+            &keys_of::<outboxkit_sink_rabbitmq::RabbitMqConfig>(),
             &rows,
         );
         check_section(
             "sink.rabbitmq.tls",
-            &keys_of::<outbox_sink_rabbitmq::TlsConfig>(),
+            &keys_of::<outboxkit_sink_rabbitmq::TlsConfig>(),
             &rows,
         );
     }
     #[cfg(feature = "sink-sqs")]
-    check_section("sink.sqs", &keys_of::<outbox_sink_sqs::SqsConfig>(), &rows);
+    check_section(
+        "sink.sqs",
+        &keys_of::<outboxkit_sink_sqs::SqsConfig>(),
+        &rows,
+    );
     #[cfg(feature = "sink-redis-streams")]
     check_section(
         "sink.redis_streams",
-        &keys_of::<outbox_sink_redis_streams::RedisStreamsConfig>(),
+        &keys_of::<outboxkit_sink_redis_streams::RedisStreamsConfig>(),
         &rows,
     );
 }

@@ -1,4 +1,4 @@
-//! The driver-error table: every librdkafka error becomes an [`outbox_core::Error`] with a
+//! The driver-error table: every librdkafka error becomes an [`outboxkit_core::Error`] with a
 //! kind and a retryability, decided here once. The engine never looks at Kafka messages.
 //!
 //! | librdkafka error (code) | kind | retryable | scope |
@@ -19,7 +19,7 @@
 //! broker being down or overloaded: the sink returns it as one `Err`, so the engine backs off
 //! without counting an attempt against any event.
 
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// The relay error kind and retryability of a librdkafka error code.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, Error, Result};
+use outboxkit_core::{DestinationTemplate, Error, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use serde::de::{self, Deserializer, MapAccess, Visitor};

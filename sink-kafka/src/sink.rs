@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
-use outbox_core::{
+use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
 use rdkafka::client::ClientContext;
@@ -730,7 +730,8 @@ mod tests {
     #[test]
     fn headers_are_the_events_then_the_relays() {
         use rdkafka::message::Headers;
-        let mut event = outbox_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
+        let mut event =
+            outboxkit_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
         event.headers.insert("tenant".into(), "acme".into());
         let headers = KafkaSink::headers(&event);
         let names: Vec<&str> = headers.iter().map(|h| h.key).collect();

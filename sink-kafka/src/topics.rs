@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;

@@ -8,9 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
-use outbox_core::{ErrorKind, Outcome, Sink};
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
 
 fn describe(outcomes: &[Outcome]) -> String {
     outcomes
@@ -280,7 +280,7 @@ async fn a_frozen_broker_fails_calls_as_a_whole_and_the_sink_recovers() {
     let sink = common::connect(config).await;
     let mut next_id = 1;
     let mut acknowledged = HashSet::new();
-    let mut publish = |outcomes: &[Outcome], batch: &[outbox_core::OutboxEvent]| {
+    let mut publish = |outcomes: &[Outcome], batch: &[outboxkit_core::OutboxEvent]| {
         for (o, e) in outcomes.iter().zip(batch) {
             assert!(
                 !matches!(o, Outcome::Reject(_)),

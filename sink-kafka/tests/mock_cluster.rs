@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
-use outbox_core::{ErrorKind, Outcome, Sink};
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 

@@ -1,4 +1,4 @@
-//! The sink conformance suite of `outbox-core` against the real Kafka-API broker
+//! The sink conformance suite of `outboxkit-core` against the real Kafka-API broker
 //! (`OUTBOX_TEST_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`; `scripts/services.sh` starts
 //! one). Each case creates its topics with 3 partitions and reads them back with a plain
 //! consumer over all partitions.
@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outbox_core::Sink;
-use outbox_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outboxkit_core::Sink;
+use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use uuid::Uuid;
 
 struct KafkaHarness;
@@ -62,4 +62,4 @@ impl SinkHarness for KafkaHarness {
     }
 }
 
-outbox_core::sink_suite!(KafkaHarness);
+outboxkit_core::sink_suite!(KafkaHarness);

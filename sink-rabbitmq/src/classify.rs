@@ -1,5 +1,5 @@
 //! The driver-error table: every `lapin::Error` (and every negative broker answer) becomes an
-//! [`outbox_core::Error`] with a kind and a retryability, and a [`Scope`] saying how much of
+//! [`outboxkit_core::Error`] with a kind and a retryability, and a [`Scope`] saying how much of
 //! the sink it takes down — decided here once. The engine never looks at AMQP messages.
 //!
 //! | lapin error / broker answer | kind | retryable | scope |
@@ -31,7 +31,7 @@
 use std::io;
 
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 
 /// How much of the sink an error takes down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

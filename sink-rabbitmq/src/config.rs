@@ -7,7 +7,7 @@ use std::time::Duration;
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::ExchangeKind;
-use outbox_core::{DestinationTemplate, Error, Result};
+use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
 /// Where this configuration lives in the relay's configuration file; error messages name it.
@@ -397,7 +397,8 @@ fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
 
 /// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
 pub(crate) fn redact_url(raw: &str) -> String {
-    outbox_core::redact::redact_url(raw).unwrap_or_else(|| outbox_core::redact::strip_userinfo(raw))
+    outboxkit_core::redact::redact_url(raw)
+        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use chrono::{TimeZone, Utc};
 use lapin::options::ExchangeDeleteOptions;
 use lapin::types::AMQPValue;
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
-use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, UnroutablePolicy};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, UnroutablePolicy};
 
 fn config(routing_key: &str) -> RabbitMqConfig {
     RabbitMqConfig {

@@ -1,4 +1,4 @@
-//! The sink conformance suite of `outbox-core` against the real RabbitMQ
+//! The sink conformance suite of `outboxkit-core` against the real RabbitMQ
 //! (`OUTBOX_TEST_RABBITMQ_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 //!
 //! Destinations are routing keys on the test exchange; `prepare_destination` declares a queue
@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outbox_core::Sink;
-use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
+use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outboxkit_core::Sink;
+use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
 use uuid::Uuid;
 
 struct RabbitMqHarness {
@@ -88,4 +88,4 @@ impl SinkHarness for RabbitMqHarness {
     }
 }
 
-outbox_core::sink_suite!(RabbitMqHarness::new().await);
+outboxkit_core::sink_suite!(RabbitMqHarness::new().await);

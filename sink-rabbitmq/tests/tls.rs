@@ -9,9 +9,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::testkit::sink_suite::sample_batch;
-use outbox_core::{ErrorKind, Outcome, Sink};
-use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, TlsConfig};
+use outboxkit_core::testkit::sink_suite::sample_batch;
+use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, TlsConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};

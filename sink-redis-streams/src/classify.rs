@@ -1,4 +1,4 @@
-//! The driver-error table: every `redis::RedisError` becomes an [`outbox_core::Error`] with a
+//! The driver-error table: every `redis::RedisError` becomes an [`outboxkit_core::Error`] with a
 //! kind and a retryability, decided here once. The engine never looks at Redis messages.
 //!
 //! | Redis error | kind | retryable | scope |
@@ -11,7 +11,7 @@
 //! | invalid client configuration, RESP3 not supported | `Config` | no | whole call |
 //! | `ERR ...`, parse / unexpected reply, anything else | `Other` | yes | message |
 
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 use redis::{RedisError, ServerErrorKind};
 
 /// The relay error kind of a Redis error.

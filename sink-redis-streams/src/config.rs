@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, Error, Result};
+use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
 /// Where this configuration lives in the relay's configuration file; error messages name it.
@@ -145,7 +145,8 @@ impl RedisStreamsConfig {
 
 /// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
 fn redact_url(raw: &str) -> String {
-    outbox_core::redact::redact_url(raw).unwrap_or_else(|| outbox_core::redact::strip_userinfo(raw))
+    outboxkit_core::redact::redact_url(raw)
+        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
 #[cfg(test)]

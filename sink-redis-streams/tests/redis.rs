@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
-use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 
 fn config(stream: &str) -> RedisStreamsConfig {
     RedisStreamsConfig {

@@ -1,4 +1,4 @@
-//! The sink conformance suite of `outbox-core` against the real Redis
+//! The sink conformance suite of `outboxkit-core` against the real Redis
 //! (`OUTBOX_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`).
 
 mod common;
@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outbox_core::Sink;
-use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outboxkit_core::Sink;
+use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 use redis::aio::MultiplexedConnection;
 use uuid::Uuid;
 
@@ -79,4 +79,4 @@ impl SinkHarness for RedisHarness {
     }
 }
 
-outbox_core::sink_suite!(RedisHarness::new().await);
+outboxkit_core::sink_suite!(RedisHarness::new().await);

@@ -1,4 +1,4 @@
-//! The error table: every SQS failure becomes an [`outbox_core::Error`] with a kind and a
+//! The error table: every SQS failure becomes an [`outboxkit_core::Error`] with a kind and a
 //! retryability, decided here once. The rest of the sink acts on [`ErrorKind`] only.
 //!
 //! **Whole requests** (an `SdkError` of `SendMessageBatch`, `GetQueueUrl`, `ListQueues`):
@@ -33,7 +33,7 @@ use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::BatchResultErrorEntry;
-use outbox_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind};
 
 const THROTTLING: &[&str] = &[
     "RequestThrottled",

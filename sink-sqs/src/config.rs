@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, Error, Result};
+use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
 /// Where this configuration lives in the relay's configuration file; error messages name it.
@@ -217,11 +217,11 @@ pub(crate) fn redact_url(raw: &str) -> String {
             if (!url.username().is_empty() || url.password().is_some())
                 && (url.set_username("").is_err() || url.set_password(None).is_err())
             {
-                return outbox_core::redact::strip_userinfo(raw);
+                return outboxkit_core::redact::strip_userinfo(raw);
             }
             url.to_string().trim_end_matches('/').to_owned()
         }
-        Err(_) => outbox_core::redact::strip_userinfo(raw),
+        Err(_) => outboxkit_core::redact::strip_userinfo(raw),
     }
 }
 

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::OutboxEvent;
+use outboxkit_core::OutboxEvent;
 use sha2::{Digest, Sha256};
 
 /// Most message attributes SQS accepts on one message.

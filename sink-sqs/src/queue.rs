@@ -1,6 +1,6 @@
 //! Destinations: a queue name, URL or ARN, and whether it is a FIFO queue.
 
-use outbox_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, Result};
 
 /// Longest queue name SQS allows, `.fifo` suffix included.
 const MAX_QUEUE_NAME: usize = 80;

@@ -1,4 +1,4 @@
-//! The sink conformance suite of `outbox-core` against a real SQS-API server
+//! The sink conformance suite of `outboxkit-core` against a real SQS-API server
 //! (`OUTBOX_TEST_SQS_ENDPOINT`, default LocalStack on `http://127.0.0.1:4566`), on standard
 //! queues. FIFO queues are covered by `tests/sqs.rs`.
 
@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outbox_core::Sink;
-use outbox_sink_sqs::SqsConfig;
+use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outboxkit_core::Sink;
+use outboxkit_sink_sqs::SqsConfig;
 use uuid::Uuid;
 
 struct SqsHarness {
@@ -85,4 +85,4 @@ impl SinkHarness for SqsHarness {
     }
 }
 
-outbox_core::sink_suite!(SqsHarness::new().await);
+outboxkit_core::sink_suite!(SqsHarness::new().await);

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event, unique_prefix};
-use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outbox_sink_sqs::SqsConfig;
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, unique_prefix};
+use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_sink_sqs::SqsConfig;
 
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
 

@@ -27,7 +27,7 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
 }
 
-/// The `outbox-relay` binary built by `cargo build -p outbox-relay`.
+/// The `outbox-relay` binary built by `cargo build -p outboxkit-relay`.
 pub fn relay_binary() -> PathBuf {
     if let Ok(path) = std::env::var("OUTBOX_TEST_RELAY_BIN") {
         return PathBuf::from(path);
@@ -38,7 +38,7 @@ pub fn relay_binary() -> PathBuf {
     let path = target.join("debug").join("outbox-relay");
     assert!(
         path.exists(),
-        "{} does not exist: build it first with `cargo build -p outbox-relay` (scripts/test.sh does), \
+        "{} does not exist: build it first with `cargo build -p outboxkit-relay` (scripts/test.sh does), \
          or point OUTBOX_TEST_RELAY_BIN at it",
         path.display()
     );
@@ -821,17 +821,17 @@ pub async fn kafka_create_topics(
     partitions: i32,
     configs: &[(&str, &str)],
 ) {
-    let specs: Vec<outbox_sink_kafka::TopicSpec> = topics
+    let specs: Vec<outboxkit_sink_kafka::TopicSpec> = topics
         .iter()
         .map(|t| {
             configs.iter().fold(
-                outbox_sink_kafka::TopicSpec::new(t.clone(), partitions),
+                outboxkit_sink_kafka::TopicSpec::new(t.clone(), partitions),
                 |spec, (k, v)| spec.config(*k, *v),
             )
         })
         .collect();
-    let config = outbox_sink_kafka::KafkaSinkConfig::new(bootstrap);
-    outbox_sink_kafka::ensure_topics(&config, &specs, Duration::from_secs(15))
+    let config = outboxkit_sink_kafka::KafkaSinkConfig::new(bootstrap);
+    outboxkit_sink_kafka::ensure_topics(&config, &specs, Duration::from_secs(15))
         .await
         .unwrap_or_else(|e| {
             panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use outbox_core::NewEvent;
-use outbox_tests::*;
+use outboxkit_core::NewEvent;
+use outboxkit_tests::*;
 
 #[derive(Clone, Copy)]
 enum Db {
@@ -27,7 +27,7 @@ impl Db {
             Db::Postgres => {
                 let pool = postgres_pool().await;
                 let mut conn = pool.acquire().await.unwrap();
-                outbox_store_postgres::Outbox::new(table)
+                outboxkit_store_postgres::Outbox::new(table)
                     .unwrap()
                     .enqueue_many(&mut conn, events)
                     .await
@@ -36,7 +36,7 @@ impl Db {
             Db::MySql => {
                 let pool = mysql_pool(&mysql_url()).await;
                 let mut tx = pool.begin().await.unwrap();
-                let ids = outbox_store_mysql::Outbox::new(table)
+                let ids = outboxkit_store_mysql::Outbox::new(table)
                     .unwrap()
                     .enqueue_many(&mut tx, events)
                     .await

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::NewEvent;
-use outbox_store_mysql::Outbox;
-use outbox_tests::mysql_pending_rows as pending_rows;
-use outbox_tests::*;
+use outboxkit_core::NewEvent;
+use outboxkit_store_mysql::Outbox;
+use outboxkit_tests::mysql_pending_rows as pending_rows;
+use outboxkit_tests::*;
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 

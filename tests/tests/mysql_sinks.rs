@@ -13,7 +13,7 @@
 //! aggregate the first occurrences came in commit (`id`) order.
 //!
 //! The relay binary must have `store-mysql`, `sink-rabbitmq`, `sink-sqs` and `sink-kafka`:
-//! `cargo build -p outbox-relay --features sink-kafka`.
+//! `cargo build -p outboxkit-relay --features sink-kafka`.
 //!
 //! Environment: `OUTBOX_TEST_MYSQL_URL`, `OUTBOX_TEST_RABBITMQ_URL`, `OUTBOX_TEST_KAFKA_BOOTSTRAP`,
 //! `OUTBOX_TEST_SQS_ENDPOINT` (default `http://127.0.0.1:4566`).
@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::config::{Credentials, Region};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
-use outbox_core::NewEvent;
-use outbox_store_mysql::Outbox;
-use outbox_tests::mysql_pending_rows as pending_rows;
-use outbox_tests::*;
+use outboxkit_core::NewEvent;
+use outboxkit_store_mysql::Outbox;
+use outboxkit_tests::mysql_pending_rows as pending_rows;
+use outboxkit_tests::*;
 use uuid::Uuid;
 
 type Committed = Arc<Mutex<HashMap<Uuid, (i64, String)>>>;
@@ -421,7 +421,13 @@ fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
     let config = aws_sdk_sqs::Config::builder()
         .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "outbox-tests"))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "outboxkit-tests",
+        ))
         .endpoint_url(endpoint)
         .timeout_config(
             aws_sdk_sqs::config::timeout::TimeoutConfig::builder()

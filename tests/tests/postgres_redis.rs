@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_core::NewEvent;
-use outbox_store_postgres::Outbox;
-use outbox_tests::*;
+use outboxkit_core::NewEvent;
+use outboxkit_store_postgres::Outbox;
+use outboxkit_tests::*;
 use uuid::Uuid;
 
 const EVENTS: u64 = 20_000;

@@ -24,9 +24,9 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
-use outbox_core::NewEvent;
-use outbox_store_postgres::Outbox;
-use outbox_tests::*;
+use outboxkit_core::NewEvent;
+use outboxkit_store_postgres::Outbox;
+use outboxkit_tests::*;
 use uuid::Uuid;
 
 const EVENTS: u64 = 5_000;
@@ -51,7 +51,13 @@ fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
     let config = aws_sdk_sqs::Config::builder()
         .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "outbox-tests"))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "outboxkit-tests",
+        ))
         .endpoint_url(endpoint)
         .timeout_config(
             aws_sdk_sqs::config::timeout::TimeoutConfig::builder()

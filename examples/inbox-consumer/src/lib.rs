@@ -9,7 +9,7 @@
 //! The business effect here is a running total per order (`order_totals`), so the test can
 //! see whether an event was applied twice.
 
-use outbox_store_postgres::Inbox;
+use outboxkit_store_postgres::Inbox;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use uuid::Uuid;

@@ -1,7 +1,7 @@
 //! The example consumer processes each event once, against the real Redis and PostgreSQL.
 
-use outbox_example_inbox_consumer::{OrderTotalsConsumer, Pass};
-use outbox_store_postgres::Inbox;
+use outboxkit_example_inbox_consumer::{OrderTotalsConsumer, Pass};
+use outboxkit_store_postgres::Inbox;
 use uuid::Uuid;
 
 async fn services() -> (redis::aio::MultiplexedConnection, sqlx::PgPool) {

@@ -1,5 +1,5 @@
 //! The error table: every HTTP answer and every transport failure becomes an
-//! [`outbox_core::Error`] with a kind and a retryability, decided here once. The engine never
+//! [`outboxkit_core::Error`] with a kind and a retryability, decided here once. The engine never
 //! looks at status codes or messages.
 //!
 //! | answer | kind | outcome | whole call when every event of the call failed so |
@@ -31,7 +31,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{Error, ErrorKind, Outcome, Result};
+use outboxkit_core::{Error, ErrorKind, Outcome, Result};
 use reqwest::StatusCode;
 
 use crate::config::{WebhookSinkConfig, CONFIG_SECTION};

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, Error, Result};
+use outboxkit_core::{DestinationTemplate, Error, Result};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use url::Url;

@@ -7,19 +7,19 @@
 //!
 //! ```rust,no_run
 //! fn main() -> std::process::ExitCode {
-//!     let mut registry = outbox_relay::Registry::builtin();
-//!     outbox_webhook_sink::register(&mut registry);
-//!     outbox_relay::main(registry)
+//!     let mut registry = outboxkit_relay::Registry::builtin();
+//!     outboxkit_webhook_sink::register(&mut registry);
+//!     outboxkit_relay::main(registry)
 //! }
 //! ```
 //!
 //! Used as a library, [`WebhookSink::new`] builds the sink from a [`WebhookSinkConfig`]:
 //!
 //! ```rust,no_run
-//! use outbox_core::Sink;
-//! use outbox_webhook_sink::{WebhookSink, WebhookSinkConfig};
+//! use outboxkit_core::Sink;
+//! use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 //!
-//! # async fn run() -> outbox_core::Result<()> {
+//! # async fn run() -> outboxkit_core::Result<()> {
 //! let mut config = WebhookSinkConfig::new("https://hooks.example.com/outbox");
 //! config.path = "{aggregate_type}/{event_type}".to_owned();
 //! let sink = WebhookSink::new(config)?;
@@ -34,9 +34,9 @@ mod sink;
 
 use std::sync::Arc;
 
-use outbox_core::{DestinationTemplate, Error, Result};
-use outbox_relay::settings::{locate, sink_section};
-use outbox_relay::{BoxFuture, FactoryContext, Registry};
+use outboxkit_core::{DestinationTemplate, Error, Result};
+use outboxkit_relay::settings::{locate, sink_section};
+use outboxkit_relay::{BoxFuture, FactoryContext, Registry};
 
 pub use config::{looks_secret, redact_url, WebhookSinkConfig, CONFIG_SECTION, RESERVED_HEADERS};
 pub use sink::WebhookSink;
@@ -71,11 +71,11 @@ pub fn webhook_config(ctx: FactoryContext<'_>) -> Result<WebhookSinkConfig> {
 }
 
 /// The factory: build the sink from its settings (no network I/O; the relay calls
-/// [`Sink::check`](outbox_core::Sink::check) before it starts).
-fn webhook_sink(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Arc<dyn outbox_core::Sink>>> {
+/// [`Sink::check`](outboxkit_core::Sink::check) before it starts).
+fn webhook_sink(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Arc<dyn outboxkit_core::Sink>>> {
     Box::pin(async move {
         let config = webhook_config(ctx)?;
         let sink = WebhookSink::new(config)?;
-        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
     })
 }

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let mut registry = outbox_relay::Registry::builtin();
-    outbox_webhook_sink::register(&mut registry);
-    outbox_relay::main(registry)
+    let mut registry = outboxkit_relay::Registry::builtin();
+    outboxkit_webhook_sink::register(&mut registry);
+    outboxkit_relay::main(registry)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{SecondsFormat, Utc};
 use futures_util::stream::{self, StreamExt};
-use outbox_core::{
+use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -396,7 +396,7 @@ impl Sink for WebhookSink {
 mod tests {
     use super::*;
     use chrono::TimeZone;
-    use outbox_core::Headers;
+    use outboxkit_core::Headers;
 
     fn sink(url: &str, path: &str) -> WebhookSink {
         WebhookSink::new(WebhookSinkConfig {

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Recorded, Reply, TestServer};
-use outbox_core::NewEvent;
-use outbox_store_postgres::Outbox;
+use outboxkit_core::NewEvent;
+use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
 
 const EVENTS: usize = 500;

@@ -1,4 +1,4 @@
-//! The sink conformance suite of `outbox-core` against a local HTTP server (one per case):
+//! The sink conformance suite of `outboxkit-core` against a local HTTP server (one per case):
 //! a destination is a path under the server's `/hooks`, and reading back a destination means
 //! the requests the server accepted there.
 
@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::TestServer;
-use outbox_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outbox_core::Sink;
-use outbox_webhook_sink::{WebhookSink, WebhookSinkConfig};
+use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
+use outboxkit_core::Sink;
+use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
@@ -100,4 +100,4 @@ impl SinkHarness for WebhookHarness {
     }
 }
 
-outbox_core::sink_suite!(WebhookHarness::start().await);
+outboxkit_core::sink_suite!(WebhookHarness::start().await);

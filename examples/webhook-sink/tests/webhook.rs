@@ -6,9 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Reply, TestServer};
-use outbox_core::testkit::sink_suite::{sample_batch, sample_event};
-use outbox_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outbox_webhook_sink::{WebhookSink, WebhookSinkConfig};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 
 fn config(server: &TestServer) -> WebhookSinkConfig {
     WebhookSinkConfig::new(format!("{}/hooks", server.url()))

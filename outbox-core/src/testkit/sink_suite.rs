@@ -9,9 +9,9 @@
 //! struct MyHarness { /* broker client for reading back */ }
 //!
 //! #[async_trait::async_trait]
-//! impl outbox_core::testkit::sink_suite::SinkHarness for MyHarness { /* ... */ }
+//! impl outboxkit_core::testkit::sink_suite::SinkHarness for MyHarness { /* ... */ }
 //!
-//! outbox_core::sink_suite!(MyHarness::new().await);
+//! outboxkit_core::sink_suite!(MyHarness::new().await);
 //! ```
 //!
 //! Every case uses destinations under a fresh random prefix, so cases run in parallel and

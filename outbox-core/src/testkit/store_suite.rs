@@ -8,13 +8,13 @@
 //! struct Factory;
 //!
 //! #[async_trait::async_trait]
-//! impl outbox_core::testkit::store_suite::StoreFactory for Factory {
-//!     async fn fresh_store(&self) -> Box<dyn outbox_core::Store> {
+//! impl outboxkit_core::testkit::store_suite::StoreFactory for Factory {
+//!     async fn fresh_store(&self) -> Box<dyn outboxkit_core::Store> {
 //!         Box::new(MyStore::connect(/* a new table */).await.unwrap())
 //!     }
 //! }
 //!
-//! outbox_core::store_suite!(Factory);
+//! outboxkit_core::store_suite!(Factory);
 //! ```
 //!
 //! Each case takes a fresh store, so cases can run in parallel. The factory must give stores
@@ -43,7 +43,7 @@ pub trait StoreFactory: Send + Sync {
 }
 
 /// Generate one `#[tokio::test]` per case of the store suite, each calling
-/// `outbox_core::testkit::store_suite::<case>(&factory)` with the factory `$factory` (an
+/// `outboxkit_core::testkit::store_suite::<case>(&factory)` with the factory `$factory` (an
 /// expression evaluated once per test). The calling crate needs `tokio` (macros, rt).
 #[macro_export]
 macro_rules! store_suite {

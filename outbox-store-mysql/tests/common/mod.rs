@@ -4,8 +4,8 @@
 
 #![allow(dead_code)]
 
-use outbox_store_mysql::sqlx::{self, Connection, Executor, MySqlConnection};
-use outbox_store_mysql::{MySqlStore, MySqlStoreConfig, TableName};
+use outboxkit_store_mysql::sqlx::{self, Connection, Executor, MySqlConnection};
+use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig, TableName};
 
 /// `OUTBOX_TEST_MYSQL_URL`, or the local test database.
 pub fn test_url() -> String {

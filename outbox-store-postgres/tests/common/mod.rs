@@ -4,8 +4,8 @@
 
 #![allow(dead_code)]
 
-use outbox_store_postgres::sqlx::{self, Connection, Executor, PgConnection};
-use outbox_store_postgres::{PostgresStore, PostgresStoreConfig, TableName};
+use outboxkit_store_postgres::sqlx::{self, Connection, Executor, PgConnection};
+use outboxkit_store_postgres::{PostgresStore, PostgresStoreConfig, TableName};
 
 /// `OUTBOX_TEST_POSTGRES_URL`, or the local test database.
 pub fn test_url() -> String {

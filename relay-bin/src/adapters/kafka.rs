@@ -15,7 +15,7 @@ use crate::registry::{BoxFuture, FactoryContext, Registry};
 /// through the generic locator.
 fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
     use crate::settings::{env_var_for, locate};
-    let prefix = format!("{}.\"", outbox_sink_kafka::CONFIG_SECTION);
+    let prefix = format!("{}.\"", outboxkit_sink_kafka::CONFIG_SECTION);
     let Some(name) = message
         .strip_prefix(&prefix)
         .and_then(|rest| rest.split_once('"'))
@@ -26,7 +26,7 @@ fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
     if message.contains("missing required key") {
         return message.to_owned();
     }
-    let var = env_var_for(&format!("{}.{name}", outbox_sink_kafka::CONFIG_SECTION));
+    let var = env_var_for(&format!("{}.{name}", outboxkit_sink_kafka::CONFIG_SECTION));
     if std::env::var_os(&var).is_some() {
         return format!("{message} (from environment variable {var})");
     }
@@ -40,15 +40,15 @@ fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
 /// the key and where it was set.
 fn kafka_config(
     ctx: FactoryContext<'_>,
-) -> outbox_core::Result<outbox_sink_kafka::KafkaSinkConfig> {
+) -> outboxkit_core::Result<outboxkit_sink_kafka::KafkaSinkConfig> {
     use crate::settings::sink_section;
-    use outbox_core::Error;
+    use outboxkit_core::Error;
 
     let file = ctx.file.map(|p| p.as_path());
-    let mut config: outbox_sink_kafka::KafkaSinkConfig =
+    let mut config: outboxkit_sink_kafka::KafkaSinkConfig =
         sink_section(ctx.figment, "kafka", file).map_err(|e| Error::config(e.0))?;
     if let Some(destination) = &ctx.settings.sink.destination {
-        outbox_core::DestinationTemplate::parse(destination).map_err(|e| {
+        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
             let e = e.context("sink.destination");
             Error::config(locate(e.message(), ctx.figment, file))
         })?;
@@ -62,13 +62,13 @@ fn kafka_config(
 
 fn kafka(
     ctx: FactoryContext<'_>,
-) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Sink>>> {
+) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
     Box::pin(async move {
         let config = kafka_config(ctx)?;
         tracing::debug!(config = ?config, "Kafka sink configuration");
         // Connects in the background; `run` checks the brokers right after building.
-        let sink = outbox_sink_kafka::KafkaSink::new(config)?;
-        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+        let sink = outboxkit_sink_kafka::KafkaSink::new(config)?;
+        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
     })
 }
 
@@ -97,7 +97,7 @@ url = "postgres://app@db:5432/app"
 kind = "kafka"
 "#;
 
-    fn config_from(jail_file: &str) -> Result<outbox_sink_kafka::KafkaSinkConfig, String> {
+    fn config_from(jail_file: &str) -> Result<outboxkit_sink_kafka::KafkaSinkConfig, String> {
         let file = Path::new(jail_file).to_path_buf();
         let (settings, figment) = load(Some(&file)).map_err(|e| e.to_string())?;
         let ctx = FactoryContext {

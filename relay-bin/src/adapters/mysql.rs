@@ -6,9 +6,9 @@ use crate::registry::{BoxFuture, Registry};
 
 fn mysql(
     s: &crate::settings::StoreSettings,
-) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Store>>> {
+) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Store>>> {
     Box::pin(async move {
-        let config = outbox_store_mysql::MySqlStoreConfig {
+        let config = outboxkit_store_mysql::MySqlStoreConfig {
             url: s.url.clone(),
             table: s.table.clone(),
             shards: s.shards,
@@ -17,8 +17,8 @@ fn mysql(
             session_timeout: s.session_timeout,
         };
         config.validate()?;
-        let store = outbox_store_mysql::MySqlStore::connect(config).await?;
-        Ok(Arc::new(store) as Arc<dyn outbox_core::Store>)
+        let store = outboxkit_store_mysql::MySqlStore::connect(config).await?;
+        Ok(Arc::new(store) as Arc<dyn outboxkit_core::Store>)
     })
 }
 

@@ -8,15 +8,15 @@ use crate::registry::{BoxFuture, Registry};
 /// checked, TLS files readable; errors name the key and where it was set.
 fn rabbitmq_config(
     ctx: crate::registry::FactoryContext<'_>,
-) -> outbox_core::Result<outbox_sink_rabbitmq::RabbitMqConfig> {
+) -> outboxkit_core::Result<outboxkit_sink_rabbitmq::RabbitMqConfig> {
     use crate::settings::{locate, sink_section};
-    use outbox_core::Error;
+    use outboxkit_core::Error;
 
     let file = ctx.file.map(|p| p.as_path());
-    let mut config: outbox_sink_rabbitmq::RabbitMqConfig =
+    let mut config: outboxkit_sink_rabbitmq::RabbitMqConfig =
         sink_section(ctx.figment, "rabbitmq", file).map_err(|e| Error::config(e.0))?;
     if let Some(destination) = &ctx.settings.sink.destination {
-        outbox_core::DestinationTemplate::parse(destination).map_err(|e| {
+        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
             let e = e.context("sink.destination");
             Error::config(locate(e.message(), ctx.figment, file))
         })?;
@@ -31,11 +31,11 @@ fn rabbitmq_config(
 
 fn rabbitmq(
     ctx: crate::registry::FactoryContext<'_>,
-) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Sink>>> {
+) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
     Box::pin(async move {
         let config = rabbitmq_config(ctx)?;
-        let sink = outbox_sink_rabbitmq::RabbitMqSink::connect(config).await?;
-        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+        let sink = outboxkit_sink_rabbitmq::RabbitMqSink::connect(config).await?;
+        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
     })
 }
 
@@ -72,7 +72,7 @@ kind = "rabbitmq"
         let mut registry = Registry::empty();
         // A stand-in store, so that these tests need no store feature.
         registry.register_store("postgres", |_| {
-            Box::pin(async { Err(outbox_core::Error::config("not used by these tests")) })
+            Box::pin(async { Err(outboxkit_core::Error::config("not used by these tests")) })
         });
         super::register(&mut registry);
         let ctx = FactoryContext {

@@ -8,15 +8,15 @@ use crate::registry::{BoxFuture, Registry};
 /// where it was set.
 fn redis_streams_config(
     ctx: crate::registry::FactoryContext<'_>,
-) -> outbox_core::Result<outbox_sink_redis_streams::RedisStreamsConfig> {
+) -> outboxkit_core::Result<outboxkit_sink_redis_streams::RedisStreamsConfig> {
     use crate::settings::{locate, sink_section};
-    use outbox_core::Error;
+    use outboxkit_core::Error;
 
     let file = ctx.file.map(|p| p.as_path());
-    let mut config: outbox_sink_redis_streams::RedisStreamsConfig =
+    let mut config: outboxkit_sink_redis_streams::RedisStreamsConfig =
         sink_section(ctx.figment, "redis_streams", file).map_err(|e| Error::config(e.0))?;
     if let Some(destination) = &ctx.settings.sink.destination {
-        outbox_core::DestinationTemplate::parse(destination).map_err(|e| {
+        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
             let e = e.context("sink.destination");
             Error::config(locate(e.message(), ctx.figment, file))
         })?;
@@ -30,11 +30,11 @@ fn redis_streams_config(
 
 fn redis_streams(
     ctx: crate::registry::FactoryContext<'_>,
-) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Sink>>> {
+) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
     Box::pin(async move {
         let config = redis_streams_config(ctx)?;
-        let sink = outbox_sink_redis_streams::RedisStreamsSink::connect(config).await?;
-        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+        let sink = outboxkit_sink_redis_streams::RedisStreamsSink::connect(config).await?;
+        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
     })
 }
 

@@ -8,15 +8,15 @@ use crate::registry::{BoxFuture, Registry};
 /// was set.
 fn sqs_config(
     ctx: crate::registry::FactoryContext<'_>,
-) -> outbox_core::Result<outbox_sink_sqs::SqsConfig> {
+) -> outboxkit_core::Result<outboxkit_sink_sqs::SqsConfig> {
     use crate::settings::{locate, sink_section};
-    use outbox_core::Error;
+    use outboxkit_core::Error;
 
     let file = ctx.file.map(|p| p.as_path());
-    let mut config: outbox_sink_sqs::SqsConfig =
+    let mut config: outboxkit_sink_sqs::SqsConfig =
         sink_section(ctx.figment, "sqs", file).map_err(|e| Error::config(e.0))?;
     if let Some(destination) = &ctx.settings.sink.destination {
-        outbox_core::DestinationTemplate::parse(destination).map_err(|e| {
+        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
             let e = e.context("sink.destination");
             Error::config(locate(e.message(), ctx.figment, file))
         })?;
@@ -30,16 +30,16 @@ fn sqs_config(
 
 fn sqs(
     ctx: crate::registry::FactoryContext<'_>,
-) -> BoxFuture<'_, outbox_core::Result<Arc<dyn outbox_core::Sink>>> {
+) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
     Box::pin(async move {
         let config = sqs_config(ctx)?;
         // No request yet: `run` checks the sink (endpoint, credentials, queue) right after.
-        let sink = outbox_sink_sqs::SqsSink::connect_lazy(config)
+        let sink = outboxkit_sink_sqs::SqsSink::connect_lazy(config)
             .await
             .map_err(|e| {
-                if e.kind() == outbox_core::ErrorKind::Config {
+                if e.kind() == outboxkit_core::ErrorKind::Config {
                     let file = ctx.file.map(|p| p.as_path());
-                    outbox_core::Error::config(crate::settings::locate(
+                    outboxkit_core::Error::config(crate::settings::locate(
                         &e.full_message(),
                         ctx.figment,
                         file,
@@ -48,7 +48,7 @@ fn sqs(
                     e
                 }
             })?;
-        Ok(Arc::new(sink) as Arc<dyn outbox_core::Sink>)
+        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
     })
 }
 
@@ -79,7 +79,10 @@ mod tests {
     "#;
 
     /// Load `relay.toml` (written by the test) and run the `[sink.sqs]` check on it.
-    fn checked(jail: &mut Jail, toml: &str) -> outbox_core::Result<outbox_sink_sqs::SqsConfig> {
+    fn checked(
+        jail: &mut Jail,
+        toml: &str,
+    ) -> outboxkit_core::Result<outboxkit_sink_sqs::SqsConfig> {
         jail.create_file("relay.toml", toml)
             .expect("writing the test configuration");
         let file = PathBuf::from("relay.toml");
@@ -98,7 +101,7 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.clear_env();
             let config = checked(jail, BASE).unwrap();
-            assert_eq!(config, outbox_sink_sqs::SqsConfig::default());
+            assert_eq!(config, outboxkit_sink_sqs::SqsConfig::default());
             let config = checked(
                 jail,
                 &format!(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use clap::Args;
-use outbox_core::{
+use outboxkit_core::{
     NewEvent, OutboxEvent, Outcome, Relay, RelayConfig, Shutdown, Sink, SinkCapabilities, Store,
 };
 use uuid::Uuid;
@@ -181,10 +181,10 @@ impl Sink for AckClock {
     fn destination(&self, event: &OutboxEvent) -> String {
         self.inner.destination(event)
     }
-    async fn check(&self) -> outbox_core::Result<()> {
+    async fn check(&self) -> outboxkit_core::Result<()> {
         self.inner.check().await
     }
-    async fn publish(&self, batch: &[OutboxEvent]) -> outbox_core::Result<Vec<Outcome>> {
+    async fn publish(&self, batch: &[OutboxEvent]) -> outboxkit_core::Result<Vec<Outcome>> {
         let outcomes = self.inner.publish(batch).await?;
         let now = Instant::now();
         let mut acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());

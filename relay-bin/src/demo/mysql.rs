@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::Store;
-use outbox_store_mysql::sqlx;
-use outbox_store_mysql::{MySqlStore, MySqlStoreConfig, Outbox};
+use outboxkit_core::Store;
+use outboxkit_store_mysql::sqlx;
+use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig, Outbox};
 use uuid::Uuid;
 
 use super::{order_event, DemoArgs, DemoDatabase, DEMO_SHARDS, ORDERS, TABLE};

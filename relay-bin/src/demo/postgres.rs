@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use outbox_core::Store;
-use outbox_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
+use outboxkit_core::Store;
+use outboxkit_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
 use sqlx::Row;
 use uuid::Uuid;
 

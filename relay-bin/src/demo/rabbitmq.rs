@@ -12,8 +12,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::Sink;
-use outbox_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
+use outboxkit_core::Sink;
+use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
 use uuid::Uuid;
 
 use super::{DemoArgs, DemoBroker, DESTINATION};

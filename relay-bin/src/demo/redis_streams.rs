@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outbox_core::Sink;
-use outbox_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+use outboxkit_core::Sink;
+use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 use redis::AsyncCommands;
 use uuid::Uuid;
 

@@ -15,8 +15,8 @@ use aws_sdk_sqs::config::{Credentials, Region};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
 use aws_sdk_sqs::Client;
-use outbox_core::Sink;
-use outbox_sink_sqs::{SqsConfig, SqsSink};
+use outboxkit_core::Sink;
+use outboxkit_sink_sqs::{SqsConfig, SqsSink};
 use uuid::Uuid;
 
 use super::{DemoArgs, DemoBroker, DESTINATION};

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox_sink_kafka::{ensure_topics, KafkaSink, KafkaSinkConfig, TopicSpec};
+use outboxkit_sink_kafka::{ensure_topics, KafkaSink, KafkaSinkConfig, TopicSpec};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -41,7 +41,7 @@ pub async fn connect(config: KafkaSinkConfig) -> KafkaSink {
 
 /// A fresh name prefix for one test's topics.
 pub fn unique_prefix() -> String {
-    outbox_core::testkit::sink_suite::unique_prefix()
+    outboxkit_core::testkit::sink_suite::unique_prefix()
 }
 
 /// Create `topic` with [`PARTITIONS`] partitions (and the given topic configs).

@@ -25,7 +25,7 @@ pub const TEST_EXCHANGE: &str = "outbox.tests";
 
 /// A fresh name prefix for one test's routing keys and queues.
 pub fn unique_prefix() -> String {
-    outbox_core::testkit::sink_suite::unique_prefix()
+    outboxkit_core::testkit::sink_suite::unique_prefix()
 }
 
 /// A plain connection and channel to the test broker, for setting up and reading back; the

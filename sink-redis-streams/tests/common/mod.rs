@@ -33,7 +33,7 @@ pub async fn admin_connection() -> MultiplexedConnection {
 
 /// A fresh name prefix for one test's keys.
 pub fn unique_prefix() -> String {
-    outbox_core::testkit::sink_suite::unique_prefix()
+    outboxkit_core::testkit::sink_suite::unique_prefix()
 }
 
 /// One stream entry with its fields in stream order.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::config::{Credentials, Region};
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
-use outbox_sink_sqs::{SqsConfig, SqsSink, OVERFLOW_ATTRIBUTE};
+use outboxkit_sink_sqs::{SqsConfig, SqsSink, OVERFLOW_ATTRIBUTE};
 
 /// `OUTBOX_TEST_SQS_ENDPOINT`, default LocalStack on `http://127.0.0.1:4566`
 /// (started by `scripts/services.sh`).
@@ -29,7 +29,7 @@ pub fn sdk_config() -> aws_config::SdkConfig {
                 "test",
                 None,
                 None,
-                "outbox-tests",
+                "outboxkit-tests",
             )),
         )
         .build()
