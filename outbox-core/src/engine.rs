@@ -12,8 +12,9 @@
 //! 4. mark the acknowledged rows and record failures (backoff with jitter, then dead) through
 //!    the same session, so a relay that lost a shard can never mark its rows (fencing).
 //!
-//! No database transaction is open while the broker is called. A broker outage (`Err` from the
-//! sink) dead-letters nothing: the engine backs off and tries again.
+//! No database transaction is open while the broker is called. A call that failed as a whole
+//! (`Err` from the sink, or outcomes that [`whole_call_failure`] says fail the call: a broker
+//! outage, refused credentials) dead-letters nothing: the engine backs off and tries again.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -28,7 +29,7 @@ use crate::config::{OnDead, RelayConfig, Retention};
 use crate::error::{Error, ErrorKind, Result};
 use crate::metrics as m;
 use crate::model::{OutboxEvent, Outcome};
-use crate::sink::Sink;
+use crate::sink::{whole_call_failure, Sink};
 use crate::store::{ClaimRequest, Failure, ShardSession, Store};
 
 /// Fires the shutdown of every [`Shutdown`] cloned from its channel.
@@ -236,7 +237,8 @@ enum Disposition {
 #[derive(Debug)]
 struct PublishReport {
     dispositions: Vec<Disposition>,
-    /// The sink failed as a whole (broker down...): nothing dead-lettered for it.
+    /// The call failed as a whole (`Err` from the sink, or [`whole_call_failure`] of its
+    /// outcomes): nothing dead-lettered for it.
     call_error: Option<Error>,
 }
 
@@ -307,15 +309,24 @@ async fn publish_batch(sink: &dyn Sink, batch: &[OutboxEvent]) -> PublishReport 
         metrics::histogram!(m::PUBLISH_DURATION).record(started.elapsed().as_secs_f64());
         match result {
             Ok(outcomes) if outcomes.len() == events.len() => {
+                // The one place that decides whether the call failed as a whole: then the
+                // acknowledged events stay published, the failed ones count as not sent (no
+                // attempt charged, nothing dead-lettered) and the rounds stop, as for `Err`.
+                let whole_call = whole_call_failure(&outcomes);
                 for (k, outcome) in outcomes.into_iter().enumerate() {
                     let i = round[k];
                     decided[i] = Some(match outcome {
                         Outcome::Published => Disposition::Published,
+                        _ if whole_call.is_some() => Disposition::NotSent,
                         other => {
                             blocked.insert(batch[i].aggregate_id.as_str());
                             Disposition::Failed(other)
                         }
                     });
+                }
+                if let Some(e) = whole_call {
+                    call_error = Some(e);
+                    break;
                 }
             }
             Ok(outcomes) => {

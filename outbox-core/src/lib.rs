@@ -21,6 +21,6 @@ pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
     Outcome, ShardOwner,
 };
-pub use sink::{Sink, SinkCapabilities};
+pub use sink::{whole_call_failure, Sink, SinkCapabilities};
 pub use store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
 pub use template::DestinationTemplate;

@@ -482,12 +482,16 @@ impl Drop for MemorySession {
 /// What the scripted sink does with one event id.
 #[derive(Debug, Clone)]
 pub enum Script {
-    /// Fail this many times with a retryable error, then publish.
+    /// Fail this many times with a retryable error about the event (kind `Other`), then
+    /// publish.
     RetryTimes(u32),
-    /// Always fail with a retryable error.
+    /// Always fail with a retryable error about the event (kind `Other`).
     AlwaysRetry,
-    /// Reject (permanent).
+    /// Reject (permanent, kind `InvalidMessage`).
     Reject,
+    /// Fail this many times with an error of this kind (`Retry` or `Reject` by the kind's
+    /// default retryability), then publish.
+    FailTimes(u32, ErrorKind),
 }
 
 #[derive(Debug, Default)]
@@ -613,12 +617,16 @@ impl Sink for ScriptedSink {
             };
             let outcome = match st.scripts.get(&event.event_id) {
                 Some(Script::RetryTimes(k)) if n <= *k => Outcome::Retry(Error::new(
-                    ErrorKind::Unavailable,
+                    ErrorKind::Other,
                     format!("scripted retry {n}/{k}"),
                 )),
                 Some(Script::AlwaysRetry) => {
-                    Outcome::Retry(Error::new(ErrorKind::Unavailable, "scripted: always retry"))
+                    Outcome::Retry(Error::new(ErrorKind::Other, "scripted: always retry"))
                 }
+                Some(Script::FailTimes(k, kind)) if n <= *k => Outcome::from_error(Error::new(
+                    *kind,
+                    format!("scripted {kind} failure {n}/{k}"),
+                )),
                 Some(Script::Reject) => {
                     Outcome::Reject(Error::new(ErrorKind::InvalidMessage, "scripted: rejected"))
                 }

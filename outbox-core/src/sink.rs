@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::model::{OutboxEvent, Outcome};
 
 /// What a sink can take in one call; the engine splits and checks batches by it.
@@ -36,9 +36,17 @@ impl Default for SinkCapabilities {
 /// broker the project does not ship.
 ///
 /// `publish` sends the whole batch pipelined/concurrently and awaits every acknowledgement,
-/// returning exactly one [`Outcome`] per event, in order. An `Err` means the call as a whole
-/// failed (broker down, credentials refused): nothing is dead-lettered, the engine backs off and
-/// tries again later.
+/// returning exactly one [`Outcome`] per event, in order, each failure carrying an [`Error`]
+/// whose [`ErrorKind`] the sink classified. The sink does not decide whether the call failed as
+/// a whole: the engine does, from those kinds, with [`whole_call_failure`] (a wrong setting or
+/// refused credentials anywhere in the call, or a broker that failed every event of the call
+/// as unreachable, slow or overloaded). Then nothing is dead-lettered and no attempt is
+/// charged: the engine backs off and sends the events again later. Otherwise each failed event
+/// is retried or parked on its own.
+///
+/// Return `Err` only when the sink cannot tell per event what happened (the connection
+/// dropped before any answer, a call-wide timeout with unknown acknowledgements...): the
+/// engine treats every `Err` as a failure of the whole call.
 #[async_trait]
 pub trait Sink: Send + Sync + fmt::Debug + 'static {
     /// The sink kind as named in configuration, e.g. `redis-streams`.
@@ -56,6 +64,44 @@ pub trait Sink: Send + Sync + fmt::Debug + 'static {
     /// Check the broker answers (start-up and `/readyz`).
     async fn check(&self) -> Result<()>;
 
-    /// Publish a batch and await every acknowledgement: one outcome per event, in order.
+    /// Publish a batch and await every acknowledgement: one outcome per event, in order
+    /// (see the trait's documentation for when to return `Err`).
     async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>>;
+}
+
+/// The rule by which the engine decides, from the outcomes of one `publish` call, whether the
+/// call failed as a whole. Returns the error to report when it did, `None` when each failed
+/// event is to be retried or parked on its own:
+///
+/// 1. a failed outcome (`Retry` or `Reject`) of kind [`ErrorKind::Unauthorized`] or
+///    [`ErrorKind::Config`] fails the call, whatever the other outcomes (a setting or a
+///    credential is wrong: every event would fail the same way) — the first such error;
+/// 2. otherwise, when no event of the call was `Published` and every failure is of kind
+///    [`ErrorKind::Connection`], [`ErrorKind::Timeout`] or [`ErrorKind::Unavailable`], the
+///    call fails (the broker is down or overloaded) — the first failure's error;
+/// 3. otherwise (no failure; some event published; or a failure of another kind, which is
+///    about its event) the outcomes stand event by event.
+///
+/// When the call failed as a whole the engine keeps the `Published` outcomes, charges no
+/// attempt to the failed events, dead-letters none of them and backs off.
+pub fn whole_call_failure(outcomes: &[Outcome]) -> Option<Error> {
+    let mut failures = outcomes.iter().filter_map(|outcome| match outcome {
+        Outcome::Published => None,
+        Outcome::Retry(error) | Outcome::Reject(error) => Some(error),
+    });
+    if let Some(error) = failures
+        .clone()
+        .find(|e| matches!(e.kind(), ErrorKind::Unauthorized | ErrorKind::Config))
+    {
+        return Some(error.clone());
+    }
+    let first = failures.next()?;
+    let broker_down = |e: &Error| {
+        matches!(
+            e.kind(),
+            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
+        )
+    };
+    let none_published = !outcomes.iter().any(Outcome::is_published);
+    (none_published && broker_down(first) && failures.all(broker_down)).then(|| first.clone())
 }

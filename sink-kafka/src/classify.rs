@@ -1,23 +1,25 @@
 //! The driver-error table: every librdkafka error becomes an [`outboxkit_core::Error`] with a
 //! kind and a retryability, decided here once. The engine never looks at Kafka messages.
 //!
-//! | librdkafka error (code) | kind | retryable | scope |
-//! |---|---|---|---|
-//! | `MSG_SIZE_TOO_LARGE` (local or broker), `RECORD_LIST_TOO_LARGE`, `INVALID_MSG_SIZE` | `MessageTooLarge` | no | message |
-//! | `CORRUPT_MESSAGE`, `INVALID_RECORD`, `INVALID_TIMESTAMP`, `UNSUPPORTED_FOR_MESSAGE_FORMAT`, `POLICY_VIOLATION`, local `BAD_MSG`, `INVALID_ARG`, `KEY/VALUE_SERIALIZATION` | `InvalidMessage` | no | message |
-//! | `INVALID_TOPIC_EXCEPTION` (a name Kafka cannot have) | `Unroutable` | no | message |
-//! | `UNKNOWN_TOPIC_OR_PART`, local `UNKNOWN_TOPIC`, `UNKNOWN_PARTITION`, `UNKNOWN_TOPIC_ID` | `Unroutable` | **yes** (create the topic and it flows) | message |
-//! | local `QUEUE_FULL`, `NOT_ENOUGH_REPLICAS(_AFTER_APPEND)`, `LEADER_NOT_AVAILABLE`, `NOT_LEADER_FOR_PARTITION`, `KAFKA_STORAGE_ERROR`, `THROTTLING_QUOTA_EXCEEDED`, `BROKER_NOT_AVAILABLE`, `REPLICA_NOT_AVAILABLE`, `FENCED_LEADER_EPOCH`, `UNKNOWN_LEADER_EPOCH`, `REBOOTSTRAP_REQUIRED` | `Unavailable` | yes | message (whole call when every event fails so) |
-//! | idempotence state: `OUT_OF_ORDER_SEQUENCE_NUMBER`, `INVALID_PRODUCER_EPOCH`, `UNKNOWN_PRODUCER_ID`, `INVALID_PRODUCER_ID_MAPPING`, `PRODUCER_FENCED`, local `FATAL`, `FENCED`, `GAPLESS_GUARANTEE`, `INCONSISTENT` | `Unavailable` | yes | message; **the producer is recreated** |
-//! | local `MSG_TIMED_OUT`, `TIMED_OUT`, `TIMED_OUT_QUEUE`, `REQUEST_TIMED_OUT`, local `PURGE_QUEUE`, `PURGE_INFLIGHT` | `Timeout` | yes | message (whole call when every event fails so) |
-//! | local `TRANSPORT`, `ALL_BROKERS_DOWN`, `RESOLVE`, `DESTROY`, `NETWORK_EXCEPTION`, local `SSL` | `Connection` | yes | message (whole call when every event fails so) |
-//! | `TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`, `SASL_AUTHENTICATION_FAILED`, `UNSUPPORTED_SASL_MECHANISM`, `ILLEGAL_SASL_STATE`, local `AUTHENTICATION`, `UNACCEPTABLE_CREDENTIAL`, `SECURITY_DISABLED`, `DELEGATION_TOKEN_*` | `Unauthorized` | no | **whole call** (nothing is dead-lettered) |
-//! | `INVALID_REQUIRED_ACKS`, `UNSUPPORTED_COMPRESSION_TYPE`, `UNSUPPORTED_VERSION`, local `UNSUPPORTED_FEATURE`, `NOT_CONFIGURED`, client creation / configuration errors | `Config` | no | **whole call** |
-//! | anything else | `Other` | yes | message |
+//! | librdkafka error (code) | kind | retryable |
+//! |---|---|---|
+//! | `MSG_SIZE_TOO_LARGE` (local or broker), `RECORD_LIST_TOO_LARGE`, `INVALID_MSG_SIZE` | `MessageTooLarge` | no |
+//! | `CORRUPT_MESSAGE`, `INVALID_RECORD`, `INVALID_TIMESTAMP`, `UNSUPPORTED_FOR_MESSAGE_FORMAT`, `POLICY_VIOLATION`, local `BAD_MSG`, `INVALID_ARG`, `KEY/VALUE_SERIALIZATION` | `InvalidMessage` | no |
+//! | `INVALID_TOPIC_EXCEPTION` (a name Kafka cannot have) | `Unroutable` | no |
+//! | `UNKNOWN_TOPIC_OR_PART`, local `UNKNOWN_TOPIC`, `UNKNOWN_PARTITION`, `UNKNOWN_TOPIC_ID` | `Unroutable` | **yes** (create the topic and it flows) |
+//! | local `QUEUE_FULL`, `NOT_ENOUGH_REPLICAS(_AFTER_APPEND)`, `LEADER_NOT_AVAILABLE`, `NOT_LEADER_FOR_PARTITION`, `KAFKA_STORAGE_ERROR`, `THROTTLING_QUOTA_EXCEEDED`, `BROKER_NOT_AVAILABLE`, `REPLICA_NOT_AVAILABLE`, `FENCED_LEADER_EPOCH`, `UNKNOWN_LEADER_EPOCH`, `REBOOTSTRAP_REQUIRED` | `Unavailable` | yes |
+//! | idempotence state: `OUT_OF_ORDER_SEQUENCE_NUMBER`, `INVALID_PRODUCER_EPOCH`, `UNKNOWN_PRODUCER_ID`, `INVALID_PRODUCER_ID_MAPPING`, `PRODUCER_FENCED`, local `FATAL`, `FENCED`, `GAPLESS_GUARANTEE`, `INCONSISTENT` | `Unavailable` | yes; **the producer is recreated** |
+//! | local `MSG_TIMED_OUT`, `TIMED_OUT`, `TIMED_OUT_QUEUE`, `REQUEST_TIMED_OUT`, local `PURGE_QUEUE`, `PURGE_INFLIGHT` | `Timeout` | yes |
+//! | local `TRANSPORT`, `ALL_BROKERS_DOWN`, `RESOLVE`, `DESTROY`, `NETWORK_EXCEPTION`, local `SSL` | `Connection` | yes |
+//! | `TOPIC_AUTHORIZATION_FAILED`, `CLUSTER_AUTHORIZATION_FAILED`, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`, `SASL_AUTHENTICATION_FAILED`, `UNSUPPORTED_SASL_MECHANISM`, `ILLEGAL_SASL_STATE`, local `AUTHENTICATION`, `UNACCEPTABLE_CREDENTIAL`, `SECURITY_DISABLED`, `DELEGATION_TOKEN_*` | `Unauthorized` | no |
+//! | `INVALID_REQUIRED_ACKS`, `UNSUPPORTED_COMPRESSION_TYPE`, `UNSUPPORTED_VERSION`, local `UNSUPPORTED_FEATURE`, `NOT_CONFIGURED`, client creation / configuration errors | `Config` | no |
+//! | anything else | `Other` | yes |
 //!
-//! A call where every event failed with a `Connection`, `Timeout` or `Unavailable` error is the
-//! broker being down or overloaded: the sink returns it as one `Err`, so the engine backs off
-//! without counting an attempt against any event.
+//! Each event of a call gets its own outcome from its delivery report. Whether the call failed
+//! as a whole is the engine's decision, from these kinds
+//! ([`outboxkit_core::whole_call_failure`]): `Unauthorized` or `Config` on any event, or
+//! `Connection`, `Timeout`, `Unavailable` on every event (the broker is down or overloaded) —
+//! then nothing is dead-lettered and no attempt is counted against the events.
 
 use outboxkit_core::{Error, ErrorKind};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -177,22 +179,6 @@ pub fn describe(code: RDKafkaErrorCode) -> String {
     }
 }
 
-/// Whether an error fails the whole `publish` call (returned as `Err`, nothing is
-/// dead-lettered) instead of only its event: refused credentials or permissions, and a
-/// producer configuration the broker cannot work with.
-pub fn fails_whole_call(error: &Error) -> bool {
-    matches!(error.kind(), ErrorKind::Unauthorized | ErrorKind::Config)
-}
-
-/// Whether an error says the broker (not the event) is the problem: unreachable, too slow,
-/// overloaded. When every event of a call fails so, the call fails as a whole.
-pub fn is_broker_side(error: &Error) -> bool {
-    matches!(
-        error.kind(),
-        ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,8 +198,7 @@ mod tests {
             C::MessageBatchTooLarge,
             C::InvalidMessageSize,
         ] {
-            let e = check(code, ErrorKind::MessageTooLarge, false);
-            assert!(!fails_whole_call(&e) && !is_broker_side(&e));
+            check(code, ErrorKind::MessageTooLarge, false);
         }
         let e = check(C::MessageSizeTooLarge, ErrorKind::MessageTooLarge, false);
         assert_eq!(
@@ -235,15 +220,13 @@ mod tests {
             C::KeySerialization,
             C::ValueSerialization,
         ] {
-            let e = check(code, ErrorKind::InvalidMessage, false);
-            assert!(!fails_whole_call(&e) && !is_broker_side(&e), "{code:?}");
+            check(code, ErrorKind::InvalidMessage, false);
         }
     }
 
     #[test]
     fn an_invalid_topic_name_is_rejected() {
-        let e = check(C::InvalidTopic, ErrorKind::Unroutable, false);
-        assert!(!fails_whole_call(&e));
+        check(C::InvalidTopic, ErrorKind::Unroutable, false);
     }
 
     #[test]
@@ -254,8 +237,7 @@ mod tests {
             C::UnknownPartition,
             C::UnknownTopicId,
         ] {
-            let e = check(code, ErrorKind::Unroutable, true);
-            assert!(!fails_whole_call(&e) && !is_broker_side(&e), "{code:?}");
+            check(code, ErrorKind::Unroutable, true);
         }
     }
 
@@ -276,8 +258,7 @@ mod tests {
             C::RebootstrapRequired,
             C::ISRInsufficient,
         ] {
-            let e = check(code, ErrorKind::Unavailable, true);
-            assert!(is_broker_side(&e) && !fails_whole_call(&e), "{code:?}");
+            check(code, ErrorKind::Unavailable, true);
             assert!(!needs_new_producer(code), "{code:?}");
         }
     }
@@ -295,8 +276,7 @@ mod tests {
             C::GaplessGuarantee,
             C::Inconsistent,
         ] {
-            let e = check(code, ErrorKind::Unavailable, true);
-            assert!(is_broker_side(&e), "{code:?}");
+            check(code, ErrorKind::Unavailable, true);
             assert!(needs_new_producer(code), "{code:?}");
         }
     }
@@ -311,8 +291,7 @@ mod tests {
             C::PurgeQueue,
             C::PurgeInflight,
         ] {
-            let e = check(code, ErrorKind::Timeout, true);
-            assert!(is_broker_side(&e) && !fails_whole_call(&e), "{code:?}");
+            check(code, ErrorKind::Timeout, true);
         }
         let e = check(C::MessageTimedOut, ErrorKind::Timeout, true);
         assert_eq!(e.message(), "Local: Message timed out (MSG_TIMED_OUT)");
@@ -329,13 +308,12 @@ mod tests {
             C::NetworkException,
             C::SSL,
         ] {
-            let e = check(code, ErrorKind::Connection, true);
-            assert!(is_broker_side(&e) && !fails_whole_call(&e), "{code:?}");
+            check(code, ErrorKind::Connection, true);
         }
     }
 
     #[test]
-    fn refused_credentials_fail_the_whole_call() {
+    fn refused_credentials_are_unauthorized() {
         for code in [
             C::TopicAuthorizationFailed,
             C::ClusterAuthorizationFailed,
@@ -354,14 +332,12 @@ mod tests {
             C::DelegationTokenAuthorizationFailed,
             C::DelegationTokenExpired,
         ] {
-            let e = check(code, ErrorKind::Unauthorized, false);
-            assert!(fails_whole_call(&e), "{code:?}");
-            assert!(!is_broker_side(&e), "{code:?}");
+            check(code, ErrorKind::Unauthorized, false);
         }
     }
 
     #[test]
-    fn producer_settings_the_broker_refuses_fail_the_whole_call() {
+    fn producer_settings_the_broker_refuses_are_config_errors() {
         for code in [
             C::InvalidRequiredAcks,
             C::UnsupportedCompressionType,
@@ -369,8 +345,7 @@ mod tests {
             C::UnsupportedFeature,
             C::NotConfigured,
         ] {
-            let e = check(code, ErrorKind::Config, false);
-            assert!(fails_whole_call(&e), "{code:?}");
+            check(code, ErrorKind::Config, false);
         }
     }
 
@@ -388,7 +363,6 @@ mod tests {
         assert!(e.is_retryable());
         let e = classify(&KafkaError::ClientCreation("bad ssl.ca.location".into()));
         assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(fails_whole_call(&e));
         assert!(e.message().contains("bad ssl.ca.location"), "{e}");
         let e = classify(&KafkaError::NoMessageReceived);
         assert_eq!(e.kind(), ErrorKind::Other);

@@ -18,9 +18,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 use tracing::{debug, error, warn};
 
-use crate::classify::{
-    classify, code_kind, describe, error_code, fails_whole_call, is_broker_side, needs_new_producer,
-};
+use crate::classify::{classify, code_kind, describe, error_code, needs_new_producer};
 use crate::config::{KafkaSinkConfig, BOOTSTRAP_SERVERS, CONFIG_SECTION};
 
 /// How much longer than `delivery_timeout` a call waits for librdkafka's delivery reports
@@ -247,14 +245,19 @@ impl KafkaSink {
         format!(" (client errors: {})", reasons.join("; "))
     }
 
+    /// Whether librdkafka reported refused credentials (a failed SASL handshake...) since
+    /// `since`.
+    fn credentials_refused(&self, since: Instant) -> bool {
+        let recent = self.state.recent(since.elapsed() + Duration::from_secs(1));
+        recent
+            .iter()
+            .any(|(code, _)| code.is_some_and(|c| code_kind(c).0 == ErrorKind::Unauthorized))
+    }
+
     /// The kind to report for a call that timed out: what the client errors say (refused
     /// credentials) when they do, else `fallback`.
     fn timeout_kind(&self, since: Instant, fallback: ErrorKind) -> ErrorKind {
-        let recent = self.state.recent(since.elapsed() + Duration::from_secs(1));
-        let refused = recent
-            .iter()
-            .any(|(code, _)| code.is_some_and(|c| code_kind(c).0 == ErrorKind::Unauthorized));
-        if refused {
+        if self.credentials_refused(since) {
             ErrorKind::Unauthorized
         } else {
             fallback
@@ -653,48 +656,65 @@ impl Sink for KafkaSink {
             self.renew_producer(&producer, &describe(code));
         }
 
-        // Whole-call failures: refused credentials or producer settings; or every event
-        // failed because the broker is down or overloaded.
-        let context = |n: usize| {
-            format!(
-                "publishing {n} events to Kafka at {} ({CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\")",
-                self.servers()
+        // Whether the call failed as a whole is the engine's decision, from the outcomes'
+        // kinds; the sink only keeps its producer healthy and says what it saw.
+        if let Some(refused) = outcomes.iter().find_map(|o| match o {
+            Outcome::Retry(e) | Outcome::Reject(e) if e.kind() == ErrorKind::Unauthorized => {
+                Some(e.message().to_owned())
+            }
+            _ => None,
+        }) {
+            // librdkafka remembers a refused topic until its next metadata refresh (minutes);
+            // a fresh producer sees fixed permissions on the next call.
+            self.renew_producer(&producer, &refused);
+        }
+        self.explain_broker_side_failures(&mut outcomes, started);
+        Ok(outcomes)
+    }
+}
+
+impl KafkaSink {
+    /// Events that failed because of the broker (unreachable, too slow, overloaded) say what
+    /// librdkafka's client errors said during the call ("Connect to ... failed: Connection
+    /// refused", "SASL authentication error..."); when those errors are refused credentials,
+    /// the events failed for that reason: `Unauthorized`.
+    fn explain_broker_side_failures(&self, outcomes: &mut [Outcome], started: Instant) {
+        let broker_side = |e: &Error| {
+            matches!(
+                e.kind(),
+                ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
             )
         };
-        for outcome in &outcomes {
-            if let Outcome::Retry(e) | Outcome::Reject(e) = outcome {
-                if fails_whole_call(e) {
-                    // librdkafka remembers a refused topic until its next metadata refresh
-                    // (minutes); a fresh producer sees fixed permissions on the next call.
-                    self.renew_producer(&producer, e.message());
-                    return Err(e.clone().context(context(batch.len())));
-                }
+        let any = outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::Retry(e) | Outcome::Reject(e) if broker_side(e)));
+        if !any {
+            return;
+        }
+        let client_errors = self.last_client_error(started);
+        let refused = self.credentials_refused(started);
+        if client_errors.is_empty() && !refused {
+            return;
+        }
+        for outcome in outcomes.iter_mut() {
+            let (Outcome::Retry(e) | Outcome::Reject(e)) = outcome else {
+                continue;
+            };
+            if !broker_side(e) {
+                continue;
+            }
+            let text = format!("{}{client_errors}", e.full_message());
+            *e = if refused {
+                Error::new(ErrorKind::Unauthorized, text).permanent()
+            } else if e.is_retryable() {
+                Error::new(e.kind(), text).temporary()
+            } else {
+                Error::new(e.kind(), text).permanent()
+            };
+            if refused {
+                *outcome = Outcome::from_error(e.clone());
             }
         }
-        let all_broker_side = outcomes.iter().all(|o| match o {
-            Outcome::Retry(e) | Outcome::Reject(e) => is_broker_side(e),
-            Outcome::Published => false,
-        });
-        if all_broker_side {
-            if let Some(Outcome::Retry(e) | Outcome::Reject(e)) = outcomes.first() {
-                let kind = self.timeout_kind(started, e.kind());
-                let error = Error::new(
-                    kind,
-                    format!(
-                        "{}: {}{}",
-                        context(batch.len()),
-                        e.message(),
-                        self.last_client_error(started)
-                    ),
-                );
-                return Err(if kind == ErrorKind::Unauthorized {
-                    error.permanent()
-                } else {
-                    error.temporary()
-                });
-            }
-        }
-        Ok(outcomes)
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
 use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
 
@@ -262,7 +262,8 @@ async fn check_names_the_brokers_and_the_key_when_unreachable() {
     assert!(text.contains("Connection refused"), "says why: {text}");
 }
 
-/// The broker stops answering (SIGSTOP) for 12 s: calls fail as a whole (never a Reject),
+/// The broker stops answering (SIGSTOP) for 12 s: calls fail as a whole as the engine decides
+/// it (`Err`, or outcomes `whole_call_failure` fails the call for; never a Reject),
 /// within about `delivery_timeout`; once it answers again the sink publishes by itself
 /// (tansu fences the old producer id after librdkafka's epoch bump, so the sink makes a new
 /// producer) and everything it acknowledged is in the topic.
@@ -309,23 +310,24 @@ async fn a_frozen_broker_fails_calls_as_a_whole_and_the_sink_recovers() {
         let batch = sample_batch(next_id, 5, "order", 5);
         next_id += 5;
         let started = Instant::now();
-        match sink.publish(&batch).await {
-            Err(e) => {
-                assert!(e.is_retryable(), "{e}");
-                assert!(
-                    matches!(
-                        e.kind(),
-                        ErrorKind::Timeout | ErrorKind::Connection | ErrorKind::Unavailable
-                    ),
-                    "{e:?}"
-                );
-                assert!(
-                    started.elapsed() < Duration::from_secs(4 + 15),
-                    "bounded by delivery_timeout"
-                );
-                whole_call_failures += 1;
-            }
-            Ok(outcomes) => publish(&outcomes, &batch),
+        let result = sink.publish(&batch).await;
+        if let Ok(outcomes) = &result {
+            publish(outcomes, &batch);
+        }
+        if let Some(e) = whole_call_error(&result) {
+            assert!(e.is_retryable(), "{e}");
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::Timeout | ErrorKind::Connection | ErrorKind::Unavailable
+                ),
+                "{e:?}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(4 + 15),
+                "bounded by delivery_timeout"
+            );
+            whole_call_failures += 1;
         }
     }
     broker.thaw();
@@ -424,9 +426,6 @@ async fn sasl_properties_are_used_and_a_refused_handshake_is_unauthorized() {
         ..sink.config().clone()
     };
     let sink = KafkaSink::new(config).expect("a valid configuration");
-    let e = sink
-        .publish(&batch)
-        .await
-        .expect_err("no session, no delivery");
+    let e = whole_call_error(&sink.publish(&batch).await).expect("no session, no delivery");
     assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e:?}");
 }

@@ -1,11 +1,12 @@
 //! Error handling through the real librdkafka producer against librdkafka's in-process mock
 //! cluster, which fails chosen requests on demand: what the broker says decides each event's
-//! outcome, or fails the whole call. (The end-to-end behaviour against a real broker process
+//! outcome, and the outcomes' kinds whether the engine fails the whole call
+//! (`outboxkit_core::whole_call_failure`). (The end-to-end behaviour against a real broker process
 //! is in `kafka.rs` and the workspace's `tests/`.)
 
 use std::time::Duration;
 
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
 use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use rdkafka::mocking::MockCluster;
@@ -50,10 +51,8 @@ async fn refused_topic_authorization_fails_the_whole_call() {
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
     );
     let batch = sample_batch(1, 3, "order", 3);
-    let e = sink
-        .publish(&batch)
-        .await
-        .expect_err("authorization failure fails the call");
+    let e = whole_call_error(&sink.publish(&batch).await)
+        .expect("authorization failure fails the call");
     assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
     assert!(!e.is_retryable(), "{e}");
     assert!(
@@ -173,10 +172,15 @@ async fn a_broker_that_stops_answering_fails_the_call_as_a_timeout() {
     sink.check().await.expect("the mock cluster answers");
     cluster.broker_down(1).expect("taking the mock broker down");
     let batch = sample_batch(1, 3, "order", 3);
-    let e = sink
-        .publish(&batch)
-        .await
-        .expect_err("broker down fails the call");
+    let result = sink.publish(&batch).await;
+    if let Ok(outcomes) = &result {
+        assert!(
+            outcomes.iter().all(|o| matches!(o, Outcome::Retry(_))),
+            "nothing may be rejected or published with the broker down: {}",
+            describe(outcomes)
+        );
+    }
+    let e = whole_call_error(&result).expect("broker down fails the call");
     assert!(
         matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Connection),
         "{e:?}"

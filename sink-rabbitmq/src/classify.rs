@@ -23,24 +23,34 @@
 //! | `basic.nack` (the broker could not take the message) | `Unavailable` | yes | message |
 //! | anything else | `Other` | yes | connection |
 //!
-//! Scope: **connection** — the connection is unusable: the call fails as a whole and the next
-//! call reconnects; **call** — the broker refuses every message of the call for the same reason
-//! (closing the channel): the call fails as a whole, nothing is dead-lettered; **message** —
-//! one message is at fault: it gets its own outcome and the rest of the batch goes on.
+//! Scope says what the sink can still tell per message once a message got no confirm:
+//! **connection** — the connection is unusable, the unanswered messages' fates are unknown; the
+//! next call reconnects; **call** — the broker closed the channel for a reason that is not the
+//! message's (access refused, the exchange missing, a lock), which every unanswered message
+//! would meet alike; **message** — one message is at fault: it gets its own outcome and the
+//! unanswered rest go again one at a time. With **connection** and **call**, the messages the
+//! broker answered keep their outcome and the unanswered ones get the error, or the call
+//! returns `Err` when no message was answered at all.
+//!
+//! Whether a call failed as a whole (nothing dead-lettered, no attempt counted) is the
+//! engine's decision, from the outcomes' kinds: [`outboxkit_core::whole_call_failure`].
 
 use std::io;
 
 use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use outboxkit_core::{Error, ErrorKind};
 
-/// How much of the sink an error takes down.
+/// How much of the sink an error takes down: what the sink can still tell per message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// The connection is gone: fail the call, reconnect on the next one.
+    /// The connection is gone: the unanswered messages' fates are unknown; reconnect on the
+    /// next call.
     Connection,
-    /// Every message of the call would fail the same way: fail the call (retried later).
+    /// The broker closed the channel for a reason that is not the message's: every unanswered
+    /// message would meet it alike (they are not sent again one at a time).
     Call,
-    /// One message is at fault: give it its own outcome.
+    /// One message is at fault: give it its own outcome (the unanswered rest go again one at
+    /// a time).
     Message,
 }
 

@@ -28,8 +28,10 @@ const PERSISTENT: u8 = 2;
 ///
 /// Holds one connection with one dedicated confirm-mode channel. Calls are serialized on that
 /// channel (so each call's confirms and returns belong to it). A call that finds the connection
-/// broken fails as a whole; the next call reconnects, re-enables confirms and re-declares the
-/// exchange (when configured) — after a broker restart the sink recovers by itself.
+/// broken before any answer fails with `Err`; the next call reconnects, re-enables confirms and
+/// re-declares the exchange (when configured) — after a broker restart the sink recovers by
+/// itself. Every answered message gets its own outcome, classified by kind: whether the call
+/// failed as a whole is the engine's decision ([`outboxkit_core::whole_call_failure`]).
 pub struct RabbitMqSink {
     config: RabbitMqConfig,
     template: DestinationTemplate,
@@ -277,7 +279,8 @@ impl RabbitMqSink {
         )
     }
 
-    /// The error of a whole call that failed with `e`, with what to do about it.
+    /// The error of a call that broke off with `e` (for the messages without an answer), with
+    /// what to do about it.
     fn call_error(&self, e: lapin::Error, what: &str) -> Error {
         let error = classify::classify(e);
         match error.kind() {
@@ -458,8 +461,8 @@ impl RabbitMqSink {
         }
     }
 
-    /// Publish `items` on the link in `slot`; one outcome per item, or `Err` when the call
-    /// fails as a whole.
+    /// Publish `items` on the link in `slot`; one outcome per item, or `Err` when no message
+    /// got an answer before the call broke off (see [`broken_off`]).
     async fn publish_on(
         &self,
         slot: &mut Option<Link>,
@@ -484,7 +487,9 @@ impl RabbitMqSink {
         let Some(failure) = failure else {
             return Ok(outcomes.into_iter().flatten().collect());
         };
-        self.after_failure(slot, &failure, &what)?;
+        if let Err(error) = self.after_failure(slot, &failure, &what) {
+            return broken_off(outcomes, error);
+        }
 
         // One message closed the channel (too large, bad property...): the messages without a
         // confirm go again one at a time, so that exactly the faulty one gets the error.
@@ -494,22 +499,27 @@ impl RabbitMqSink {
             unconfirmed = outcomes.iter().filter(|o| o.is_none()).count(),
             "RabbitMQ closed the channel because of a message; sending the unconfirmed messages one at a time"
         );
-        for (item, outcome) in items.iter().zip(outcomes.iter_mut()) {
-            if outcome.is_some() {
+        for (k, item) in items.iter().enumerate() {
+            if outcomes[k].is_some() {
                 continue;
             }
-            let link = self.ensure_link(slot).await?;
+            let link = match self.ensure_link(slot).await {
+                Ok(link) => link,
+                Err(error) => return broken_off(outcomes, error),
+            };
             let (answers, returned) = self.send_all(&link.channel, batch, &[item]).await;
             match answers.into_iter().next() {
                 Some(Answer::Failed(e)) => {
-                    self.after_failure(slot, &e, "publishing a message")?;
+                    if let Err(error) = self.after_failure(slot, &e, "publishing a message") {
+                        return broken_off(outcomes, error);
+                    }
                     let error = classify::classify(e).context(format!(
                         "RabbitMQ refused the message for routing key `{}`",
                         item.routing_key
                     ));
-                    *outcome = Some(Outcome::from_error(error));
+                    outcomes[k] = Some(Outcome::from_error(error));
                 }
-                Some(answer) => *outcome = Some(self.outcome(item, &answer, &returned)),
+                Some(answer) => outcomes[k] = Some(self.outcome(item, &answer, &returned)),
                 None => {
                     return Err(Error::new(
                         ErrorKind::Other,
@@ -521,9 +531,12 @@ impl RabbitMqSink {
         Ok(outcomes.into_iter().flatten().collect())
     }
 
-    /// After a message got no confirm because of `e`: `Err` when the call must fail as a whole
-    /// (connection gone, exchange missing, access refused), `Ok` when only that message is at
-    /// fault. Marks what must be rebuilt before the next use.
+    /// After a message got no confirm because of `e`: `Err` when the sink cannot tell which
+    /// message is at fault — the connection is gone, or the broker closed the channel for a
+    /// reason that is not the message's (access refused, the exchange missing...), so every
+    /// unconfirmed message would meet it alike; `Ok` when only that message is at fault (its
+    /// neighbours are then sent again one at a time). Marks what must be rebuilt before the
+    /// next use.
     fn after_failure(&self, slot: &mut Option<Link>, e: &lapin::Error, what: &str) -> Result<()> {
         let connection_alive = slot
             .as_ref()
@@ -597,6 +610,21 @@ impl RabbitMqSink {
             Err(e) => Err(self.call_error(e, "checking the exchange")),
         }
     }
+}
+
+/// The outcomes of a call that broke off with `error` before every message was answered: the
+/// messages the broker answered (acknowledged, returned, nacked) keep their outcome; the
+/// others, whose fate is unknown, are to be sent again with `error`. `Err(error)` when no
+/// message was answered — nothing is known per message. (Whether the call failed as a whole
+/// is then the engine's decision, from the outcomes' kinds.)
+fn broken_off(outcomes: Vec<Option<Outcome>>, error: Error) -> Result<Vec<Outcome>> {
+    if outcomes.iter().all(Option::is_none) {
+        return Err(error);
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or_else(|| Outcome::Retry(error.clone())))
+        .collect())
 }
 
 fn note_returned(
@@ -739,4 +767,38 @@ impl Sink for RabbitMqSink {
 
 fn humanize(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use outboxkit_core::whole_call_failure;
+
+    use super::*;
+
+    #[test]
+    fn a_call_broken_off_before_any_answer_is_an_err() {
+        let error = Error::new(ErrorKind::Connection, "connection reset");
+        let e = broken_off(vec![None, None], error).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Connection);
+    }
+
+    #[test]
+    fn a_call_broken_off_keeps_the_answers_it_got() {
+        let error = Error::new(ErrorKind::Connection, "connection reset");
+        let nacked = Outcome::Retry(classify::nacked("`events`", "order.Placed"));
+        let out = broken_off(vec![Some(Outcome::Published), Some(nacked), None], error).unwrap();
+        assert!(out[0].is_published());
+        assert!(matches!(&out[1], Outcome::Retry(e) if e.kind() == ErrorKind::Unavailable));
+        assert!(matches!(&out[2], Outcome::Retry(e) if e.kind() == ErrorKind::Connection));
+        // Something went through: the unconfirmed message is retried on its own.
+        assert!(whole_call_failure(&out).is_none());
+
+        // Refused access after an acknowledged message: the engine fails the call, keeping
+        // the acknowledged one.
+        let refused = Error::new(ErrorKind::Unauthorized, "403 ACCESS_REFUSED").permanent();
+        let out = broken_off(vec![Some(Outcome::Published), None], refused).unwrap();
+        assert!(out[0].is_published());
+        let e = whole_call_failure(&out).expect("the engine fails the call");
+        assert_eq!(e.kind(), ErrorKind::Unauthorized);
+    }
 }

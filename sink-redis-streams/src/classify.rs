@@ -1,15 +1,21 @@
 //! The driver-error table: every `redis::RedisError` becomes an [`outboxkit_core::Error`] with a
 //! kind and a retryability, decided here once. The engine never looks at Redis messages.
 //!
-//! | Redis error | kind | retryable | scope |
-//! |---|---|---|---|
-//! | I/O: refused, reset, broken pipe, EOF, DNS | `Connection` | yes | whole call |
-//! | I/O timed out, tokio timeout | `Timeout` | yes | whole call |
-//! | `LOADING`, `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `OOM` | `Unavailable` | yes | server-wide |
-//! | `NOAUTH`, `WRONGPASS`, `NOPERM`, authentication failed | `Unauthorized` | no | whole call |
-//! | `WRONGTYPE` | `InvalidMessage` | no | message |
-//! | invalid client configuration, RESP3 not supported | `Config` | no | whole call |
-//! | `ERR ...`, parse / unexpected reply, anything else | `Other` | yes | message |
+//! | Redis error | kind | retryable |
+//! |---|---|---|
+//! | I/O: refused, reset, broken pipe, EOF, DNS | `Connection` | yes |
+//! | I/O timed out, tokio timeout | `Timeout` | yes |
+//! | `LOADING`, `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `OOM` | `Unavailable` | yes |
+//! | `NOAUTH`, `WRONGPASS`, `NOPERM`, authentication failed | `Unauthorized` | no |
+//! | `WRONGTYPE` | `InvalidMessage` | no |
+//! | invalid client configuration, RESP3 not supported | `Config` | no |
+//! | `ERR ...`, parse / unexpected reply, anything else | `Other` | yes |
+//!
+//! An error reply to one `XADD` of a pipeline becomes that event's outcome. Whether the call
+//! failed as a whole (`Unauthorized`, `Config`; or `Connection`, `Timeout`, `Unavailable` on
+//! every event) is the engine's decision, from these kinds:
+//! [`outboxkit_core::whole_call_failure`]. A pipeline that gets no replies at all (connection
+//! refused or dropped, no answer within `response_timeout`) fails the call with `Err`.
 
 use outboxkit_core::{Error, ErrorKind};
 use redis::{RedisError, ServerErrorKind};
@@ -68,24 +74,6 @@ pub fn classify(err: RedisError) -> Error {
     }
 }
 
-/// Whether an error answered for one command of a batch fails the whole `publish` call
-/// (returned as `Err`, nothing is dead-lettered) instead of only that event: refused
-/// credentials or permissions, a broken connection, a timeout, a client misconfiguration.
-pub fn fails_whole_call(error: &Error) -> bool {
-    matches!(
-        error.kind(),
-        ErrorKind::Unauthorized | ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Config
-    )
-}
-
-/// Whether an error says the server as a whole cannot take writes right now (`OOM`,
-/// `LOADING`, `READONLY`...). When every event of a batch fails with such an error the call
-/// fails as a whole (the broker is down for writes: no attempt is counted against the events);
-/// when some events of the batch went through, the failed ones are retried on their own.
-pub fn is_server_wide(error: &Error) -> bool {
-    error.kind() == ErrorKind::Unavailable
-}
-
 #[cfg(test)]
 mod tests {
     use std::io;
@@ -122,8 +110,7 @@ mod tests {
             io::ErrorKind::NotConnected,
             io::ErrorKind::Other,
         ] {
-            let e = check(io(kind), ErrorKind::Connection, true);
-            assert!(fails_whole_call(&e));
+            check(io(kind), ErrorKind::Connection, true);
         }
     }
 
@@ -136,8 +123,7 @@ mod tests {
 
     #[test]
     fn timeouts_are_timeouts() {
-        let e = check(io(io::ErrorKind::TimedOut), ErrorKind::Timeout, true);
-        assert!(fails_whole_call(&e));
+        check(io(io::ErrorKind::TimedOut), ErrorKind::Timeout, true);
     }
 
     #[test]
@@ -151,29 +137,25 @@ mod tests {
             "READONLY You can't write against a read only replica.",
             "OOM command not allowed when used memory > 'maxmemory'.",
         ] {
-            let e = check(reply(line), ErrorKind::Unavailable, true);
-            assert!(is_server_wide(&e), "{line}");
-            assert!(!fails_whole_call(&e), "{line}");
+            check(reply(line), ErrorKind::Unavailable, true);
         }
     }
 
     #[test]
-    fn refused_credentials_are_unauthorized_and_fail_the_call() {
+    fn refused_credentials_are_unauthorized() {
         for line in [
             "NOAUTH Authentication required.",
             "WRONGPASS invalid username-password pair or user is disabled.",
             "NOPERM User relay has no permissions to run the 'xadd' command",
         ] {
-            let e = check(reply(line), ErrorKind::Unauthorized, false);
-            assert!(fails_whole_call(&e), "{line}");
+            check(reply(line), ErrorKind::Unauthorized, false);
         }
         let failed: RedisError = (
             redis::ErrorKind::AuthenticationFailed,
             "Password authentication failed",
         )
             .into();
-        let e = check(failed, ErrorKind::Unauthorized, false);
-        assert!(fails_whole_call(&e));
+        check(failed, ErrorKind::Unauthorized, false);
     }
 
     #[test]
@@ -187,18 +169,15 @@ mod tests {
             e.full_message(),
             "WRONGTYPE Operation against a key holding the wrong kind of value"
         );
-        assert!(!fails_whole_call(&e));
-        assert!(!is_server_wide(&e));
     }
 
     #[test]
     fn response_and_parse_errors_are_other() {
-        let e = check(
+        check(
             reply("ERR wrong number of arguments for 'xadd' command"),
             ErrorKind::Other,
             true,
         );
-        assert!(!fails_whole_call(&e));
         check(reply("NOSCRIPT No matching script"), ErrorKind::Other, true);
         check(
             reply("SOMETHINGNEW never seen before"),
@@ -219,7 +198,6 @@ mod tests {
             "can't connect with TLS, the feature is not enabled",
         )
             .into();
-        let e = check(invalid, ErrorKind::Config, false);
-        assert!(fails_whole_call(&e));
+        check(invalid, ErrorKind::Config, false);
     }
 }

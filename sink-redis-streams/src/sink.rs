@@ -11,7 +11,7 @@ use outboxkit_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Value};
 
-use crate::classify::{classify, error_kind, fails_whole_call, is_server_wide};
+use crate::classify::{classify, error_kind};
 use crate::config::{RedisStreamsConfig, CONFIG_SECTION};
 
 /// Redis refuses bulk strings larger than `proto-max-bulk-len`, 512 MiB by default.
@@ -259,7 +259,7 @@ impl Sink for RedisStreamsSink {
                 Value::ServerError(e) => Err(RedisError::from(e)),
                 _ => Ok(()),
             });
-            let per_command = outcomes_from_replies(replies, |i| &streams[sent[i]])?;
+            let per_command = outcomes_from_replies(replies, |i| &streams[sent[i]]);
             for (i, outcome) in per_command.into_iter().enumerate() {
                 outcomes[sent[i]] = Some(outcome);
             }
@@ -273,41 +273,24 @@ impl Sink for RedisStreamsSink {
     }
 }
 
-/// One outcome per reply; `Err` when a reply fails the whole call (credentials), or when every
-/// command failed because the server as a whole refuses writes (`OOM`, `LOADING`, ...).
+/// One outcome per reply, classified by kind: whether the call failed as a whole (refused
+/// credentials, or `OOM` / `LOADING`... on every command) is the engine's decision.
 fn outcomes_from_replies<'a>(
     replies: impl IntoIterator<Item = redis::RedisResult<()>>,
     stream_of: impl Fn(usize) -> &'a String,
-) -> Result<Vec<Outcome>> {
-    let mut outcomes = Vec::new();
-    let mut any_published = false;
-    let mut first_server_wide: Option<Error> = None;
-    let mut all_server_wide = true;
-    for (i, reply) in replies.into_iter().enumerate() {
-        match reply {
-            Ok(()) => {
-                any_published = true;
-                outcomes.push(Outcome::Published);
-            }
+) -> Vec<Outcome> {
+    replies
+        .into_iter()
+        .enumerate()
+        .map(|(i, reply)| match reply {
+            Ok(()) => Outcome::Published,
             Err(e) => {
                 let error = classify(e).context(format!("XADD to stream `{}`", stream_of(i)));
-                if fails_whole_call(&error) {
-                    return Err(error);
-                }
-                if is_server_wide(&error) {
-                    first_server_wide.get_or_insert_with(|| error.clone());
-                } else {
-                    all_server_wide = false;
-                }
                 tracing::debug!(stream = %stream_of(i), error = %error, "event not published");
-                outcomes.push(Outcome::from_error(error));
+                Outcome::from_error(error)
             }
-        }
-    }
-    match first_server_wide {
-        Some(error) if !any_published && all_server_wide => Err(error),
-        _ => Ok(outcomes),
-    }
+        })
+        .collect()
 }
 
 fn humanize(duration: Duration) -> String {
@@ -316,6 +299,8 @@ fn humanize(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    use outboxkit_core::whole_call_failure;
+
     use super::*;
 
     fn reply(line: &str) -> redis::RedisResult<()> {
@@ -325,7 +310,7 @@ mod tests {
         }
     }
 
-    fn outcomes(replies: Vec<redis::RedisResult<()>>) -> Result<Vec<Outcome>> {
+    fn outcomes(replies: Vec<redis::RedisResult<()>>) -> Vec<Outcome> {
         let stream = "orders".to_owned();
         outcomes_from_replies(replies, |_| &stream)
     }
@@ -335,7 +320,7 @@ mod tests {
 
     #[test]
     fn per_message_errors_become_outcomes() {
-        let out = outcomes(vec![Ok(()), reply(WRONGTYPE), Ok(())]).unwrap();
+        let out = outcomes(vec![Ok(()), reply(WRONGTYPE), Ok(())]);
         assert!(out[0].is_published() && out[2].is_published());
         match &out[1] {
             Outcome::Reject(e) => {
@@ -348,32 +333,43 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert!(whole_call_failure(&out).is_none());
     }
 
     #[test]
     fn server_wide_errors_after_some_success_are_retried_per_event() {
-        let out = outcomes(vec![Ok(()), reply(OOM)]).unwrap();
+        let out = outcomes(vec![Ok(()), reply(OOM)]);
         assert!(out[0].is_published());
         assert!(matches!(&out[1], Outcome::Retry(e) if e.kind() == ErrorKind::Unavailable));
+        assert!(whole_call_failure(&out).is_none());
     }
 
     #[test]
     fn server_wide_errors_on_every_event_fail_the_call() {
-        let e = outcomes(vec![reply(OOM), reply("LOADING Redis is loading")]).unwrap_err();
+        let out = outcomes(vec![reply(OOM), reply("LOADING Redis is loading")]);
+        assert!(out
+            .iter()
+            .all(|o| matches!(o, Outcome::Retry(e) if e.kind() == ErrorKind::Unavailable)));
+        let e = whole_call_failure(&out).expect("the engine fails the call");
         assert_eq!(e.kind(), ErrorKind::Unavailable);
         assert!(e.is_retryable());
-        // Mixed with a message error: outcomes, so the bad event can be parked.
-        let out = outcomes(vec![reply(OOM), reply(WRONGTYPE)]).unwrap();
+        // Mixed with a message error: outcomes per event, so the bad event can be parked.
+        let out = outcomes(vec![reply(OOM), reply(WRONGTYPE)]);
         assert!(matches!(&out[0], Outcome::Retry(_)));
         assert!(matches!(&out[1], Outcome::Reject(_)));
+        assert!(whole_call_failure(&out).is_none());
     }
 
     #[test]
     fn refused_credentials_fail_the_call() {
-        let e = outcomes(vec![Ok(()), reply("NOPERM no permissions to run 'xadd'")]).unwrap_err();
+        let out = outcomes(vec![Ok(()), reply("NOPERM no permissions to run 'xadd'")]);
+        assert!(out[0].is_published(), "what went through stays published");
+        let e = whole_call_failure(&out).expect("the engine fails the call");
         assert_eq!(e.kind(), ErrorKind::Unauthorized);
         assert!(!e.is_retryable());
-        let e = outcomes(vec![reply("NOAUTH Authentication required.")]).unwrap_err();
+        assert!(e.message().contains("NOPERM"), "{e}");
+        let out = outcomes(vec![reply("NOAUTH Authentication required.")]);
+        let e = whole_call_failure(&out).expect("the engine fails the call");
         assert_eq!(e.kind(), ErrorKind::Unauthorized);
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 
@@ -315,7 +315,7 @@ async fn reconnects_after_its_connection_is_killed() {
 }
 
 /// A user that may connect but not write: wrong password fails connect as unauthorized,
-/// `NOPERM` on `XADD` fails the whole publish (nothing rejected).
+/// `NOPERM` on `XADD` fails the whole publish as the engine decides it (nothing parked).
 #[tokio::test]
 async fn refused_credentials_fail_the_call_not_the_events() {
     let prefix = common::unique_prefix();
@@ -373,10 +373,18 @@ async fn refused_credentials_fail_the_call_not_the_events() {
 
     let sink = sink.unwrap_or_else(|e| panic!("connect with the right password: {e}"));
     assert!(!format!("{sink:?}").contains("right-password"));
-    let error = published
-        .unwrap()
-        .expect_err("NOPERM fails the call instead of rejecting events");
+    let published = published.unwrap();
+    if let Ok(outcomes) = &published {
+        assert!(
+            !outcomes.iter().any(Outcome::is_published),
+            "{}",
+            describe(outcomes)
+        );
+    }
+    let error = whole_call_error(&published)
+        .expect("NOPERM fails the call as a whole (the engine parks nothing)");
     assert_eq!(error.kind(), ErrorKind::Unauthorized, "{error}");
+    assert!(!error.is_retryable());
     assert!(error.message().contains("NOPERM"), "{error}");
 }
 

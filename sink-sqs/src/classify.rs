@@ -1,21 +1,23 @@
 //! The error table: every SQS failure becomes an [`outboxkit_core::Error`] with a kind and a
 //! retryability, decided here once. The rest of the sink acts on [`ErrorKind`] only.
 //!
-//! **Whole requests** (an `SdkError` of `SendMessageBatch`, `GetQueueUrl`, `ListQueues`):
+//! **Whole requests** (an `SdkError` of `SendMessageBatch`, `GetQueueUrl`, `ListQueues`): each
+//! event of the request gets the request's error as its outcome, unless the sink says otherwise
+//! below.
 //!
 //! | failure | kind | retryable | the sink then |
 //! |---|---|---|---|
-//! | connection refused / reset, DNS, TLS (`DispatchFailure` I/O) | `Connection` | yes | fails the call if nothing else went through, else retries those events |
+//! | connection refused / reset, DNS, TLS (`DispatchFailure` I/O) | `Connection` | yes | retries the request's events |
 //! | attempt or connect timeout (`TimeoutError`, connector timeout) | `Timeout` | yes | same |
 //! | throttling (`RequestThrottled`, `ThrottlingException`, `KmsThrottled`, HTTP 429) | `Unavailable` | yes | same |
 //! | server errors (`InternalError`, `ServiceUnavailable`, any HTTP 5xx) | `Unavailable` | yes | same |
 //! | unparsable response (`ResponseError`) | `Other` | yes | same |
 //! | batch-structure codes (`TooManyEntriesInBatchRequest`, `BatchEntryIdsNotDistinct`, `InvalidBatchEntryId`, `EmptyBatchRequest`): a sink bug | `Other` | yes | same |
 //! | unknown code, HTTP 4xx | `Other` | yes | same |
-//! | credentials or permission refused (`InvalidClientTokenId`, `SignatureDoesNotMatch`, `ExpiredToken`, `AccessDenied`, `InvalidSecurity`, ..., HTTP 401/403) | `Unauthorized` | no | **fails the call** (nothing dead-lettered) |
-//! | the queue's KMS key refused (`KmsAccessDenied`, `KmsDisabled`, `KmsNotFound`, `KmsInvalidState`, ...) | `Unauthorized` | no | **fails the call** |
-//! | no usable credentials in the AWS chain (`CredentialsError`) | `Unauthorized` | no | **fails the call** |
-//! | client misconfiguration (`ConstructionFailure`, connector "user" error, `UnsupportedOperation`) | `Config` | no | **fails the call** |
+//! | credentials or permission refused (`InvalidClientTokenId`, `SignatureDoesNotMatch`, `ExpiredToken`, `AccessDenied`, `InvalidSecurity`, ..., HTTP 401/403) | `Unauthorized` | no | reports it for the request's events |
+//! | the queue's KMS key refused (`KmsAccessDenied`, `KmsDisabled`, `KmsNotFound`, `KmsInvalidState`, ...) | `Unauthorized` | no | same |
+//! | no usable credentials in the AWS chain (`CredentialsError`) | `Unauthorized` | no | same |
+//! | client misconfiguration (`ConstructionFailure`, connector "user" error, `UnsupportedOperation`) | `Config` | no | same |
 //! | `QueueDoesNotExist` / `NonExistentQueue` | `Unroutable` | yes | retries the events of that queue (dead after `max_attempts`) |
 //! | `InvalidAddress` (malformed queue URL) | `Unroutable` | no | rejects the events of that queue |
 //! | `BatchRequestTooLong`, `InvalidParameterValue`, `InvalidMessageContents`, ... | `MessageTooLarge` / `InvalidMessage` | no | sends each entry alone; rejects an entry refused alone |
@@ -27,7 +29,13 @@
 //! | `SenderFault = true` (too large, invalid attribute, ...) | `InvalidMessage` (or `MessageTooLarge` by code) | no: rejected, parked as dead with SQS's error |
 //! | `SenderFault = false`, throttling / server codes | `Unavailable` | yes |
 //! | `SenderFault = false`, anything else | `Other` | yes |
-//! | a credentials, permission or KMS code, whatever `SenderFault` | `Unauthorized` | no: **fails the call** |
+//! | a credentials, permission or KMS code, whatever `SenderFault` | `Unauthorized` | no |
+//!
+//! Whether a call failed as a whole is the engine's decision, from these kinds
+//! ([`outboxkit_core::whole_call_failure`]): `Unauthorized` or `Config` on any event (never a
+//! reason to dead-letter), or `Connection`, `Timeout`, `Unavailable` on every event (SQS
+//! unreachable, slow or throttling) — then nothing is dead-lettered and no attempt is counted
+//! against the events.
 
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_sqs::config::http::HttpResponse;
@@ -290,23 +298,6 @@ pub fn is_access_denied<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>
         })
 }
 
-/// Whether an error fails the whole `publish` call (returned as `Err`, nothing dead-lettered):
-/// refused credentials or permissions, or a client misconfiguration.
-pub fn fails_whole_call(error: &Error) -> bool {
-    matches!(error.kind(), ErrorKind::Unauthorized | ErrorKind::Config)
-}
-
-/// Whether a whole request failed for a reason that says nothing about its messages (broker
-/// unreachable, slow, throttling, overloaded): when every request of a call fails so, the call
-/// fails as a whole and no attempt is counted against the events.
-pub fn is_transient(error: &Error) -> bool {
-    error.is_retryable()
-        && matches!(
-            error.kind(),
-            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable | ErrorKind::Other
-        )
-}
-
 /// Whether a whole request was refused for its content (too long, an invalid entry): each of
 /// its entries is then sent alone, so that only the bad one is rejected.
 pub fn refuses_content(error: &Error) -> bool {
@@ -392,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn connection_failures_are_transient_connection_errors() {
+    fn connection_failures_are_connection_errors() {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
         let e = check(
             SdkError::dispatch_failure(ConnectorError::io(Box::new(refused))),
@@ -403,7 +394,6 @@ mod tests {
             e.message(),
             "cannot reach SQS: dispatch failure: io error: connection refused"
         );
-        assert!(is_transient(&e) && !fails_whole_call(&e));
         let other = ConnectorError::other("tls handshake eof".into(), None);
         check(
             SdkError::dispatch_failure(other),
@@ -413,13 +403,12 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_are_transient_timeouts() {
-        let e = check(
+    fn timeouts_are_timeouts() {
+        check(
             SdkError::timeout_error("operation attempt timeout"),
             ErrorKind::Timeout,
             true,
         );
-        assert!(is_transient(&e));
         let connect = ConnectorError::timeout("connect timeout".into());
         check(
             SdkError::dispatch_failure(connect),
@@ -436,8 +425,7 @@ mod tests {
             "ThrottlingException",
             "KmsThrottled",
         ] {
-            let e = check(service(code, 400), ErrorKind::Unavailable, true);
-            assert!(is_transient(&e), "{code}");
+            check(service(code, 400), ErrorKind::Unavailable, true);
         }
         check(service("Whatever", 429), ErrorKind::Unavailable, true);
     }
@@ -454,7 +442,7 @@ mod tests {
     }
 
     #[test]
-    fn refused_credentials_fail_the_call() {
+    fn refused_credentials_are_unauthorized() {
         for code in [
             "InvalidClientTokenId",
             "UnrecognizedClientException",
@@ -465,7 +453,6 @@ mod tests {
             "InvalidSecurity",
         ] {
             let e = check(service(code, 403), ErrorKind::Unauthorized, false);
-            assert!(fails_whole_call(&e), "{code}");
             assert!(e.message().starts_with(code), "{e}");
             assert!(e.message().contains("details from SQS"), "{e}");
         }
@@ -473,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn refused_kms_keys_fail_the_call() {
+    fn refused_kms_keys_are_unauthorized() {
         for code in [
             "KmsAccessDenied",
             "KmsDisabled",
@@ -482,13 +469,12 @@ mod tests {
             "KmsInvalidKeyUsage",
             "KmsOptInRequired",
         ] {
-            let e = check(service(code, 400), ErrorKind::Unauthorized, false);
-            assert!(fails_whole_call(&e), "{code}");
+            check(service(code, 400), ErrorKind::Unauthorized, false);
         }
     }
 
     #[test]
-    fn missing_credentials_fail_the_call() {
+    fn missing_credentials_are_unauthorized() {
         let missing = CredentialsError::not_loaded("no providers in chain provided credentials");
         let dispatch = ConnectorError::other(Box::new(missing), None);
         let e = check(
@@ -496,18 +482,16 @@ mod tests {
             ErrorKind::Unauthorized,
             false,
         );
-        assert!(fails_whole_call(&e));
         assert!(e.message().contains("AWS_ACCESS_KEY_ID"), "{e}");
     }
 
     #[test]
-    fn client_misconfiguration_fails_the_call() {
-        let e = check(
+    fn client_misconfiguration_is_a_config_error() {
+        check(
             SdkError::construction_failure("no region configured"),
             ErrorKind::Config,
             false,
         );
-        assert!(fails_whole_call(&e));
         let user = ConnectorError::user("invalid endpoint URI".into());
         check(SdkError::dispatch_failure(user), ErrorKind::Config, false);
         check(
@@ -523,11 +507,9 @@ mod tests {
             "QueueDoesNotExist",
             "AWS.SimpleQueueService.NonExistentQueue",
         ] {
-            let e = check(service(code, 400), ErrorKind::Unroutable, true);
-            assert!(!fails_whole_call(&e) && !is_transient(&e), "{code}");
+            check(service(code, 400), ErrorKind::Unroutable, true);
         }
-        let e = check(service("InvalidAddress", 404), ErrorKind::Unroutable, false);
-        assert!(!fails_whole_call(&e) && !is_transient(&e));
+        check(service("InvalidAddress", 404), ErrorKind::Unroutable, false);
     }
 
     #[test]
@@ -543,7 +525,7 @@ mod tests {
             ErrorKind::InvalidMessage,
             false,
         );
-        assert!(refuses_content(&e) && !is_transient(&e) && !fails_whole_call(&e));
+        assert!(refuses_content(&e));
     }
 
     #[test]
@@ -554,8 +536,7 @@ mod tests {
             "InvalidBatchEntryId",
             "EmptyBatchRequest",
         ] {
-            let e = check(service(code, 400), ErrorKind::Other, true);
-            assert!(is_transient(&e), "{code}");
+            check(service(code, 400), ErrorKind::Other, true);
         }
     }
 
@@ -588,7 +569,6 @@ mod tests {
         let e = entry("InvalidParameterValueException", true);
         assert_eq!(e.kind(), ErrorKind::InvalidMessage);
         assert!(!e.is_retryable());
-        assert!(!fails_whole_call(&e));
         assert_eq!(
             e.message(),
             "InvalidParameterValueException: details from SQS (sender fault)"
@@ -615,11 +595,11 @@ mod tests {
     }
 
     #[test]
-    fn permission_entries_fail_the_call_whatever_the_fault() {
+    fn permission_entries_are_unauthorized_whatever_the_fault() {
         for sender_fault in [true, false] {
             let e = entry("KMS.AccessDeniedException", sender_fault);
             assert_eq!(e.kind(), ErrorKind::Unauthorized);
-            assert!(fails_whole_call(&e));
+            assert!(!e.is_retryable());
         }
     }
 }

@@ -17,10 +17,7 @@ use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
 
-use crate::classify::{
-    classify_entry, classify_sdk_error, fails_whole_call, is_access_denied, is_transient,
-    refuses_content,
-};
+use crate::classify::{classify_entry, classify_sdk_error, is_access_denied, refuses_content};
 use crate::config::{SqsConfig, CONFIG_SECTION, MAX_ENTRIES_PER_REQUEST, SQS_MAX_REQUEST_BYTES};
 use crate::message::{prepare, PreparedMessage};
 use crate::queue::QueueRef;
@@ -50,7 +47,9 @@ struct ResolvedQueue {
 /// - FIFO queues (`.fifo`): `MessageGroupId` = `aggregate_id`, `MessageDeduplicationId` =
 ///   `event_id`, so a redelivery within SQS's 5-minute window is dropped by SQS.
 /// - Per entry: `Successful` → published; `Failed` with `SenderFault` → rejected with SQS's
-///   error; otherwise retried. See [`crate::classify`] for whole-request failures.
+///   error; otherwise retried. See [`crate::classify`] for whole-request failures. Every event
+///   gets its own outcome, classified by kind: whether the call failed as a whole (refused
+///   credentials, SQS unreachable for every event...) is the engine's decision.
 ///
 /// `Debug` shows the configuration, never credentials (which the sink never holds itself:
 /// they come from the AWS chain).
@@ -86,11 +85,9 @@ struct Request {
 enum Slot {
     Pending,
     Published,
-    /// A per-event outcome (rejected, or to retry for its own reason).
+    /// Not published: rejected, or to retry (with the error of its entry, of its request, of
+    /// its queue's resolution, or because an earlier event of its aggregate was not published).
     Failed(Outcome),
-    /// Not published because of the broker as a whole (unreachable, throttling...), or not
-    /// sent because an earlier event of its aggregate was not published.
-    Transient(Error),
 }
 
 impl SqsSink {
@@ -384,13 +381,10 @@ fn fixed_destination(template: &DestinationTemplate) -> Option<String> {
     (a == template.render(&probe("2"))).then_some(a)
 }
 
-/// The slot of the events of a request (or queue resolution) that failed as a whole.
+/// The slot of the events of a request (or queue resolution) that failed as a whole: each
+/// gets the request's error as its outcome.
 fn request_failure(error: &Error) -> Slot {
-    if is_transient(error) {
-        Slot::Transient(error.clone())
-    } else {
-        Slot::Failed(Outcome::from_error(error.clone()))
-    }
+    Slot::Failed(Outcome::from_error(error.clone()))
 }
 
 #[async_trait]
@@ -463,7 +457,6 @@ impl Sink for SqsSink {
         for (i, destination) in destinations.iter().enumerate() {
             match &resolved[destination] {
                 Ok(queue) => queues[i] = Some(queue.clone()),
-                Err(e) if fails_whole_call(e) => return Err(e.clone()),
                 Err(e) => slots[i] = request_failure(e),
             }
         }
@@ -497,13 +490,13 @@ impl Sink for SqsSink {
                     continue;
                 }
                 if held.contains(aggregate) {
-                    slots[i] = Slot::Transient(Error::new(
+                    slots[i] = Slot::Failed(Outcome::Retry(Error::new(
                         ErrorKind::Other,
                         format!(
                             "not sent: an earlier event of aggregate `{aggregate}` in the same call \
                              was not published"
                         ),
-                    ));
+                    )));
                     continue;
                 }
                 members.push(i);
@@ -523,7 +516,6 @@ impl Sink for SqsSink {
                         .collect()
                         .await;
                 let mut again = Vec::new();
-                let mut whole_call: Option<Error> = None;
                 for (request, result) in results {
                     match result {
                         Ok(output) => {
@@ -546,10 +538,6 @@ impl Sink for SqsSink {
                                 };
                                 answered.insert(i);
                                 let error = with_hint(classify_entry(failed).context(context()));
-                                if fails_whole_call(&error) {
-                                    whole_call.get_or_insert(error);
-                                    continue;
-                                }
                                 tracing::debug!(
                                     queue = %request.queue.name,
                                     event_id = %batch[i].event_id,
@@ -560,18 +548,15 @@ impl Sink for SqsSink {
                             }
                             for &i in &request.members {
                                 if !answered.contains(&i) {
-                                    slots[i] = Slot::Transient(Error::new(
+                                    slots[i] = Slot::Failed(Outcome::Retry(Error::new(
                                         ErrorKind::Other,
                                         format!(
                                             "{}: SQS's answer does not mention entry e{i}",
                                             context()
                                         ),
-                                    ));
+                                    )));
                                 }
                             }
-                        }
-                        Err(error) if fails_whole_call(&error) => {
-                            whole_call.get_or_insert(error);
                         }
                         Err(error) if refuses_content(&error) && request.members.len() > 1 => {
                             tracing::debug!(
@@ -600,9 +585,6 @@ impl Sink for SqsSink {
                         }
                     }
                 }
-                if let Some(error) = whole_call {
-                    return Err(error);
-                }
                 requests = again;
             }
             for &i in &members {
@@ -618,21 +600,11 @@ impl Sink for SqsSink {
             }
         }
 
-        let any_published = slots.iter().any(|s| matches!(s, Slot::Published));
-        if !any_published {
-            if let Some(Slot::Transient(first)) = slots.first() {
-                if slots.iter().all(|s| matches!(s, Slot::Transient(_))) {
-                    // The broker as a whole is failing: nothing is counted against the events.
-                    return Err(first.clone());
-                }
-            }
-        }
         Ok(slots
             .into_iter()
             .map(|slot| match slot {
                 Slot::Published => Outcome::Published,
                 Slot::Failed(outcome) => outcome,
-                Slot::Transient(error) => Outcome::Retry(error),
                 Slot::Pending => Outcome::Retry(Error::new(
                     ErrorKind::Other,
                     "not sent (the SQS sink lost track of this event)",

@@ -453,3 +453,222 @@ async fn ordered_sinks_get_whole_batches_and_unordered_ones_get_waves() {
     assert_eq!(ordered.calls(), 1, "the whole batch in one call");
     assert_first_occurrences_in_order(&ordered.delivered());
 }
+
+// --- When a call fails as a whole: the rule (`whole_call_failure`), then the engine. ---
+
+fn failed(kind: ErrorKind) -> Outcome {
+    Outcome::from_error(Error::new(kind, format!("{kind} failure")))
+}
+
+#[test]
+fn whole_call_rule_unauthorized_or_config_fails_the_call_whatever_else() {
+    // Rule 1: beside published events and per-event failures, first such error reported.
+    let outcomes = [
+        Outcome::Published,
+        failed(ErrorKind::InvalidMessage),
+        failed(ErrorKind::Unauthorized),
+        failed(ErrorKind::Config),
+    ];
+    let e = whole_call_failure(&outcomes).expect("fails the call");
+    assert_eq!(e.kind(), ErrorKind::Unauthorized);
+    assert_eq!(e.message(), "unauthorized failure");
+    // Reported as Retry or as Reject alike.
+    let outcomes = [
+        Outcome::Retry(Error::new(ErrorKind::Config, "bad setting").temporary()),
+        Outcome::Published,
+    ];
+    assert_eq!(
+        whole_call_failure(&outcomes).map(|e| e.kind()),
+        Some(ErrorKind::Config)
+    );
+    // It wins over broker-side failures listed before it.
+    let outcomes = [failed(ErrorKind::Timeout), failed(ErrorKind::Unauthorized)];
+    assert_eq!(
+        whole_call_failure(&outcomes).map(|e| e.kind()),
+        Some(ErrorKind::Unauthorized)
+    );
+}
+
+#[test]
+fn whole_call_rule_every_event_failing_broker_side_fails_the_call() {
+    // Rule 2: nothing published, every failure Connection / Timeout / Unavailable.
+    let outcomes = [
+        failed(ErrorKind::Timeout),
+        failed(ErrorKind::Connection),
+        failed(ErrorKind::Unavailable),
+    ];
+    let e = whole_call_failure(&outcomes).expect("fails the call");
+    assert_eq!(
+        e.kind(),
+        ErrorKind::Timeout,
+        "the first failure is reported"
+    );
+    assert!(e.is_retryable());
+    for kind in [
+        ErrorKind::Connection,
+        ErrorKind::Timeout,
+        ErrorKind::Unavailable,
+    ] {
+        assert_eq!(
+            whole_call_failure(&[failed(kind)]).map(|e| e.kind()),
+            Some(kind)
+        );
+    }
+}
+
+#[test]
+fn whole_call_rule_otherwise_failures_stay_per_event() {
+    // Rule 3: some event published, or a failure about its event, or no failure at all.
+    let none = |outcomes: &[Outcome]| whole_call_failure(outcomes).is_none();
+    assert!(none(&[]));
+    assert!(none(&[Outcome::Published, Outcome::Published]));
+    assert!(none(&[Outcome::Published, failed(ErrorKind::Unavailable)]));
+    assert!(none(&[failed(ErrorKind::Connection), Outcome::Published]));
+    assert!(none(&[
+        failed(ErrorKind::Unavailable),
+        failed(ErrorKind::InvalidMessage)
+    ]));
+    assert!(none(&[
+        failed(ErrorKind::Timeout),
+        failed(ErrorKind::Other)
+    ]));
+    for kind in [
+        ErrorKind::MessageTooLarge,
+        ErrorKind::InvalidMessage,
+        ErrorKind::Unroutable,
+        ErrorKind::Schema,
+        ErrorKind::LeaseLost,
+        ErrorKind::Other,
+    ] {
+        assert!(none(&[failed(kind), failed(kind)]), "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn every_event_failing_with_connection_charges_no_attempt_and_dead_letters_nothing() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 4, 2).await;
+    let sink = ScriptedSink::new();
+    for &id in &ids {
+        sink.script(
+            event_id_of(&store, id),
+            Script::FailTimes(u32::MAX, ErrorKind::Connection),
+        );
+    }
+    // Were attempts charged, two failed calls would park every event.
+    let config = RelayConfig {
+        max_attempts: 2,
+        ..fast_config()
+    };
+    let (trigger, handle, task) = start(&store, &sink, config);
+    wait_until("several failed calls", Duration::from_secs(5), || {
+        sink.calls() >= 4
+    })
+    .await;
+    assert!(!handle.is_ready(), "not ready while every event fails so");
+    assert!(handle
+        .last_error()
+        .unwrap()
+        .contains("scripted connection failure"));
+    assert!(store
+        .rows()
+        .iter()
+        .all(|r| r.event.attempts == 0 && !r.dead && r.last_error.is_none()));
+    assert_eq!(handle.dead(), 0);
+
+    for &id in &ids {
+        sink.script(event_id_of(&store, id), Script::RetryTimes(0));
+    }
+    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
+    assert!(handle.is_ready());
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(sink.delivered().len(), 8);
+    assert_first_occurrences_in_order(&sink.delivered());
+}
+
+#[tokio::test]
+async fn one_unauthorized_event_fails_the_call_and_keeps_what_was_published() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 3, 1).await; // one call: agg-0, agg-1, agg-2
+    let sink = ScriptedSink::new();
+    let refused = ids[1];
+    sink.script(
+        event_id_of(&store, refused),
+        Script::FailTimes(u32::MAX, ErrorKind::Unauthorized),
+    );
+    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    wait_until("the others published", Duration::from_secs(5), || {
+        store.row(ids[0]).is_none() && store.row(ids[2]).is_none()
+    })
+    .await;
+    wait_until("a second failed call", Duration::from_secs(5), || {
+        sink.attempts(event_id_of(&store, refused)) >= 2
+    })
+    .await;
+    // Unauthorized is not retryable, yet nothing is parked and no attempt is charged.
+    let row = store.row(refused).unwrap();
+    assert!(!row.dead);
+    assert_eq!(row.event.attempts, 0);
+    assert!(!handle.is_ready());
+    assert!(handle
+        .last_error()
+        .unwrap()
+        .contains("scripted unauthorized failure"));
+    assert_eq!(
+        sink.delivered().len(),
+        2,
+        "published once each, not sent again"
+    );
+
+    sink.script(event_id_of(&store, refused), Script::RetryTimes(0));
+    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(sink.delivered().len(), 3);
+    assert_eq!(handle.dead(), 0);
+}
+
+#[tokio::test]
+async fn a_partial_unavailable_failure_retries_only_that_event() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 5, 2).await;
+    let sink = ScriptedSink::new();
+    let victim = ids[2]; // first event of agg-2, in a call with four that go through
+    sink.script(
+        event_id_of(&store, victim),
+        Script::FailTimes(1, ErrorKind::Unavailable),
+    );
+    let config = RelayConfig {
+        backoff_initial: Duration::from_millis(400),
+        backoff_max: Duration::from_millis(400),
+        ..fast_config()
+    };
+    let (trigger, handle, task) = start(&store, &sink, config);
+    wait_until("other aggregates delivered", Duration::from_secs(5), || {
+        sink.delivered()
+            .iter()
+            .filter(|e| e.aggregate_id != "agg-2")
+            .count()
+            == 8
+    })
+    .await;
+    wait_until("the failure recorded", Duration::from_secs(5), || {
+        store.row(victim).is_some_and(|r| r.last_error.is_some())
+    })
+    .await;
+    let row = store.row(victim).unwrap();
+    assert_eq!(row.event.attempts, 1, "the event is charged its attempt");
+    assert!(!row.dead);
+    assert!(row
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("scripted unavailable failure 1/1"));
+    assert!(handle.is_ready(), "not a failure of the whole call");
+    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+    assert_eq!(sink.delivered().len(), 10);
+    assert_first_occurrences_in_order(&sink.delivered());
+}

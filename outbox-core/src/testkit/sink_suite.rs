@@ -25,9 +25,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 use uuid::Uuid;
 
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Headers, OutboxEvent, Outcome};
-use crate::sink::Sink;
+use crate::sink::{whole_call_failure, Sink};
 
 /// How long a case waits for published messages to be readable.
 pub const READ_BACK_TIMEOUT: Duration = Duration::from_secs(15);
@@ -177,6 +177,16 @@ pub async fn publish_all(sink: &dyn Sink, batch: &[OutboxEvent]) {
         sink.kind(),
         failed.join("; ")
     );
+}
+
+/// The error a `publish` result fails the whole call with, as the engine decides it: the `Err`
+/// itself, or [`whole_call_failure`] of the outcomes; `None` when the outcomes stand event by
+/// event.
+pub fn whole_call_error(result: &Result<Vec<Outcome>>) -> Option<Error> {
+    match result {
+        Err(e) => Some(e.clone()),
+        Ok(outcomes) => whole_call_failure(outcomes),
+    }
 }
 
 /// Read back `destination` and assert exactly `sent` arrived: each `event_id` once, same
@@ -429,43 +439,65 @@ pub async fn check_fails_on_unreachable_broker(harness: &dyn SinkHarness) {
     }
 }
 
-/// Publishing with no broker fails the call as a whole with a retryable error (connection,
-/// timeout, unavailable) within [`UNREACHABLE_TIMEOUT`] — never `Reject` outcomes, which would
-/// park good events as dead.
+/// Publishing with no broker fails the call as a whole — an `Err`, or outcomes for which
+/// [`whole_call_failure`] says so — with a retryable error (connection, timeout, unavailable)
+/// within [`UNREACHABLE_TIMEOUT`]; never outcomes the engine would take event by event (and
+/// could park good events as dead for).
 pub async fn unreachable_publish_is_a_retryable_error(harness: &dyn SinkHarness) {
     let sink = harness.unreachable_sink().await;
     let batch = sample_batch(1, 3, "order", 2);
-    match tokio::time::timeout(UNREACHABLE_TIMEOUT, sink.publish(&batch)).await {
+    let result = match tokio::time::timeout(UNREACHABLE_TIMEOUT, sink.publish(&batch)).await {
         Err(_) => panic!(
             "{} sink: publish did not return within {UNREACHABLE_TIMEOUT:?}",
             sink.kind()
         ),
-        Ok(Ok(outcomes)) => {
-            let mut text = String::new();
-            for outcome in &outcomes {
-                let _ = write!(text, "{outcome:?}; ");
-            }
-            assert!(
-                !outcomes.iter().any(|o| matches!(o, Outcome::Reject(_))),
-                "{} sink: events rejected because the broker is unreachable: {text}",
-                sink.kind()
-            );
-            panic!(
-                "{} sink: publish with no broker returned outcomes instead of Err: {text}",
-                sink.kind()
-            );
+        Ok(result) => result,
+    };
+    let describe = |outcomes: &[Outcome]| {
+        let mut text = String::new();
+        for outcome in outcomes {
+            let _ = write!(text, "{outcome:?}; ");
         }
-        Ok(Err(e)) => {
-            assert!(e.is_retryable(), "{} sink: not retryable: {e}", sink.kind());
-            assert!(
-                matches!(
-                    e.kind(),
-                    ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
-                ),
-                "{} sink: unexpected kind {:?}: {e}",
-                sink.kind(),
-                e.kind()
-            );
+        text
+    };
+    if let Ok(outcomes) = &result {
+        assert_eq!(
+            outcomes.len(),
+            batch.len(),
+            "{} sink: one outcome per event",
+            sink.kind()
+        );
+        assert!(
+            !outcomes.iter().any(Outcome::is_published),
+            "{} sink: events published with no broker: {}",
+            sink.kind(),
+            describe(outcomes)
+        );
+    }
+    let Some(e) = whole_call_error(&result) else {
+        let outcomes = result.as_deref().unwrap_or_default();
+        panic!(
+            "{} sink: publish with no broker returned outcomes the engine takes event by event \
+             (they would be charged attempts, or parked as dead): {}",
+            sink.kind(),
+            describe(outcomes)
+        );
+    };
+    assert!(e.is_retryable(), "{} sink: not retryable: {e}", sink.kind());
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Unavailable
+        ),
+        "{} sink: unexpected kind {:?}: {e}",
+        sink.kind(),
+        e.kind()
+    );
+    if let Ok(outcomes) = &result {
+        for outcome in outcomes {
+            if let Outcome::Retry(e) | Outcome::Reject(e) = outcome {
+                assert!(e.is_retryable(), "{} sink: not retryable: {e}", sink.kind());
+            }
         }
     }
 }
