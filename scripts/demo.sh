@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # The demo: order events written in business transactions on the local PostgreSQL, relayed to
 # the local Redis by two relays, read back and checked. Extra flags go to `outbox-relay demo`
-# (see `--help`), e.g. scripts/demo.sh --events 20000 --relays 3
+# (see `--help`), e.g. scripts/demo.sh --events 20000 --relays 3, or --store mysql --sink kafka.
+# Builds the relay with only the store and the sink of the chosen pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+store=postgres
+sink=redis-streams
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --store) store=${args[i + 1]:-$store} ;;
+    --store=*) store=${args[i]#--store=} ;;
+    --sink) sink=${args[i + 1]:-$sink} ;;
+    --sink=*) sink=${args[i]#--sink=} ;;
+  esac
+done
 # Only the services this demo run needs (a new machine need not install them all first).
 needed=()
-case " $* " in *" kafka "*|*"=kafka "*) needed+=(kafka) ;; esac
-case " $* " in *" sqs "*|*"=sqs "*) needed+=(sqs) ;; esac
-case " $* " in *" rabbitmq "*|*"=rabbitmq "*) needed+=(rabbitmq) ;; esac
-case " $* " in *" mysql "*|*"=mysql "*) needed+=(mariadb) ;; esac
+case "$sink" in kafka | sqs | rabbitmq) needed+=("$sink") ;; esac
+[ "$store" = mysql ] && needed+=(mariadb)
 scripts/services.sh "${needed[@]:-none}"
-cargo build --release -p outboxkit-relay
+cargo build --release -p outboxkit-relay --no-default-features --features "store-$store,sink-$sink"
 target_dir="${CARGO_TARGET_DIR:-target}"
 exec "$target_dir/release/outbox-relay" demo "$@"

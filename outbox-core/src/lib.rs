@@ -7,6 +7,7 @@ pub mod error;
 pub mod memory;
 pub mod metrics;
 pub mod model;
+pub mod plugin;
 pub mod redact;
 pub mod sink;
 pub mod store;
@@ -21,6 +22,7 @@ pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
     Outcome, ShardOwner,
 };
+pub use plugin::{SinkConfig, StoreConfig};
 pub use sink::{whole_call_failure, Sink, SinkCapabilities};
 pub use store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
 pub use template::DestinationTemplate;

@@ -246,6 +246,20 @@ fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
     Ok(())
 }
 
+/// `kind = "mysql"` (MySQL 8.0.16+ and MariaDB 10.6+): the rest of `[store]` is this type.
+impl outboxkit_core::StoreConfig for MySqlStoreConfig {
+    const KIND: &'static str = "mysql";
+    type Store = crate::MySqlStore;
+
+    fn validate(&self) -> Result<()> {
+        MySqlStoreConfig::validate(self)
+    }
+
+    async fn build(self) -> Result<Self::Store> {
+        crate::MySqlStore::connect(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -235,6 +235,20 @@ fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
     Ok(())
 }
 
+/// `kind = "postgres"`: the rest of `[store]` is this type.
+impl outboxkit_core::StoreConfig for PostgresStoreConfig {
+    const KIND: &'static str = "postgres";
+    type Store = crate::PostgresStore;
+
+    fn validate(&self) -> Result<()> {
+        PostgresStoreConfig::validate(self)
+    }
+
+    async fn build(self) -> Result<Self::Store> {
+        crate::PostgresStore::connect(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

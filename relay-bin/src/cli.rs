@@ -197,14 +197,12 @@ async fn connect_store(
     figment: &figment::Figment,
     cli: &Cli,
 ) -> Result<Arc<dyn Store>, Failure> {
-    registry.build_store(&settings.store).await.map_err(|e| {
-        if e.kind() == ErrorKind::Config {
-            let message = settings::locate(&e.full_message(), figment, cli.config.as_deref());
-            Failure::config(format!("invalid configuration: {message}"))
-        } else {
-            e.into()
-        }
-    })
+    let ctx = FactoryContext {
+        settings,
+        figment,
+        file: cli.config.as_ref(),
+    };
+    Ok(registry.build_store(ctx).await?)
 }
 
 /// `server.listen` must be an address (checked before connecting to anything).

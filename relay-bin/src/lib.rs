@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(test)]
 mod adapters;
 pub mod cli;
 pub mod dead;
@@ -10,4 +11,4 @@ pub mod settings;
 pub mod status;
 
 pub use cli::main;
-pub use registry::{BoxFuture, FactoryContext, Registry};
+pub use registry::{sink_config, store_config, BoxFuture, FactoryContext, Registry};

@@ -1,4 +1,7 @@
-//! Adapters by kind: each store and sink registers a factory; the binary picks one at run time.
+//! Adapters by kind. Every store and sink, shipped or a third party's, registers the same way:
+//! from its configuration type ([`StoreConfig`] / [`SinkConfig`]). The registry reads the
+//! section, applies `sink.destination`, runs the adapter's checks before anything connects, says
+//! where each key of a configuration error was set, and lists the kinds in `--version`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -7,12 +10,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use figment::Figment;
-use outboxkit_core::{Error, ErrorKind, Result, Sink, Store};
+use outboxkit_core::{plugin, StoreConfig};
+use outboxkit_core::{DestinationTemplate, Error, ErrorKind, Result, Sink, SinkConfig, Store};
 
-use crate::settings::{Settings, StoreSettings};
+use crate::settings::{self, Settings};
 
-/// What a factory gets: the whole configuration, the figment (to read its own section with
-/// key paths in errors) and the config file's path (for messages).
+/// What reading an adapter's settings needs: the whole configuration, the figment (to read
+/// sections with key paths in errors) and the config file's path (for messages).
 #[derive(Debug, Clone, Copy)]
 pub struct FactoryContext<'a> {
     pub settings: &'a Settings,
@@ -20,44 +24,59 @@ pub struct FactoryContext<'a> {
     pub file: Option<&'a PathBuf>,
 }
 
-/// A boxed future, as factories return.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+impl FactoryContext<'_> {
+    fn file(&self) -> Option<&Path> {
+        self.file.map(PathBuf::as_path)
+    }
 
-/// Builds a store from `[store]`.
-pub type StoreFactory =
-    Arc<dyn for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>> + Send + Sync>;
-
-/// Builds a sink from `[sink]` and its own `[sink.<section>]`.
-pub type SinkFactory =
-    Arc<dyn for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>> + Send + Sync>;
-
-/// Checks a sink's own settings without connecting to anything.
-pub type SinkCheck = Arc<dyn for<'a> Fn(FactoryContext<'a>) -> Result<()> + Send + Sync>;
-
-#[derive(Clone)]
-struct SinkEntry {
-    section: String,
-    factory: SinkFactory,
+    /// A configuration error with where its key was set.
+    fn locate(&self, e: Error) -> Error {
+        if e.kind() != ErrorKind::Config {
+            return e;
+        }
+        Error::config(settings::locate(
+            &e.full_message(),
+            self.figment,
+            self.file(),
+        ))
+    }
 }
 
-/// Every store kind the project ships, with the cargo feature that compiles it in.
-pub const SHIPPED_STORES: &[(&str, &str)] =
-    &[("postgres", "store-postgres"), ("mysql", "store-mysql")];
+/// A boxed future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Every sink kind the project ships, with the cargo feature that compiles it in.
-pub const SHIPPED_SINKS: &[(&str, &str)] = &[
-    ("kafka", "sink-kafka"),
-    ("rabbitmq", "sink-rabbitmq"),
-    ("sqs", "sink-sqs"),
-    ("redis-streams", "sink-redis-streams"),
+type Check = fn(FactoryContext<'_>) -> Result<()>;
+type BuildStore = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Store>>>;
+type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>>;
+
+#[derive(Clone, Copy)]
+struct StoreEntry {
+    check: Check,
+    build: BuildStore,
+}
+
+#[derive(Clone, Copy)]
+struct SinkEntry {
+    check: Check,
+    build: BuildSink,
+}
+
+/// The cargo features of `outboxkit-relay` that compile an adapter in. A kind's feature is
+/// `store-<kind>` or `sink-<kind>`, so an error can say which one to build with.
+pub const ADAPTER_FEATURES: &[&str] = &[
+    "store-postgres",
+    "store-mysql",
+    "sink-kafka",
+    "sink-rabbitmq",
+    "sink-redis-streams",
+    "sink-sqs",
 ];
 
-/// The registry of store and sink factories.
+/// The registry of store and sink kinds.
 #[derive(Clone, Default)]
 pub struct Registry {
-    stores: BTreeMap<String, StoreFactory>,
-    sinks: BTreeMap<String, SinkEntry>,
-    sink_checks: BTreeMap<String, SinkCheck>,
+    stores: BTreeMap<&'static str, StoreEntry>,
+    sinks: BTreeMap<&'static str, SinkEntry>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -75,69 +94,64 @@ impl Registry {
         Self::default()
     }
 
-    /// Every adapter compiled into this binary.
+    /// Every adapter compiled into this binary (by its cargo feature).
     pub fn builtin() -> Self {
         #[allow(unused_mut)]
         let mut registry = Self::empty();
-        crate::adapters::register_builtin(&mut registry);
+        #[cfg(feature = "store-postgres")]
+        registry.store::<outboxkit_store_postgres::PostgresStoreConfig>();
+        #[cfg(feature = "store-mysql")]
+        registry.store::<outboxkit_store_mysql::MySqlStoreConfig>();
+        #[cfg(feature = "sink-kafka")]
+        registry.sink::<outboxkit_sink_kafka::KafkaSinkConfig>();
+        #[cfg(feature = "sink-rabbitmq")]
+        registry.sink::<outboxkit_sink_rabbitmq::RabbitMqConfig>();
+        #[cfg(feature = "sink-redis-streams")]
+        registry.sink::<outboxkit_sink_redis_streams::RedisStreamsConfig>();
+        #[cfg(feature = "sink-sqs")]
+        registry.sink::<outboxkit_sink_sqs::SqsConfig>();
         registry
     }
 
-    /// Register a store kind.
-    pub fn register_store<F>(&mut self, kind: &str, factory: F) -> &mut Self
-    where
-        F: for<'a> Fn(&'a StoreSettings) -> BoxFuture<'a, Result<Arc<dyn Store>>>
-            + Send
-            + Sync
-            + 'static,
-    {
-        self.stores.insert(kind.to_owned(), Arc::new(factory));
-        self
-    }
-
-    /// Register a sink kind; its settings live in `[sink.<section>]` (the kind with `-` turned
-    /// into `_` is the convention, e.g. `redis-streams` → `[sink.redis_streams]`).
-    pub fn register_sink<F>(&mut self, kind: &str, factory: F) -> &mut Self
-    where
-        F: for<'a> Fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>>
-            + Send
-            + Sync
-            + 'static,
-    {
-        self.sinks.insert(
-            kind.to_owned(),
-            SinkEntry {
-                section: kind.replace('-', "_"),
-                factory: Arc::new(factory),
+    /// Register a store kind: `[store]` with `kind = C::KIND`, read into `C`.
+    pub fn store<C: StoreConfig>(&mut self) -> &mut Self {
+        self.stores.insert(
+            C::KIND,
+            StoreEntry {
+                check: |ctx| store_config::<C>(ctx).map(drop),
+                build: build_store::<C>,
             },
         );
         self
     }
 
-    /// Register a check of a sink kind's settings (`[sink.<section>]`) that runs before the
-    /// relay connects to anything, so that a typo there is reported as a configuration error
-    /// even when the store or the broker is down. Optional: without it, the sink's settings are
-    /// checked when its factory runs.
-    pub fn register_sink_check<F>(&mut self, kind: &str, check: F) -> &mut Self
-    where
-        F: for<'a> Fn(FactoryContext<'a>) -> Result<()> + Send + Sync + 'static,
-    {
-        self.sink_checks.insert(kind.to_owned(), Arc::new(check));
+    /// Register a sink kind: `[sink]` with `kind = C::KIND`, its settings read into `C` from
+    /// `[sink.<section>]` (see [`plugin::sink_section`]).
+    pub fn sink<C: SinkConfig>(&mut self) -> &mut Self {
+        self.sinks.insert(
+            C::KIND,
+            SinkEntry {
+                check: |ctx| sink_config::<C>(ctx).map(drop),
+                build: build_sink::<C>,
+            },
+        );
         self
     }
 
     /// Store kinds registered.
-    pub fn store_kinds(&self) -> Vec<&str> {
-        self.stores.keys().map(String::as_str).collect()
+    pub fn store_kinds(&self) -> Vec<&'static str> {
+        self.stores.keys().copied().collect()
     }
 
     /// Sink kinds registered.
-    pub fn sink_kinds(&self) -> Vec<&str> {
-        self.sinks.keys().map(String::as_str).collect()
+    pub fn sink_kinds(&self) -> Vec<&'static str> {
+        self.sinks.keys().copied().collect()
     }
 
-    fn unknown_kind(key: &str, kind: &str, known: Vec<&str>, shipped: &[(&str, &str)]) -> Error {
-        if let Some((_, feature)) = shipped.iter().find(|(k, _)| *k == kind) {
+    fn unknown_kind(key: &str, kind: &str, known: Vec<&str>) -> Error {
+        let prefix = key.split('.').next().unwrap_or_default();
+        let feature = format!("{prefix}-{kind}");
+        if ADAPTER_FEATURES.contains(&feature.as_str()) {
             return Error::config(format!(
                 "{key} = \"{kind}\" is not compiled into this binary: rebuild with `--features {feature}` \
                  (compiled in: {})",
@@ -150,12 +164,34 @@ impl Registry {
         ))
     }
 
-    /// Check `[sink]` sub-tables name registered kinds (catches typos like `[sink.redis]`).
-    pub fn check_sink_sections(&self, settings: &Settings) -> Result<()> {
-        let known: Vec<String> = self.sinks.values().map(|e| e.section.clone()).collect();
-        let shipped: Vec<String> = SHIPPED_SINKS
+    fn store_entry(&self, settings: &Settings) -> Result<StoreEntry> {
+        let kind = settings.store.kind.as_str();
+        self.stores
+            .get(kind)
+            .copied()
+            .ok_or_else(|| Self::unknown_kind("store.kind", kind, self.store_kinds()))
+    }
+
+    fn sink_entry(&self, settings: &Settings) -> Result<SinkEntry> {
+        let kind = settings.sink.kind.as_str();
+        self.sinks
+            .get(kind)
+            .copied()
+            .ok_or_else(|| Self::unknown_kind("sink.kind", kind, self.sink_kinds()))
+    }
+
+    /// `[sink]` sub-tables must belong to a registered or shipped kind (catches typos like
+    /// `[sink.redis]`).
+    fn check_sink_sections(&self, settings: &Settings) -> Result<()> {
+        let known: Vec<String> = self
+            .sinks
+            .keys()
+            .map(|kind| plugin::sink_section(kind))
+            .collect();
+        let shipped: Vec<String> = ADAPTER_FEATURES
             .iter()
-            .map(|(k, _)| k.replace('-', "_"))
+            .filter_map(|f| f.strip_prefix("sink-"))
+            .map(plugin::sink_section)
             .collect();
         for key in settings.sink.sections.keys() {
             if !known.contains(key) && !shipped.contains(key) {
@@ -170,69 +206,70 @@ impl Registry {
         Ok(())
     }
 
-    /// Build the configured store.
-    pub async fn build_store(&self, settings: &StoreSettings) -> Result<Arc<dyn Store>> {
-        let factory = self.stores.get(&settings.kind).ok_or_else(|| {
-            Self::unknown_kind(
-                "store.kind",
-                &settings.kind,
-                self.store_kinds(),
-                SHIPPED_STORES,
-            )
-        })?;
-        factory(settings).await
-    }
-
-    /// Build the configured sink.
-    pub async fn build_sink(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Sink>> {
-        let kind = &ctx.settings.sink.kind;
-        let entry = self.sinks.get(kind).ok_or_else(|| {
-            Self::unknown_kind("sink.kind", kind, self.sink_kinds(), SHIPPED_SINKS)
-        })?;
-        (entry.factory)(ctx).await
-    }
-
-    /// Check both kinds exist before connecting to anything.
-    pub fn check_kinds(&self, settings: &Settings) -> Result<()> {
-        if !self.stores.contains_key(&settings.store.kind) {
-            return Err(Self::unknown_kind(
-                "store.kind",
-                &settings.store.kind,
-                self.store_kinds(),
-                SHIPPED_STORES,
-            ));
-        }
-        if !self.sinks.contains_key(&settings.sink.kind) {
-            return Err(Self::unknown_kind(
-                "sink.kind",
-                &settings.sink.kind,
-                self.sink_kinds(),
-                SHIPPED_SINKS,
-            ));
-        }
-        self.check_sink_sections(settings)
-    }
-
-    /// Check the whole configuration before connecting: both kinds exist, the `[sink]`
-    /// sub-tables are known, and the sink's own check (if registered) passes. Errors say where
+    /// Check the whole configuration before connecting: both kinds are registered, the `[sink]`
+    /// sub-tables are known, and both adapters' sections read and validate. Errors say where
     /// the key was set (`(in FILE)` or `(from environment variable OUTBOX_...)`).
     pub fn check_config(&self, ctx: FactoryContext<'_>) -> Result<()> {
-        let file = ctx.file.map(PathBuf::as_path);
-        self.check_kinds(ctx.settings)
-            .map_err(|e| locate(e, ctx.figment, file))?;
-        match self.sink_checks.get(&ctx.settings.sink.kind) {
-            Some(check) => check(ctx),
-            None => Ok(()),
-        }
+        let store = self.store_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        let sink = self.sink_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        self.check_sink_sections(ctx.settings)
+            .map_err(|e| ctx.locate(e))?;
+        (store.check)(ctx)?;
+        (sink.check)(ctx)
+    }
+
+    /// Read, check and build the configured store.
+    pub async fn build_store(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Store>> {
+        let entry = self.store_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        (entry.build)(ctx).await
+    }
+
+    /// Read, check and build the configured sink.
+    pub async fn build_sink(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Sink>> {
+        let entry = self.sink_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        (entry.build)(ctx).await
     }
 }
 
-/// Add where the key a configuration error starts with was set.
-fn locate(e: Error, figment: &Figment, file: Option<&Path>) -> Error {
-    if e.kind() != ErrorKind::Config {
-        return e;
+fn build_store<C: StoreConfig>(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Arc<dyn Store>>> {
+    Box::pin(async move {
+        let config = store_config::<C>(ctx)?;
+        let store = config.build().await.map_err(|e| ctx.locate(e))?;
+        Ok(Arc::new(store) as Arc<dyn Store>)
+    })
+}
+
+fn build_sink<C: SinkConfig>(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Arc<dyn Sink>>> {
+    Box::pin(async move {
+        let config = sink_config::<C>(ctx)?;
+        tracing::debug!(?config, kind = C::KIND, "sink configuration");
+        let sink = config.build().await.map_err(|e| ctx.locate(e))?;
+        Ok(Arc::new(sink) as Arc<dyn Sink>)
+    })
+}
+
+/// `[store]` without `kind`, read into `C` and validated; errors name the key and where it was
+/// set.
+pub fn store_config<C: StoreConfig>(ctx: FactoryContext<'_>) -> Result<C> {
+    let config: C =
+        settings::store_section(ctx.figment, ctx.file()).map_err(|e| Error::config(e.0))?;
+    config.validate().map_err(|e| ctx.locate(e))?;
+    Ok(config)
+}
+
+/// `[sink.<section>]` read into `C`, with `sink.destination` applied, validated; errors name
+/// the key and where it was set.
+pub fn sink_config<C: SinkConfig>(ctx: FactoryContext<'_>) -> Result<C> {
+    let section = plugin::sink_section(C::KIND);
+    let mut config: C = settings::sink_section(ctx.figment, &section, ctx.file())
+        .map_err(|e| Error::config(e.0))?;
+    if let Some(destination) = &ctx.settings.sink.destination {
+        DestinationTemplate::parse(destination)
+            .map_err(|e| ctx.locate(e.context("sink.destination")))?;
+        *config.destination_mut() = destination.clone();
     }
-    Error::config(crate::settings::locate(&e.full_message(), figment, file))
+    config.validate().map_err(|e| ctx.locate(e))?;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -242,25 +279,28 @@ mod tests {
     #[test]
     fn a_shipped_kind_that_is_not_registered_names_its_feature() {
         let registry = Registry::empty();
-        let e = Registry::unknown_kind("sink.kind", "kafka", registry.sink_kinds(), SHIPPED_SINKS);
+        let e = Registry::unknown_kind("sink.kind", "kafka", registry.sink_kinds());
         assert!(e.message().contains("--features sink-kafka"), "{e}");
-        let e = Registry::unknown_kind(
-            "store.kind",
-            "mysql",
-            registry.store_kinds(),
-            SHIPPED_STORES,
-        );
+        let e = Registry::unknown_kind("store.kind", "mysql", registry.store_kinds());
         assert!(e.message().contains("--features store-mysql"), "{e}");
-        let e = Registry::unknown_kind(
-            "sink.kind",
-            "carrier-pigeon",
-            vec!["redis-streams"],
-            SHIPPED_SINKS,
-        );
+        let e = Registry::unknown_kind("sink.kind", "carrier-pigeon", vec!["redis-streams"]);
         assert!(
             e.message()
                 .contains("is not a known kind (known: redis-streams)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_compiled_in_kind_has_its_feature_listed() {
+        let registry = Registry::builtin();
+        for kind in registry.store_kinds() {
+            let feature = format!("store-{kind}");
+            assert!(ADAPTER_FEATURES.contains(&feature.as_str()), "{feature}");
+        }
+        for kind in registry.sink_kinds() {
+            let feature = format!("sink-{kind}");
+            assert!(ADAPTER_FEATURES.contains(&feature.as_str()), "{feature}");
+        }
     }
 }

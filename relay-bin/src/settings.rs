@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use figment::providers::{Env, Format, Toml};
 use figment::value::{Dict, Value};
@@ -29,57 +28,24 @@ pub struct Settings {
     pub log: LogSettings,
 }
 
-/// `[store]`: the keys every SQL store shares.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[store]`: the kind, and the store's own keys, read by that store's configuration type
+/// (`url`, `table`, `shards`... for the SQL stores).
+#[derive(Clone, Deserialize)]
 pub struct StoreSettings {
-    /// `postgres` (or another store compiled in).
+    /// `postgres` (or another store compiled in or registered).
     pub kind: String,
-    /// Connection URL; prefer giving the password through `OUTBOX_STORE__URL`.
-    pub url: String,
-    /// Outbox table, optionally `schema.table`.
-    #[serde(default = "default_table")]
-    pub table: String,
-    /// Shards created by `migrate` (fixed afterwards).
-    #[serde(default = "default_shards")]
-    pub shards: u32,
-    /// Pool connections for migrations, status and purge.
-    #[serde(default = "default_pool_size")]
-    pub pool_size: u32,
-    /// Longest wait for a connection.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// Longest one call on the relay's dedicated session may take.
-    #[serde(default = "default_session_timeout", with = "humantime_serde")]
-    pub session_timeout: Duration,
+    /// The store's own keys.
+    #[serde(flatten)]
+    pub keys: BTreeMap<String, figment::value::Value>,
 }
 
 impl std::fmt::Debug for StoreSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The store's keys may hold secrets (the URL's password): only the kind is printed.
         f.debug_struct("StoreSettings")
             .field("kind", &self.kind)
-            .field("url", &redact_url(&self.url))
-            .field("table", &self.table)
-            .field("shards", &self.shards)
-            .field("pool_size", &self.pool_size)
             .finish_non_exhaustive()
     }
-}
-
-fn default_table() -> String {
-    "outbox".to_owned()
-}
-fn default_shards() -> u32 {
-    64
-}
-fn default_pool_size() -> u32 {
-    4
-}
-fn default_connect_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_session_timeout() -> Duration {
-    Duration::from_secs(30)
 }
 
 /// `[sink]`: the kind, an optional destination template that overrides the sink's default,
@@ -312,7 +278,23 @@ pub fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
         .collect();
-    let follows = message[key.len()..].chars().next();
+    let rest = &message[key.len()..];
+    // A quoted last segment is a pass-through property with dots of its own
+    // (`sink.kafka."linger.ms": ...`), set as `OUTBOX_SINK__KAFKA__LINGER__MS`.
+    if let Some((name, _)) = rest.strip_prefix('"').and_then(|r| r.split_once('"')) {
+        if !key.ends_with('.') || message.contains("missing required key") {
+            return message.to_owned();
+        }
+        let var = env_var_for(&format!("{key}{name}"));
+        if std::env::var_os(&var).is_some() {
+            return format!("{message} (from environment variable {var})");
+        }
+        return match file {
+            Some(file) => format!("{message} (in {})", file.display()),
+            None => message.to_owned(),
+        };
+    }
+    let follows = rest.chars().next();
     if !key.contains('.') || !matches!(follows, Some(':' | ' ')) {
         return message.to_owned();
     }
@@ -401,7 +383,8 @@ pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
         .relay
         .validate()
         .map_err(|e| ConfigError(locate(e.message(), &figment, file)))?;
-    if settings.store.url.trim().is_empty() {
+    let url = settings.store.keys.get("url").and_then(|v| v.as_str());
+    if url.is_some_and(|url| url.trim().is_empty()) {
         return Err(ConfigError(locate(
             "store.url: must not be empty",
             &figment,
@@ -438,6 +421,23 @@ where
         .map_err(|e| ConfigError::from_figment(e, figment, file, &key))
 }
 
+/// Extract a store's settings: `[store]` without `kind`. Errors name the whole key
+/// (`store.table: ...`) and where it was set.
+pub fn store_section<T>(figment: &Figment, file: Option<&Path>) -> Result<T, ConfigError>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let mut keys = figment
+        .find_value("store")
+        .ok()
+        .and_then(|value| value.into_dict())
+        .unwrap_or_default();
+    keys.remove("kind");
+    Figment::from(figment::providers::Serialized::defaults(keys))
+        .extract_lossy::<T>()
+        .map_err(|e| ConfigError::from_figment(e, figment, file, "store"))
+}
+
 /// Replace the password of a URL by `***` for logs and errors.
 pub fn redact_url(raw: &str) -> String {
     outboxkit_core::redact::redact_url(raw)
@@ -454,6 +454,8 @@ pub fn describe_file(file: Option<&PathBuf>) -> String {
 // `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
 #[allow(clippy::result_large_err)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use figment::Jail;
 
@@ -493,6 +495,11 @@ mod tests {
         url: String,
     }
 
+    /// `[store]` as the PostgreSQL store reads it.
+    fn pg(figment: &Figment) -> outboxkit_store_postgres::PostgresStoreConfig {
+        store_section(figment, None).unwrap()
+    }
+
     fn load_err(file: Option<&str>) -> String {
         load(file.map(Path::new)).unwrap_err().to_string()
     }
@@ -502,13 +509,14 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.clear_env();
             jail.create_file("relay.toml", MINIMAL)?;
-            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
             assert_eq!(s.store.kind, "postgres");
-            assert_eq!(s.store.table, "outbox");
-            assert_eq!(s.store.shards, 64);
-            assert_eq!(s.store.pool_size, 4);
-            assert_eq!(s.store.connect_timeout, Duration::from_secs(5));
-            assert_eq!(s.store.session_timeout, Duration::from_secs(30));
+            let store = pg(&figment);
+            assert_eq!(store.table, "outbox");
+            assert_eq!(store.shards, 64);
+            assert_eq!(store.pool_size, 4);
+            assert_eq!(store.connect_timeout, Duration::from_secs(5));
+            assert_eq!(store.session_timeout, Duration::from_secs(30));
             assert_eq!(s.relay, RelayConfig::default());
             assert_eq!(s.sink.kind, "redis-streams");
             assert_eq!(s.sink.destination, None);
@@ -552,17 +560,17 @@ mod tests {
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__URL", "redis://cache:6380/2");
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "1000");
             let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-            assert_eq!(s.store.url, "postgres://app:pw@other:6432/app");
+            assert_eq!(pg(&figment).url, "postgres://app:pw@other:6432/app");
             assert_eq!(s.relay.batch_size, 20, "the environment beats the file");
-            assert_eq!(s.store.shards, 8);
+            assert_eq!(pg(&figment).shards, 8);
             let section: Section = sink_section(&figment, "redis_streams", None).unwrap();
             assert_eq!(section.url, "redis://cache:6380/2");
             assert_eq!(section.maxlen, Some(1000));
             // Without any file, the environment alone is a configuration.
             jail.set_env("OUTBOX_STORE__KIND", "postgres");
             jail.set_env("OUTBOX_SINK__KIND", "redis-streams");
-            let (s, _) = load(None).unwrap();
-            assert_eq!(s.store.url, "postgres://app:pw@other:6432/app");
+            let (s, figment) = load(None).unwrap();
+            assert_eq!(pg(&figment).url, "postgres://app:pw@other:6432/app");
             assert_eq!(s.sink.kind, "redis-streams");
             Ok(())
         });
@@ -581,15 +589,15 @@ mod tests {
             jail.set_env("OUTBOX_SINK__DESTINATION", "1e3");
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__PASSWORD", "0042");
             let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-            assert_eq!(s.store.table, "123");
+            assert_eq!(pg(&figment).table, "123");
             assert_eq!(s.relay.relay_id.as_deref(), Some("007"));
             assert_eq!(s.sink.destination.as_deref(), Some("1e3"));
             let section: Section = sink_section(&figment, "redis_streams", None).unwrap();
             assert_eq!(section.password, "0042");
 
             jail.set_env("OUTBOX_STORE__URL", "12345");
-            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
-            assert_eq!(s.store.url, "12345");
+            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(pg(&figment).url, "12345");
             Ok(())
         });
     }
@@ -602,8 +610,8 @@ mod tests {
             jail.set_env("OUTBOX_TEST_DATABASE_URL", "postgres://elsewhere/db");
             jail.set_env("OUTBOX_TEST__NESTED", "1");
             jail.set_env("outbox_test_lowercase", "1");
-            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
-            assert_eq!(s.store.url, "postgres://app@db:5432/app");
+            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            assert_eq!(pg(&figment).url, "postgres://app@db:5432/app");
             Ok(())
         });
     }
@@ -628,8 +636,15 @@ mod tests {
                 "relay.toml",
                 "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
             )?;
+            // `load` reads the kind; the store's own keys are its configuration type's.
+            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let e = store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
+                &figment,
+                Some(Path::new("relay.toml")),
+            )
+            .unwrap_err();
             assert_eq!(
-                load_err(Some("relay.toml")),
+                e.to_string(),
                 "invalid configuration: store.url: missing required key (in relay.toml, or set OUTBOX_STORE__URL)"
             );
             jail.create_file("relay.toml", "[sink]\nkind = \"x\"\n")?;
@@ -683,7 +698,13 @@ mod tests {
             );
             jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "5");
             jail.set_env("OUTBOX_STORE__TABEL", "x");
-            let e = load_err(Some("relay.toml"));
+            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let e = store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
+                &figment,
+                Some(Path::new("relay.toml")),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(
                 e.starts_with("invalid configuration: store.tabel: unknown key")
                     && e.ends_with("(from environment variable OUTBOX_STORE__TABEL)"),
@@ -800,14 +821,17 @@ mod tests {
         }
         let store = StoreSettings {
             kind: "postgres".into(),
-            url: "postgres://app:s3cr3t@db/app".into(),
-            table: default_table(),
-            shards: 1,
-            pool_size: 1,
-            connect_timeout: default_connect_timeout(),
-            session_timeout: default_session_timeout(),
+            keys: [(
+                "url".to_owned(),
+                Value::from("postgres://app:s3cr3t@db/app"),
+            )]
+            .into(),
         };
         let debug = format!("{store:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        let config =
+            outboxkit_store_postgres::PostgresStoreConfig::new("postgres://app:s3cr3t@db/app");
+        let debug = format!("{config:?}");
         assert!(
             !debug.contains("s3cr3t") && debug.contains("***"),
             "{debug}"

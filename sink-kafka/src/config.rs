@@ -393,6 +393,27 @@ impl<'de> Deserialize<'de> for KafkaSinkConfig {
     }
 }
 
+/// `kind = "kafka"`, settings in `[sink.kafka]`: the sink's own keys and any librdkafka
+/// property as a quoted key (`"bootstrap.servers" = "..."`), or from the environment with `__`
+/// for every dot (`OUTBOX_SINK__KAFKA__SASL__PASSWORD`).
+impl outboxkit_core::SinkConfig for KafkaSinkConfig {
+    const KIND: &'static str = crate::KafkaSink::KIND;
+    type Sink = crate::KafkaSink;
+
+    fn destination_mut(&mut self) -> &mut String {
+        &mut self.topic
+    }
+
+    fn validate(&self) -> Result<()> {
+        KafkaSinkConfig::validate(self)
+    }
+
+    /// Connects in the background; `run` checks the brokers right after building.
+    async fn build(self) -> Result<Self::Sink> {
+        crate::KafkaSink::new(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -401,6 +401,25 @@ pub(crate) fn redact_url(raw: &str) -> String {
         .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
+/// `kind = "rabbitmq"`, settings in `[sink.rabbitmq]`; `sink.destination` is the routing key
+/// template.
+impl outboxkit_core::SinkConfig for RabbitMqConfig {
+    const KIND: &'static str = crate::RabbitMqSink::KIND;
+    type Sink = crate::RabbitMqSink;
+
+    fn destination_mut(&mut self) -> &mut String {
+        &mut self.routing_key
+    }
+
+    fn validate(&self) -> Result<()> {
+        RabbitMqConfig::validate(self).and_then(|()| self.tls_config().map(drop))
+    }
+
+    async fn build(self) -> Result<Self::Sink> {
+        crate::RabbitMqSink::connect(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

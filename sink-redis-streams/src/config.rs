@@ -149,6 +149,24 @@ fn redact_url(raw: &str) -> String {
         .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
+/// `kind = "redis-streams"`, settings in `[sink.redis_streams]`.
+impl outboxkit_core::SinkConfig for RedisStreamsConfig {
+    const KIND: &'static str = crate::RedisStreamsSink::KIND;
+    type Sink = crate::RedisStreamsSink;
+
+    fn destination_mut(&mut self) -> &mut String {
+        &mut self.stream
+    }
+
+    fn validate(&self) -> Result<()> {
+        RedisStreamsConfig::validate(self)
+    }
+
+    async fn build(self) -> Result<Self::Sink> {
+        crate::RedisStreamsSink::connect(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

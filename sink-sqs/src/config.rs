@@ -225,6 +225,25 @@ pub(crate) fn redact_url(raw: &str) -> String {
     }
 }
 
+/// `kind = "sqs"`, settings in `[sink.sqs]`; `sink.destination` is the queue template.
+impl outboxkit_core::SinkConfig for SqsConfig {
+    const KIND: &'static str = crate::SqsSink::KIND;
+    type Sink = crate::SqsSink;
+
+    fn destination_mut(&mut self) -> &mut String {
+        &mut self.queue
+    }
+
+    fn validate(&self) -> Result<()> {
+        SqsConfig::validate(self)
+    }
+
+    /// No request yet: `run` checks the sink (endpoint, credentials, queue) right after.
+    async fn build(self) -> Result<Self::Sink> {
+        crate::SqsSink::connect_lazy(self).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,8 @@
-//! `outbox-webhook-relay`: the `outbox-relay` command line (`run`, `migrate`, `status`...)
-//! with every built-in adapter plus the webhook sink.
+//! `outbox-webhook-relay`: the `outbox-relay` command line with every built-in adapter plus
+//! the webhook sink.
 
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
+fn main() -> std::process::ExitCode {
     let mut registry = outboxkit_relay::Registry::builtin();
-    outboxkit_webhook_sink::register(&mut registry);
+    registry.sink::<outboxkit_webhook_sink::WebhookSinkConfig>();
     outboxkit_relay::main(registry)
 }

@@ -1,13 +1,16 @@
-//! The webhook sink against a local HTTP server: what each request carries, and what each
-//! answer becomes (outcome per event, or a failure of the whole call).
+//! The webhook sink against a local HTTP server: what each request carries and what each
+//! answer becomes (one outcome per event; `whole_call_failure` shows what the engine makes of
+//! them), and `[sink.webhook]` read exactly as the relay's registry reads it.
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{Reply, TestServer};
 use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
-use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_core::{whole_call_failure, ErrorKind, OutboxEvent, Outcome, Result, Sink};
+use outboxkit_relay::FactoryContext;
 use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 
 fn config(server: &TestServer) -> WebhookSinkConfig {
@@ -24,6 +27,15 @@ fn describe(outcomes: &[Outcome]) -> String {
         .map(|o| format!("{o:?}"))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Every outcome a failure of `kind`, retried (`retry`) or rejected.
+fn all_failed(outcomes: &[Outcome], kind: ErrorKind, retry: bool) -> bool {
+    outcomes.iter().all(|o| match o {
+        Outcome::Retry(e) => retry && e.kind() == kind,
+        Outcome::Reject(e) => !retry && e.kind() == kind,
+        Outcome::Published => false,
+    })
 }
 
 #[tokio::test]
@@ -131,7 +143,7 @@ async fn each_answer_becomes_its_events_outcome() {
             assert_eq!(e.kind(), ErrorKind::Unavailable);
             assert!(
                 e.message()
-                    .ends_with("/hooks/throttled: HTTP 429 Too Many Requests (Retry-After 1s)"),
+                    .ends_with("/hooks/throttled: HTTP 429 Too Many Requests"),
                 "{e}"
             );
         }
@@ -160,60 +172,133 @@ async fn each_answer_becomes_its_events_outcome() {
         }
         other => panic!("422: {other:?}"),
     }
-    // A call with some published events never pauses the sink.
-    let again = sink.publish(&batch[..1]).await.expect("not paused");
-    assert!(again[0].is_published());
+    // Some events were published: the engine takes these outcomes event by event.
+    assert!(whole_call_failure(&outcomes).is_none());
+}
+
+/// Every status of the table in `src/classify.rs`: its kind and whether it is retried.
+#[tokio::test]
+async fn every_status_has_its_kind() {
+    use ErrorKind::*;
+    let table: &[(u16, ErrorKind, bool)] = &[
+        (301, Config, false),
+        (302, Config, false),
+        (307, Config, false),
+        (308, Config, false),
+        (400, InvalidMessage, false),
+        (401, Unauthorized, false),
+        (403, Unauthorized, false),
+        (404, Unroutable, false),
+        (405, InvalidMessage, false),
+        (407, Unauthorized, false),
+        (408, Timeout, true),
+        (409, Other, true),
+        (410, Unroutable, false),
+        (413, MessageTooLarge, false),
+        (422, InvalidMessage, false),
+        (425, Other, true),
+        (429, Unavailable, true),
+        (451, InvalidMessage, false),
+        (500, Other, true),
+        (501, Other, true),
+        (502, Unavailable, true),
+        (503, Unavailable, true),
+        (504, Timeout, true),
+        (507, Other, true),
+        (599, Other, true),
+    ];
+    let server = TestServer::start().await;
+    server.respond_with(|request| {
+        let code = request.path.rsplit('/').next().unwrap().parse().unwrap();
+        Reply::status(code)
+    });
+    let sink = sink(config(&server));
+    let batch: Vec<OutboxEvent> = table
+        .iter()
+        .map(|(code, _, _)| sample_event(1, &code.to_string(), "1", "Happened"))
+        .collect();
+    let outcomes = sink.publish(&batch).await.expect("outcomes");
+    for ((code, kind, retried), outcome) in table.iter().zip(&outcomes) {
+        let (e, was_retried) = match outcome {
+            Outcome::Retry(e) => (e, true),
+            Outcome::Reject(e) => (e, false),
+            Outcome::Published => panic!("{code}: published"),
+        };
+        assert_eq!((e.kind(), was_retried), (*kind, *retried), "{code}: {e}");
+        assert!(
+            e.message().contains(&format!("/hooks/{code}: HTTP {code}")),
+            "{e}"
+        );
+    }
 }
 
 #[tokio::test]
-async fn throttling_on_every_request_fails_the_call_and_honours_retry_after() {
+async fn throttling_on_every_request_fails_the_call_in_the_engine() {
     let server = TestServer::start().await;
     server.respond_with(|_| Reply::status(429).header("Retry-After", "2"));
     let sink = sink(config(&server));
     let batch = sample_batch(1, 4, "order", 4);
-
-    let e = sink
-        .publish(&batch)
-        .await
-        .expect_err("the whole call fails");
-    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-    assert!(e.is_retryable());
+    let outcomes = sink.publish(&batch).await.expect("outcomes");
     assert!(
-        e.message().starts_with("all 4 requests of the call failed"),
-        "{e}"
+        all_failed(&outcomes, ErrorKind::Unavailable, true),
+        "{}",
+        describe(&outcomes)
     );
     assert_eq!(server.requests().len(), 4);
-
-    // Within Retry-After, the sink does not send anything.
-    server.respond_with(|_| Reply::status(200));
-    let started = Instant::now();
-    let e = sink.publish(&batch).await.expect_err("paused");
+    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
-    assert!(e.message().contains("asked to wait (Retry-After)"), "{e}");
-    assert!(started.elapsed() < Duration::from_millis(500));
-    assert_eq!(server.requests().len(), 4, "no request during the pause");
-
-    // After it, it sends again.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
-    let outcomes = sink.publish(&batch).await.expect("sends again");
-    assert!(outcomes.iter().all(Outcome::is_published));
-    assert_eq!(server.requests().len(), 8);
 }
 
 #[tokio::test]
-async fn retry_after_is_capped_by_max_retry_after() {
-    let server = TestServer::start().await;
-    server.respond_with(|_| Reply::status(503).header("Retry-After", "3600"));
-    let sink = sink(WebhookSinkConfig {
-        max_retry_after: Duration::from_millis(300),
-        ..config(&server)
+async fn unreachable_endpoint_fails_every_event_as_a_connection_error() {
+    let port = common::free_port();
+    let sink = sink(WebhookSinkConfig::new(format!(
+        "http://127.0.0.1:{port}/hooks?token=s3cr3t"
+    )));
+    let outcomes = sink
+        .publish(&sample_batch(1, 3, "order", 3))
+        .await
+        .expect("outcomes");
+    assert!(
+        all_failed(&outcomes, ErrorKind::Connection, true),
+        "{}",
+        describe(&outcomes)
+    );
+    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    assert!(
+        e.message().contains(&format!(
+            "cannot reach the webhook at 127.0.0.1:{port} (sink.webhook.url)"
+        )),
+        "{e}"
+    );
+    assert!(!e.full_message().contains("s3cr3t"), "{e}");
+}
+
+#[tokio::test]
+async fn connection_closed_without_an_answer_is_a_connection_error() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Accept and close at once, never answering.
+    let closer = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
     });
-    let batch = sample_batch(1, 2, "order", 2);
-    sink.publish(&batch).await.expect_err("unavailable");
-    server.respond_with(|_| Reply::status(204));
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let outcomes = sink.publish(&batch).await.expect("the pause is over");
-    assert!(outcomes.iter().all(Outcome::is_published));
+    let sink = sink(WebhookSinkConfig::new(format!("http://{addr}/hooks")));
+    let outcomes = sink.publish(&sample_batch(1, 2, "order", 2)).await;
+    closer.abort();
+    let outcomes = outcomes.expect("outcomes");
+    assert!(
+        all_failed(&outcomes, ErrorKind::Connection, true),
+        "{}",
+        describe(&outcomes)
+    );
+    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    assert!(
+        e.message()
+            .contains("the connection failed before an answer arrived"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -224,27 +309,37 @@ async fn server_errors_on_every_request_are_retried_per_event() {
     let outcomes = sink
         .publish(&sample_batch(1, 3, "order", 3))
         .await
-        .expect("a 500 is about the event: outcomes");
+        .expect("outcomes");
     assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, Outcome::Retry(e) if e.kind() == ErrorKind::Other)),
+        all_failed(&outcomes, ErrorKind::Other, true),
         "{}",
         describe(&outcomes)
     );
+    // A 500 is what a consumer that chokes on these very events answers: they must be able
+    // to be parked eventually, so the engine counts an attempt against each.
+    assert!(whole_call_failure(&outcomes).is_none());
 }
 
 #[tokio::test]
-async fn refused_credentials_fail_the_call_without_parking_events() {
+async fn refused_credentials_fail_the_call_in_the_engine() {
     let server = TestServer::start().await;
     server.respond_with(|_| Reply::status(401).body("invalid token"));
     let sink = sink(config(&server));
-    let e = sink
+    let outcomes = sink
         .publish(&sample_batch(1, 3, "order", 3))
         .await
-        .expect_err("the whole call fails");
-    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
-    assert!(e.message().contains("sink.webhook.headers"), "{e}");
+        .expect("outcomes");
+    assert!(
+        all_failed(&outcomes, ErrorKind::Unauthorized, false),
+        "{}",
+        describe(&outcomes)
+    );
+    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    assert!(
+        e.message()
+            .ends_with("credentials refused: check sink.webhook.headers: invalid token"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -257,16 +352,15 @@ async fn missing_endpoint_rejects_the_events() {
         .await
         .expect("outcomes");
     assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable)),
+        all_failed(&outcomes, ErrorKind::Unroutable, false),
         "{}",
         describe(&outcomes)
     );
+    assert!(whole_call_failure(&outcomes).is_none(), "parked one by one");
 }
 
 #[tokio::test]
-async fn slow_endpoint_times_out_as_a_whole() {
+async fn slow_endpoint_times_out() {
     let server = TestServer::start().await;
     server.respond_with(|_| Reply::status(200).delay(Duration::from_secs(3)));
     let sink = sink(WebhookSinkConfig {
@@ -274,16 +368,25 @@ async fn slow_endpoint_times_out_as_a_whole() {
         ..config(&server)
     });
     let started = Instant::now();
-    let e = sink
+    let outcomes = sink
         .publish(&sample_batch(1, 3, "order", 3))
         .await
-        .expect_err("timed out");
-    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(e.message().contains("sink.webhook.timeout"), "{e}");
+        .expect("outcomes");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
+    );
+    assert!(
+        all_failed(&outcomes, ErrorKind::Timeout, true),
+        "{}",
+        describe(&outcomes)
+    );
+    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    assert!(
+        e.message()
+            .contains("the answer took longer than 300ms (sink.webhook.timeout)"),
+        "{e}"
     );
 }
 
@@ -298,19 +401,50 @@ async fn redirects_are_not_followed() {
         }
     });
     let sink = sink(config(&server));
-    let e = sink
+    let outcomes = sink
         .publish(&sample_batch(1, 2, "order", 2))
         .await
-        .expect_err("a redirect is a configuration problem");
-    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        .expect("outcomes");
+    assert!(
+        all_failed(&outcomes, ErrorKind::Config, false),
+        "{}",
+        describe(&outcomes)
+    );
+    let e = whole_call_failure(&outcomes).expect("a configuration problem fails the call");
     assert!(e.message().contains("point sink.webhook.url"), "{e}");
-    assert!(!e.message().contains("s3cr3t"), "{e}");
     assert!(
         server
             .requests()
             .iter()
             .all(|r| !r.path.starts_with("/moved")),
         "followed the redirect"
+    );
+}
+
+#[tokio::test]
+async fn destinations_are_paths_under_the_url() {
+    let server = TestServer::start().await;
+    let sink = sink(WebhookSinkConfig::new(format!(
+        "{}/hooks/?sig=1",
+        server.url()
+    )));
+    let mut odd = sample_event(1, "order", "1", "Happened");
+    odd.destination = Some("/a/b c?d#e".into());
+    let plain = sample_event(2, "order", "2", "Happened");
+    let outcomes = sink.publish(&[odd, plain]).await.unwrap();
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe(&outcomes)
+    );
+    let paths: Vec<String> = server.requests().iter().map(|r| r.path.clone()).collect();
+    assert!(
+        paths.contains(&"/hooks/a/b%20c%3Fd%23e?sig=1".to_owned()),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"/hooks/order?sig=1".to_owned()),
+        "{paths:?}"
     );
 }
 
@@ -390,4 +524,114 @@ async fn check_accepts_any_http_answer_and_fails_without_one() {
         "{e}"
     );
     assert!(!e.full_message().contains("s3cr3t"), "{e}");
+}
+
+// --- `[sink.webhook]`, read as the relay's registry reads it. ---
+
+/// `[sink.webhook]` (and `[sink] destination`) read by `outboxkit_relay::sink_config` from a
+/// configuration file: deserialized, `sink.destination` applied, validated, errors located.
+fn read(sink_keys: &str, section: &str) -> (Result<WebhookSinkConfig>, PathBuf) {
+    let dir = std::env::temp_dir()
+        .join("outbox-webhook-sink-tests")
+        .join(uuid::Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("relay.toml");
+    let text = format!(
+        "[store]\nkind = \"postgres\"\nurl = \"postgres://nobody@127.0.0.1:1/none\"\n\
+         [sink]\nkind = \"webhook\"\n{sink_keys}\n[sink.webhook]\n{section}"
+    );
+    std::fs::write(&file, text).unwrap();
+    let (settings, figment) = outboxkit_relay::settings::load(Some(&file)).expect("settings");
+    let config = outboxkit_relay::sink_config::<WebhookSinkConfig>(FactoryContext {
+        settings: &settings,
+        figment: &figment,
+        file: Some(&file),
+    });
+    (config, file)
+}
+
+#[test]
+fn settings_have_defaults_and_read_every_key() {
+    let (config, _) = read("", "url = \"http://127.0.0.1:8080\"\n");
+    let config = config.unwrap();
+    assert_eq!(config, WebhookSinkConfig::new("http://127.0.0.1:8080"));
+    assert_eq!(config.path, "{aggregate_type}");
+    assert_eq!(config.timeout, Duration::from_secs(10));
+    assert_eq!(config.connect_timeout, Duration::from_secs(5));
+    assert!(config.headers.is_empty());
+    assert_eq!((config.concurrency, config.max_batch_len), (16, 500));
+
+    let (config, _) = read(
+        "destination = \"{aggregate_type}/{event_type}\"",
+        "url = \"https://hooks.example.com/outbox\"\npath = \"ignored\"\ntimeout = \"2s\"\n\
+         connect_timeout = \"500ms\"\nconcurrency = 4\nmax_batch_len = 50\n\
+         headers = { Authorization = \"Bearer t0k3n\", X-Tenant = \"acme\" }\n",
+    );
+    let config = config.unwrap();
+    assert_eq!(
+        config.path, "{aggregate_type}/{event_type}",
+        "sink.destination wins"
+    );
+    assert_eq!(config.timeout, Duration::from_secs(2));
+    assert_eq!(config.connect_timeout, Duration::from_millis(500));
+    assert_eq!((config.concurrency, config.max_batch_len), (4, 50));
+    assert_eq!(config.headers["X-Tenant"], "acme");
+}
+
+#[test]
+fn invalid_settings_name_the_key_and_the_file() {
+    let cases = [
+        (
+            "url = \"http://h\"\ntimeout = \"0s\"\n",
+            "sink.webhook.timeout: must be longer than 0s",
+        ),
+        (
+            "url = \"http://h\"\nmax_batch_len = 0\n",
+            "sink.webhook.max_batch_len: must be at least 1",
+        ),
+        (
+            "url = \"hooks.example.com/in\"\n",
+            "sink.webhook.url: `hooks.example.com/in` is not a URL",
+        ),
+        (
+            "url = \"http://h\"\nheaders = { \"Bad Name\" = \"x\" }\n",
+            "sink.webhook.headers: `Bad Name` is not a valid HTTP header name",
+        ),
+        (
+            "url = \"http://h\"\nheaders = { Authorization = \"Bearer s3cr3t\\r\\nX-Evil: 1\" }\n",
+            "sink.webhook.headers: `Authorization` has a value that is not valid in HTTP",
+        ),
+    ];
+    for (section, expected) in cases {
+        let (config, file) = read("", section);
+        let e = config.expect_err(section).to_string();
+        assert!(
+            e.starts_with(expected),
+            "{section}\nexpected: {expected}\ngot: {e}"
+        );
+        assert!(e.ends_with(&format!("(in {})", file.display())), "{e}");
+        assert!(!e.contains("s3cr3t"), "{e}");
+    }
+    let (config, file) = read("destination = \"{aggregate}\"", "url = \"http://h\"\n");
+    let e = config.unwrap_err().to_string();
+    assert!(e.starts_with("sink.destination: "), "{e}");
+    assert!(e.ends_with(&format!("(in {})", file.display())), "{e}");
+}
+
+#[test]
+fn debug_hides_secrets() {
+    let mut config =
+        WebhookSinkConfig::new("https://relay:pa55w0rd@hooks.example.com/in?code=s3cr3t&v=2");
+    config
+        .headers
+        .insert("Authorization".into(), "Bearer t0k3n".into());
+    config.headers.insert("X-Tenant".into(), "acme".into());
+    let debug = format!("{config:?} {:?}", WebhookSink::new(config.clone()).unwrap());
+    for secret in ["pa55w0rd", "s3cr3t", "t0k3n", "acme"] {
+        assert!(!debug.contains(secret), "{secret} in {debug}");
+    }
+    assert!(
+        debug.contains("https://relay:***@hooks.example.com/in?code=***&v=***"),
+        "{debug}"
+    );
 }

@@ -1,82 +1,7 @@
-//! `kind = "kafka"` (feature `sink-kafka`). Settings in `[sink.kafka]`: the sink's own keys
+//! `[sink.kafka]` as the registry reads it (feature `sink-kafka`): the sink's own keys
 //! (`topic`, `delivery_timeout`, `check_timeout`, `max_batch_len`) and any librdkafka
 //! property as a quoted key (`"bootstrap.servers" = "..."`), or from the environment with
 //! `__` for every dot (`OUTBOX_SINK__KAFKA__SASL__PASSWORD`).
-
-use std::path::Path;
-use std::sync::Arc;
-
-use figment::Figment;
-
-use crate::registry::{BoxFuture, FactoryContext, Registry};
-
-/// Say where a `sink.kafka."property": ...` error's key was set: the environment variable
-/// (a property given as `OUTBOX_SINK__KAFKA__LINGER__MS`) or the file. Other messages go
-/// through the generic locator.
-fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
-    use crate::settings::{env_var_for, locate};
-    let prefix = format!("{}.\"", outboxkit_sink_kafka::CONFIG_SECTION);
-    let Some(name) = message
-        .strip_prefix(&prefix)
-        .and_then(|rest| rest.split_once('"'))
-        .map(|(name, _)| name)
-    else {
-        return locate(message, figment, file);
-    };
-    if message.contains("missing required key") {
-        return message.to_owned();
-    }
-    let var = env_var_for(&format!("{}.{name}", outboxkit_sink_kafka::CONFIG_SECTION));
-    if std::env::var_os(&var).is_some() {
-        return format!("{message} (from environment variable {var})");
-    }
-    match file {
-        Some(file) => format!("{message} (in {})", file.display()),
-        None => message.to_owned(),
-    }
-}
-
-/// `[sink.kafka]` with `sink.destination` applied, checked without connecting; errors name
-/// the key and where it was set.
-fn kafka_config(
-    ctx: FactoryContext<'_>,
-) -> outboxkit_core::Result<outboxkit_sink_kafka::KafkaSinkConfig> {
-    use crate::settings::sink_section;
-    use outboxkit_core::Error;
-
-    let file = ctx.file.map(|p| p.as_path());
-    let mut config: outboxkit_sink_kafka::KafkaSinkConfig =
-        sink_section(ctx.figment, "kafka", file).map_err(|e| Error::config(e.0))?;
-    if let Some(destination) = &ctx.settings.sink.destination {
-        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
-            let e = e.context("sink.destination");
-            Error::config(locate(e.message(), ctx.figment, file))
-        })?;
-        config.topic = destination.clone();
-    }
-    config
-        .validate()
-        .map_err(|e| Error::config(locate(e.message(), ctx.figment, file)))?;
-    Ok(config)
-}
-
-fn kafka(
-    ctx: FactoryContext<'_>,
-) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
-    Box::pin(async move {
-        let config = kafka_config(ctx)?;
-        tracing::debug!(config = ?config, "Kafka sink configuration");
-        // Connects in the background; `run` checks the brokers right after building.
-        let sink = outboxkit_sink_kafka::KafkaSink::new(config)?;
-        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
-    })
-}
-
-/// Register `kind = "kafka"` (settings in `[sink.kafka]`).
-pub fn register(registry: &mut Registry) {
-    registry.register_sink("kafka", kafka);
-    registry.register_sink_check("kafka", |ctx| kafka_config(ctx).map(drop));
-}
 
 #[cfg(test)]
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
@@ -85,7 +10,7 @@ mod tests {
 
     use figment::Jail;
 
-    use super::*;
+    use crate::registry::FactoryContext;
     use crate::settings::load;
 
     const BASE: &str = r#"
@@ -105,7 +30,8 @@ kind = "kafka"
             figment: &figment,
             file: Some(&file),
         };
-        kafka_config(ctx).map_err(|e| e.to_string())
+        crate::registry::sink_config::<outboxkit_sink_kafka::KafkaSinkConfig>(ctx)
+            .map_err(|e| e.to_string())
     }
 
     #[test]

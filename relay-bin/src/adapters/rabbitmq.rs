@@ -1,49 +1,4 @@
-//! `kind = "rabbitmq"` (feature `sink-rabbitmq`).
-
-use std::sync::Arc;
-
-use crate::registry::{BoxFuture, Registry};
-
-/// `[sink.rabbitmq]` with `sink.destination` applied (it becomes the routing key template),
-/// checked, TLS files readable; errors name the key and where it was set.
-fn rabbitmq_config(
-    ctx: crate::registry::FactoryContext<'_>,
-) -> outboxkit_core::Result<outboxkit_sink_rabbitmq::RabbitMqConfig> {
-    use crate::settings::{locate, sink_section};
-    use outboxkit_core::Error;
-
-    let file = ctx.file.map(|p| p.as_path());
-    let mut config: outboxkit_sink_rabbitmq::RabbitMqConfig =
-        sink_section(ctx.figment, "rabbitmq", file).map_err(|e| Error::config(e.0))?;
-    if let Some(destination) = &ctx.settings.sink.destination {
-        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
-            let e = e.context("sink.destination");
-            Error::config(locate(e.message(), ctx.figment, file))
-        })?;
-        config.routing_key = destination.clone();
-    }
-    config
-        .validate()
-        .and_then(|()| config.tls_config().map(drop))
-        .map_err(|e| Error::config(locate(e.message(), ctx.figment, file)))?;
-    Ok(config)
-}
-
-fn rabbitmq(
-    ctx: crate::registry::FactoryContext<'_>,
-) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
-    Box::pin(async move {
-        let config = rabbitmq_config(ctx)?;
-        let sink = outboxkit_sink_rabbitmq::RabbitMqSink::connect(config).await?;
-        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
-    })
-}
-
-/// Register `kind = "rabbitmq"` (settings in `[sink.rabbitmq]`).
-pub fn register(registry: &mut Registry) {
-    registry.register_sink("rabbitmq", rabbitmq);
-    registry.register_sink_check("rabbitmq", |ctx| rabbitmq_config(ctx).map(drop));
-}
+//! `[sink.rabbitmq]` as the registry reads it (feature `sink-rabbitmq`).
 
 #[cfg(test)]
 // `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
@@ -53,7 +8,7 @@ mod tests {
 
     use figment::Jail;
 
-    use crate::registry::{FactoryContext, Registry};
+    use crate::registry::FactoryContext;
 
     const BASE: &str = r#"
 [store]
@@ -64,23 +19,19 @@ url = "postgres://localhost/app"
 kind = "rabbitmq"
 "#;
 
-    /// Load `relay.toml` from the jail and run the registered configuration check.
+    /// Load `relay.toml` from the jail and read `[sink.rabbitmq]` as the registry does.
     fn check() -> Result<(), String> {
         let path = PathBuf::from("relay.toml");
         let (settings, figment) =
             crate::settings::load(Some(path.as_path())).map_err(|e| e.to_string())?;
-        let mut registry = Registry::empty();
-        // A stand-in store, so that these tests need no store feature.
-        registry.register_store("postgres", |_| {
-            Box::pin(async { Err(outboxkit_core::Error::config("not used by these tests")) })
-        });
-        super::register(&mut registry);
         let ctx = FactoryContext {
             settings: &settings,
             figment: &figment,
             file: Some(&path),
         };
-        registry.check_config(ctx).map_err(|e| e.to_string())
+        crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -153,7 +104,9 @@ kind = "rabbitmq"
                 figment: &figment,
                 file: Some(&path),
             };
-            let config = super::rabbitmq_config(ctx).unwrap();
+            let config =
+                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
+                    .unwrap();
             assert_eq!(config.url, "amqp://relay:007@mq:5672/%2f");
             assert_eq!(config.exchange, "123");
             assert!(!config.mandatory);

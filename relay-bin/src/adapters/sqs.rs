@@ -1,62 +1,4 @@
-//! `kind = "sqs"` (feature `sink-sqs`).
-
-use std::sync::Arc;
-
-use crate::registry::{BoxFuture, Registry};
-
-/// `[sink.sqs]` with `sink.destination` applied, checked; errors name the key and where it
-/// was set.
-fn sqs_config(
-    ctx: crate::registry::FactoryContext<'_>,
-) -> outboxkit_core::Result<outboxkit_sink_sqs::SqsConfig> {
-    use crate::settings::{locate, sink_section};
-    use outboxkit_core::Error;
-
-    let file = ctx.file.map(|p| p.as_path());
-    let mut config: outboxkit_sink_sqs::SqsConfig =
-        sink_section(ctx.figment, "sqs", file).map_err(|e| Error::config(e.0))?;
-    if let Some(destination) = &ctx.settings.sink.destination {
-        outboxkit_core::DestinationTemplate::parse(destination).map_err(|e| {
-            let e = e.context("sink.destination");
-            Error::config(locate(e.message(), ctx.figment, file))
-        })?;
-        config.queue = destination.clone();
-    }
-    config
-        .validate()
-        .map_err(|e| Error::config(locate(e.message(), ctx.figment, file)))?;
-    Ok(config)
-}
-
-fn sqs(
-    ctx: crate::registry::FactoryContext<'_>,
-) -> BoxFuture<'_, outboxkit_core::Result<Arc<dyn outboxkit_core::Sink>>> {
-    Box::pin(async move {
-        let config = sqs_config(ctx)?;
-        // No request yet: `run` checks the sink (endpoint, credentials, queue) right after.
-        let sink = outboxkit_sink_sqs::SqsSink::connect_lazy(config)
-            .await
-            .map_err(|e| {
-                if e.kind() == outboxkit_core::ErrorKind::Config {
-                    let file = ctx.file.map(|p| p.as_path());
-                    outboxkit_core::Error::config(crate::settings::locate(
-                        &e.full_message(),
-                        ctx.figment,
-                        file,
-                    ))
-                } else {
-                    e
-                }
-            })?;
-        Ok(Arc::new(sink) as Arc<dyn outboxkit_core::Sink>)
-    })
-}
-
-/// Register `kind = "sqs"` (settings in `[sink.sqs]`).
-pub fn register(registry: &mut Registry) {
-    registry.register_sink("sqs", sqs);
-    registry.register_sink_check("sqs", |ctx| sqs_config(ctx).map(drop));
-}
+//! `[sink.sqs]` as the registry reads it (feature `sink-sqs`).
 
 #[cfg(test)]
 // `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
@@ -66,7 +8,6 @@ mod tests {
 
     use figment::Jail;
 
-    use super::*;
     use crate::registry::FactoryContext;
 
     const BASE: &str = r#"
@@ -93,7 +34,7 @@ mod tests {
             figment: &figment,
             file: Some(&file),
         };
-        sqs_config(ctx)
+        crate::registry::sink_config::<outboxkit_sink_sqs::SqsConfig>(ctx)
     }
 
     #[test]

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use outboxkit_core::Store;
+use outboxkit_store_postgres::sqlx::{self, Row};
 use outboxkit_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
-use sqlx::Row;
 use uuid::Uuid;
 
 use super::{order_event, DemoArgs, DemoDatabase, DEMO_SHARDS, ORDERS, TABLE};

@@ -1,0 +1,120 @@
+//! The plugin contract: a store or a sink is one configuration type that implements one trait.
+//!
+//! The trait gives the kind name (in exactly one place), the settings section (the type itself,
+//! deserialized with unknown keys refused), the checks that need no connection, and `build`.
+//! The binary's registry does the rest, the same way for every adapter, shipped or not: it reads
+//! the section from the configuration file and the `OUTBOX_*` environment, applies
+//! `sink.destination`, runs `validate` before anything connects, adds where each key was set to
+//! every configuration error, and lists the kind in `--version`.
+//!
+//! ```no_run
+//! use outboxkit_core::{Error, Result, SinkConfig};
+//! # use outboxkit_core::{OutboxEvent, Outcome, Sink};
+//! # #[derive(Debug)] pub struct LogSink;
+//! # #[async_trait::async_trait]
+//! # impl Sink for LogSink {
+//! #     fn kind(&self) -> &'static str { "log" }
+//! #     fn destination(&self, _: &OutboxEvent) -> String { String::new() }
+//! #     async fn check(&self) -> Result<()> { Ok(()) }
+//! #     async fn publish(&self, b: &[OutboxEvent]) -> Result<Vec<Outcome>> { Ok(vec![]) }
+//! # }
+//!
+//! /// `[sink.log]`
+//! #[derive(Debug, serde::Deserialize)]
+//! #[serde(deny_unknown_fields)]
+//! pub struct LogConfig {
+//!     #[serde(default = "default_prefix")]
+//!     pub prefix: String,
+//! }
+//! fn default_prefix() -> String { "{aggregate_type}".into() }
+//!
+//! impl SinkConfig for LogConfig {
+//!     const KIND: &'static str = "log";
+//!     type Sink = LogSink;
+//!     fn destination_mut(&mut self) -> &mut String { &mut self.prefix }
+//!     fn validate(&self) -> Result<()> {
+//!         if self.prefix.is_empty() {
+//!             return Err(Error::config("sink.log.prefix: must not be empty"));
+//!         }
+//!         Ok(())
+//!     }
+//!     async fn build(self) -> Result<LogSink> { Ok(LogSink) }
+//! }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+
+use crate::error::Result;
+use crate::sink::Sink;
+use crate::store::Store;
+
+/// A sink kind, implemented by its configuration type: `[sink]` with `kind = KIND` selects it,
+/// and the type is read from `[sink.<section>]` (see [`sink_section`]).
+///
+/// Put `#[serde(deny_unknown_fields)]` on the type so that a misspelt key is an error, and give
+/// every key that can have one a default, so that an absent section is valid when nothing is
+/// required. Error messages start with the full key (`sink.mqtt.url: ...`); the registry then
+/// adds where that key was set.
+pub trait SinkConfig: DeserializeOwned + fmt::Debug + Send + 'static {
+    /// The kind as written in `sink.kind`, e.g. `"redis-streams"`.
+    const KIND: &'static str;
+
+    /// The sink `build` returns.
+    type Sink: Sink;
+
+    /// The destination template that `sink.destination` replaces (stream, topic, routing key,
+    /// topic filter...). The registry checks the template before it calls this.
+    fn destination_mut(&mut self) -> &mut String;
+
+    /// Checks that need no connection (URLs, ranges, files that must exist). Runs before the
+    /// relay connects to anything. Errors name their key: `sink.<section>.<key>: ...`.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Connect (or prepare to connect) and return the sink. Called only after `validate`
+    /// passed. `run` calls [`Sink::check`] right after.
+    fn build(self) -> impl Future<Output = Result<Self::Sink>> + Send;
+}
+
+/// A store kind, implemented by its configuration type: `[store]` with `kind = KIND` selects
+/// it, and the type is read from the rest of `[store]`.
+///
+/// Same conventions as [`SinkConfig`]: `#[serde(deny_unknown_fields)]`, defaults wherever
+/// possible, error messages that start with `store.<key>: `.
+pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
+    /// The kind as written in `store.kind`, e.g. `"postgres"`.
+    const KIND: &'static str;
+
+    /// The store `build` returns.
+    type Store: Store;
+
+    /// Checks that need no connection. Errors name their key: `store.<key>: ...`.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Connect and return the store. Called only after `validate` passed.
+    fn build(self) -> impl Future<Output = Result<Self::Store>> + Send;
+}
+
+/// The settings section of a sink kind: `[sink.<section>]`, the kind with `-` turned into `_`
+/// (`redis-streams` → `redis_streams`), since TOML keys and environment variables read better
+/// that way (`OUTBOX_SINK__REDIS_STREAMS__URL`).
+pub fn sink_section(kind: &str) -> String {
+    kind.replace('-', "_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_use_underscores() {
+        assert_eq!(sink_section("redis-streams"), "redis_streams");
+        assert_eq!(sink_section("kafka"), "kafka");
+    }
+}
