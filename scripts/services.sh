@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the services the tests and the demo need are up on loopback:
 # PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379), then every scripts/services.d/*.sh
-# (MariaDB, RabbitMQ, Kafka-API, SQS-API) — or, with arguments, only the ones named
+# (MariaDB, Mosquitto, RabbitMQ, Kafka-API, SQS-API) — or, with arguments, only the ones named
 # (`scripts/services.sh kafka sqs`). Starts what is stopped, installs
 # what is missing (Debian packages), waits until each answers. Idempotent and quick when all
 # is running.

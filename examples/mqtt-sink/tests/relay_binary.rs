@@ -1,0 +1,264 @@
+//! The custom binary `outbox-mqtt-relay` end to end: PostgreSQL (`OUTBOX_TEST_POSTGRES_URL`,
+//! default the local server) → `outbox-mqtt-relay run` → Mosquitto → a subscriber in this
+//! test. Fails, never skips, when PostgreSQL or Mosquitto is unreachable.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Subscriber;
+use outboxkit_core::NewEvent;
+use outboxkit_store_postgres::Outbox;
+use uuid::Uuid;
+
+const EVENTS: usize = 200;
+const AGGREGATES: usize = 10;
+
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_outbox-mqtt-relay")
+}
+
+fn postgres_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn postgres_pool() -> sqlx::PgPool {
+    let url = postgres_url();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
+        })
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
+}
+
+/// A scratch directory with `relay.toml` for `table`, the given `[sink.mqtt]` body.
+fn write_config(table: &str, mqtt: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir()
+        .join("outbox-mqtt-relay-tests")
+        .join(table);
+    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
+    let text = format!(
+        r#"
+[store]
+kind = "postgres"
+url = "{pg}"
+table = "{table}"
+shards = 8
+
+[relay]
+batch_size = 100
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "1s"
+shutdown_grace = "10s"
+
+[sink]
+kind = "mqtt"
+
+[sink.mqtt]
+{mqtt}
+
+[server]
+listen = ""
+"#,
+        pg = postgres_url()
+    );
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, text).expect("writing the configuration");
+    (dir, path)
+}
+
+/// `outbox-mqtt-relay --config FILE <args>` to completion: (exit status, stdout + stderr).
+fn run_cli(config: &Path, args: &[&str]) -> (ExitStatus, String) {
+    let out = Command::new(binary())
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("running outbox-mqtt-relay");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status, text + &String::from_utf8_lossy(&out.stderr))
+}
+
+async fn drop_table(table: &str) {
+    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        .execute(&postgres_pool().await)
+        .await
+        .expect("dropping the test table");
+}
+
+/// A running `outbox-mqtt-relay run`; SIGKILLed when dropped if still running.
+struct Relay {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Relay {
+    fn start(config: &Path, dir: &Path) -> Self {
+        let log = dir.join("relay.log");
+        let out = std::fs::File::create(&log).expect("creating the relay log");
+        let err = out.try_clone().expect("cloning the log handle");
+        let child = Command::new(binary())
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .env("OUTBOX_SINK__MQTT__PASSWORD", "e2e-s3cr3t")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("starting outbox-mqtt-relay");
+        Self { child, log }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status (within 20 s).
+    fn terminate(&mut self) -> ExitStatus {
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the relay") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the relay did not exit within 20s of SIGTERM; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_postgres_to_mosquitto_in_order_per_aggregate() {
+    let table = unique("mqtt_e2e");
+    let prefix = unique("e2e");
+    let subscriber = Subscriber::connect().await;
+    subscriber.subscribe(&format!("{prefix}/#")).await;
+    let (host, port) = common::mosquitto();
+    let (dir, config) = write_config(
+        &table,
+        &format!(
+            "url = \"mqtt://{host}:{port}\"\nusername = \"relay\"\n\
+             topic = \"{prefix}/{{aggregate_type}}/{{event_type}}\""
+        ),
+    );
+    let (status, out) = run_cli(&config, &["migrate"]);
+    assert!(status.success(), "migrate failed: {out}");
+    let (status, out) = run_cli(&config, &["--version"]);
+    assert!(status.success() && out.contains("mqtt"), "--version: {out}");
+
+    let mut relay = Relay::start(&config, &dir);
+    let pool = postgres_pool().await;
+    let outbox = Outbox::new(&table).unwrap();
+    let mut committed: HashMap<Uuid, (i64, String)> = HashMap::new();
+    for chunk in 0..EVENTS / 10 {
+        let events: Vec<NewEvent> = (0..10)
+            .map(|i| {
+                let n = chunk * 10 + i;
+                let aggregate = (n * 7 + chunk) % AGGREGATES;
+                NewEvent::new(
+                    "order",
+                    format!("order-{aggregate}"),
+                    "Changed",
+                    serde_json::json!({ "n": n }),
+                )
+                .header("traceparent", format!("00-{n:032x}-00f067aa0ba902b7-01"))
+                .event_id(Uuid::now_v7())
+            })
+            .collect();
+        let mut tx = pool.begin().await.unwrap();
+        let ids = outbox.enqueue_many(&mut tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+        for (event, id) in events.iter().zip(ids) {
+            let event_id = event.event_id.expect("an event id");
+            committed.insert(event_id, (id, event.aggregate_id.clone()));
+        }
+    }
+
+    let topic = format!("{prefix}/order/Changed");
+    let received = subscriber
+        .wait_for(|t| t == topic, EVENTS, Duration::from_secs(60))
+        .await;
+    let exit = relay.terminate();
+    let log = relay.log_text();
+    assert!(exit.success(), "exit status {exit} on SIGTERM; log:\n{log}");
+    assert!(
+        !log.contains("e2e-s3cr3t"),
+        "the password leaked into the log"
+    );
+
+    let mut first_seen = HashMap::new();
+    let mut last_id: HashMap<&str, i64> = HashMap::new();
+    for message in &received {
+        let event_id: Uuid = message.property("event_id").parse().unwrap();
+        let (id, aggregate) = committed
+            .get(&event_id)
+            .unwrap_or_else(|| panic!("{event_id} was never committed"));
+        assert_eq!(message.property("aggregate_id"), aggregate);
+        assert!(message.property("traceparent").starts_with("00-"));
+        if first_seen.insert(event_id, *id).is_some() {
+            continue; // at least once: a redelivery may follow, never an overtaking
+        }
+        if let Some(previous) = last_id.insert(aggregate, *id) {
+            assert!(
+                previous < *id,
+                "{aggregate}: id {id} arrived after {previous}"
+            );
+        }
+    }
+    assert_eq!(
+        first_seen.len(),
+        EVENTS,
+        "not every event arrived within 60s; log:\n{log}"
+    );
+    drop_table(&table).await;
+}
+
+#[tokio::test]
+async fn refuses_bad_settings_and_an_unreachable_broker() {
+    let table = unique("mqtt_bad");
+    let (_, config) = write_config(&table, "uri = \"mqtt://broker\"");
+    let (status, out) = run_cli(&config, &["run"]);
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("sink.mqtt.uri"), "{out}");
+
+    let (_, config) = write_config(&table, "url = \"mqtt://127.0.0.1:1\"");
+    let (status, out) = run_cli(&config, &["migrate"]);
+    assert!(status.success(), "migrate failed: {out}");
+    let (status, out) = run_cli(&config, &["run"]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("mqtt"), "{out}");
+    drop_table(&table).await;
+}
