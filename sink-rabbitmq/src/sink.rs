@@ -154,10 +154,27 @@ impl RabbitMqSink {
                 self.open_channel(&link.connection),
             )
             .await
-            .map_err(|_| self.connect_timeout_error("opening a channel"))??;
-            link.channel = channel;
-            link.channel_broken = false;
+            .map_err(|_| self.connect_timeout_error("opening a channel"));
+            match channel {
+                Ok(Ok(channel)) => {
+                    link.channel = channel;
+                    link.channel_broken = false;
+                }
+                // Right after the broker closed a channel it may refuse the next one on the same
+                // connection (`504 CHANNEL_ERROR - expected 'channel.open'`, which also closes
+                // the connection): start over on a new connection, once.
+                Ok(Err(e)) | Err(e) => {
+                    warn!(host = %self.host_port, error = %e, "opening a channel failed; reconnecting");
+                    let link = tokio::time::timeout(self.config.connect_timeout, self.open_link())
+                        .await
+                        .map_err(|_| self.connect_timeout_error("connecting"))??;
+                    return Ok(slot.insert(link));
+                }
+            }
         }
+        let Some(link) = slot.as_mut() else {
+            return Err(Error::new(ErrorKind::Other, "no RabbitMQ connection"));
+        };
         Ok(link)
     }
 
