@@ -1,7 +1,8 @@
 //! In-memory `Store` and scripted `Sink` used to test the engine's logic without services
 //! (feature `testkit`, and the core's own unit tests). They follow the same contracts as the
 //! real adapters — shard locks per session, claims in `id` order that skip held-back
-//! aggregates — but keep nothing across processes.
+//! aggregates, no table before `migrate` — and `MemoryStore` passes the store conformance suite
+//! (`outbox-core/tests/memory_store_suite.rs`), but they keep nothing across processes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +32,8 @@ pub struct MemoryRow {
 
 #[derive(Debug, Default)]
 struct StoreState {
+    /// The table exists (`migrate` ran): before, every call but `migrate` fails.
+    migrated: bool,
     rows: BTreeMap<i64, MemoryRow>,
     next_id: i64,
     next_session: u64,
@@ -50,8 +53,16 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store with `shards` shards.
+    /// A store with `shards` shards, already migrated.
     pub fn new(shards: u32) -> Self {
+        let store = Self::unmigrated(shards);
+        store.lock().migrated = true;
+        store
+    }
+
+    /// A store with `shards` shards whose table does not exist yet: every call but `migrate`
+    /// fails with a schema error until `migrate` runs (what the store suite starts from).
+    pub fn unmigrated(shards: u32) -> Self {
         Self {
             shards,
             state: Arc::new(Mutex::new(StoreState {
@@ -63,6 +74,18 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, StoreState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, once the table exists.
+    fn table(&self) -> Result<MutexGuard<'_, StoreState>> {
+        let st = self.lock();
+        if !st.migrated {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                "the in-memory outbox table does not exist: run migrate first",
+            ));
+        }
+        Ok(st)
     }
 
     /// The shard of an aggregate (FNV-1a, like a database hash).
@@ -117,15 +140,16 @@ impl Store for MemoryStore {
     }
 
     async fn migrate(&self) -> Result<()> {
+        self.lock().migrated = true;
         Ok(())
     }
 
     async fn check(&self) -> Result<()> {
-        Ok(())
+        self.table().map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
-        let mut st = self.lock();
+        let mut st = self.table()?;
         st.next_session += 1;
         let id = st.next_session;
         st.sessions.insert(id, relay_id.to_owned());
@@ -138,9 +162,10 @@ impl Store for MemoryStore {
 
     async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
         let mut ids = Vec::with_capacity(events.len());
+        // One lock for the whole insert: a transaction of its own.
+        let mut st = self.table()?;
         for e in events {
             let shard = self.shard_of(&e.aggregate_id);
-            let mut st = self.lock();
             let id = st.next_id;
             st.next_id += 1;
             let event = OutboxEvent {
@@ -173,7 +198,7 @@ impl Store for MemoryStore {
     }
 
     async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64> {
-        let mut st = self.lock();
+        let mut st = self.table()?;
         let now = Instant::now();
         let victims: Vec<i64> = st
             .rows
@@ -192,7 +217,7 @@ impl Store for MemoryStore {
     }
 
     async fn status(&self) -> Result<BacklogStatus> {
-        let st = self.lock();
+        let st = self.table()?;
         let pending: Vec<&MemoryRow> = st
             .rows
             .values()
@@ -216,6 +241,7 @@ impl Store for MemoryStore {
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
+        drop(self.table()?);
         Ok(self
             .owners()
             .into_iter()
@@ -224,7 +250,7 @@ impl Store for MemoryStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let st = self.lock();
+        let st = self.table()?;
         Ok(st
             .rows
             .values()
@@ -257,7 +283,7 @@ impl Store for MemoryStore {
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
-        let mut st = self.lock();
+        let mut st = self.table()?;
         let mut n = 0;
         for row in st.rows.values_mut().filter(|r| r.dead && !r.published) {
             let chosen = match selection {
@@ -277,7 +303,7 @@ impl Store for MemoryStore {
     }
 
     async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
-        let mut st = self.lock();
+        let mut st = self.table()?;
         let before = st.rows.len();
         st.rows
             .retain(|id, r| !(ids.contains(id) && r.dead && !r.published));
@@ -285,7 +311,7 @@ impl Store for MemoryStore {
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
-        let st = self.lock();
+        let st = self.table()?;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         for row in st.rows.values() {
