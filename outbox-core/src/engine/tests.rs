@@ -2,12 +2,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
+use crate::config::OnDead;
+use crate::error::{Error, ErrorKind};
 use crate::memory::{MemoryStore, Script, ScriptedSink};
-use crate::model::NewEvent;
-use crate::sink::SinkCapabilities;
+use crate::model::{NewEvent, OutboxEvent, Outcome};
+use crate::sink::{whole_call_failure, SinkCapabilities};
 
 fn fast_config() -> RelayConfig {
     RelayConfig {

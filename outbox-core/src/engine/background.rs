@@ -1,0 +1,63 @@
+//! The background loops beside the worker: backlog figures for metrics, and the retention
+//! purge. Both stop at shutdown (and are aborted when the worker is done).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+
+use super::shutdown::Shutdown;
+use super::Relay;
+use crate::metrics as m;
+
+/// Refresh the backlog gauges every `relay.status_interval`.
+pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
+    loop {
+        match relay.store.status().await {
+            Ok(s) => {
+                metrics::gauge!(m::PENDING).set(s.pending as f64);
+                metrics::gauge!(m::OLDEST_PENDING_AGE).set(s.oldest_pending_age_secs);
+                metrics::gauge!(m::DEAD).set(s.dead as f64);
+                metrics::gauge!(m::HELD_BACK_AGGREGATES).set(s.held_back_aggregates as f64);
+            }
+            Err(e) => {
+                metrics::counter!(m::ERRORS, "stage" => "status").increment(1);
+                debug!(error = %e, "reading backlog figures failed");
+            }
+        }
+        shutdown.pause(relay.config.status_interval).await;
+        if shutdown.is_triggered() {
+            return;
+        }
+    }
+}
+
+/// Every `relay.purge_interval`, delete the rows published more than `keep` ago, in
+/// statements of `relay.purge_batch_size` rows.
+pub(super) async fn purge_loop(relay: Arc<Relay>, keep: Duration, mut shutdown: Shutdown) {
+    let limit = relay.config.purge_batch_size;
+    loop {
+        shutdown.pause(relay.config.purge_interval).await;
+        if shutdown.is_triggered() {
+            return;
+        }
+        loop {
+            match relay.store.purge_published(keep, limit).await {
+                Ok(n) => {
+                    metrics::counter!(m::PURGED).increment(n);
+                    if n > 0 {
+                        debug!(purged = n, "purged published rows past retention");
+                    }
+                    if n < u64::from(limit) || shutdown.is_triggered() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    metrics::counter!(m::ERRORS, "stage" => "purge").increment(1);
+                    warn!(error = %e, "purging published rows failed; trying again later");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,481 @@
+//! The worker loop: hold a session, rebalance, claim, publish while the session marks the
+//! previous batch and claims the next, then record what became of each event.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tracing::{debug, info, warn};
+
+use super::plan::{publish_batch, Disposition, PublishReport};
+use super::rebalance::{acquire_offset, rebalance};
+use super::shutdown::Shutdown;
+use super::Relay;
+use crate::config::{OnDead, RelayConfig};
+use crate::error::{Error, Result};
+use crate::metrics as m;
+use crate::model::OutboxEvent;
+use crate::store::{ClaimRequest, Failure, ShardSession};
+
+/// Exponential backoff for whole-call failures (database or broker unreachable).
+fn outage_backoff(failures: u32) -> Duration {
+    let base = Duration::from_millis(100).saturating_mul(1 << failures.min(6));
+    let capped = base.min(Duration::from_secs(5));
+    capped / 2 + (capped / 2).mul_f64(fastrand::f64())
+}
+
+fn claim_request<'e>(config: &RelayConfig, exclude_ids: &'e [i64]) -> ClaimRequest<'e> {
+    ClaimRequest {
+        limit: config.batch_size,
+        exclude_ids,
+        dead_holds_aggregate: config.on_dead == OnDead::Hold,
+    }
+}
+
+/// An open session and what only exists while it is open: losing the session drops the
+/// prefetched batch and the unmarked rows with it.
+#[derive(Debug)]
+struct OpenSession {
+    session: Box<dyn ShardSession>,
+    /// The next batch, claimed while the previous one was being published.
+    prefetched: Vec<OutboxEvent>,
+    /// Rows acknowledged by the broker, to mark while the next batch is being published.
+    unmarked: Vec<i64>,
+}
+
+/// What the session did while the broker worked on a batch.
+#[derive(Debug)]
+struct Pipelined {
+    /// `None`: shutdown's grace period ran out with the publish still in flight.
+    report: Option<PublishReport>,
+    /// The next batch (`None` when not prefetched), or the error that ended the session.
+    next: Result<Option<Vec<OutboxEvent>>>,
+}
+
+impl OpenSession {
+    fn new(session: Box<dyn ShardSession>) -> Self {
+        Self {
+            session,
+            prefetched: Vec::new(),
+            unmarked: Vec::new(),
+        }
+    }
+
+    /// Mark what the broker acknowledged and is not marked yet. On error those rows stay
+    /// pending: they will be published again (at least once).
+    async fn flush(&mut self, relay: &Relay) -> Result<()> {
+        if self.unmarked.is_empty() {
+            return Ok(());
+        }
+        let marks = std::mem::take(&mut self.unmarked);
+        self.session
+            .mark_published(&marks, relay.config.retention.mark_mode())
+            .await?;
+        relay.handle.marked(marks.len());
+        Ok(())
+    }
+
+    /// Publish `batch` while the session marks the previous batch's acknowledged rows and —
+    /// when the batch was full and no shutdown is asked for — claims the next batch (excluding
+    /// this one's rows): the database and the broker work in parallel.
+    async fn pipeline(
+        &mut self,
+        relay: &Relay,
+        batch: &[OutboxEvent],
+        shutdown: &Shutdown,
+    ) -> Pipelined {
+        let config = &relay.config;
+        let exclude: Vec<i64> = batch.iter().map(|e| e.id).collect();
+        let prefetch = batch.len() >= config.batch_size && !shutdown.is_triggered();
+        let request = claim_request(config, &exclude);
+        let marks = std::mem::take(&mut self.unmarked);
+        let mode = config.retention.mark_mode();
+        let session = &mut self.session;
+
+        let mut grace = shutdown.clone();
+        let grace_period = config.shutdown_grace;
+        let publish = async {
+            tokio::select! {
+                report = publish_batch(relay.sink.as_ref(), batch) => Some(report),
+                _ = async { grace.wait().await; tokio::time::sleep(grace_period).await } => None,
+            }
+        };
+        let database = async {
+            if !marks.is_empty() {
+                session.mark_published(&marks, mode).await?;
+            }
+            if prefetch {
+                session.claim(&request).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (report, next) = tokio::join!(publish, database);
+        if next.is_ok() {
+            relay.handle.marked(marks.len());
+        }
+        Pipelined { report, next }
+    }
+}
+
+/// The relay's one worker: at most one session at a time, and its pace.
+#[derive(Debug)]
+pub(super) struct Worker<'a> {
+    relay: &'a Relay,
+    /// `None` until a session is open, and from a database error to the next session.
+    open: Option<OpenSession>,
+    poll: Duration,
+    store_failures: u32,
+    sink_failures: u32,
+    next_rebalance: Instant,
+    acquire_offset: u32,
+    /// When the last claim at the top of the loop started (partial batches wait for
+    /// `poll_interval_min` from there).
+    last_claim: Instant,
+}
+
+impl<'a> Worker<'a> {
+    pub(super) fn new(relay: &'a Relay) -> Self {
+        Self {
+            relay,
+            open: None,
+            poll: relay.config.poll_interval_min,
+            store_failures: 0,
+            sink_failures: 0,
+            next_rebalance: Instant::now(),
+            acquire_offset: acquire_offset(&relay.relay_id),
+            last_claim: Instant::now(),
+        }
+    }
+
+    /// Relay until shutdown (then return with the session still open, for
+    /// [`close_session`](Self::close_session)) or until shutdown's grace period ran out
+    /// mid-publish.
+    pub(super) async fn run(&mut self, shutdown: &mut Shutdown) {
+        let relay = self.relay;
+        let config = &relay.config;
+        while !shutdown.is_triggered() {
+            let open = match self.open.as_mut() {
+                Some(open) => open,
+                None => match relay.store.open_session(&relay.relay_id).await {
+                    Ok(session) => {
+                        info!(relay_id = %relay.relay_id, shards = session.shard_count(), "database session open");
+                        self.store_failures = 0;
+                        self.next_rebalance = Instant::now();
+                        relay.handle.session_opened();
+                        self.open.insert(OpenSession::new(session))
+                    }
+                    Err(e) => {
+                        self.store_failed("session", e);
+                        shutdown.pause(outage_backoff(self.store_failures)).await;
+                        continue;
+                    }
+                },
+            };
+
+            if Instant::now() >= self.next_rebalance {
+                if let Err(e) = open.flush(relay).await {
+                    self.lose_session("mark", e).await;
+                    continue;
+                }
+                match rebalance(open.session.as_mut(), self.acquire_offset).await {
+                    Ok(released) => {
+                        let owned = open.session.owned();
+                        if released > 0 {
+                            open.prefetched.retain(|e| owned.contains(&e.shard));
+                        }
+                        relay.handle.owns(owned.len() as u32);
+                    }
+                    Err(e) => {
+                        self.lose_session("rebalance", e).await;
+                        shutdown.pause(outage_backoff(self.store_failures)).await;
+                        continue;
+                    }
+                }
+                self.next_rebalance = Instant::now() + config.rebalance_interval;
+            }
+
+            let batch = if open.prefetched.is_empty() {
+                // Rows still unmarked would be claimed again: mark them first.
+                if let Err(e) = open.flush(relay).await {
+                    self.lose_session("mark", e).await;
+                    continue;
+                }
+                self.last_claim = Instant::now();
+                match open.session.claim(&claim_request(config, &[])).await {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        self.lose_session("claim", e).await;
+                        shutdown.pause(outage_backoff(self.store_failures)).await;
+                        continue;
+                    }
+                }
+            } else {
+                std::mem::take(&mut open.prefetched)
+            };
+
+            if batch.is_empty() {
+                if let Err(e) = open.flush(relay).await {
+                    self.lose_session("mark", e).await;
+                }
+                let until_rebalance = self
+                    .next_rebalance
+                    .saturating_duration_since(Instant::now());
+                shutdown
+                    .pause(self.poll.min(until_rebalance).max(Duration::from_millis(1)))
+                    .await;
+                self.poll = (self.poll * 2).min(config.poll_interval_max);
+                continue;
+            }
+            self.poll = config.poll_interval_min;
+            let partial = batch.len() < config.batch_size;
+
+            let pipelined = open.pipeline(relay, &batch, shutdown).await;
+            if !self.settle(&batch, pipelined).await {
+                break;
+            }
+            if self.sink_failures > 0 {
+                shutdown.pause(outage_backoff(self.sink_failures)).await;
+            } else if partial && self.open.as_ref().is_none_or(|o| o.prefetched.is_empty()) {
+                // The backlog is drained and rows trickle in: claim every poll_interval_min
+                // rather than at once, so a claim carries the rows of that interval instead of
+                // one or two. Fewer, fuller rounds cost the database (and so the writers
+                // sharing it) far less per event; the wait adds at most poll_interval_min to
+                // an event's latency.
+                self.flush_marks().await;
+                let next = self.last_claim + config.poll_interval_min;
+                let wait = next.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    shutdown.pause(wait).await;
+                }
+            }
+        }
+    }
+
+    /// After a batch's publish: the session's side first, then what became of each event, then
+    /// the broker's health. Returns `false` when shutdown's grace period ran out mid-publish.
+    async fn settle(&mut self, batch: &[OutboxEvent], pipelined: Pipelined) -> bool {
+        let relay = self.relay;
+        let next = match pipelined.next {
+            Ok(next) => next,
+            Err(e) => {
+                // Marks not made: those events will be published again (at least once).
+                self.lose_session("mark", e).await;
+                None
+            }
+        };
+        let Some(report) = pipelined.report else {
+            warn!(
+                events = batch.len(),
+                grace = ?relay.config.shutdown_grace,
+                "shutdown grace period over with a publish still in flight; its events stay pending and will be published again"
+            );
+            return false;
+        };
+
+        let blocked = self.apply(batch, report.dispositions).await;
+
+        if let Some(e) = report.call_error {
+            self.sink_failures += 1;
+            relay.handle.sink_failed(&e);
+            metrics::counter!(m::ERRORS, "stage" => "publish").increment(1);
+            warn!(
+                sink = relay.sink.kind(),
+                kind = %e.kind(),
+                failures = self.sink_failures,
+                error = %e,
+                "publishing failed as a whole; nothing is dead-lettered, retrying after a backoff"
+            );
+            // The next batch may hold later events of the aggregates that were not sent: it
+            // is dropped, and claimed again after the backoff.
+            return true;
+        }
+        if self.sink_failures > 0 {
+            info!(sink = relay.sink.kind(), "broker is answering again");
+        }
+        self.sink_failures = 0;
+        relay.handle.sink_answered();
+        if let (Some(open), Some(mut next)) = (self.open.as_mut(), next) {
+            next.retain(|e| !blocked.contains(e.aggregate_id.as_str()));
+            open.prefetched = next;
+        }
+        true
+    }
+
+    /// Queue acknowledged rows for marking and record failures, on the session. Returns the
+    /// aggregates that must not move on in the prefetched batch.
+    async fn apply(
+        &mut self,
+        batch: &[OutboxEvent],
+        dispositions: Vec<Disposition>,
+    ) -> HashSet<String> {
+        let relay = self.relay;
+        let Assessment {
+            published,
+            failures,
+            dead,
+            blocked,
+        } = assess(relay, batch, dispositions);
+
+        // No session (marking the previous batch failed): nothing is recorded; acknowledged
+        // rows will be published again and failed ones tried again.
+        let Some(open) = self.open.as_mut() else {
+            return blocked;
+        };
+        if !published.is_empty() {
+            count_published(relay, batch, &published);
+            // Marked with the next claim (or before idling): acknowledged but unmarked rows are
+            // at worst published again.
+            open.unmarked.extend_from_slice(&published);
+        }
+        if !failures.is_empty() {
+            if let Err(e) = open.session.record_failures(&failures).await {
+                self.lose_session("mark", e).await;
+                return blocked;
+            }
+            relay.handle.parked_dead(dead);
+        }
+        self.store_failures = 0;
+        blocked
+    }
+
+    /// Mark what the broker acknowledged and is not marked yet (before idling or
+    /// rebalancing); drop the session if that fails.
+    async fn flush_marks(&mut self) {
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        if let Err(e) = open.flush(self.relay).await {
+            self.lose_session("mark", e).await;
+        }
+    }
+
+    fn store_failed(&mut self, stage: &'static str, e: Error) {
+        self.store_failures += 1;
+        metrics::counter!(m::ERRORS, "stage" => stage).increment(1);
+        warn!(
+            store = %self.relay.store.describe(),
+            stage,
+            kind = %e.kind(),
+            failures = self.store_failures,
+            error = %e,
+            "database call failed; reconnecting after a backoff"
+        );
+        self.relay.handle.store_failed(&e);
+    }
+
+    /// Drop the session (and with it every shard lock) after an error.
+    async fn lose_session(&mut self, stage: &'static str, e: Error) {
+        self.store_failed(stage, e);
+        if let Some(open) = self.open.as_mut() {
+            // Acknowledged but not marked: they will be published again (at least once).
+            open.unmarked.clear();
+        }
+        self.close_session().await;
+    }
+
+    /// Mark what is left, release every lock and close the connection.
+    pub(super) async fn close_session(&mut self) {
+        if let Some(mut open) = self.open.take() {
+            if let Err(e) = open.flush(self.relay).await {
+                self.store_failed("mark", e);
+            }
+            let owned = open.session.owned().len();
+            match tokio::time::timeout(Duration::from_secs(5), open.session.close()).await {
+                Ok(Ok(())) => debug!(released = owned, "database session closed"),
+                Ok(Err(e)) => {
+                    debug!(error = %e, "closing the database session failed; its locks go with the connection")
+                }
+                Err(_) => debug!(
+                    "closing the database session timed out; its locks go with the connection"
+                ),
+            }
+        }
+        self.relay.handle.owns(0);
+    }
+}
+
+/// What became of a batch, as the session records it.
+#[derive(Debug, Default)]
+struct Assessment {
+    /// Rows the broker acknowledged.
+    published: Vec<i64>,
+    /// Failures to record: retry later, or dead.
+    failures: Vec<Failure>,
+    /// How many of the failures park their event as dead.
+    dead: u64,
+    /// Aggregates with an event failed or not sent.
+    blocked: HashSet<String>,
+}
+
+/// Turn dispositions into rows to mark and failures to record (backoff, or dead after
+/// `max_attempts` or a rejection), with their metrics and logs.
+fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) -> Assessment {
+    let config = &relay.config;
+    let sink_kind = relay.sink.kind();
+    let now = Utc::now();
+    let mut assessment = Assessment {
+        published: Vec::with_capacity(batch.len()),
+        ..Assessment::default()
+    };
+    for (event, disposition) in batch.iter().zip(dispositions) {
+        let attempts = u32::try_from(event.attempts).unwrap_or(0) + 1;
+        let (error, retry_in) = match disposition {
+            Disposition::Published => {
+                assessment.published.push(event.id);
+                let latency = (now - event.created_at).num_microseconds().unwrap_or(0);
+                metrics::histogram!(m::COMMIT_TO_ACK).record(latency.max(0) as f64 / 1e6);
+                continue;
+            }
+            Disposition::NotSent => {
+                assessment.blocked.insert(event.aggregate_id.clone());
+                continue;
+            }
+            Disposition::Retry(e) if attempts < config.max_attempts => {
+                (e, Some(config.backoff(attempts)))
+            }
+            Disposition::Retry(e) => (
+                e.context(format!("gave up after {attempts} attempts")),
+                None,
+            ),
+            Disposition::Reject(e) => (e, None),
+        };
+        assessment.blocked.insert(event.aggregate_id.clone());
+        let destination = relay.sink.destination(event);
+        let kind = error.kind().as_str();
+        match retry_in {
+            Some(delay) => {
+                metrics::counter!(m::EVENTS_RETRIED, "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, retry_in = ?delay, error = %error, "event failed; its aggregate waits for the retry");
+            }
+            None => {
+                assessment.dead += 1;
+                metrics::counter!(m::EVENTS_DEAD, "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, error = %error, "event parked as dead");
+            }
+        }
+        assessment.failures.push(Failure {
+            id: event.id,
+            error: error.full_message(),
+            retry_in,
+        });
+    }
+    assessment
+}
+
+fn count_published(relay: &Relay, batch: &[OutboxEvent], published: &[i64]) {
+    let sink_kind = relay.sink.kind();
+    let published: HashSet<i64> = published.iter().copied().collect();
+    let mut per_destination: Vec<(String, u64)> = Vec::new();
+    for event in batch.iter().filter(|e| published.contains(&e.id)) {
+        let destination = relay.sink.destination(event);
+        match per_destination.iter_mut().find(|(d, _)| *d == destination) {
+            Some((_, n)) => *n += 1,
+            None => per_destination.push((destination, 1)),
+        }
+    }
+    for (destination, n) in per_destination {
+        metrics::counter!(m::EVENTS_PUBLISHED, "sink" => sink_kind, "destination" => destination)
+            .increment(n);
+    }
+}
