@@ -274,6 +274,12 @@ async fn wait_for_signal() {
     }
 }
 
+/// Colour only on a terminal, and not when `NO_COLOR` is set to anything non-empty
+/// (<https://no-color.org>): files and container logs get plain text.
+fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging(format: LogFormat, level: &str) {
     use tracing_subscriber::EnvFilter;
     // lapin logs every returned message at WARN with its payload and headers: keep event
@@ -283,9 +289,27 @@ fn init_logging(format: LogFormat, level: &str) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(use_colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::use_colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(use_colour(true, Some("".into())));
+        assert!(!use_colour(true, Some("1".into())));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some("1".into())));
+    }
 }

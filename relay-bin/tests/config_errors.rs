@@ -536,3 +536,36 @@ fn version_names_the_adapters_compiled_in() {
         "{version}"
     );
 }
+
+/// Logs written to a pipe or a file (containers, log collectors) carry no ANSI colour codes,
+/// whatever the level; `NO_COLOR` is honoured on terminals (unit-tested in cli.rs).
+#[test]
+fn logs_to_a_pipe_have_no_colour() {
+    let table = format!("ansi_check_{}", std::process::id());
+    let config =
+        TempConfig::new(&valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]")));
+    let out = with_config(&config, "migrate", &[("RUST_LOG", "debug")]);
+    let dropped = tokio::runtime::Runtime::new()
+        .expect("a runtime")
+        .block_on(async {
+            use outboxkit_store_postgres::sqlx::{self, Connection};
+            let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
+            sqlx::query(&format!("DROP TABLE IF EXISTS {table} CASCADE"))
+                .execute(&mut db)
+                .await
+        });
+    assert_eq!(
+        out.code,
+        Some(0),
+        "migrate needs PostgreSQL at {} (set OUTBOX_TEST_POSTGRES_URL):\n{}",
+        postgres_url(),
+        out.stderr
+    );
+    dropped.expect("dropping the test table");
+    assert!(out.stderr.contains("INFO"), "no log line:\n{}", out.stderr);
+    assert!(
+        !out.stderr.contains('\u{1b}'),
+        "ANSI escapes in piped logs:\n{}",
+        out.stderr.escape_debug()
+    );
+}
