@@ -20,28 +20,73 @@
 //! | sqlx configuration error | `Config` | no |
 //! | anything else (1062 duplicate key, 1064 syntax...) | `Other` | no |
 
-use std::io;
-
-use outboxkit_core::{Error, ErrorKind};
+use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
-/// What error messages name: where the database is and which table was used.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Target {
-    /// `host:port` (or socket path).
-    pub endpoint: Option<String>,
-    pub database: Option<String>,
-    pub user: Option<String>,
-    /// The outbox table as configured or resolved (`shop.outbox`).
-    pub table: String,
-}
+use outboxkit_core::{Error, ErrorKind};
+use outboxkit_store_sql::classify::with_retryability;
+pub(crate) use outboxkit_store_sql::Target;
 
-impl Target {
-    fn at(&self) -> String {
-        match &self.endpoint {
-            Some(endpoint) => format!("MySQL at {endpoint}"),
-            None => "MySQL".to_owned(),
-        }
+/// MySQL's / MariaDB's wording and error numbers.
+#[derive(Debug)]
+pub(crate) struct MySql;
+
+impl outboxkit_store_sql::Dialect for MySql {
+    const PRODUCT: &'static str = "MySQL";
+    const TLS_OPTION: &'static str = "ssl-mode";
+    const UNREACHABLE: &'static str = "server";
+
+    fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {
+        let at = target.at::<Self>();
+        let table = &target.table;
+        let number = e
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number);
+        let sqlstate = e.code().map(|c| c.into_owned()).unwrap_or_default();
+        let message = e.message().to_owned();
+        let code = match number {
+            Some(number) => format!("error {number}, SQLSTATE {sqlstate}"),
+            None => format!("SQLSTATE {sqlstate}"),
+        };
+        let (kind, retryable) = kind_of_server_error(number, &sqlstate);
+        let user = target.user.as_deref().unwrap_or("?");
+        let text = match kind {
+            ErrorKind::Schema => format!(
+                "table {table} does not exist or is not as expected (not migrated?): run \
+                 `outbox-relay migrate` ({message})"
+            ),
+            ErrorKind::Config if number == Some(1049) => format!(
+                "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
+                target.database.as_deref().unwrap_or("?")
+            ),
+            ErrorKind::Config => format!(
+                "{at} refused the connection (store.url): {message} — set ssl-mode in the URL"
+            ),
+            ErrorKind::Unauthorized if matches!(number, Some(1142 | 1143 | 1227)) => format!(
+                "user \"{user}\" lacks a privilege on table {table}: {message} — grant it (see \
+                 the store README)"
+            ),
+            ErrorKind::Unauthorized => {
+                format!("{at} refused user \"{user}\" (store.url): {message}")
+            }
+            ErrorKind::Connection => format!("{at} ended the connection: {message} ({code})"),
+            ErrorKind::Unavailable => {
+                format!("{at} cannot serve right now: {message} ({code})")
+            }
+            ErrorKind::Timeout => format!(
+                "a statement on table {table} was interrupted: {message} ({code}; raise \
+                 store.session_timeout if it is the statement time limit)"
+            ),
+            ErrorKind::MessageTooLarge => format!(
+                "{at} refused a statement on table {table} as too large: {message} (raise the \
+                 server's max_allowed_packet)"
+            ),
+            ErrorKind::InvalidMessage => {
+                format!("{at} refused a value for table {table}: {message} ({code})")
+            }
+            _ => format!("{at}, table {table}: {message} ({code})"),
+        };
+        with_retryability(Error::new(kind, text), retryable)
     }
 }
 
@@ -77,118 +122,9 @@ pub(crate) fn kind_of_server_error(number: Option<u16>, sqlstate: &str) -> (Erro
     }
 }
 
-fn with_retryability(error: Error, retryable: bool) -> Error {
-    if retryable {
-        error.temporary()
-    } else {
-        error.permanent()
-    }
-}
-
-fn describe_io(error: &io::Error) -> String {
-    let text = match error.kind() {
-        io::ErrorKind::ConnectionRefused => "connection refused",
-        io::ErrorKind::ConnectionReset => "connection reset",
-        io::ErrorKind::ConnectionAborted => "connection aborted",
-        io::ErrorKind::BrokenPipe => "connection closed (broken pipe)",
-        io::ErrorKind::UnexpectedEof => "connection closed by the server",
-        io::ErrorKind::TimedOut => "timed out",
-        io::ErrorKind::NotFound => "not found",
-        io::ErrorKind::PermissionDenied => "permission denied",
-        _ => return error.to_string(),
-    };
-    text.to_owned()
-}
-
 /// Map a sqlx error to the relay's error. Messages name the server or table and say what to do.
 pub(crate) fn classify(error: sqlx::Error, target: &Target) -> Error {
-    let at = target.at();
-    let table = &target.table;
-    match error {
-        sqlx::Error::Io(e) => Error::new(
-            ErrorKind::Connection,
-            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
-        ),
-        sqlx::Error::Tls(e) => Error::new(
-            ErrorKind::Connection,
-            format!("TLS with {at} failed (store.url, ssl-mode): {e}"),
-        ),
-        sqlx::Error::Protocol(e) => Error::new(
-            ErrorKind::Connection,
-            format!("the connection to {at} broke: {e}"),
-        ),
-        sqlx::Error::WorkerCrashed => Error::new(
-            ErrorKind::Connection,
-            format!("the connection to {at} broke (its background worker stopped)"),
-        ),
-        sqlx::Error::PoolTimedOut => Error::new(
-            ErrorKind::Connection,
-            format!(
-                "no connection to {at} could be had within store.connect_timeout: the server \
-                 is unreachable or every connection of the pool (store.pool_size) is busy"
-            ),
-        ),
-        sqlx::Error::PoolClosed => Error::new(
-            ErrorKind::Connection,
-            format!("the connection pool to {at} was closed"),
-        ),
-        sqlx::Error::Configuration(e) => Error::config(format!("store.url: {e}")),
-        sqlx::Error::Database(e) => {
-            let number = e
-                .try_downcast_ref::<MySqlDatabaseError>()
-                .map(MySqlDatabaseError::number);
-            let sqlstate = e.code().map(|c| c.into_owned()).unwrap_or_default();
-            let message = e.message().to_owned();
-            let code = match number {
-                Some(number) => format!("error {number}, SQLSTATE {sqlstate}"),
-                None => format!("SQLSTATE {sqlstate}"),
-            };
-            let (kind, retryable) = kind_of_server_error(number, &sqlstate);
-            let user = target.user.as_deref().unwrap_or("?");
-            let text = match kind {
-                ErrorKind::Schema => format!(
-                    "table {table} does not exist or is not as expected (not migrated?): run \
-                     `outbox-relay migrate` ({message})"
-                ),
-                ErrorKind::Config if number == Some(1049) => format!(
-                    "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
-                    target.database.as_deref().unwrap_or("?")
-                ),
-                ErrorKind::Config => format!(
-                    "{at} refused the connection (store.url): {message} — set ssl-mode in the URL"
-                ),
-                ErrorKind::Unauthorized if matches!(number, Some(1142 | 1143 | 1227)) => format!(
-                    "user \"{user}\" lacks a privilege on table {table}: {message} — grant it (see \
-                     the store README)"
-                ),
-                ErrorKind::Unauthorized => {
-                    format!("{at} refused user \"{user}\" (store.url): {message}")
-                }
-                ErrorKind::Connection => format!("{at} ended the connection: {message} ({code})"),
-                ErrorKind::Unavailable => {
-                    format!("{at} cannot serve right now: {message} ({code})")
-                }
-                ErrorKind::Timeout => format!(
-                    "a statement on table {table} was interrupted: {message} ({code}; raise \
-                     store.session_timeout if it is the statement time limit)"
-                ),
-                ErrorKind::MessageTooLarge => format!(
-                    "{at} refused a statement on table {table} as too large: {message} (raise the \
-                     server's max_allowed_packet)"
-                ),
-                ErrorKind::InvalidMessage => {
-                    format!("{at} refused a value for table {table}: {message} ({code})")
-                }
-                _ => format!("{at}, table {table}: {message} ({code})"),
-            };
-            with_retryability(Error::new(kind, text), retryable)
-        }
-        other => Error::new(
-            ErrorKind::Other,
-            format!("unexpected answer from {at} about table {table}: {other}"),
-        )
-        .permanent(),
-    }
+    outboxkit_store_sql::classify::<MySql>(error, target)
 }
 
 #[cfg(test)]
@@ -196,6 +132,7 @@ mod tests {
     use std::borrow::Cow;
     use std::error::Error as StdError;
     use std::fmt;
+    use std::io;
 
     use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
 

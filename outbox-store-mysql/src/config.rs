@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use outboxkit_core::{Error, Result};
+use outboxkit_store_sql::config::{self, NameRules, QualifiedName};
 use serde::{Deserialize, Serialize};
 
 /// Settings of the MySQL / MariaDB store (`[store]` with `kind = "mysql"`).
@@ -16,56 +17,46 @@ pub struct MySqlStoreConfig {
     pub url: String,
     /// Outbox table, optionally qualified by its database (`app.outbox`); an unqualified name
     /// lives in the URL's database. Lowercase letters, digits, `_`.
-    #[serde(default = "default_table")]
+    #[serde(default = "outboxkit_store_sql::config::default_table")]
     pub table: String,
     /// Number of shards, used only when `migrate` creates the table (then read from the database).
-    #[serde(default = "default_shards")]
+    #[serde(default = "outboxkit_store_sql::config::default_shards")]
     pub shards: u32,
     /// Connections of the pool used for migrations, inserts, purge and status (sessions that
     /// hold shard locks have a dedicated connection each).
-    #[serde(default = "default_pool_size")]
+    #[serde(default = "outboxkit_store_sql::config::default_pool_size")]
     pub pool_size: u32,
     /// Longest wait for a connection.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxkit_store_sql::config::default_connect_timeout",
+        with = "humantime_serde"
+    )]
     pub connect_timeout: Duration,
     /// Longest a single call on a shard session may take. Past it the session is given up (the
     /// server releases its locks) and the relay opens a new one. Also set as the session's
     /// statement time limit (`max_statement_time` on MariaDB, `max_execution_time` on MySQL) and
     /// lock wait timeouts.
-    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxkit_store_sql::config::default_session_timeout",
+        with = "humantime_serde"
+    )]
     pub session_timeout: Duration,
-}
-
-fn default_table() -> String {
-    "outbox".to_owned()
-}
-fn default_shards() -> u32 {
-    64
-}
-fn default_pool_size() -> u32 {
-    4
-}
-fn default_connect_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_session_timeout() -> Duration {
-    Duration::from_secs(30)
 }
 
 /// Most shards a table may have: a relay holding every shard holds one named lock per shard,
 /// and `cluster()` asks the server about every shard in one statement.
-pub const MAX_SHARDS: u32 = 1024;
+pub const MAX_SHARDS: u32 = outboxkit_store_sql::config::MAX_SHARDS;
 
 impl MySqlStoreConfig {
     /// A configuration with every default and this URL.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            table: default_table(),
-            shards: default_shards(),
-            pool_size: default_pool_size(),
-            connect_timeout: default_connect_timeout(),
-            session_timeout: default_session_timeout(),
+            table: config::default_table(),
+            shards: config::default_shards(),
+            pool_size: config::default_pool_size(),
+            connect_timeout: config::default_connect_timeout(),
+            session_timeout: config::default_session_timeout(),
         }
     }
 
@@ -88,31 +79,18 @@ impl MySqlStoreConfig {
 
     /// Check what serde cannot; each error names its key under `store.`.
     pub fn validate(&self) -> Result<()> {
-        if !(self.url.starts_with("mysql://") || self.url.starts_with("mariadb://")) {
-            return Err(Error::config(format!(
-                "store.url: expected mysql://user:password@host:port/database, got \"{}\"",
-                self.redacted_url()
-            )));
-        }
+        config::check_url(
+            &self.url,
+            &["mysql://", "mariadb://"],
+            "mysql://user:password@host:port/database",
+        )?;
         TableName::parse(&self.table).map_err(|e| e.context("store.table"))?;
-        if self.shards == 0 || self.shards > MAX_SHARDS {
-            return Err(Error::config(format!(
-                "store.shards: must be between 1 and {MAX_SHARDS}, got {}",
-                self.shards
-            )));
-        }
-        if self.pool_size == 0 {
-            return Err(Error::config("store.pool_size: must be at least 1"));
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::config("store.connect_timeout: must be above 0"));
-        }
-        if self.session_timeout < Duration::from_millis(100) {
-            return Err(Error::config(
-                "store.session_timeout: must be at least 100ms",
-            ));
-        }
-        Ok(())
+        config::check_limits(
+            self.shards,
+            self.pool_size,
+            self.connect_timeout,
+            self.session_timeout,
+        )
     }
 }
 
@@ -129,16 +107,16 @@ impl fmt::Debug for MySqlStoreConfig {
     }
 }
 
-/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
-/// nothing of an unparsable value is shown.
-pub(crate) fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url(raw).unwrap_or_else(|| "<unparsable URL>".to_owned())
-}
+pub(crate) use outboxkit_store_sql::config::redact_url;
 
-/// Longest table name: the names of its CHECK constraints (unique per database in MySQL) add a
-/// suffix of up to 16 bytes to it, and MySQL identifiers are at most 64 bytes.
-const MAX_TABLE_NAME_LEN: usize = 48;
-const MAX_IDENT_LEN: usize = 64;
+/// How MySQL qualifies and limits table names: the names of a table's CHECK constraints (unique
+/// per database in MySQL) add a suffix of up to 16 bytes to it, and MySQL identifiers are at
+/// most 64 bytes.
+const NAME_RULES: NameRules = NameRules {
+    qualifier: "database",
+    max_qualifier_len: 64,
+    max_name_len: 48,
+};
 
 /// The bookkeeping table of migrations, in the outbox table's database.
 pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
@@ -150,100 +128,71 @@ pub(crate) const MEMBERS_TABLE: &str = "outbox_relay_members";
 /// Names are limited to lowercase ASCII letters, digits and `_` (starting with a letter or `_`),
 /// so that the name used by the relay is the one writers get with plain unquoted SQL, whatever
 /// the server's `lower_case_table_names`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName {
-    database: Option<String>,
-    name: String,
-}
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName(QualifiedName);
 
 impl TableName {
     /// Parse `table` or `database.table`.
     pub fn parse(text: &str) -> Result<Self> {
-        let text = text.trim();
-        let (database, name) = match text.split_once('.') {
-            Some((database, name)) => (Some(database), name),
-            None => (None, text),
-        };
-        if let Some(database) = database {
-            check_identifier(text, database, MAX_IDENT_LEN)?;
-        }
-        check_identifier(text, name, MAX_TABLE_NAME_LEN)?;
+        let parsed = QualifiedName::parse(text, &NAME_RULES)?;
+        let name = parsed.name();
         if name == SCHEMA_TABLE || name == MEMBERS_TABLE {
             return Err(Error::config(format!(
-                "\"{text}\": {name} is one of the relay's own bookkeeping tables, choose another name"
+                "\"{}\": {name} is one of the relay's own bookkeeping tables, choose another name",
+                text.trim()
             )));
         }
-        Ok(Self {
-            database: database.map(str::to_owned),
-            name: name.to_owned(),
-        })
+        Ok(Self(parsed))
     }
 
     /// The database, when qualified.
     pub fn database(&self) -> Option<&str> {
-        self.database.as_deref()
+        self.0.qualifier()
     }
 
     /// The table name without database.
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// The same table in `database` (when it had none). The database name comes from the URL
     /// and may hold any character: it is always quoted.
-    pub(crate) fn in_database(mut self, database: &str) -> Self {
-        if self.database.is_none() {
-            self.database = Some(database.to_owned());
-        }
-        self
+    pub(crate) fn in_database(self, database: &str) -> Self {
+        Self(self.0.or_in(database))
     }
 
     /// `` `database`.`table` `` or `` `table` ``, for SQL.
     pub fn quoted(&self) -> String {
-        self.quoted_sibling(&self.name)
+        self.quoted_sibling(self.name())
     }
 
     /// Another table of the same database, quoted.
     pub(crate) fn quoted_sibling(&self, name: &str) -> String {
-        match &self.database {
+        match self.database() {
             Some(database) => format!("{}.{}", quote_ident(database), quote_ident(name)),
             None => quote_ident(name),
         }
     }
 }
 
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TableName")
+            .field("database", &self.database())
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.database {
-            Some(database) => write!(f, "{database}.{}", self.name),
-            None => f.write_str(&self.name),
-        }
+        self.0.fmt(f)
     }
 }
 
 /// A MySQL identifier in backquotes, with backquotes doubled.
 pub(crate) fn quote_ident(ident: &str) -> String {
     format!("`{}`", ident.replace('`', "``"))
-}
-
-fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
-    let mut chars = ident.chars();
-    let valid_start = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-    let valid_rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !valid_start || !valid_rest {
-        return Err(Error::config(format!(
-            "\"{whole}\" is not a valid table name: use `table` or `database.table` made of \
-             lowercase letters, digits and _ (not starting with a digit)"
-        )));
-    }
-    if ident.len() > max_len {
-        return Err(Error::config(format!(
-            "\"{whole}\": \"{ident}\" is longer than {max_len} bytes"
-        )));
-    }
-    Ok(())
 }
 
 /// `kind = "mysql"` (MySQL 8.0.16+ and MariaDB 10.6+): the rest of `[store]` is this type.

@@ -40,9 +40,7 @@ const MIGRATION_LOCK_WAIT_SECS: i64 = 120;
 const COMMENT_MARK: &str = "outbox-relay schema=";
 
 fn render(sql: &str, table: &TableName, shards: i32) -> String {
-    sql.replace("{table}", &table.quoted())
-        .replace("{name}", table.name())
-        .replace("{shards}", &shards.to_string())
+    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards)
 }
 
 /// `(version, shards)` read back from a table comment written by a migration.
@@ -238,7 +236,11 @@ async fn migrate_on(
         },
     };
     if current > SCHEMA_VERSION {
-        return Err(newer_schema(table, current));
+        return Err(outboxkit_store_sql::migrate::newer_schema(
+            table,
+            current,
+            SCHEMA_VERSION,
+        ));
     }
     if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
         tracing::info!(
@@ -305,21 +307,11 @@ async fn record_version(
     Ok(())
 }
 
-pub(crate) fn not_migrated(table: &TableName) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
-    )
-}
+pub(crate) use outboxkit_store_sql::migrate::not_migrated;
 
-pub(crate) fn newer_schema(table: &TableName, version: i32) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!(
-            "table {table} is at schema version {version}, newer than this relay knows \
-             ({SCHEMA_VERSION}): upgrade outbox-relay"
-        ),
-    )
+/// `Ok` when `table` is at [`SCHEMA_VERSION`].
+pub(crate) fn check_version(table: &TableName, version: i32) -> Result<()> {
+    outboxkit_store_sql::migrate::check_version(table, version, SCHEMA_VERSION)
 }
 
 #[cfg(test)]

@@ -9,15 +9,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
-use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection, Row};
+use sqlx::{ConnectOptions, Executor, MySqlConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
-    ClaimRequest, ClusterView, Error, ErrorKind, Failure, Headers, MarkMode, OutboxEvent, Result,
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, Result,
     ShardSession,
 };
 
-use crate::classify::{classify, Target};
+use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence, CLIENT_TIMEOUT_MARGIN};
+
+use crate::classify::{classify, MySql, Target};
 use crate::config::TableName;
 use crate::sql::{self, Sql, MAX_LIST, TRY_LOCK, UNLOCK, UNLOCK_ALL};
 
@@ -27,13 +30,6 @@ pub(crate) const MEMBER_SLOTS: u16 = 128;
 
 /// Longest name of a MySQL named lock.
 const MAX_LOCK_NAME: usize = 64;
-
-/// How much longer than the server's statement limit the client waits before giving the session
-/// up.
-const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
-
-/// Longest `last_error` stored.
-const MAX_ERROR_LEN: usize = 8 * 1024;
 
 /// Longest `relay_id` stored in `outbox_relay_members`.
 const MAX_RELAY_ID_CHARS: usize = 255;
@@ -126,15 +122,10 @@ pub(crate) async fn lock_holders(
 /// `store.session_timeout`) the session is poisoned: its locks are gone with the connection, it
 /// owns nothing, and every call fails with [`ErrorKind::LeaseLost`].
 pub struct MySqlShardSession {
-    conn: Option<MySqlConnection>,
+    fence: Fence<MySqlConnection, MySql>,
     context: Arc<SessionContext>,
-    relay_id: String,
     connection_id: i64,
     slot: Option<u16>,
-    shard_count: u32,
-    owned: BTreeSet<i32>,
-    timeout: Duration,
-    poisoned: Option<String>,
     /// Every shard lock name then every slot lock name, bound by `cluster()`.
     all_locks: Vec<String>,
 }
@@ -143,12 +134,12 @@ impl fmt::Debug for MySqlShardSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlShardSession")
             .field("table", &self.context.target.table)
-            .field("relay_id", &self.relay_id)
+            .field("relay_id", &self.fence.relay_id())
             .field("connection_id", &self.connection_id)
             .field("slot", &self.slot)
-            .field("shard_count", &self.shard_count)
-            .field("owned", &self.owned)
-            .field("poisoned", &self.poisoned)
+            .field("shard_count", &self.fence.shard_count())
+            .field("owned", self.fence.owned())
+            .field("poisoned", &self.fence.poisoned())
             .finish()
     }
 }
@@ -166,17 +157,7 @@ impl MySqlShardSession {
         let target = &context.target;
         let mut conn = tokio::time::timeout(connect_timeout, options.connect())
             .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Connection,
-                    format!(
-                        "cannot reach MySQL at {} (store.url): no answer within {} \
-                         (store.connect_timeout)",
-                        target.endpoint.as_deref().unwrap_or("?"),
-                        humantime_serde::re::humantime::format_duration(connect_timeout)
-                    ),
-                )
-            })?
+            .map_err(|_| no_answer_within::<MySql>(target, connect_timeout))?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let timeout = session_timeout + CLIENT_TIMEOUT_MARGIN;
         let joined = tokio::time::timeout(timeout, join(&mut conn, &context, relay_id))
@@ -187,7 +168,7 @@ impl MySqlShardSession {
                     format!(
                         "opening a shard session: MySQL at {} did not answer within {}",
                         target.endpoint.as_deref().unwrap_or("?"),
-                        humantime_serde::re::humantime::format_duration(timeout)
+                        outboxkit_store_sql::format_duration(timeout)
                     ),
                 )
             })?
@@ -203,18 +184,17 @@ impl MySqlShardSession {
         }
         tracing::debug!(table = %target.table, relay_id, connection_id, ?slot, "shard session opened");
         Ok(Self {
-            conn: Some(conn),
+            fence: Fence::new(
+                conn,
+                context.target.clone(),
+                relay_id,
+                shard_count,
+                session_timeout,
+            ),
             all_locks: context.locks.all(shard_count),
             context,
-            relay_id: relay_id.to_owned(),
             connection_id,
             slot,
-            shard_count,
-            owned: BTreeSet::new(),
-            // The server's statement limit fires first and leaves a usable session; this one is
-            // for a server that does not answer at all.
-            timeout,
-            poisoned: None,
         })
     }
 
@@ -231,88 +211,7 @@ impl MySqlShardSession {
 
     /// Whether the connection was lost: the session owns nothing and every call fails.
     pub fn is_poisoned(&self) -> bool {
-        self.poisoned.is_some()
-    }
-
-    fn lease_lost(&self) -> Error {
-        Error::new(
-            ErrorKind::LeaseLost,
-            format!(
-                "lost the MySQL session holding shard locks: {}",
-                self.poisoned.as_deref().unwrap_or("session closed")
-            ),
-        )
-    }
-
-    /// The session's connection, its statements and the timeout of a call; `LeaseLost` once
-    /// poisoned. Run the statement, then hand its outcome to [`Self::settle`].
-    fn connection(&mut self) -> Result<(&mut MySqlConnection, &SessionContext, Duration)> {
-        match self.conn.as_mut() {
-            Some(conn) => Ok((conn, &self.context, self.timeout)),
-            None => Err(Error::new(
-                ErrorKind::LeaseLost,
-                format!(
-                    "lost the MySQL session holding shard locks: {}",
-                    self.poisoned.as_deref().unwrap_or("session closed")
-                ),
-            )),
-        }
-    }
-
-    /// Classify the outcome of a statement; a broken connection or no answer in time poisons the
-    /// session.
-    fn settle<T>(
-        &mut self,
-        outcome: std::result::Result<
-            std::result::Result<T, sqlx::Error>,
-            tokio::time::error::Elapsed,
-        >,
-        action: &str,
-    ) -> Result<T> {
-        let error = match outcome {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => classify(e, &self.context.target).context(action),
-            Err(_) => {
-                let reason = format!(
-                    "no answer while {action} within {} (store.session_timeout + 1s)",
-                    humantime_serde::re::humantime::format_duration(self.timeout)
-                );
-                return Err(self.poison(reason));
-            }
-        };
-        if error.kind() == ErrorKind::Connection {
-            return Err(self.poison(error.full_message()));
-        }
-        Err(error)
-    }
-
-    /// The connection is unusable: drop it (the server releases its locks) and own nothing.
-    fn poison(&mut self, reason: String) -> Error {
-        tracing::warn!(
-            table = %self.context.target.table,
-            relay_id = %self.relay_id,
-            shards = self.owned.len(),
-            "shard session lost: {reason}"
-        );
-        self.poisoned = Some(reason);
-        self.conn = None;
-        self.owned.clear();
-        self.lease_lost()
-    }
-
-    fn check_shard(&self, shard: i32) -> Result<()> {
-        if shard < 0 || i64::from(shard) >= i64::from(self.shard_count) {
-            return Err(Error::new(
-                ErrorKind::Other,
-                format!(
-                    "shard {shard} does not exist: table {} has shards 0 to {}",
-                    self.context.target.table,
-                    i64::from(self.shard_count) - 1
-                ),
-            )
-            .permanent());
-        }
-        Ok(())
+        self.fence.is_poisoned()
     }
 
     async fn claim_rows(
@@ -324,8 +223,8 @@ impl MySqlShardSession {
     ) -> Result<Vec<MySqlRow>> {
         let shards = sql::padded(shards);
         let excluded = sql::padded(excluded);
-        let (conn, ctx, timeout) = self.connection()?;
-        let statement = ctx.sql.claim(shards.len(), excluded.len());
+        let statement = self.context.sql.claim(shards.len(), excluded.len());
+        let (conn, timeout) = self.fence.connection()?;
         let mut query = sqlx::query(&statement);
         for shard in &shards {
             query = query.bind(*shard);
@@ -335,24 +234,24 @@ impl MySqlShardSession {
         }
         let query = query.bind(dead_holds_aggregate).bind(limit);
         let outcome = tokio::time::timeout(timeout, query.fetch_all(conn)).await;
-        self.settle(outcome, "claiming rows")
+        self.fence.settle(outcome, "claiming rows")
     }
 
     /// Run `statement` (one per chunk of padded ids) on the session.
     async fn by_ids(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
         for chunk in ids.chunks(MAX_LIST) {
             let chunk = sql::padded(chunk);
-            let (conn, ctx, timeout) = self.connection()?;
             let statement = match mode {
-                MarkMode::Delete => ctx.sql.mark_delete(chunk.len()),
-                MarkMode::Keep => ctx.sql.mark_keep(chunk.len()),
+                MarkMode::Delete => self.context.sql.mark_delete(chunk.len()),
+                MarkMode::Keep => self.context.sql.mark_keep(chunk.len()),
             };
+            let (conn, timeout) = self.fence.connection()?;
             let mut query = sqlx::query(&statement);
             for id in &chunk {
                 query = query.bind(*id);
             }
             let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
-            self.settle(outcome, "marking rows published")?;
+            self.fence.settle(outcome, "marking rows published")?;
         }
         Ok(())
     }
@@ -427,51 +326,21 @@ fn decode_event(row: &MySqlRow) -> std::result::Result<OutboxEvent, sqlx::Error>
     })
 }
 
-/// Headers are a JSON object; values that are not strings become their JSON text.
-pub(crate) fn parse_headers(text: &str) -> std::result::Result<Headers, serde_json::Error> {
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
-    Ok(object
-        .into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(s) => (name, s),
-            other => (name, other.to_string()),
-        })
-        .collect())
-}
-
-fn truncate_error(text: &str) -> &str {
-    if text.len() <= MAX_ERROR_LEN {
-        return text;
-    }
-    let mut end = MAX_ERROR_LEN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 #[async_trait]
 impl ShardSession for MySqlShardSession {
     fn shard_count(&self) -> u32 {
-        self.shard_count
+        self.fence.shard_count()
     }
 
     fn owned(&self) -> &BTreeSet<i32> {
-        &self.owned
+        self.fence.owned()
     }
 
     async fn cluster(&mut self) -> Result<ClusterView> {
-        let names = std::mem::take(&mut self.all_locks);
-        let outcome = match self.connection() {
-            Ok((conn, _, timeout)) => {
-                let outcome = tokio::time::timeout(timeout, lock_holders(conn, &names)).await;
-                Ok(outcome)
-            }
-            Err(e) => Err(e),
-        };
-        self.all_locks = names;
-        let holders = self.settle(outcome?, "reading the relays' locks")?;
-        let shards = self.shard_count as usize;
+        let (conn, timeout) = self.fence.connection()?;
+        let outcome = tokio::time::timeout(timeout, lock_holders(conn, &self.all_locks)).await;
+        let holders = self.fence.settle(outcome, "reading the relays' locks")?;
+        let shards = self.fence.shard_count() as usize;
         let mut view = ClusterView::default();
         for (shard, holder) in holders.iter().take(shards).enumerate() {
             if holder.is_some() {
@@ -485,16 +354,14 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        self.check_shard(shard)?;
-        if self.owned.contains(&shard) {
+        self.fence.ensure_live()?;
+        self.fence.check_shard(shard)?;
+        if self.fence.owned().contains(&shard) {
             // Named locks stack within a session: never take one twice, one release must free it.
             return Ok(true);
         }
         let name = self.context.locks.shard(shard);
-        let (conn, _, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
             sqlx::query_scalar::<_, Option<i64>>(TRY_LOCK)
@@ -502,9 +369,9 @@ impl ShardSession for MySqlShardSession {
                 .fetch_one(conn),
         )
         .await;
-        match self.settle(outcome, "taking a shard lock")? {
+        match self.fence.settle(outcome, "taking a shard lock")? {
             Some(1) => {
-                self.owned.insert(shard);
+                self.fence.acquired(shard);
                 Ok(true)
             }
             Some(_) => Ok(false),
@@ -517,14 +384,12 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn release(&mut self, shard: i32) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        if !self.owned.contains(&shard) {
+        self.fence.ensure_live()?;
+        if !self.fence.owned().contains(&shard) {
             return Ok(());
         }
         let name = self.context.locks.shard(shard);
-        let (conn, _, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
             sqlx::query_scalar::<_, Option<i64>>(UNLOCK)
@@ -532,8 +397,8 @@ impl ShardSession for MySqlShardSession {
                 .fetch_one(conn),
         )
         .await;
-        let released = self.settle(outcome, "releasing a shard lock")?;
-        self.owned.remove(&shard);
+        let released = self.fence.settle(outcome, "releasing a shard lock")?;
+        self.fence.released(shard);
         if released != Some(1) {
             tracing::warn!(shard, lock = %name, "released a shard lock this session did not hold");
         }
@@ -541,13 +406,11 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        if self.owned.is_empty() || request.limit == 0 {
+        self.fence.ensure_live()?;
+        if self.fence.owned().is_empty() || request.limit == 0 {
             return Ok(Vec::new());
         }
-        let shards: Vec<i32> = self.owned.iter().copied().collect();
+        let shards: Vec<i32> = self.fence.owned().iter().copied().collect();
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
         let rows = if request.exclude_ids.len() <= MAX_LIST {
             self.claim_rows(
@@ -579,13 +442,11 @@ impl ShardSession for MySqlShardSession {
         rows.iter()
             .map(decode_event)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| classify(e, &self.context.target).context("claiming rows"))
+            .map_err(|e| self.fence.classify(e).context("claiming rows"))
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
+        self.fence.ensure_live()?;
         if ids.is_empty() {
             return Ok(());
         }
@@ -593,13 +454,11 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn record_failures(&mut self, failures: &[Failure]) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
+        self.fence.ensure_live()?;
         for chunk in failures.chunks(FAILURES_PER_STATEMENT) {
             let chunk = sql::padded(&chunk.iter().collect::<Vec<_>>());
-            let (conn, ctx, timeout) = self.connection()?;
-            let statement = ctx.sql.record_failures(chunk.len());
+            let statement = self.context.sql.record_failures(chunk.len());
+            let (conn, timeout) = self.fence.connection()?;
             let mut query = sqlx::query(&statement);
             for failure in &chunk {
                 let delay_ms = failure.retry_in.map(|d| {
@@ -613,24 +472,29 @@ impl ShardSession for MySqlShardSession {
                     .bind(delay_ms);
             }
             let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
-            self.settle(outcome, "recording failures")?;
+            self.fence.settle(outcome, "recording failures")?;
         }
         Ok(())
     }
 
-    async fn close(mut self: Box<Self>) -> Result<()> {
-        if self.poisoned.is_some() {
+    async fn close(self: Box<Self>) -> Result<()> {
+        let Self {
+            mut fence,
+            context,
+            slot,
+            ..
+        } = *self;
+        if fence.is_poisoned() {
             return Ok(());
         }
         // Leave and unlock explicitly, so that other relays see the shards free as soon as this
         // returns.
-        let slot = self.slot;
-        let left = match self.connection() {
-            Ok((conn, ctx, timeout)) => {
+        let left = match fence.connection() {
+            Ok((conn, timeout)) => {
                 let work = async {
                     if let Some(slot) = slot {
-                        sqlx::query(&ctx.sql.leave_members)
-                            .bind(&ctx.table_name)
+                        sqlx::query(&context.sql.leave_members)
+                            .bind(&context.table_name)
                             .bind(slot)
                             .execute(&mut *conn)
                             .await?;
@@ -638,22 +502,11 @@ impl ShardSession for MySqlShardSession {
                     sqlx::query(UNLOCK_ALL).execute(&mut *conn).await
                 };
                 let outcome = tokio::time::timeout(timeout, work).await;
-                self.settle(outcome, "releasing shard locks")
+                fence.settle(outcome, "releasing shard locks").map(drop)
             }
             Err(e) => Err(e),
         };
-        self.owned.clear();
-        if let Some(conn) = self.conn.take() {
-            if let Err(e) = conn.close().await {
-                tracing::debug!("closing a shard session: {e}");
-            }
-        }
-        match left {
-            Ok(_) => Ok(()),
-            // The connection is gone, and the locks with it.
-            Err(e) if e.kind() == ErrorKind::LeaseLost => Ok(()),
-            Err(e) => Err(e),
-        }
+        fence.close(left).await
     }
 }
 
@@ -685,23 +538,5 @@ mod tests {
         assert_eq!(all.len(), 4 + MEMBER_SLOTS as usize);
         assert_eq!(all[3], "outbox:shop.outbox:3");
         assert_eq!(all[4], "outbox:shop.outbox:r0");
-    }
-
-    #[test]
-    fn headers_keep_strings_and_stringify_other_values() {
-        let h = parse_headers(r#"{"a": "x", "n": 1, "o": {"k": true}, "z": null}"#).unwrap();
-        assert_eq!(h["a"], "x");
-        assert_eq!(h["n"], "1");
-        assert_eq!(h["o"], r#"{"k":true}"#);
-        assert_eq!(h["z"], "null");
-        assert!(parse_headers("[1]").is_err());
-    }
-
-    #[test]
-    fn long_errors_are_truncated_on_a_char_boundary() {
-        let text = "é".repeat(MAX_ERROR_LEN);
-        let cut = truncate_error(&text);
-        assert!(cut.len() <= MAX_ERROR_LEN && text.starts_with(cut));
-        assert_eq!(truncate_error("short"), "short");
     }
 }

@@ -15,12 +15,13 @@ use outboxkit_core::{
     Result, ShardOwner, ShardSession, Store,
 };
 
-use crate::classify::{classify, Target};
+use crate::classify::{classify, MySql, Target};
 use crate::config::{MySqlStoreConfig, TableName};
 use crate::enqueue::Outbox;
-use crate::migrate::{self, SCHEMA_VERSION};
+use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
+use outboxkit_store_sql::classify::no_answer_within;
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,10 +127,6 @@ impl fmt::Debug for MySqlStore {
     }
 }
 
-fn format_duration(duration: Duration) -> String {
-    humantime_serde::re::humantime::format_duration(duration).to_string()
-}
-
 impl MySqlStore {
     /// Check the configuration and connect. The first connection is made now, so an
     /// unreachable server, refused credentials or an unsupported version fail here with a
@@ -169,16 +166,7 @@ impl MySqlStore {
 
         let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
             .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Connection,
-                    format!(
-                        "cannot reach MySQL at {endpoint} (store.url): no answer within {} \
-                         (store.connect_timeout)",
-                        format_duration(config.connect_timeout)
-                    ),
-                )
-            })?
+            .map_err(|_| no_answer_within::<MySql>(&target, config.connect_timeout))?
             .map_err(|e| classify(e, &target))?;
         let row = sqlx::query(
             "SELECT VERSION(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
@@ -313,20 +301,7 @@ impl MySqlStore {
     }
 
     fn check_version(&self, version: i32) -> Result<()> {
-        let table = &self.inner.table;
-        if version > SCHEMA_VERSION {
-            return Err(migrate::newer_schema(table, version));
-        }
-        if version < SCHEMA_VERSION {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {table} is at schema version {version}, this relay needs \
-                     {SCHEMA_VERSION}: run `outbox-relay migrate`"
-                ),
-            ));
-        }
-        Ok(())
+        migrate::check_version(&self.inner.table, version)
     }
 }
 

@@ -14,27 +14,58 @@
 //! | sqlx configuration error | `Config` | no |
 //! | anything else | `Other` | no |
 
-use std::io;
+use sqlx::error::DatabaseError;
 
 use outboxkit_core::{Error, ErrorKind};
+use outboxkit_store_sql::classify::with_retryability;
+pub(crate) use outboxkit_store_sql::Target;
 
-/// What error messages name: where the database is and which table was used.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Target {
-    /// `host:port` (or socket path).
-    pub endpoint: Option<String>,
-    pub database: Option<String>,
-    pub user: Option<String>,
-    /// The outbox table as configured or resolved (`public.outbox`).
-    pub table: String,
-}
+/// PostgreSQL's wording and error codes.
+#[derive(Debug)]
+pub(crate) struct Postgres;
 
-impl Target {
-    fn at(&self) -> String {
-        match &self.endpoint {
-            Some(endpoint) => format!("PostgreSQL at {endpoint}"),
-            None => "PostgreSQL".to_owned(),
-        }
+impl outboxkit_store_sql::Dialect for Postgres {
+    const PRODUCT: &'static str = "PostgreSQL";
+    const TLS_OPTION: &'static str = "sslmode";
+    const UNREACHABLE: &'static str = "database";
+
+    fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {
+        let at = target.at::<Self>();
+        let table = &target.table;
+        let code = e.code().map(|c| c.into_owned()).unwrap_or_default();
+        let message = e.message().to_owned();
+        let (kind, retryable) = kind_of_sqlstate(&code);
+        let text = match kind {
+            ErrorKind::Schema => format!(
+                "table {table} does not exist (or is not migrated): run `outbox-relay migrate` \
+                 ({message})"
+            ),
+            ErrorKind::Config => format!(
+                "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
+                target.database.as_deref().unwrap_or("?")
+            ),
+            ErrorKind::Unauthorized if code.starts_with("28") => format!(
+                "{at} refused user \"{}\" (store.url): {message}",
+                target.user.as_deref().unwrap_or("?")
+            ),
+            ErrorKind::Unauthorized => format!(
+                "user \"{}\" lacks a privilege on table {table}: {message} — grant it (see \
+                 the store README)",
+                target.user.as_deref().unwrap_or("?")
+            ),
+            ErrorKind::Connection => {
+                format!("{at} ended the connection: {message} (SQLSTATE {code})")
+            }
+            ErrorKind::Unavailable => {
+                format!("{at} is out of resources: {message} (SQLSTATE {code})")
+            }
+            ErrorKind::Timeout => format!(
+                "a statement on table {table} was cancelled: {message} (raise \
+                 store.session_timeout if it is the statement timeout)"
+            ),
+            _ => format!("{at}, table {table}: {message} (SQLSTATE {code})"),
+        };
+        with_retryability(Error::new(kind, text), retryable)
     }
 }
 
@@ -53,104 +84,9 @@ pub(crate) fn kind_of_sqlstate(code: &str) -> (ErrorKind, bool) {
     }
 }
 
-fn with_retryability(error: Error, retryable: bool) -> Error {
-    if retryable {
-        error.temporary()
-    } else {
-        error.permanent()
-    }
-}
-
-fn describe_io(error: &io::Error) -> String {
-    let text = match error.kind() {
-        io::ErrorKind::ConnectionRefused => "connection refused",
-        io::ErrorKind::ConnectionReset => "connection reset",
-        io::ErrorKind::ConnectionAborted => "connection aborted",
-        io::ErrorKind::BrokenPipe => "connection closed (broken pipe)",
-        io::ErrorKind::UnexpectedEof => "connection closed by the server",
-        io::ErrorKind::TimedOut => "timed out",
-        io::ErrorKind::NotFound => "not found",
-        io::ErrorKind::PermissionDenied => "permission denied",
-        _ => return error.to_string(),
-    };
-    text.to_owned()
-}
-
 /// Map a sqlx error to the relay's error. Messages name the database or table and say what to do.
 pub(crate) fn classify(error: sqlx::Error, target: &Target) -> Error {
-    let at = target.at();
-    let table = &target.table;
-    match error {
-        sqlx::Error::Io(e) => Error::new(
-            ErrorKind::Connection,
-            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
-        ),
-        sqlx::Error::Tls(e) => Error::new(
-            ErrorKind::Connection,
-            format!("TLS with {at} failed (store.url, sslmode): {e}"),
-        ),
-        sqlx::Error::Protocol(e) => Error::new(
-            ErrorKind::Connection,
-            format!("the connection to {at} broke: {e}"),
-        ),
-        sqlx::Error::WorkerCrashed => Error::new(
-            ErrorKind::Connection,
-            format!("the connection to {at} broke (its background worker stopped)"),
-        ),
-        sqlx::Error::PoolTimedOut => Error::new(
-            ErrorKind::Connection,
-            format!(
-                "no connection to {at} could be had within store.connect_timeout: the database \
-                 is unreachable or every connection of the pool (store.pool_size) is busy"
-            ),
-        ),
-        sqlx::Error::PoolClosed => Error::new(
-            ErrorKind::Connection,
-            format!("the connection pool to {at} was closed"),
-        ),
-        sqlx::Error::Configuration(e) => Error::config(format!("store.url: {e}")),
-        sqlx::Error::Database(e) => {
-            let code = e.code().map(|c| c.into_owned()).unwrap_or_default();
-            let message = e.message().to_owned();
-            let (kind, retryable) = kind_of_sqlstate(&code);
-            let text = match kind {
-                ErrorKind::Schema => format!(
-                    "table {table} does not exist (or is not migrated): run `outbox-relay migrate` \
-                     ({message})"
-                ),
-                ErrorKind::Config => format!(
-                    "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",
-                    target.database.as_deref().unwrap_or("?")
-                ),
-                ErrorKind::Unauthorized if code.starts_with("28") => format!(
-                    "{at} refused user \"{}\" (store.url): {message}",
-                    target.user.as_deref().unwrap_or("?")
-                ),
-                ErrorKind::Unauthorized => format!(
-                    "user \"{}\" lacks a privilege on table {table}: {message} — grant it (see \
-                     the store README)",
-                    target.user.as_deref().unwrap_or("?")
-                ),
-                ErrorKind::Connection => {
-                    format!("{at} ended the connection: {message} (SQLSTATE {code})")
-                }
-                ErrorKind::Unavailable => {
-                    format!("{at} is out of resources: {message} (SQLSTATE {code})")
-                }
-                ErrorKind::Timeout => format!(
-                    "a statement on table {table} was cancelled: {message} (raise \
-                     store.session_timeout if it is the statement timeout)"
-                ),
-                _ => format!("{at}, table {table}: {message} (SQLSTATE {code})"),
-            };
-            with_retryability(Error::new(kind, text), retryable)
-        }
-        other => Error::new(
-            ErrorKind::Other,
-            format!("unexpected answer from {at} about table {table}: {other}"),
-        )
-        .permanent(),
-    }
+    outboxkit_store_sql::classify::<Postgres>(error, target)
 }
 
 #[cfg(test)]
@@ -158,6 +94,7 @@ mod tests {
     use std::borrow::Cow;
     use std::error::Error as StdError;
     use std::fmt;
+    use std::io;
 
     use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use outboxkit_core::{Error, Result};
+use outboxkit_store_sql::config::{self, NameRules, QualifiedName};
 use serde::{Deserialize, Serialize};
 
 /// Settings of the PostgreSQL store (`[store]` with `kind = "postgres"`).
@@ -15,55 +16,45 @@ pub struct PostgresStoreConfig {
     /// `postgres://user:password@host:port/database?sslmode=...`
     pub url: String,
     /// Outbox table, optionally schema-qualified (`app.outbox`). Lowercase letters, digits, `_`.
-    #[serde(default = "default_table")]
+    #[serde(default = "outboxkit_store_sql::config::default_table")]
     pub table: String,
     /// Number of shards, used only when `migrate` creates the table (then read from the database).
-    #[serde(default = "default_shards")]
+    #[serde(default = "outboxkit_store_sql::config::default_shards")]
     pub shards: u32,
     /// Connections of the pool used for migrations, inserts, purge and status (sessions that
     /// hold shard locks have a dedicated connection each).
-    #[serde(default = "default_pool_size")]
+    #[serde(default = "outboxkit_store_sql::config::default_pool_size")]
     pub pool_size: u32,
     /// Longest wait for a connection.
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxkit_store_sql::config::default_connect_timeout",
+        with = "humantime_serde"
+    )]
     pub connect_timeout: Duration,
     /// Longest a single call on a shard session may take. Past it the session is given up (its
     /// locks are released by the server) and the relay opens a new one. Also set as the session's
     /// `statement_timeout`.
-    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "outboxkit_store_sql::config::default_session_timeout",
+        with = "humantime_serde"
+    )]
     pub session_timeout: Duration,
-}
-
-fn default_table() -> String {
-    "outbox".to_owned()
-}
-fn default_shards() -> u32 {
-    64
-}
-fn default_pool_size() -> u32 {
-    4
-}
-fn default_connect_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_session_timeout() -> Duration {
-    Duration::from_secs(30)
 }
 
 /// Most shards a table may have: each owned shard is one advisory lock in PostgreSQL's shared
 /// lock table, which is sized by `max_locks_per_transaction × max_connections`.
-pub const MAX_SHARDS: u32 = 1024;
+pub const MAX_SHARDS: u32 = outboxkit_store_sql::config::MAX_SHARDS;
 
 impl PostgresStoreConfig {
     /// A configuration with every default and this URL.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            table: default_table(),
-            shards: default_shards(),
-            pool_size: default_pool_size(),
-            connect_timeout: default_connect_timeout(),
-            session_timeout: default_session_timeout(),
+            table: config::default_table(),
+            shards: config::default_shards(),
+            pool_size: config::default_pool_size(),
+            connect_timeout: config::default_connect_timeout(),
+            session_timeout: config::default_session_timeout(),
         }
     }
 
@@ -86,31 +77,18 @@ impl PostgresStoreConfig {
 
     /// Check what serde cannot; each error names its key under `store.`.
     pub fn validate(&self) -> Result<()> {
-        if !(self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")) {
-            return Err(Error::config(format!(
-                "store.url: expected postgres://user:password@host:port/database, got \"{}\"",
-                self.redacted_url()
-            )));
-        }
+        config::check_url(
+            &self.url,
+            &["postgres://", "postgresql://"],
+            "postgres://user:password@host:port/database",
+        )?;
         TableName::parse(&self.table).map_err(|e| e.context("store.table"))?;
-        if self.shards == 0 || self.shards > MAX_SHARDS {
-            return Err(Error::config(format!(
-                "store.shards: must be between 1 and {MAX_SHARDS}, got {}",
-                self.shards
-            )));
-        }
-        if self.pool_size == 0 {
-            return Err(Error::config("store.pool_size: must be at least 1"));
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::config("store.connect_timeout: must be above 0"));
-        }
-        if self.session_timeout < Duration::from_millis(100) {
-            return Err(Error::config(
-                "store.session_timeout: must be at least 100ms",
-            ));
-        }
-        Ok(())
+        config::check_limits(
+            self.shards,
+            self.pool_size,
+            self.connect_timeout,
+            self.session_timeout,
+        )
     }
 }
 
@@ -127,16 +105,15 @@ impl fmt::Debug for PostgresStoreConfig {
     }
 }
 
-/// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
-/// nothing of an unparsable value is shown.
-pub(crate) fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url(raw).unwrap_or_else(|| "<unparsable URL>".to_owned())
-}
+pub(crate) use outboxkit_store_sql::config::redact_url;
 
-/// Longest table name: index names add a suffix of up to 14 bytes to it and PostgreSQL cuts
-/// identifiers at 63 bytes.
-const MAX_TABLE_NAME_LEN: usize = 49;
-const MAX_IDENT_LEN: usize = 63;
+/// How PostgreSQL qualifies and limits table names: index names add a suffix of up to 14 bytes
+/// to a table name and PostgreSQL cuts identifiers at 63 bytes.
+const NAME_RULES: NameRules = NameRules {
+    qualifier: "schema",
+    max_qualifier_len: 63,
+    max_name_len: 49,
+};
 
 /// The bookkeeping table of migrations, in the outbox table's schema.
 pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
@@ -145,94 +122,64 @@ pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
 ///
 /// Names are limited to lowercase ASCII letters, digits and `_` (starting with a letter or `_`),
 /// so that the quoted name used by the relay is the one writers get with plain unquoted SQL.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName {
-    schema: Option<String>,
-    name: String,
-}
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName(QualifiedName);
 
 impl TableName {
     /// Parse `table` or `schema.table`.
     pub fn parse(text: &str) -> Result<Self> {
-        let text = text.trim();
-        let (schema, name) = match text.split_once('.') {
-            Some((schema, name)) => (Some(schema), name),
-            None => (None, text),
-        };
-        if let Some(schema) = schema {
-            check_identifier(text, schema, MAX_IDENT_LEN)?;
-        }
-        check_identifier(text, name, MAX_TABLE_NAME_LEN)?;
-        if name == SCHEMA_TABLE {
+        let name = QualifiedName::parse(text, &NAME_RULES)?;
+        if name.name() == SCHEMA_TABLE {
             return Err(Error::config(format!(
-                "\"{text}\": {SCHEMA_TABLE} is the relay's own bookkeeping table, choose another name"
+                "\"{}\": {SCHEMA_TABLE} is the relay's own bookkeeping table, choose another name",
+                text.trim()
             )));
         }
-        Ok(Self {
-            schema: schema.map(str::to_owned),
-            name: name.to_owned(),
-        })
+        Ok(Self(name))
     }
 
     /// The schema, when qualified.
     pub fn schema(&self) -> Option<&str> {
-        self.schema.as_deref()
+        self.0.qualifier()
     }
 
     /// The table name without schema.
     pub fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     /// The same table in `schema` (when it had none).
-    pub(crate) fn in_schema(mut self, schema: &str) -> Self {
-        if self.schema.is_none() {
-            self.schema = Some(schema.to_owned());
-        }
-        self
+    pub(crate) fn in_schema(self, schema: &str) -> Self {
+        Self(self.0.or_in(schema))
     }
 
     /// `"schema"."table"` or `"table"`, for SQL.
     pub fn quoted(&self) -> String {
-        self.quoted_sibling(&self.name)
+        self.quoted_sibling(self.name())
     }
 
     /// Another relation of the same schema, quoted.
     pub(crate) fn quoted_sibling(&self, name: &str) -> String {
-        match &self.schema {
+        match self.schema() {
             Some(schema) => format!("\"{schema}\".\"{name}\""),
             None => format!("\"{name}\""),
         }
     }
 }
 
-impl fmt::Display for TableName {
+impl fmt::Debug for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.schema {
-            Some(schema) => write!(f, "{schema}.{}", self.name),
-            None => f.write_str(&self.name),
-        }
+        f.debug_struct("TableName")
+            .field("schema", &self.schema())
+            .field("name", &self.name())
+            .finish()
     }
 }
 
-fn check_identifier(whole: &str, ident: &str, max_len: usize) -> Result<()> {
-    let mut chars = ident.chars();
-    let valid_start = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-    let valid_rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !valid_start || !valid_rest {
-        return Err(Error::config(format!(
-            "\"{whole}\" is not a valid table name: use `table` or `schema.table` made of \
-             lowercase letters, digits and _ (not starting with a digit)"
-        )));
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
-    if ident.len() > max_len {
-        return Err(Error::config(format!(
-            "\"{whole}\": \"{ident}\" is longer than {max_len} bytes"
-        )));
-    }
-    Ok(())
 }
 
 /// `kind = "postgres"`: the rest of `[store]` is this type.

@@ -43,9 +43,7 @@ const fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 fn render(sql: &str, table: &TableName, shards: i32) -> String {
-    sql.replace("{table}", &table.quoted())
-        .replace("{name}", table.name())
-        .replace("{shards}", &shards.to_string())
+    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards)
 }
 
 /// The version and shard count of `table`, or `None` when it was never migrated.
@@ -132,7 +130,11 @@ pub(crate) async fn migrate(
         None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
     };
     if current > SCHEMA_VERSION {
-        return Err(newer_schema(table, current));
+        return Err(outboxkit_store_sql::migrate::newer_schema(
+            table,
+            current,
+            SCHEMA_VERSION,
+        ));
     }
     if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
         tracing::info!(
@@ -176,21 +178,11 @@ pub(crate) async fn migrate(
     Ok(())
 }
 
-pub(crate) fn not_migrated(table: &TableName) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
-    )
-}
+pub(crate) use outboxkit_store_sql::migrate::not_migrated;
 
-pub(crate) fn newer_schema(table: &TableName, version: i32) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!(
-            "table {table} is at schema version {version}, newer than this relay knows \
-             ({SCHEMA_VERSION}): upgrade outbox-relay"
-        ),
-    )
+/// `Ok` when `table` is at [`SCHEMA_VERSION`].
+pub(crate) fn check_version(table: &TableName, version: i32) -> Result<()> {
+    outboxkit_store_sql::migrate::check_version(table, version, SCHEMA_VERSION)
 }
 
 #[cfg(test)]

@@ -9,15 +9,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgRow};
-use sqlx::{ConnectOptions, Connection, PgConnection, Row};
+use sqlx::{ConnectOptions, PgConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
-    ClaimRequest, ClusterView, Error, ErrorKind, Failure, Headers, MarkMode, OutboxEvent, Result,
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, Result,
     ShardSession,
 };
 
-use crate::classify::{classify, Target};
+use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence};
+
+use crate::classify::{classify, Postgres, Target};
 use crate::config::TableName;
 use crate::sql::{Sql, JOIN_MEMBERS, TRY_LOCK, UNLOCK, UNLOCK_ALL};
 
@@ -26,12 +29,6 @@ pub(crate) const APPLICATION_PREFIX: &str = "outbox-relay:";
 
 /// Longest `application_name` PostgreSQL keeps.
 const MAX_APPLICATION_NAME: usize = 63;
-
-/// How much longer than `statement_timeout` the client waits before giving the session up.
-const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
-
-/// Longest `last_error` stored.
-const MAX_ERROR_LEN: usize = 8 * 1024;
 
 /// Advisory lock keys of one table: shard `s` is the lock `(shard_key, s)`; every open session
 /// holds `(member_key, its backend pid)`, so that live relays can be counted.
@@ -85,25 +82,20 @@ pub(crate) fn application_name(relay_id: &str) -> String {
 /// `store.session_timeout`) the session is poisoned: its locks are gone with the connection, it
 /// owns nothing, and every call fails with [`ErrorKind::LeaseLost`].
 pub struct PostgresShardSession {
-    conn: Option<PgConnection>,
+    fence: Fence<PgConnection, Postgres>,
     context: Arc<SessionContext>,
-    relay_id: String,
     backend_pid: i32,
-    shard_count: u32,
-    owned: BTreeSet<i32>,
-    timeout: Duration,
-    poisoned: Option<String>,
 }
 
 impl fmt::Debug for PostgresShardSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresShardSession")
             .field("table", &self.context.target.table)
-            .field("relay_id", &self.relay_id)
+            .field("relay_id", &self.fence.relay_id())
             .field("backend_pid", &self.backend_pid)
-            .field("shard_count", &self.shard_count)
-            .field("owned", &self.owned)
-            .field("poisoned", &self.poisoned)
+            .field("shard_count", &self.fence.shard_count())
+            .field("owned", self.fence.owned())
+            .field("poisoned", &self.fence.poisoned())
             .finish()
     }
 }
@@ -146,17 +138,7 @@ impl PostgresShardSession {
         let target = &context.target;
         let mut conn = tokio::time::timeout(connect_timeout, options.connect())
             .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Connection,
-                    format!(
-                        "cannot reach PostgreSQL at {} (store.url): no answer within {} \
-                         (store.connect_timeout)",
-                        target.endpoint.as_deref().unwrap_or("?"),
-                        humantime_serde::re::humantime::format_duration(connect_timeout)
-                    ),
-                )
-            })?
+            .map_err(|_| no_answer_within::<Postgres>(target, connect_timeout))?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let (joined, backend_pid): (bool, i32) = sqlx::query_as(JOIN_MEMBERS)
             .bind(context.keys.member_key)
@@ -171,16 +153,15 @@ impl PostgresShardSession {
         }
         tracing::debug!(table = %target.table, relay_id, backend_pid, "shard session opened");
         Ok(Self {
-            conn: Some(conn),
+            fence: Fence::new(
+                conn,
+                context.target.clone(),
+                relay_id,
+                shard_count,
+                session_timeout,
+            ),
             context,
-            relay_id: relay_id.to_owned(),
             backend_pid,
-            shard_count,
-            owned: BTreeSet::new(),
-            // The server's statement_timeout fires first and leaves a usable session; this one is
-            // for a server that does not answer at all.
-            timeout: session_timeout + CLIENT_TIMEOUT_MARGIN,
-            poisoned: None,
         })
     }
 
@@ -191,88 +172,7 @@ impl PostgresShardSession {
 
     /// Whether the connection was lost: the session owns nothing and every call fails.
     pub fn is_poisoned(&self) -> bool {
-        self.poisoned.is_some()
-    }
-
-    fn lease_lost(&self) -> Error {
-        Error::new(
-            ErrorKind::LeaseLost,
-            format!(
-                "lost the PostgreSQL session holding shard locks: {}",
-                self.poisoned.as_deref().unwrap_or("session closed")
-            ),
-        )
-    }
-
-    /// The session's connection, its statements and the timeout of a call; `LeaseLost` once
-    /// poisoned. Run the statement, then hand its outcome to [`Self::settle`].
-    fn connection(&mut self) -> Result<(&mut PgConnection, &SessionContext, Duration)> {
-        match self.conn.as_mut() {
-            Some(conn) => Ok((conn, &self.context, self.timeout)),
-            None => Err(Error::new(
-                ErrorKind::LeaseLost,
-                format!(
-                    "lost the PostgreSQL session holding shard locks: {}",
-                    self.poisoned.as_deref().unwrap_or("session closed")
-                ),
-            )),
-        }
-    }
-
-    /// Classify the outcome of a statement; a broken connection or no answer in time poisons the
-    /// session.
-    fn settle<T>(
-        &mut self,
-        outcome: std::result::Result<
-            std::result::Result<T, sqlx::Error>,
-            tokio::time::error::Elapsed,
-        >,
-        action: &str,
-    ) -> Result<T> {
-        let error = match outcome {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => classify(e, &self.context.target).context(action),
-            Err(_) => {
-                let reason = format!(
-                    "no answer while {action} within {} (store.session_timeout + 1s)",
-                    humantime_serde::re::humantime::format_duration(self.timeout)
-                );
-                return Err(self.poison(reason));
-            }
-        };
-        if error.kind() == ErrorKind::Connection {
-            return Err(self.poison(error.full_message()));
-        }
-        Err(error)
-    }
-
-    /// The connection is unusable: drop it (the server releases its locks) and own nothing.
-    fn poison(&mut self, reason: String) -> Error {
-        tracing::warn!(
-            table = %self.context.target.table,
-            relay_id = %self.relay_id,
-            shards = self.owned.len(),
-            "shard session lost: {reason}"
-        );
-        self.poisoned = Some(reason);
-        self.conn = None;
-        self.owned.clear();
-        self.lease_lost()
-    }
-
-    fn check_shard(&self, shard: i32) -> Result<()> {
-        if shard < 0 || i64::from(shard) >= i64::from(self.shard_count) {
-            return Err(Error::new(
-                ErrorKind::Other,
-                format!(
-                    "shard {shard} does not exist: table {} has shards 0 to {}",
-                    self.context.target.table,
-                    i64::from(self.shard_count) - 1
-                ),
-            )
-            .permanent());
-        }
-        Ok(())
+        self.fence.is_poisoned()
     }
 }
 
@@ -296,51 +196,28 @@ fn decode_event(row: &PgRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
     })
 }
 
-/// Headers are a JSON object; values that are not strings become their JSON text.
-pub(crate) fn parse_headers(text: &str) -> std::result::Result<Headers, serde_json::Error> {
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
-    Ok(object
-        .into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(s) => (name, s),
-            other => (name, other.to_string()),
-        })
-        .collect())
-}
-
-fn truncate_error(text: &str) -> &str {
-    if text.len() <= MAX_ERROR_LEN {
-        return text;
-    }
-    let mut end = MAX_ERROR_LEN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 #[async_trait]
 impl ShardSession for PostgresShardSession {
     fn shard_count(&self) -> u32 {
-        self.shard_count
+        self.fence.shard_count()
     }
 
     fn owned(&self) -> &BTreeSet<i32> {
-        &self.owned
+        self.fence.owned()
     }
 
     async fn cluster(&mut self) -> Result<ClusterView> {
         let keys = self.context.keys;
-        let (conn, ctx, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
-            sqlx::query_as::<_, (i64, i64)>(&ctx.sql.cluster)
+            sqlx::query_as::<_, (i64, i64)>(&self.context.sql.cluster)
                 .bind(i64::from(keys.shard_key))
                 .bind(i64::from(keys.member_key))
                 .fetch_all(conn),
         )
         .await;
-        let rows = self.settle(outcome, "reading the relays' locks")?;
+        let rows = self.fence.settle(outcome, "reading the relays' locks")?;
         let mut relays = BTreeSet::new();
         let mut view = ClusterView::default();
         for (key, value) in rows {
@@ -355,16 +232,14 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        self.check_shard(shard)?;
-        if self.owned.contains(&shard) {
+        self.fence.ensure_live()?;
+        self.fence.check_shard(shard)?;
+        if self.fence.owned().contains(&shard) {
             // Advisory locks stack: never take one twice, one release must free it.
             return Ok(true);
         }
         let key = self.context.keys.shard_key;
-        let (conn, _, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
             sqlx::query_scalar::<_, bool>(TRY_LOCK)
@@ -373,22 +248,20 @@ impl ShardSession for PostgresShardSession {
                 .fetch_one(conn),
         )
         .await;
-        let acquired = self.settle(outcome, "taking a shard lock")?;
+        let acquired = self.fence.settle(outcome, "taking a shard lock")?;
         if acquired {
-            self.owned.insert(shard);
+            self.fence.acquired(shard);
         }
         Ok(acquired)
     }
 
     async fn release(&mut self, shard: i32) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        if !self.owned.contains(&shard) {
+        self.fence.ensure_live()?;
+        if !self.fence.owned().contains(&shard) {
             return Ok(());
         }
         let key = self.context.keys.shard_key;
-        let (conn, _, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
             sqlx::query_scalar::<_, bool>(UNLOCK)
@@ -397,8 +270,8 @@ impl ShardSession for PostgresShardSession {
                 .fetch_one(conn),
         )
         .await;
-        let released = self.settle(outcome, "releasing a shard lock")?;
-        self.owned.remove(&shard);
+        let released = self.fence.settle(outcome, "releasing a shard lock")?;
+        self.fence.released(shard);
         if !released {
             tracing::warn!(shard, "released a shard lock this session did not hold");
         }
@@ -406,22 +279,21 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
-        if self.owned.is_empty() || request.limit == 0 {
+        self.fence.ensure_live()?;
+        if self.fence.owned().is_empty() || request.limit == 0 {
             return Ok(Vec::new());
         }
         let shards: Vec<i16> = self
-            .owned
+            .fence
+            .owned()
             .iter()
             .filter_map(|&s| i16::try_from(s).ok())
             .collect();
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-        let (conn, ctx, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
-            sqlx::query(&ctx.sql.claim)
+            sqlx::query(&self.context.sql.claim)
                 .bind(&shards)
                 .bind(request.exclude_ids)
                 .bind(request.dead_holds_aggregate)
@@ -429,34 +301,30 @@ impl ShardSession for PostgresShardSession {
                 .fetch_all(conn),
         )
         .await;
-        let rows = self.settle(outcome, "claiming rows")?;
+        let rows = self.fence.settle(outcome, "claiming rows")?;
         rows.iter()
             .map(decode_event)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| classify(e, &self.context.target).context("claiming rows"))
+            .map_err(|e| self.fence.classify(e).context("claiming rows"))
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
+        self.fence.ensure_live()?;
         if ids.is_empty() {
             return Ok(());
         }
-        let (conn, ctx, timeout) = self.connection()?;
         let sql = match mode {
-            MarkMode::Delete => &ctx.sql.mark_delete,
-            MarkMode::Keep => &ctx.sql.mark_keep,
+            MarkMode::Delete => &self.context.sql.mark_delete,
+            MarkMode::Keep => &self.context.sql.mark_keep,
         };
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(timeout, sqlx::query(sql).bind(ids).execute(conn)).await;
-        self.settle(outcome, "marking rows published")?;
+        self.fence.settle(outcome, "marking rows published")?;
         Ok(())
     }
 
     async fn record_failures(&mut self, failures: &[Failure]) -> Result<()> {
-        if self.poisoned.is_some() {
-            return Err(self.lease_lost());
-        }
+        self.fence.ensure_live()?;
         if failures.is_empty() {
             return Ok(());
         }
@@ -469,46 +337,36 @@ impl ShardSession for PostgresShardSession {
                     .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             })
             .collect();
-        let (conn, ctx, timeout) = self.connection()?;
+        let (conn, timeout) = self.fence.connection()?;
         let outcome = tokio::time::timeout(
             timeout,
-            sqlx::query(&ctx.sql.record_failures)
+            sqlx::query(&self.context.sql.record_failures)
                 .bind(&ids)
                 .bind(&errors)
                 .bind(&delays)
                 .execute(conn),
         )
         .await;
-        self.settle(outcome, "recording failures")?;
+        self.fence.settle(outcome, "recording failures")?;
         Ok(())
     }
 
-    async fn close(mut self: Box<Self>) -> Result<()> {
-        if self.poisoned.is_some() {
+    async fn close(self: Box<Self>) -> Result<()> {
+        let mut fence = self.fence;
+        if fence.is_poisoned() {
             return Ok(());
         }
         // Unlock explicitly: the backend may take a moment to exit after the connection closes,
         // and other relays should see the shards free as soon as this returns.
-        let unlocked = match self.connection() {
-            Ok((conn, _, timeout)) => {
+        let unlocked = match fence.connection() {
+            Ok((conn, timeout)) => {
                 let outcome =
                     tokio::time::timeout(timeout, sqlx::query(UNLOCK_ALL).execute(conn)).await;
-                self.settle(outcome, "releasing shard locks")
+                fence.settle(outcome, "releasing shard locks").map(drop)
             }
             Err(e) => Err(e),
         };
-        self.owned.clear();
-        if let Some(conn) = self.conn.take() {
-            if let Err(e) = conn.close().await {
-                tracing::debug!("closing a shard session: {e}");
-            }
-        }
-        match unlocked {
-            Ok(_) => Ok(()),
-            // The connection is gone, and the locks with it.
-            Err(e) if e.kind() == ErrorKind::LeaseLost => Ok(()),
-            Err(e) => Err(e),
-        }
+        fence.close(unlocked).await
     }
 }
 
@@ -534,23 +392,5 @@ mod tests {
         assert_eq!(application_name("relay-a"), "outbox-relay:relay-a");
         let long = application_name(&"é".repeat(40));
         assert!(long.len() <= 63 && long.starts_with("outbox-relay:é"));
-    }
-
-    #[test]
-    fn headers_keep_strings_and_stringify_other_values() {
-        let h = parse_headers(r#"{"a": "x", "n": 1, "o": {"k": true}, "z": null}"#).unwrap();
-        assert_eq!(h["a"], "x");
-        assert_eq!(h["n"], "1");
-        assert_eq!(h["o"], r#"{"k":true}"#);
-        assert_eq!(h["z"], "null");
-        assert!(parse_headers("[1]").is_err());
-    }
-
-    #[test]
-    fn long_errors_are_truncated_on_a_char_boundary() {
-        let text = "é".repeat(MAX_ERROR_LEN);
-        let cut = truncate_error(&text);
-        assert!(cut.len() <= MAX_ERROR_LEN && text.starts_with(cut));
-        assert_eq!(truncate_error("short"), "short");
     }
 }

@@ -14,12 +14,13 @@ use outboxkit_core::{
     Result, ShardOwner, ShardSession, Store,
 };
 
-use crate::classify::{classify, Target};
+use crate::classify::{classify, Postgres, Target};
 use crate::config::{PostgresStoreConfig, TableName, SCHEMA_TABLE};
 use crate::enqueue::Outbox;
-use crate::migrate::{self, SCHEMA_VERSION};
+use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
+use outboxkit_store_sql::classify::no_answer_within;
 
 /// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.
 /// Cheap to clone.
@@ -44,10 +45,6 @@ impl fmt::Debug for PostgresStore {
             .field("table", &self.inner.table.to_string())
             .finish()
     }
-}
-
-fn format_duration(duration: Duration) -> String {
-    humantime_serde::re::humantime::format_duration(duration).to_string()
 }
 
 impl PostgresStore {
@@ -78,17 +75,7 @@ impl PostgresStore {
 
         let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
             .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Connection,
-                    format!(
-                        "cannot reach PostgreSQL at {} (store.url): no answer within {} \
-                         (store.connect_timeout)",
-                        target.endpoint.as_deref().unwrap_or("?"),
-                        format_duration(config.connect_timeout)
-                    ),
-                )
-            })?
+            .map_err(|_| no_answer_within::<Postgres>(&target, config.connect_timeout))?
             .map_err(|e| classify(e, &target))?;
         let table = match configured.schema() {
             Some(_) => configured,
@@ -194,20 +181,7 @@ impl PostgresStore {
     }
 
     fn check_version(&self, version: i32) -> Result<()> {
-        let table = &self.inner.table;
-        if version > SCHEMA_VERSION {
-            return Err(migrate::newer_schema(table, version));
-        }
-        if version < SCHEMA_VERSION {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {table} is at schema version {version}, this relay needs \
-                     {SCHEMA_VERSION}: run `outbox-relay migrate`"
-                ),
-            ));
-        }
-        Ok(())
+        migrate::check_version(&self.inner.table, version)
     }
 }
 

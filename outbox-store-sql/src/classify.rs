@@ -1,0 +1,210 @@
+//! sqlx errors → relay errors, for what every SQL server shares: I/O, TLS, protocol, pool and
+//! configuration errors, decoding errors. A [`Dialect`] classifies its server's own errors.
+//!
+//! | sqlx error | kind | retryable |
+//! |---|---|---|
+//! | I/O, TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
+//! | server error | [`Dialect::database_error`] | |
+//! | sqlx configuration error | `Config` | no |
+//! | anything else | `Other` | no |
+
+use std::io;
+use std::time::Duration;
+
+use sqlx::error::DatabaseError;
+
+use outboxkit_core::{Error, ErrorKind};
+
+use crate::format_duration;
+
+/// What differs between SQL servers in error messages, and the classification of the server's
+/// own errors.
+pub trait Dialect: Send + Sync + 'static {
+    /// The server as messages name it: `PostgreSQL`, `MySQL`.
+    const PRODUCT: &'static str;
+    /// The URL option that sets TLS, named when TLS fails (`sslmode`).
+    const TLS_OPTION: &'static str;
+    /// What may be unreachable when the pool gives no connection: `database`, `server`.
+    const UNREACHABLE: &'static str;
+
+    /// The relay's error for an error the server sent (`sqlx::Error::Database`).
+    fn database_error(error: Box<dyn DatabaseError>, target: &Target) -> Error;
+}
+
+/// What error messages name: where the database is and which table was used.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    /// `host:port` (or socket path).
+    pub endpoint: Option<String>,
+    pub database: Option<String>,
+    pub user: Option<String>,
+    /// The table as configured or resolved (`public.outbox`).
+    pub table: String,
+}
+
+impl Target {
+    /// A target that knows only its table (an inbox table, before any connection).
+    pub fn table(table: impl Into<String>) -> Self {
+        Self {
+            table: table.into(),
+            ..Self::default()
+        }
+    }
+
+    /// `PostgreSQL at host:port`, or the bare product when the endpoint is unknown.
+    pub fn at<D: Dialect>(&self) -> String {
+        match &self.endpoint {
+            Some(endpoint) => format!("{} at {endpoint}", D::PRODUCT),
+            None => D::PRODUCT.to_owned(),
+        }
+    }
+}
+
+/// `error` made temporary (retryable) or permanent.
+pub fn with_retryability(error: Error, retryable: bool) -> Error {
+    if retryable {
+        error.temporary()
+    } else {
+        error.permanent()
+    }
+}
+
+fn describe_io(error: &io::Error) -> String {
+    let text = match error.kind() {
+        io::ErrorKind::ConnectionRefused => "connection refused",
+        io::ErrorKind::ConnectionReset => "connection reset",
+        io::ErrorKind::ConnectionAborted => "connection aborted",
+        io::ErrorKind::BrokenPipe => "connection closed (broken pipe)",
+        io::ErrorKind::UnexpectedEof => "connection closed by the server",
+        io::ErrorKind::TimedOut => "timed out",
+        io::ErrorKind::NotFound => "not found",
+        io::ErrorKind::PermissionDenied => "permission denied",
+        _ => return error.to_string(),
+    };
+    text.to_owned()
+}
+
+/// Map a sqlx error to the relay's error. Messages name the server or table and say what to do.
+pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
+    let at = target.at::<D>();
+    let table = &target.table;
+    match error {
+        sqlx::Error::Io(e) => Error::new(
+            ErrorKind::Connection,
+            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
+        ),
+        sqlx::Error::Tls(e) => Error::new(
+            ErrorKind::Connection,
+            format!("TLS with {at} failed (store.url, {}): {e}", D::TLS_OPTION),
+        ),
+        sqlx::Error::Protocol(e) => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke: {e}"),
+        ),
+        sqlx::Error::WorkerCrashed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection to {at} broke (its background worker stopped)"),
+        ),
+        sqlx::Error::PoolTimedOut => Error::new(
+            ErrorKind::Connection,
+            format!(
+                "no connection to {at} could be had within store.connect_timeout: the {} \
+                 is unreachable or every connection of the pool (store.pool_size) is busy",
+                D::UNREACHABLE
+            ),
+        ),
+        sqlx::Error::PoolClosed => Error::new(
+            ErrorKind::Connection,
+            format!("the connection pool to {at} was closed"),
+        ),
+        sqlx::Error::Configuration(e) => Error::config(format!("store.url: {e}")),
+        sqlx::Error::Database(e) => D::database_error(e, target),
+        other => Error::new(
+            ErrorKind::Other,
+            format!("unexpected answer from {at} about table {table}: {other}"),
+        )
+        .permanent(),
+    }
+}
+
+/// The error of a connection attempt that got no answer within `store.connect_timeout`.
+pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) -> Error {
+    Error::new(
+        ErrorKind::Connection,
+        format!(
+            "cannot reach {} at {} (store.url): no answer within {} (store.connect_timeout)",
+            D::PRODUCT,
+            target.endpoint.as_deref().unwrap_or("?"),
+            format_duration(connect_timeout)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose own errors are all permanent `Other` errors.
+    struct Plain;
+
+    impl Dialect for Plain {
+        const PRODUCT: &'static str = "SomeSQL";
+        const TLS_OPTION: &'static str = "tls";
+        const UNREACHABLE: &'static str = "server";
+
+        fn database_error(error: Box<dyn DatabaseError>, _: &Target) -> Error {
+            Error::new(ErrorKind::Other, error.message().to_owned()).permanent()
+        }
+    }
+
+    fn target() -> Target {
+        Target {
+            endpoint: Some("db:1234".to_owned()),
+            ..Target::table("app.outbox")
+        }
+    }
+
+    #[test]
+    fn messages_name_the_product_and_the_endpoint() {
+        assert_eq!(Target::table("t").at::<Plain>(), "SomeSQL");
+        let e = classify::<Plain>(
+            sqlx::Error::Io(io::Error::from(io::ErrorKind::ConnectionReset)),
+            &target(),
+        );
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert_eq!(
+            e.message(),
+            "cannot reach SomeSQL at db:1234 (store.url): connection reset"
+        );
+        let e = classify::<Plain>(sqlx::Error::Tls("bad".into()), &target());
+        assert_eq!(
+            e.message(),
+            "TLS with SomeSQL at db:1234 failed (store.url, tls): bad"
+        );
+        let e = classify::<Plain>(sqlx::Error::PoolTimedOut, &target());
+        assert!(
+            e.message().contains(": the server is unreachable or"),
+            "{e}"
+        );
+        let e = classify::<Plain>(sqlx::Error::RowNotFound, &target());
+        assert!(!e.is_retryable() && e.message().contains("table app.outbox"));
+    }
+
+    #[test]
+    fn a_connection_without_answer_names_the_timeout() {
+        let e = no_answer_within::<Plain>(&target(), Duration::from_millis(1500));
+        assert_eq!(e.kind(), ErrorKind::Connection);
+        assert_eq!(
+            e.message(),
+            "cannot reach SomeSQL at db:1234 (store.url): no answer within 1s 500ms \
+             (store.connect_timeout)"
+        );
+    }
+
+    #[test]
+    fn retryability_is_set_either_way() {
+        let e = || Error::new(ErrorKind::Other, "x");
+        assert!(with_retryability(e(), true).is_retryable());
+        assert!(!with_retryability(e().temporary(), false).is_retryable());
+    }
+}
