@@ -1,13 +1,25 @@
-//! The store conformance suite of outboxkit-core, on a real MySQL / MariaDB.
+//! The store conformance suite of outboxkit-core, on a real MySQL / MariaDB: the common cases
+//! and the live ones.
 
 mod common;
 
+use std::str::FromStr;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::testkit::store_suite::StoreFactory;
-use outboxkit_core::Store;
-use outboxkit_store_mysql::TableName;
+use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
+use outboxkit_core::{NewEvent, Result, Store};
+use outboxkit_store_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use outboxkit_store_mysql::sqlx::{
+    self, Connection, Executor, MySql, MySqlConnection, MySqlPool, Row,
+};
+use outboxkit_store_mysql::{
+    enqueue, enqueue_many, MySqlShardSession, MySqlStore, MySqlStoreConfig, TableName,
+    MAX_NAME_CHARS, SCHEMA_VERSION,
+};
+
+type Tx = sqlx::Transaction<'static, MySql>;
 
 /// Each store on a new random table; the tables are dropped when a case passes.
 #[derive(Debug, Default)]
@@ -34,4 +46,350 @@ impl StoreFactory for MySqlFactory {
     }
 }
 
-outboxkit_core::store_suite!(MySqlFactory::default());
+/// Text columns of `information_schema`, whatever their collation.
+fn text(row: &sqlx::mysql::MySqlRow, index: usize) -> String {
+    row.try_get_unchecked(index).unwrap()
+}
+
+#[async_trait]
+impl LiveHarness for MySqlFactory {
+    type Store = MySqlStore;
+    type Session = MySqlShardSession;
+    type Config = MySqlStoreConfig;
+    type Pool = MySqlPool;
+    type Tx = Tx;
+    type Blocker = MySqlConnection;
+
+    const KIND: &'static str = "mysql";
+    const PRODUCT: &'static str = "MySQL";
+    const SCHEMA_VERSION: i32 = SCHEMA_VERSION;
+    const DUPLICATE_KEY: &'static str = "error 1062";
+    const NORMALIZES_JSON: bool = false;
+    const MAX_NAME_CHARS: Option<usize> = Some(MAX_NAME_CHARS);
+    const TABLE_NEEDS_DATABASE: bool = true;
+    const ACCEPTS_ANY_PASSWORD: bool = false;
+    const COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("id", "bigint"),
+        ("event_id", "char"),
+        ("aggregate_type", "varchar"),
+        ("aggregate_id", "varchar"),
+        ("event_type", "varchar"),
+        ("payload", "json"),
+        ("headers", "json"),
+        ("destination", "varchar"),
+        ("created_at", "datetime"),
+        ("published_at", "datetime"),
+        ("attempts", "int"),
+        ("next_attempt_at", "datetime"),
+        ("last_error", "text"),
+        ("dead_at", "datetime"),
+        ("shard", "smallint"),
+        ("pending", "tinyint"),
+        ("retry_aggregate_id", "varchar"),
+    ];
+
+    fn test_url(&self) -> String {
+        common::test_url()
+    }
+
+    fn config(&self, url: &str) -> MySqlStoreConfig {
+        MySqlStoreConfig::new(url)
+    }
+
+    fn fresh_config(&self) -> MySqlStoreConfig {
+        common::fresh_config()
+    }
+
+    fn with_table(&self, config: MySqlStoreConfig, table: &str) -> MySqlStoreConfig {
+        config.table(table)
+    }
+
+    fn with_shards(&self, config: MySqlStoreConfig, shards: u32) -> MySqlStoreConfig {
+        config.shards(shards)
+    }
+
+    fn with_session_timeout(
+        &self,
+        config: MySqlStoreConfig,
+        timeout: Duration,
+    ) -> MySqlStoreConfig {
+        MySqlStoreConfig {
+            session_timeout: timeout,
+            ..config
+        }
+    }
+
+    fn table_setting(&self, config: &MySqlStoreConfig) -> String {
+        config.table.clone()
+    }
+
+    async fn connect(&self, config: MySqlStoreConfig) -> Result<MySqlStore> {
+        MySqlStore::connect(config).await
+    }
+
+    fn table(&self, store: &MySqlStore) -> String {
+        store.table().to_string()
+    }
+
+    async fn open_session(&self, store: &MySqlStore, relay_id: &str) -> MySqlShardSession {
+        store
+            .open_mysql_session(relay_id)
+            .await
+            .expect("open session")
+    }
+
+    fn is_poisoned(&self, session: &MySqlShardSession) -> bool {
+        session.is_poisoned()
+    }
+
+    fn owner_prefix(&self, relay_id: &str) -> String {
+        format!("{relay_id} (connection ")
+    }
+
+    async fn kill(&self, store: &MySqlStore, session: &MySqlShardSession, _relay_id: &str) {
+        assert!(session.slot().is_some());
+        sqlx::query(&format!("KILL {}", session.connection_id()))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+
+    async fn block_table(&self, store: &MySqlStore) -> MySqlConnection {
+        let mut blocker = common::raw_connection().await;
+        blocker
+            .execute(sqlx::raw_sql(&format!(
+                "LOCK TABLES {} WRITE",
+                store.table().quoted()
+            )))
+            .await
+            .unwrap();
+        blocker
+    }
+
+    async fn unblock(&self, mut blocker: MySqlConnection) {
+        blocker.execute("UNLOCK TABLES").await.unwrap();
+        let _ = blocker.close().await;
+    }
+
+    async fn execute(&self, sql: &str) {
+        let mut conn = common::raw_connection().await;
+        conn.execute(sqlx::raw_sql(sql)).await.unwrap();
+        let _ = conn.close().await;
+    }
+
+    async fn drop_table(&self, store: &MySqlStore) {
+        common::drop_table(store.table()).await;
+    }
+
+    async fn drop_namespace(&self, namespace: &str) {
+        common::drop_database(namespace).await;
+    }
+
+    async fn schema_row(&self, store: &MySqlStore) -> (i32, i32, bool) {
+        let database = store.table().database().unwrap();
+        let row = sqlx::query(&format!(
+            "SELECT version, shard_count, applied_at IS NOT NULL AS applied \
+             FROM `{database}`.outbox_relay_schema WHERE table_name = ?"
+        ))
+        .bind(store.table().name())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        (
+            row.get("version"),
+            row.get("shard_count"),
+            row.get("applied"),
+        )
+    }
+
+    async fn columns(&self, store: &MySqlStore) -> Vec<(String, String)> {
+        let columns: Vec<(String, String, String)> = sqlx::query(
+            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(DATA_TYPE AS CHAR), CAST(EXTRA AS CHAR) \
+             FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+        )
+        .bind(store.table().database().unwrap())
+        .bind(store.table().name())
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (text(r, 0), text(r, 1), text(r, 2)))
+        .collect();
+        assert!(columns[0].2.contains("auto_increment"));
+        for generated in &columns[14..] {
+            assert!(
+                generated.2.to_ascii_uppercase().contains("STORED")
+                    || generated.2.to_ascii_uppercase().contains("PERSISTENT"),
+                "{generated:?}"
+            );
+        }
+        columns
+            .into_iter()
+            .map(|(name, data_type, _)| match data_type.as_str() {
+                // MariaDB's JSON is LONGTEXT with a JSON_VALID check.
+                "longtext" => (name, "json".to_owned()),
+                _ => (name, data_type),
+            })
+            .collect()
+    }
+
+    async fn check_indexes(&self, store: &MySqlStore) {
+        let mut indexes: Vec<(String, String)> = sqlx::query(
+            "SELECT CAST(INDEX_NAME AS CHAR), \
+                    CAST(GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) AS CHAR) \
+             FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+             GROUP BY INDEX_NAME ORDER BY INDEX_NAME",
+        )
+        .bind(store.table().database().unwrap())
+        .bind(store.table().name())
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (text(r, 0), text(r, 1)))
+        .collect();
+        let mut expected: Vec<(String, String)> = [
+            ("PRIMARY", "id"),
+            ("dead_idx", "dead_at"),
+            ("event_id_key", "event_id"),
+            ("pending_idx", "pending,id,shard"),
+            ("published_idx", "published_at"),
+            ("retry_idx", "retry_aggregate_id,id"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        indexes.sort();
+        expected.sort();
+        assert_eq!(indexes, expected);
+    }
+
+    async fn write_with_plain_sql(&self, store: &MySqlStore) {
+        let mut conn = common::raw_connection().await;
+        let t = store.table().quoted();
+        // What a writer in another language does (see the README), with the session in another
+        // time zone: created_at is UTC all the same.
+        conn.execute("SET time_zone = '+05:00'").await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('order', '42', 'OrderConfirmed', ?, ?)"
+        ))
+        .bind(r#"{"total": 99}"#)
+        .bind(r#"{"traceparent": "00-abc-01", "retries": 3, "flags": {"a": true}}"#)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.execute(sqlx::raw_sql(&format!(
+            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', '42', 'OrderShipped', '{{\"n\": 2}}')"
+        )))
+        .await
+        .unwrap();
+        for (what, values) in [
+            (
+                "headers must be a JSON object",
+                "('order', '42', 'Bad', '{}', '[1]', DEFAULT)",
+            ),
+            (
+                "payload must be JSON",
+                "('order', '42', 'Bad', 'not json', '{}', DEFAULT)",
+            ),
+            (
+                "event_id must be a UUID",
+                "('order', '42', 'Bad', '{}', '{}', 'not-a-uuid')",
+            ),
+        ] {
+            let refused = conn
+                .execute(sqlx::raw_sql(&format!(
+                    "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, headers, \
+                     event_id) VALUES {values}"
+                )))
+                .await;
+            assert!(refused.is_err(), "{what}");
+        }
+        let _ = conn.close().await;
+    }
+
+    fn pool(&self, store: &MySqlStore) -> MySqlPool {
+        store.pool().clone()
+    }
+
+    async fn pool_in(&self, namespace: &str) -> MySqlPool {
+        let options = MySqlConnectOptions::from_str(&common::test_url())
+            .unwrap()
+            .database(namespace);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| panic!("MySQL or MariaDB is required for this test: {e}"));
+        pool.execute(
+            "CREATE TABLE orders (id VARCHAR(20) PRIMARY KEY, status VARCHAR(20) NOT NULL)",
+        )
+        .await
+        .unwrap();
+        pool
+    }
+
+    async fn begin(&self, pool: &MySqlPool) -> Tx {
+        pool.begin().await.unwrap()
+    }
+
+    async fn commit(&self, tx: Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(&self, tx: Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn insert_order(&self, tx: &mut Tx, id: &str) {
+        sqlx::query(&format!("INSERT INTO orders VALUES ('{id}', 'confirmed')"))
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+    }
+
+    async fn count_orders(&self, pool: &MySqlPool) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn enqueue(
+        &self,
+        store: &MySqlStore,
+        tx: &mut Tx,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        let outbox = store.outbox();
+        match writer {
+            Writer::Outbox => Ok(vec![outbox.enqueue(tx, &events[0]).await?]),
+            Writer::OutboxMany => outbox.enqueue_many(tx, events).await,
+            Writer::Free => Ok(vec![enqueue(tx, &events[0]).await?]),
+            Writer::FreeMany => enqueue_many(tx, events).await,
+        }
+    }
+
+    async fn enqueue_autocommit(
+        &self,
+        store: &MySqlStore,
+        pool: &MySqlPool,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        let mut conn = pool.acquire().await.unwrap();
+        let outbox = store.outbox();
+        match writer {
+            Writer::Outbox => Ok(vec![outbox.enqueue(&mut conn, &events[0]).await?]),
+            Writer::OutboxMany => outbox.enqueue_many(&mut conn, events).await,
+            Writer::Free => Ok(vec![enqueue(&mut conn, &events[0]).await?]),
+            Writer::FreeMany => enqueue_many(&mut conn, events).await,
+        }
+    }
+}
+
+outboxkit_core::store_suite!(MySqlFactory::default(), live);

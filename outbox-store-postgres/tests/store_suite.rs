@@ -1,13 +1,23 @@
-//! The store conformance suite of outboxkit-core, on a real PostgreSQL.
+//! The store conformance suite of outboxkit-core, on a real PostgreSQL: the common cases and
+//! the live ones.
 
 mod common;
 
+use std::str::FromStr;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::testkit::store_suite::StoreFactory;
-use outboxkit_core::Store;
-use outboxkit_store_postgres::TableName;
+use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
+use outboxkit_core::{NewEvent, Result, Store};
+use outboxkit_store_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use outboxkit_store_postgres::sqlx::{self, Connection, Executor, PgPool, Postgres, Row};
+use outboxkit_store_postgres::{
+    enqueue, enqueue_many, PostgresShardSession, PostgresStore, PostgresStoreConfig, TableName,
+    SCHEMA_VERSION,
+};
+
+type Tx = sqlx::Transaction<'static, Postgres>;
 
 /// Each store on a new random table; the tables are dropped when a case passes.
 #[derive(Debug, Default)]
@@ -34,4 +44,314 @@ impl StoreFactory for PostgresFactory {
     }
 }
 
-outboxkit_core::store_suite!(PostgresFactory::default());
+#[async_trait]
+impl LiveHarness for PostgresFactory {
+    type Store = PostgresStore;
+    type Session = PostgresShardSession;
+    type Config = PostgresStoreConfig;
+    type Pool = PgPool;
+    type Tx = Tx;
+    type Blocker = Tx;
+
+    const KIND: &'static str = "postgres";
+    const PRODUCT: &'static str = "PostgreSQL";
+    const SCHEMA_VERSION: i32 = SCHEMA_VERSION;
+    const DUPLICATE_KEY: &'static str = "23505";
+    const NORMALIZES_JSON: bool = true;
+    const MAX_NAME_CHARS: Option<usize> = None;
+    const TABLE_NEEDS_DATABASE: bool = false;
+    const ACCEPTS_ANY_PASSWORD: bool = true;
+    const COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("id", "bigint"),
+        ("event_id", "uuid"),
+        ("aggregate_type", "text"),
+        ("aggregate_id", "text"),
+        ("event_type", "text"),
+        ("payload", "jsonb"),
+        ("headers", "jsonb"),
+        ("destination", "text"),
+        ("created_at", "timestamp with time zone"),
+        ("published_at", "timestamp with time zone"),
+        ("attempts", "integer"),
+        ("next_attempt_at", "timestamp with time zone"),
+        ("last_error", "text"),
+        ("dead_at", "timestamp with time zone"),
+        ("shard", "smallint"),
+    ];
+
+    fn test_url(&self) -> String {
+        common::test_url()
+    }
+
+    fn config(&self, url: &str) -> PostgresStoreConfig {
+        PostgresStoreConfig::new(url)
+    }
+
+    fn fresh_config(&self) -> PostgresStoreConfig {
+        common::fresh_config()
+    }
+
+    fn with_table(&self, config: PostgresStoreConfig, table: &str) -> PostgresStoreConfig {
+        config.table(table)
+    }
+
+    fn with_shards(&self, config: PostgresStoreConfig, shards: u32) -> PostgresStoreConfig {
+        config.shards(shards)
+    }
+
+    fn with_session_timeout(
+        &self,
+        config: PostgresStoreConfig,
+        timeout: Duration,
+    ) -> PostgresStoreConfig {
+        PostgresStoreConfig {
+            session_timeout: timeout,
+            ..config
+        }
+    }
+
+    fn table_setting(&self, config: &PostgresStoreConfig) -> String {
+        config.table.clone()
+    }
+
+    async fn connect(&self, config: PostgresStoreConfig) -> Result<PostgresStore> {
+        PostgresStore::connect(config).await
+    }
+
+    fn table(&self, store: &PostgresStore) -> String {
+        store.table().to_string()
+    }
+
+    async fn open_session(&self, store: &PostgresStore, relay_id: &str) -> PostgresShardSession {
+        store
+            .open_postgres_session(relay_id)
+            .await
+            .expect("open session")
+    }
+
+    fn is_poisoned(&self, session: &PostgresShardSession) -> bool {
+        session.is_poisoned()
+    }
+
+    fn owner_prefix(&self, relay_id: &str) -> String {
+        format!("{relay_id} (pid ")
+    }
+
+    async fn kill(&self, store: &PostgresStore, session: &PostgresShardSession, relay_id: &str) {
+        let application: String =
+            sqlx::query_scalar("SELECT application_name FROM pg_stat_activity WHERE pid = $1")
+                .bind(session.backend_pid())
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!(application, format!("outbox-relay:{relay_id}"));
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(session.backend_pid())
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert!(killed);
+    }
+
+    async fn block_table(&self, store: &PostgresStore) -> Tx {
+        let mut blocker = store.pool().begin().await.unwrap();
+        blocker
+            .execute(sqlx::raw_sql(&format!(
+                "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+                store.table().quoted()
+            )))
+            .await
+            .unwrap();
+        blocker
+    }
+
+    async fn unblock(&self, blocker: Tx) {
+        blocker.rollback().await.unwrap();
+    }
+
+    async fn execute(&self, sql: &str) {
+        let mut conn = common::raw_connection().await;
+        conn.execute(sqlx::raw_sql(sql)).await.unwrap();
+        let _ = conn.close().await;
+    }
+
+    async fn drop_table(&self, store: &PostgresStore) {
+        common::drop_table(store.table()).await;
+    }
+
+    async fn drop_namespace(&self, namespace: &str) {
+        common::drop_schema(namespace).await;
+    }
+
+    async fn schema_row(&self, store: &PostgresStore) -> (i32, i32, bool) {
+        let schema_table = format!(
+            "\"{}\".outbox_relay_schema",
+            store.table().schema().unwrap()
+        );
+        let row = sqlx::query(&format!(
+            "SELECT version, shard_count, applied_at IS NOT NULL AS applied FROM {schema_table} \
+             WHERE table_name = $1"
+        ))
+        .bind(store.table().name())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        (
+            row.get("version"),
+            row.get("shard_count"),
+            row.get("applied"),
+        )
+    }
+
+    async fn columns(&self, store: &PostgresStore) -> Vec<(String, String)> {
+        sqlx::query_as(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+        )
+        .bind(store.table().schema().unwrap())
+        .bind(store.table().name())
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+    }
+
+    async fn check_indexes(&self, store: &PostgresStore) {
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2",
+        )
+        .bind(store.table().schema().unwrap())
+        .bind(store.table().name())
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        let has = |needle: &str| indexes.iter().any(|d| d.contains(needle));
+        assert!(
+            has("(id) WHERE ((published_at IS NULL) AND (dead_at IS NULL))"),
+            "{indexes:#?}"
+        );
+        assert!(has(
+            "(aggregate_id, id) WHERE ((published_at IS NULL) AND (attempts > 0))"
+        ));
+        assert!(has("(published_at) WHERE (published_at IS NOT NULL)"));
+        assert!(has("(id) WHERE (dead_at IS NOT NULL)"));
+
+        let options: Vec<String> = sqlx::query_scalar(
+            "SELECT unnest(reloptions) FROM pg_class WHERE oid = to_regclass($1)",
+        )
+        .bind(store.table().quoted())
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+        assert!(
+            options
+                .iter()
+                .any(|o| o.starts_with("autovacuum_vacuum_scale_factor=")),
+            "{options:?}"
+        );
+    }
+
+    async fn write_with_plain_sql(&self, store: &PostgresStore) {
+        let mut conn = common::raw_connection().await;
+        // What a writer in another language does (see the README).
+        sqlx::query(&format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('order', '42', 'OrderConfirmed', $1::jsonb, $2::jsonb), \
+                    ('order', '42', 'OrderShipped', '{{\"n\": 2}}', DEFAULT)",
+            store.table().quoted()
+        ))
+        .bind(r#"{"total": 99}"#)
+        .bind(r#"{"traceparent": "00-abc-01", "retries": 3, "flags": {"a": true}}"#)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let writer_error = sqlx::query(&format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('order', '42', 'Bad', '{{}}', '[1]')",
+            store.table().quoted()
+        ))
+        .execute(&mut conn)
+        .await;
+        assert!(writer_error.is_err(), "headers must be a JSON object");
+        let _ = conn.close().await;
+    }
+
+    fn pool(&self, store: &PostgresStore) -> PgPool {
+        store.pool().clone()
+    }
+
+    async fn pool_in(&self, namespace: &str) -> PgPool {
+        let options = PgConnectOptions::from_str(&common::test_url())
+            .unwrap()
+            .options([("search_path", namespace)]);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL is required for this test: {e}"));
+        pool.execute("CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL)")
+            .await
+            .unwrap();
+        pool
+    }
+
+    async fn begin(&self, pool: &PgPool) -> Tx {
+        pool.begin().await.unwrap()
+    }
+
+    async fn commit(&self, tx: Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(&self, tx: Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn insert_order(&self, tx: &mut Tx, id: &str) {
+        sqlx::query(&format!("INSERT INTO orders VALUES ('{id}', 'confirmed')"))
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+    }
+
+    async fn count_orders(&self, pool: &PgPool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn enqueue(
+        &self,
+        store: &PostgresStore,
+        tx: &mut Tx,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        let outbox = store.outbox();
+        match writer {
+            Writer::Outbox => Ok(vec![outbox.enqueue(tx, &events[0]).await?]),
+            Writer::OutboxMany => outbox.enqueue_many(tx, events).await,
+            Writer::Free => Ok(vec![enqueue(tx, &events[0]).await?]),
+            Writer::FreeMany => enqueue_many(tx, events).await,
+        }
+    }
+
+    async fn enqueue_autocommit(
+        &self,
+        store: &PostgresStore,
+        pool: &PgPool,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        let mut conn = pool.acquire().await.unwrap();
+        let outbox = store.outbox();
+        match writer {
+            Writer::Outbox => Ok(vec![outbox.enqueue(&mut conn, &events[0]).await?]),
+            Writer::OutboxMany => outbox.enqueue_many(&mut conn, events).await,
+            Writer::Free => Ok(vec![enqueue(&mut conn, &events[0]).await?]),
+            Writer::FreeMany => enqueue_many(&mut conn, events).await,
+        }
+    }
+}
+
+outboxkit_core::store_suite!(PostgresFactory::default(), live);

@@ -19,8 +19,21 @@
 //!
 //! Each case takes a fresh store, so cases can run in parallel. The factory must give stores
 //! with at least 4 shards.
+//!
+//! A store on a server (SQL or other) also runs the live cases: what only a real server shows —
+//! writers' transactions, killed sessions, statement limits, concurrent migrations, plain-SQL
+//! writers, connection and configuration errors. Implement [`LiveHarness`] too (the store's own
+//! types and the few steps only its SQL can do) and pass `live`:
+//!
+//! ```text
+//! outboxkit_core::store_suite!(Factory, live);
+//! ```
+//!
+//! A store with a consumer-side inbox runs the inbox cases with [`inbox_suite!`](crate::inbox_suite)
+//! and an [`inbox::InboxHarness`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,7 +41,7 @@ use chrono::Utc;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::model::{NewEvent, OutboxEvent};
 use crate::store::{ClaimRequest, Failure, MarkMode, ShardSession, Store};
 
@@ -45,8 +58,28 @@ pub trait StoreFactory: Send + Sync {
 /// Generate one `#[tokio::test]` per case of the store suite, each calling
 /// `outboxkit_core::testkit::store_suite::<case>(&factory)` with the factory `$factory` (an
 /// expression evaluated once per test). The calling crate needs `tokio` (macros, rt).
+///
+/// `store_suite!(factory, live)` also generates the live cases, for a factory that implements
+/// [`LiveHarness`].
 #[macro_export]
 macro_rules! store_suite {
+    ($factory:expr, live) => {
+        $crate::store_suite!($factory);
+        $crate::store_suite!(@cases ($factory)
+            rolled_back_and_uncommitted_rows_are_never_claimed,
+            enqueue_commits_and_rolls_back_with_the_business_row,
+            a_killed_session_loses_its_lease_and_its_shards_move,
+            a_statement_timeout_is_a_timeout_and_keeps_the_session,
+            concurrent_migrations_all_succeed,
+            the_table_has_the_documented_shape,
+            rows_written_with_plain_sql_are_claimed_with_their_defaults,
+            migrate_refuses_a_table_it_did_not_create,
+            an_unreachable_server_is_a_connection_error_naming_the_host,
+            an_unknown_database_is_a_config_error_naming_it,
+            a_bad_configuration_fails_before_connecting,
+            describe_and_debug_hide_the_password,
+        );
+    };
     ($factory:expr) => {
         $crate::store_suite!(@cases ($factory)
             migrate_is_idempotent_and_check_requires_it,
@@ -619,4 +652,792 @@ pub async fn aggregates_keep_one_shard_and_spread(factory: &dyn StoreFactory) {
     assert!(used.len() > 1, "200 aggregates all in shard {used:?}");
     close(session).await;
     factory.cleanup().await;
+}
+
+/// Which writers' API an enqueue goes through (see [`LiveHarness::enqueue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// The store's handle on its table, one event (`store.outbox().enqueue`).
+    Outbox,
+    /// The store's handle on its table, many events (`store.outbox().enqueue_many`).
+    OutboxMany,
+    /// The free function on the table named `outbox` of the connection's default schema or
+    /// database, one event (`enqueue`).
+    Free,
+    /// The same, many events (`enqueue_many`).
+    FreeMany,
+}
+
+/// What the live cases need beyond [`StoreFactory`]: the store's own types, its settings, and
+/// the few steps only its SQL can do. Methods panic when the server fails them (they are test
+/// steps); those returning a `Result` hand the store's error to the case, which checks it.
+#[async_trait]
+pub trait LiveHarness: StoreFactory {
+    /// The store.
+    type Store: Store;
+    /// Its shard session.
+    type Session: ShardSession + 'static;
+    /// Its `[store]` settings.
+    type Config: Clone + fmt::Debug + Send + Sync + 'static;
+    /// A writers' connection pool (the store's own, or one on another schema or database).
+    type Pool: Send + Sync;
+    /// A writer's open transaction.
+    type Tx: Send;
+    /// What keeps the outbox table locked (see [`Self::block_table`]).
+    type Blocker: Send;
+
+    /// [`Store::kind`] of the store.
+    const KIND: &'static str;
+    /// The server as the store's messages name it (`PostgreSQL`).
+    const PRODUCT: &'static str;
+    /// The schema version the store creates.
+    const SCHEMA_VERSION: i32;
+    /// What the message of a duplicate-key error contains (`23505`).
+    const DUPLICATE_KEY: &'static str;
+    /// Whether claimed payloads are JSON text in the server's normal form (`{"n": 2}`), rather
+    /// than JSON as written.
+    const NORMALIZES_JSON: bool;
+    /// Longest aggregate type, aggregate id and event type the writers take, if limited.
+    const MAX_NAME_CHARS: Option<usize>;
+    /// Whether a table needs a database named by the URL or by the table setting.
+    const TABLE_NEEDS_DATABASE: bool;
+    /// Whether the test server lets the test user in whatever the password (trust auth).
+    const ACCEPTS_ANY_PASSWORD: bool;
+    /// The documented columns of the outbox table: name and type, in order.
+    const COLUMNS: &'static [(&'static str, &'static str)];
+
+    /// `OUTBOX_TEST_*_URL`, or the local test database.
+    fn test_url(&self) -> String;
+    /// Settings with every default and this URL.
+    fn config(&self, url: &str) -> Self::Config;
+    /// Settings for a new, random table of the test database.
+    fn fresh_config(&self) -> Self::Config;
+    /// `config` with another `store.table`.
+    fn with_table(&self, config: Self::Config, table: &str) -> Self::Config;
+    /// `config` with another `store.shards`.
+    fn with_shards(&self, config: Self::Config, shards: u32) -> Self::Config;
+    /// `config` with another `store.session_timeout`.
+    fn with_session_timeout(&self, config: Self::Config, timeout: Duration) -> Self::Config;
+    /// `store.table` of `config`.
+    fn table_setting(&self, config: &Self::Config) -> String;
+
+    /// Connect a store (not migrated).
+    async fn connect(&self, config: Self::Config) -> Result<Self::Store>;
+    /// The store's table, as it names it (`schema.table`).
+    fn table(&self, store: &Self::Store) -> String;
+    /// A session of the store, with the concrete type.
+    async fn open_session(&self, store: &Self::Store, relay_id: &str) -> Self::Session;
+    /// Whether the session lost its connection.
+    fn is_poisoned(&self, session: &Self::Session) -> bool;
+    /// The start of the owner `shard_owners()` reports for a session of `relay_id`
+    /// (`relay-a (pid `).
+    fn owner_prefix(&self, relay_id: &str) -> String;
+    /// Kill the server side of `session` (a session of `relay_id`), as an operator would.
+    async fn kill(&self, store: &Self::Store, session: &Self::Session, relay_id: &str);
+    /// Keep the outbox table locked against the session's statements until
+    /// [`Self::unblock`].
+    async fn block_table(&self, store: &Self::Store) -> Self::Blocker;
+    /// Release what [`Self::block_table`] took.
+    async fn unblock(&self, blocker: Self::Blocker);
+
+    /// Run one statement on a plain connection to the test database.
+    async fn execute(&self, sql: &str);
+    /// Drop the store's table and forget its bookkeeping rows.
+    async fn drop_table(&self, store: &Self::Store);
+    /// Drop a schema or database and everything in it.
+    async fn drop_namespace(&self, namespace: &str);
+    /// `(version, shard_count, applied_at is set)` of the table's bookkeeping row.
+    async fn schema_row(&self, store: &Self::Store) -> (i32, i32, bool);
+    /// Name and type of each column of the table, in order (types as in [`Self::COLUMNS`]).
+    async fn columns(&self, store: &Self::Store) -> Vec<(String, String)>;
+    /// Check the table's indexes and whatever else the store documents about its table.
+    async fn check_indexes(&self, store: &Self::Store);
+    /// Write two rows with plain SQL, as a writer in another language does: `order` `42`
+    /// `OrderConfirmed` with payload `{"total": 99}` and headers
+    /// `{"traceparent": "00-abc-01", "retries": 3, "flags": {"a": true}}`, then `order` `42`
+    /// `OrderShipped` with payload `{"n": 2}` and the default headers. Check that rows the
+    /// table must refuse (headers not an object, ...) are refused.
+    async fn write_with_plain_sql(&self, store: &Self::Store);
+
+    /// The store's own writers' pool.
+    fn pool(&self, store: &Self::Store) -> Self::Pool;
+    /// A pool whose connections use `namespace` (a schema or database that holds a migrated
+    /// table `outbox`) by default, where a table `orders (id, status)` of 20 characters each
+    /// was created.
+    async fn pool_in(&self, namespace: &str) -> Self::Pool;
+    /// Begin a writer's transaction.
+    async fn begin(&self, pool: &Self::Pool) -> Self::Tx;
+    /// Commit it.
+    async fn commit(&self, tx: Self::Tx);
+    /// Roll it back.
+    async fn rollback(&self, tx: Self::Tx);
+    /// `INSERT INTO orders VALUES ('<id>', 'confirmed')` in the transaction.
+    async fn insert_order(&self, tx: &mut Self::Tx, id: &str);
+    /// `SELECT count(*) FROM orders`.
+    async fn count_orders(&self, pool: &Self::Pool) -> i64;
+    /// Enqueue through `writer` (for [`Writer::Outbox`] and [`Writer::Free`], `events` is one
+    /// event) in the transaction; the ids of the rows.
+    async fn enqueue(
+        &self,
+        store: &Self::Store,
+        tx: &mut Self::Tx,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>>;
+    /// The same outside any transaction, on a connection of `pool`.
+    async fn enqueue_autocommit(
+        &self,
+        store: &Self::Store,
+        pool: &Self::Pool,
+        writer: Writer,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>>;
+}
+
+/// A random name such as `outbox_t_1f2e3d4c5b6a7980`.
+pub fn random_name(prefix: &str) -> String {
+    let hex = Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{}", &hex[..16])
+}
+
+/// An event whose payload is `{"n": n}`.
+fn small_event(aggregate_id: &str, n: u32) -> NewEvent {
+    NewEvent::new("order", aggregate_id, "OrderChanged", json!({ "n": n }))
+}
+
+fn ids(events: &[OutboxEvent]) -> Vec<i64> {
+    events.iter().map(|e| e.id).collect()
+}
+
+async fn connected<H: LiveHarness>(harness: &H, config: H::Config) -> H::Store {
+    match harness.connect(config).await {
+        Ok(store) => store,
+        Err(e) => panic!(
+            "{} is required for this test (see {}): {e}",
+            H::PRODUCT,
+            harness.test_url()
+        ),
+    }
+}
+
+async fn live_migrated<H: LiveHarness>(harness: &H, config: H::Config) -> H::Store {
+    let store = connected(harness, config).await;
+    store.migrate().await.expect("migrate");
+    store
+}
+
+async fn live_session<H: LiveHarness>(harness: &H, store: &H::Store, relay_id: &str) -> H::Session {
+    let mut session = harness.open_session(store, relay_id).await;
+    acquire_all_shards(&mut session).await;
+    session
+}
+
+async fn claim_all(session: &mut dyn ShardSession) -> Result<Vec<OutboxEvent>> {
+    session
+        .claim(&ClaimRequest {
+            limit: 10_000,
+            exclude_ids: &[],
+            dead_holds_aggregate: false,
+        })
+        .await
+}
+
+async fn close_live<S: ShardSession + 'static>(session: S) {
+    Box::new(session).close().await.expect("close session");
+}
+
+/// The payload text of a claimed row is `expected`: as JSON always, as text too where the store
+/// normalizes JSON.
+fn assert_payload<H: LiveHarness>(payload: &str, expected: &str) {
+    let parsed: serde_json::Value = serde_json::from_str(payload).expect("payload is JSON");
+    let wanted: serde_json::Value = serde_json::from_str(expected).expect("expected JSON");
+    assert_eq!(parsed, wanted);
+    if H::NORMALIZES_JSON {
+        assert_eq!(payload, expected);
+    }
+}
+
+fn assert_error(error: &Error, kind: ErrorKind) {
+    assert_eq!(error.kind(), kind, "{error}");
+}
+
+/// Rows of a rolled-back transaction are never claimed, nor rows still uncommitted; a late
+/// commit below claimed ids is claimed all the same.
+pub async fn rolled_back_and_uncommitted_rows_are_never_claimed<H: LiveHarness>(harness: &H) {
+    let store = live_migrated(harness, harness.fresh_config()).await;
+    let mut session = live_session(harness, &store, "rollback").await;
+    let pool = harness.pool(&store);
+
+    let mut rolled_back = harness.begin(&pool).await;
+    harness
+        .enqueue(
+            &store,
+            &mut rolled_back,
+            Writer::Outbox,
+            &[small_event("a", 1)],
+        )
+        .await
+        .unwrap();
+    harness.rollback(rolled_back).await;
+
+    let mut late = harness.begin(&pool).await;
+    let late_id = harness
+        .enqueue(&store, &mut late, Writer::Outbox, &[small_event("b", 1)])
+        .await
+        .unwrap()[0];
+    let committed = store.insert(&[small_event("c", 1)]).await.unwrap();
+    assert!(late_id < committed[0]);
+
+    // Only the committed row, although a lower id is in flight.
+    assert_eq!(ids(&claim_all(&mut session).await.unwrap()), committed);
+    harness.commit(late).await;
+    // The late commit is not skipped: rows are selected by state, not by "id > last seen".
+    assert_eq!(
+        ids(&claim_all(&mut session).await.unwrap()),
+        vec![late_id, committed[0]]
+    );
+    assert_eq!(store.status().await.unwrap().pending, 2);
+    close_live(session).await;
+    harness.drop_table(&store).await;
+}
+
+/// Events enqueued in a writer's transaction commit and roll back with its business rows,
+/// through the store's handle and through the free functions.
+pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness>(harness: &H) {
+    // A schema or database of its own, holding a table named `outbox`: the free functions use
+    // that name.
+    let namespace = random_name("outbox_ns");
+    let config = harness.with_table(harness.fresh_config(), &format!("{namespace}.outbox"));
+    let store = live_migrated(harness, config).await;
+    assert_eq!(harness.table(&store), format!("{namespace}.outbox"));
+    let pool = harness.pool_in(&namespace).await;
+
+    let mut tx = harness.begin(&pool).await;
+    harness.insert_order(&mut tx, "o-1").await;
+    let one = harness
+        .enqueue(&store, &mut tx, Writer::Free, &[small_event("o-1", 1)])
+        .await
+        .unwrap()[0];
+    let many = harness
+        .enqueue(
+            &store,
+            &mut tx,
+            Writer::FreeMany,
+            &[
+                small_event("o-1", 2),
+                small_event("o-1", 3),
+                small_event("o-2", 1),
+            ],
+        )
+        .await
+        .unwrap();
+    let none = harness
+        .enqueue(&store, &mut tx, Writer::FreeMany, &[])
+        .await;
+    assert!(none.unwrap().is_empty());
+    harness.commit(tx).await;
+    assert_eq!(many.len(), 3);
+    assert!(
+        one < many[0] && many.windows(2).all(|w| w[0] < w[1]),
+        "{one} {many:?}"
+    );
+
+    let mut tx = harness.begin(&pool).await;
+    harness.insert_order(&mut tx, "o-3").await;
+    harness
+        .enqueue(
+            &store,
+            &mut tx,
+            Writer::OutboxMany,
+            &[small_event("o-3", 1), small_event("o-3", 2)],
+        )
+        .await
+        .unwrap();
+    harness.rollback(tx).await;
+
+    let mut session = live_session(harness, &store, "enqueue").await;
+    let claimed = claim_all(&mut session).await.unwrap();
+    let mut expected = vec![one];
+    expected.extend(&many);
+    assert_eq!(ids(&claimed), expected);
+    assert_payload::<H>(&claimed[1].payload, r#"{"n": 2}"#);
+    assert_eq!(harness.count_orders(&pool).await, 1);
+
+    // A duplicate event id is refused, and the whole statement with it.
+    let event_id = claimed[0].event_id;
+    let error = harness
+        .enqueue_autocommit(
+            &store,
+            &pool,
+            Writer::OutboxMany,
+            &[
+                small_event("o-9", 1),
+                small_event("o-9", 2).event_id(event_id),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert_error(&error, ErrorKind::Other);
+    assert!(!error.is_retryable());
+    assert!(error.message().contains(H::DUPLICATE_KEY), "{error}");
+    if let Some(max) = H::MAX_NAME_CHARS {
+        // Values the columns cannot hold are refused before anything is sent.
+        let long = small_event(&"x".repeat(max + 45), 1);
+        let error = harness
+            .enqueue_autocommit(&store, &pool, Writer::Free, &[long])
+            .await
+            .unwrap_err();
+        assert_error(&error, ErrorKind::InvalidMessage);
+    }
+    assert_eq!(store.status().await.unwrap().pending, 4);
+
+    close_live(session).await;
+    drop(pool);
+    harness.drop_namespace(&namespace).await;
+}
+
+/// A session whose connection is killed fails every later call with `LeaseLost` and owns
+/// nothing; another session takes its shards over and finds every row.
+pub async fn a_killed_session_loses_its_lease_and_its_shards_move<H: LiveHarness>(harness: &H) {
+    let store = live_migrated(harness, harness.with_shards(harness.fresh_config(), 8)).await;
+    let inserted = store
+        .insert(&[
+            small_event("a", 1),
+            small_event("b", 1),
+            small_event("c", 1),
+        ])
+        .await
+        .unwrap();
+    let mut doomed = live_session(harness, &store, "doomed").await;
+    assert_eq!(ids(&claim_all(&mut doomed).await.unwrap()), inserted);
+    harness.kill(&store, &doomed, "doomed").await;
+
+    // The next call notices, and so does every later one: the session is fenced off.
+    let error = claim_all(&mut doomed).await.unwrap_err();
+    assert_error(&error, ErrorKind::LeaseLost);
+    let prefix = format!("lost the {} session holding shard locks: ", H::PRODUCT);
+    assert!(error.message().starts_with(&prefix), "{error}");
+    assert!(harness.is_poisoned(&doomed));
+    assert!(doomed.owned().is_empty());
+    let error = doomed
+        .mark_published(&inserted, MarkMode::Delete)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::LeaseLost);
+    assert_eq!(
+        doomed.try_acquire(0).await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+    assert_eq!(
+        doomed.cluster().await.unwrap_err().kind(),
+        ErrorKind::LeaseLost
+    );
+
+    // Another session takes every shard over (once the server has cleaned up the dead
+    // connection) and finds every row still there.
+    let mut heir = harness.open_session(&store, "heir").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !heir.try_acquire(0).await.unwrap() {
+        assert!(Instant::now() < deadline, "shard 0 was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for shard in 1..8 {
+        assert!(heir.try_acquire(shard).await.unwrap(), "shard {shard}");
+    }
+    assert_eq!(ids(&claim_all(&mut heir).await.unwrap()), inserted);
+    assert_eq!(heir.cluster().await.unwrap().live_relays, 1);
+    // The dead session no longer names an owner.
+    let owners = store.shard_owners().await.unwrap();
+    assert_eq!(owners.len(), 8);
+    let heir_owner = harness.owner_prefix("heir");
+    assert!(
+        owners.iter().all(|o| o.owner.starts_with(&heir_owner)),
+        "{owners:?}"
+    );
+
+    close_live(doomed).await;
+    close_live(heir).await;
+    harness.drop_table(&store).await;
+}
+
+/// A statement that hits the server's statement limit is a retryable timeout and leaves the
+/// session usable.
+pub async fn a_statement_timeout_is_a_timeout_and_keeps_the_session<H: LiveHarness>(harness: &H) {
+    let config = harness.with_session_timeout(harness.fresh_config(), Duration::from_millis(300));
+    let store = live_migrated(harness, config).await;
+    let inserted = store.insert(&[small_event("a", 1)]).await.unwrap();
+    let mut session = live_session(harness, &store, "slow").await;
+
+    let blocker = harness.block_table(&store).await;
+    let started = Instant::now();
+    let error = claim_all(&mut session).await.unwrap_err();
+    assert_error(&error, ErrorKind::Timeout);
+    assert!(error.is_retryable());
+    assert!(error.message().contains("store.session_timeout"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    harness.unblock(blocker).await;
+
+    assert!(!harness.is_poisoned(&session));
+    assert_eq!(ids(&claim_all(&mut session).await.unwrap()), inserted);
+    close_live(session).await;
+    harness.drop_table(&store).await;
+}
+
+/// Relays migrating the same table at once all succeed; the shard count is the first one's.
+pub async fn concurrent_migrations_all_succeed<H: LiveHarness>(harness: &H) {
+    let config = harness.with_shards(harness.fresh_config(), 16);
+    let migrate = || async {
+        let store = connected(harness, config.clone()).await;
+        store.migrate().await.map(|()| store)
+    };
+    let (a, b, c) = tokio::join!(migrate(), migrate(), migrate());
+    let mut stores = Vec::new();
+    for store in [a, b, c] {
+        stores.push(store.expect("every migrate succeeds"));
+    }
+    let store = &stores[0];
+    store.check().await.unwrap();
+
+    let (version, shard_count, applied) = harness.schema_row(store).await;
+    assert_eq!(version, H::SCHEMA_VERSION);
+    assert_eq!(shard_count, 16);
+    assert!(applied);
+
+    // The shard count comes from the database, whatever a later configuration says.
+    let other = connected(harness, harness.with_shards(config, 64)).await;
+    other.migrate().await.unwrap();
+    let session = harness.open_session(&other, "count").await;
+    assert_eq!(session.shard_count(), 16);
+    close_live(session).await;
+    harness.drop_table(store).await;
+}
+
+/// The table has the documented columns, types and indexes.
+pub async fn the_table_has_the_documented_shape<H: LiveHarness>(harness: &H) {
+    let store = live_migrated(harness, harness.fresh_config()).await;
+    let columns = harness.columns(&store).await;
+    let names: Vec<&str> = columns.iter().map(|c| c.0.as_str()).collect();
+    let documented: Vec<&str> = H::COLUMNS.iter().map(|c| c.0).collect();
+    assert_eq!(names, documented);
+    let types: Vec<&str> = columns.iter().map(|c| c.1.as_str()).collect();
+    let documented: Vec<&str> = H::COLUMNS.iter().map(|c| c.1).collect();
+    assert_eq!(types, documented);
+    harness.check_indexes(&store).await;
+    harness.drop_table(&store).await;
+}
+
+/// Rows written with plain SQL get their defaults (event id, headers, created_at in UTC) and
+/// are claimed like any other.
+pub async fn rows_written_with_plain_sql_are_claimed_with_their_defaults<H: LiveHarness>(
+    harness: &H,
+) {
+    let store = live_migrated(harness, harness.fresh_config()).await;
+    harness.write_with_plain_sql(&store).await;
+
+    let mut session = live_session(harness, &store, "plain-sql").await;
+    let claimed = claim_all(&mut session).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let first = &claimed[0];
+    assert!(!first.event_id.is_nil());
+    assert_ne!(first.event_id, claimed[1].event_id);
+    assert_payload::<H>(&first.payload, r#"{"total": 99}"#);
+    assert_eq!(first.headers["traceparent"], "00-abc-01");
+    assert_eq!(first.headers["retries"], "3");
+    assert_eq!(first.headers["flags"], r#"{"a":true}"#);
+    assert!(claimed[1].headers.is_empty());
+    assert_eq!(first.destination, None);
+    assert_eq!(first.attempts, 0);
+    assert_eq!(first.shard, claimed[1].shard);
+    let skew = (Utc::now() - first.created_at).num_seconds().abs();
+    assert!(skew < 60, "created_at {} is not UTC now", first.created_at);
+    close_live(session).await;
+    harness.drop_table(&store).await;
+}
+
+/// `migrate()` leaves alone a table of that name it did not create; `check()` and sessions
+/// refuse it.
+pub async fn migrate_refuses_a_table_it_did_not_create<H: LiveHarness>(harness: &H) {
+    let config = harness.fresh_config();
+    harness
+        .execute(&format!(
+            "CREATE TABLE {} (id int)",
+            harness.table_setting(&config)
+        ))
+        .await;
+    let store = connected(harness, config).await;
+    let error = store.migrate().await.unwrap_err();
+    assert_error(&error, ErrorKind::Schema);
+    assert!(
+        error.message().contains("not created by outbox-relay"),
+        "{error}"
+    );
+    let error = store.check().await.unwrap_err();
+    assert_error(&error, ErrorKind::Schema);
+    let error = store.open_session("x").await.unwrap_err();
+    assert_error(&error, ErrorKind::Schema);
+    harness.drop_table(&store).await;
+}
+
+/// The test URL changed by `change`.
+fn test_url_with<H: LiveHarness>(harness: &H, change: impl FnOnce(&mut url::Url)) -> String {
+    let mut url = url::Url::parse(&harness.test_url()).expect("the test URL parses");
+    change(&mut url);
+    url.to_string()
+}
+
+/// Nothing listening: a retryable connection error naming host and port, on one line, without
+/// the password.
+pub async fn an_unreachable_server_is_a_connection_error_naming_the_host<H: LiveHarness>(
+    harness: &H,
+) {
+    let url = test_url_with(harness, |url| {
+        url.set_password(Some("hunter2")).unwrap();
+        url.set_host(Some("127.0.0.1")).unwrap();
+        url.set_port(Some(1)).unwrap();
+    });
+    let error = match harness.connect(harness.config(&url)).await {
+        Err(error) => error,
+        Ok(store) => panic!("connected to port 1: {store:?}"),
+    };
+    assert_error(&error, ErrorKind::Connection);
+    assert!(error.is_retryable());
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "cannot reach {} at 127.0.0.1:1 (store.url): connection refused",
+            H::PRODUCT
+        )
+    );
+    assert!(!error.to_string().contains('\n') && !format!("{error:?}").contains("hunter2"));
+}
+
+/// A database that does not exist is a configuration error naming it.
+pub async fn an_unknown_database_is_a_config_error_naming_it<H: LiveHarness>(harness: &H) {
+    let url = test_url_with(harness, |url| {
+        url.set_path("/no_such_database_for_outbox_tests")
+    });
+    let error = match harness.connect(harness.config(&url)).await {
+        Err(error) => error,
+        Ok(store) => panic!("connected to a database that does not exist: {store:?}"),
+    };
+    assert_error(&error, ErrorKind::Config);
+    assert!(
+        error
+            .message()
+            .starts_with("database \"no_such_database_for_outbox_tests\" does not exist"),
+        "{error}"
+    );
+}
+
+fn config_error<S: fmt::Debug>(result: Result<S>) -> Error {
+    match result {
+        Err(error) => error,
+        Ok(store) => panic!("a bad configuration connected: {store:?}"),
+    }
+}
+
+/// A bad table name or URL fails before connecting, naming its key.
+pub async fn a_bad_configuration_fails_before_connecting<H: LiveHarness>(harness: &H) {
+    let bad_table = harness.with_table(harness.fresh_config(), "Bad Name");
+    let error = config_error(harness.connect(bad_table).await);
+    assert_eq!(error.kind(), ErrorKind::Config);
+    assert!(error.message().starts_with("store.table"), "{error}");
+    let scheme = url::Url::parse(&harness.test_url())
+        .expect("the test URL parses")
+        .scheme()
+        .to_owned();
+    let bad_port = harness.config(&format!("{scheme}://db:notaport/x"));
+    let error = config_error(harness.connect(bad_port).await);
+    assert_eq!(error.kind(), ErrorKind::Config);
+    assert!(error.message().starts_with("store.url"), "{error}");
+    if H::TABLE_NEEDS_DATABASE {
+        let url = test_url_with(harness, |url| url.set_path(""));
+        let error = config_error(harness.connect(harness.config(&url)).await);
+        assert_eq!(error.kind(), ErrorKind::Config);
+        assert!(
+            error.message().starts_with("store.table") && error.message().contains("database"),
+            "{error}"
+        );
+    }
+}
+
+/// Neither `describe()`, nor `Debug` of the store or its settings, nor an error shows the
+/// password.
+pub async fn describe_and_debug_hide_the_password<H: LiveHarness>(harness: &H) {
+    let url = test_url_with(harness, |url| {
+        url.set_password(Some("wrong-password-never-shown"))
+            .unwrap()
+    });
+    let config = harness.with_table(harness.config(&url), "app_x.outbox");
+    let text = format!("{config:?}");
+    assert!(!text.contains("wrong-password"), "{text}");
+    match harness.connect(config).await {
+        Err(error) if !H::ACCEPTS_ANY_PASSWORD => {
+            // The server refuses the password: the error names the user, not the password.
+            assert_error(&error, ErrorKind::Unauthorized);
+            assert!(!error.to_string().contains("wrong-password"), "{error}");
+        }
+        Err(error) => panic!("{} is required for this test: {error}", H::PRODUCT),
+        Ok(store) => {
+            // A server that ignores passwords for this user.
+            let text = format!("{} {store:?}", store.describe());
+            assert!(!text.contains("wrong-password"), "{text}");
+            assert!(
+                store.describe().contains("table app_x.outbox"),
+                "{}",
+                store.describe()
+            );
+        }
+    }
+    let config = harness.with_table(harness.config(&harness.test_url()), "app_x.outbox");
+    let store = connected(harness, config).await;
+    assert!(
+        store.describe().contains("table app_x.outbox"),
+        "{}",
+        store.describe()
+    );
+    assert_eq!(store.kind(), H::KIND);
+}
+
+/// Generate one `#[tokio::test]` per case of the inbox suite, each calling
+/// `outboxkit_core::testkit::store_suite::inbox::<case>::<$harness>()`. The calling crate needs
+/// `tokio` (macros, rt).
+#[macro_export]
+macro_rules! inbox_suite {
+    ($harness:ty) => {
+        $crate::inbox_suite!(@cases ($harness)
+            the_same_event_delivered_twice_is_processed_once,
+            a_rolled_back_transaction_leaves_no_mark,
+            two_concurrent_consumers_process_an_event_once,
+            purge_forgets_old_marks_only,
+        );
+    };
+    (@cases ($harness:ty) $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $case() {
+                $crate::testkit::store_suite::inbox::$case::<$harness>().await;
+            }
+        )+
+    };
+}
+
+/// The consumer-side inbox: an `(consumer, event_id)` mark taken in the consumer's own
+/// transaction, so that an event delivered twice is processed once.
+pub mod inbox {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use uuid::Uuid;
+
+    /// An inbox on its own table, with what it needs to run (a pool). Cheap to clone. Methods
+    /// panic when the server fails them.
+    #[async_trait]
+    pub trait InboxHarness: Clone + Send + Sync + Sized + 'static {
+        /// A consumer's open transaction.
+        type Tx: Send;
+
+        /// An inbox on a new table, migrated twice (migrating is idempotent).
+        async fn fresh() -> Self;
+        /// Begin a consumer's transaction.
+        async fn begin(&self) -> Self::Tx;
+        /// Commit it.
+        async fn commit(&self, tx: Self::Tx);
+        /// Roll it back.
+        async fn rollback(&self, tx: Self::Tx);
+        /// `try_mark_processed` in the transaction: `true` the first time.
+        async fn try_mark_processed(&self, tx: &mut Self::Tx, consumer: &str, event: Uuid) -> bool;
+        /// `try_mark_processed` on a connection outside any transaction.
+        async fn mark_processed_now(&self, consumer: &str, event: Uuid) -> bool;
+        /// `purge_processed`: how many marks were forgotten.
+        async fn purge_processed(&self, older_than: Duration, limit: u32) -> u64;
+        /// Drop the inbox table.
+        async fn drop_table(&self);
+    }
+
+    /// The same event delivered twice is processed once per consumer.
+    pub async fn the_same_event_delivered_twice_is_processed_once<H: InboxHarness>() {
+        let inbox = H::fresh().await;
+        let event = Uuid::now_v7();
+        let mut effects = 0;
+        for _delivery in 0..2 {
+            let mut tx = inbox.begin().await;
+            if inbox.try_mark_processed(&mut tx, "billing", event).await {
+                effects += 1;
+            }
+            inbox.commit(tx).await;
+        }
+        assert_eq!(effects, 1);
+        // Another consumer processes it on its own.
+        let mut tx = inbox.begin().await;
+        assert!(inbox.try_mark_processed(&mut tx, "shipping", event).await);
+        inbox.commit(tx).await;
+        inbox.drop_table().await;
+    }
+
+    /// A mark taken in a transaction that rolls back is gone with it.
+    pub async fn a_rolled_back_transaction_leaves_no_mark<H: InboxHarness>() {
+        let inbox = H::fresh().await;
+        let event = Uuid::now_v7();
+        let mut tx = inbox.begin().await;
+        assert!(inbox.try_mark_processed(&mut tx, "billing", event).await);
+        inbox.rollback(tx).await;
+        let mut tx = inbox.begin().await;
+        assert!(
+            inbox.try_mark_processed(&mut tx, "billing", event).await,
+            "processed again after the rollback"
+        );
+        inbox.commit(tx).await;
+        inbox.drop_table().await;
+    }
+
+    async fn race<H: InboxHarness>(inbox: H, event: Uuid) -> bool {
+        let mut tx = inbox.begin().await;
+        let first = inbox.try_mark_processed(&mut tx, "billing", event).await;
+        // Hold the transaction open a little, as a business effect would.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        inbox.commit(tx).await;
+        first
+    }
+
+    /// Two consumers racing on one event: exactly one processes it.
+    pub async fn two_concurrent_consumers_process_an_event_once<H: InboxHarness>() {
+        let inbox = H::fresh().await;
+        for _ in 0..20 {
+            let event = Uuid::now_v7();
+            let (a, b) = tokio::join!(
+                tokio::spawn(race(inbox.clone(), event)),
+                tokio::spawn(race(inbox.clone(), event))
+            );
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(
+                a ^ b,
+                "exactly one consumer processes the event (got {a} and {b})"
+            );
+        }
+        inbox.drop_table().await;
+    }
+
+    /// Purging forgets marks older than the retention only, at most `limit` per call.
+    pub async fn purge_forgets_old_marks_only<H: InboxHarness>() {
+        let inbox = H::fresh().await;
+        for _ in 0..5 {
+            inbox.mark_processed_now("billing", Uuid::now_v7()).await;
+        }
+        assert_eq!(
+            inbox.purge_processed(Duration::from_secs(3600), 100).await,
+            0
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(inbox.purge_processed(Duration::from_millis(10), 3).await, 3);
+        assert_eq!(
+            inbox.purge_processed(Duration::from_millis(10), 100).await,
+            2
+        );
+        inbox.drop_table().await;
+    }
 }
