@@ -129,12 +129,7 @@ pub(crate) fn classify(error: sqlx::Error, target: &Target) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use std::borrow::Cow;
-    use std::error::Error as StdError;
-    use std::fmt;
-    use std::io;
-
-    use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
+    use outboxkit_store_sql::testkit::{check_shared_errors, database_error};
 
     use super::*;
 
@@ -147,43 +142,8 @@ mod tests {
         }
     }
 
-    /// A database error with a given SQLSTATE (no MySQL error number), as another driver layer
-    /// would give it.
-    #[derive(Debug)]
-    struct FakeDbError(&'static str);
-
-    impl fmt::Display for FakeDbError {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "server says {}", self.0)
-        }
-    }
-    impl StdError for FakeDbError {}
-    impl DatabaseError for FakeDbError {
-        fn message(&self) -> &str {
-            "server says no"
-        }
-        fn code(&self) -> Option<Cow<'_, str>> {
-            Some(Cow::Borrowed(self.0))
-        }
-        fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
-            self
-        }
-        fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
-            self
-        }
-        fn into_error(self: Box<Self>) -> Box<dyn StdError + Send + Sync + 'static> {
-            self
-        }
-        fn kind(&self) -> SqlxErrorKind {
-            SqlxErrorKind::Other
-        }
-    }
-
     fn db(sqlstate: &'static str) -> Error {
-        classify(
-            sqlx::Error::Database(Box::new(FakeDbError(sqlstate))),
-            &target(),
-        )
+        classify(database_error(sqlstate), &target())
     }
 
     fn number(n: u16) -> (ErrorKind, bool) {
@@ -191,80 +151,8 @@ mod tests {
     }
 
     #[test]
-    fn io_errors_are_connection_errors_naming_host_and_port() {
-        let e = classify(
-            sqlx::Error::Io(io::Error::new(
-                io::ErrorKind::ConnectionRefused,
-                "os error 111",
-            )),
-            &target(),
-        );
-        assert_eq!(e.kind(), ErrorKind::Connection);
-        assert!(e.is_retryable());
-        assert_eq!(
-            e.full_message(),
-            "cannot reach MySQL at 127.0.0.1:3999 (store.url): connection refused"
-        );
-        let e = classify(
-            sqlx::Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "eof")),
-            &target(),
-        );
-        assert!(
-            e.message().ends_with("connection closed by the server"),
-            "{e}"
-        );
-        let e = classify(
-            sqlx::Error::Io(io::Error::other("weird failure")),
-            &target(),
-        );
-        assert_eq!(e.kind(), ErrorKind::Connection);
-        assert!(e.message().contains("weird failure"), "{e}");
-    }
-
-    #[test]
-    fn tls_errors_are_connection_errors() {
-        let e = classify(sqlx::Error::Tls("bad certificate".into()), &target());
-        assert_eq!(e.kind(), ErrorKind::Connection);
-        assert!(e.message().contains("bad certificate") && e.message().contains("ssl-mode"));
-    }
-
-    #[test]
-    fn pool_timeout_and_closed_pool_are_connection_errors() {
-        for error in [sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
-            let e = classify(error, &target());
-            assert_eq!(e.kind(), ErrorKind::Connection);
-            assert!(e.is_retryable());
-            assert!(e.message().contains("127.0.0.1:3999"), "{e}");
-        }
-    }
-
-    #[test]
-    fn protocol_errors_and_crashed_workers_are_connection_errors() {
-        for error in [
-            sqlx::Error::Protocol("unexpected packet".into()),
-            sqlx::Error::WorkerCrashed,
-        ] {
-            assert_eq!(classify(error, &target()).kind(), ErrorKind::Connection);
-        }
-    }
-
-    #[test]
-    fn configuration_errors_are_config_errors() {
-        let e = classify(sqlx::Error::Configuration("bad ssl-mode".into()), &target());
-        assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.message().starts_with("store.url"), "{e}");
-    }
-
-    #[test]
-    fn decode_errors_are_permanent_other_errors() {
-        let e = classify(sqlx::Error::ColumnNotFound("shard".into()), &target());
-        assert_eq!(e.kind(), ErrorKind::Other);
-        assert!(!e.is_retryable());
-        assert!(e.message().contains("shop.outbox"), "{e}");
-        assert_eq!(
-            classify(sqlx::Error::RowNotFound, &target()).kind(),
-            ErrorKind::Other
-        );
+    fn errors_every_server_shares_name_this_one() {
+        check_shared_errors::<MySql>(&target());
     }
 
     #[test]

@@ -4,6 +4,8 @@ pub mod classify;
 pub mod config;
 pub mod migrate;
 pub mod session;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use classify::{classify, Dialect, Target};
 pub use config::{NameRules, QualifiedName};
