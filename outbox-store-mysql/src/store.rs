@@ -22,6 +22,7 @@ use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::rows::backlog_status;
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,16 +377,7 @@ impl Store for MySqlStore {
             .fetch_one(&self.inner.pool)
             .await
             .map_err(|e| self.error(e).context("reading the backlog"))?;
-        let read = || -> std::result::Result<BacklogStatus, sqlx::Error> {
-            Ok(BacklogStatus {
-                pending: row.try_get("pending")?,
-                oldest_pending_age_secs: row.try_get("oldest_pending_age_secs")?,
-                dead: row.try_get("dead")?,
-                held_back_aggregates: row.try_get("held_back_aggregates")?,
-                retrying: row.try_get("retrying")?,
-            })
-        };
-        read().map_err(|e| self.error(e).context("reading the backlog"))
+        backlog_status(&row).map_err(|e| self.error(e).context("reading the backlog"))
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {

@@ -3,6 +3,7 @@
 pub mod classify;
 pub mod config;
 pub mod migrate;
+pub mod rows;
 pub mod session;
 #[cfg(feature = "testkit")]
 pub mod testkit;

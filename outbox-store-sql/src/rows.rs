@@ -1,0 +1,22 @@
+//! Rows the stores' statements return in the same shape on every server.
+
+use outboxkit_core::BacklogStatus;
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// The row of a store's backlog statement: columns `pending`, `oldest_pending_age_secs`,
+/// `dead`, `held_back_aggregates` and `retrying`.
+pub fn backlog_status<R>(row: &R) -> Result<BacklogStatus, sqlx::Error>
+where
+    R: Row,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    Ok(BacklogStatus {
+        pending: row.try_get("pending")?,
+        oldest_pending_age_secs: row.try_get("oldest_pending_age_secs")?,
+        dead: row.try_get("dead")?,
+        held_back_aggregates: row.try_get("held_back_aggregates")?,
+        retrying: row.try_get("retrying")?,
+    })
+}
