@@ -144,18 +144,7 @@ pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) 
 mod tests {
     use super::*;
 
-    /// A server whose own errors are all permanent `Other` errors.
-    struct Plain;
-
-    impl Dialect for Plain {
-        const PRODUCT: &'static str = "SomeSQL";
-        const TLS_OPTION: &'static str = "tls";
-        const UNREACHABLE: &'static str = "server";
-
-        fn database_error(error: Box<dyn DatabaseError>, _: &Target) -> Error {
-            Error::new(ErrorKind::Other, error.message().to_owned()).permanent()
-        }
-    }
+    use crate::SomeSql as Plain;
 
     fn target() -> Target {
         Target {

@@ -16,3 +16,22 @@ pub use session::Fence;
 pub fn format_duration(duration: std::time::Duration) -> String {
     humantime::format_duration(duration).to_string()
 }
+
+/// A server whose own errors are all permanent `Other` errors, for the tests.
+#[cfg(test)]
+struct SomeSql;
+
+#[cfg(test)]
+impl Dialect for SomeSql {
+    const PRODUCT: &'static str = "SomeSQL";
+    const TLS_OPTION: &'static str = "tls";
+    const UNREACHABLE: &'static str = "server";
+
+    fn database_error(
+        error: Box<dyn sqlx::error::DatabaseError>,
+        _: &Target,
+    ) -> outboxkit_core::Error {
+        outboxkit_core::Error::new(outboxkit_core::ErrorKind::Other, error.message().to_owned())
+            .permanent()
+    }
+}

@@ -269,21 +269,9 @@ pub fn truncate_error(text: &str) -> &str {
 mod tests {
     use std::io;
 
-    use sqlx::error::DatabaseError;
-
     use super::*;
 
-    struct SomeSql;
-
-    impl Dialect for SomeSql {
-        const PRODUCT: &'static str = "SomeSQL";
-        const TLS_OPTION: &'static str = "tls";
-        const UNREACHABLE: &'static str = "server";
-
-        fn database_error(error: Box<dyn DatabaseError>, _: &Target) -> Error {
-            Error::new(ErrorKind::Other, error.message().to_owned())
-        }
-    }
+    use crate::SomeSql;
 
     fn fence() -> Fence<(), SomeSql> {
         let mut fence = Fence::new(
