@@ -1,0 +1,52 @@
+//! Broker sides: a broker with one test's destinations, and an independent consumer of them.
+//!
+//! A side uses the broker's own client crate (redis, rdkafka, lapin, aws-sdk-sqs), never our
+//! sink crates: what it reads back is what any consumer would see.
+
+pub mod redis;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::delivery::{Committed, Delivered};
+
+/// The aggregate types the scenario's writers use (see [`crate::aggregate_type`]); a side
+/// prepares a destination for each where its destinations depend on the type.
+pub const AGGREGATE_TYPES: [&str; 2] = ["order", "customer"];
+
+/// One broker and one test's destinations on it.
+#[async_trait]
+pub trait BrokerSide: Send + Sync + std::fmt::Debug {
+    /// The broker, for messages ("Redis Streams", "Kafka"...).
+    fn name(&self) -> String;
+    /// The `[sink]` table and the sink's own table of the relay's configuration, the latter last
+    /// (a test's extra sink lines follow it), ending with a new line.
+    fn sink_toml(&self) -> String;
+    /// Environment a relay process and the CLI need (credentials...).
+    fn relay_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Create the destinations (topics, queues and their bindings...), and start what must
+    /// consume while the relays publish. Fails the test, saying what to start, when the broker
+    /// is unreachable.
+    async fn prepare(&self);
+    /// Where the consumer reads the events of `aggregate_type`: a stream, topic or queue.
+    fn destination(&self, aggregate_type: &str) -> String;
+    /// Whether the destination keeps the publish order of an aggregate's first deliveries
+    /// (not so a standard SQS queue).
+    fn ordered(&self) -> bool {
+        true
+    }
+    /// Read back what was delivered, as an independent consumer: after waiting (up to
+    /// `timeout`) for `expected` where the side has to wait for messages at all, in the order
+    /// the consumer got them per destination (per partition on Kafka).
+    async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered>;
+    /// The broker's own checks of the scenario's messages (routing keys, keys and partitions,
+    /// headers...), beyond the scenario's; `committed` are the scenario's events.
+    fn check_messages(&self, delivered: &[Delivered], committed: &Committed);
+    /// Delete what [`Self::prepare`] created, and stop its consumers.
+    async fn cleanup(&self);
+}

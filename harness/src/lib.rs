@@ -1,0 +1,36 @@
+//! The test harness of outbox relay: one copy of the end-to-end scenario and of the pieces it
+//! is made of.
+//!
+//! - [`StoreSide`]: a database with its outbox table — connect, create and drop the tables, one
+//!   business transaction that commits or rolls back, pending count. [`PostgresSide`].
+//! - [`BrokerSide`]: a broker with the destinations of one test — the sink's settings section,
+//!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer, and the
+//!   broker's own checks of what arrived. [`RedisSide`]. They use the brokers' client crates,
+//!   never our sink crates.
+//! - [`Scenario`]: real `outbox-relay run` processes between a store side and a broker side;
+//!   [`Writers`] with a deterministic PRNG and rollbacks; SIGKILL and restart of a relay; a
+//!   [`Fault`] (freeze or restart a broker or a database); drain; read back; [`check_delivery`].
+//!
+//! Services are real. A test fails — never skips — when one is unreachable. Every test names its
+//! own tables, streams, topics and queues ([`unique`]).
+
+mod broker;
+mod delivery;
+mod relay;
+mod scenario;
+mod store;
+mod util;
+
+pub use broker::redis::{redis_url, RedisSide};
+pub use broker::{BrokerSide, AGGREGATE_TYPES};
+pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
+pub use relay::{relay_binary, relay_config, RelayProcess, Settings};
+pub use scenario::{
+    aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
+    TRACEPARENT,
+};
+pub use store::postgres::{postgres_url, PostgresSide};
+pub use store::{DeadRow, StoreSide, PENDING};
+pub use util::{
+    free_port, http_get, metric_value, scratch_dir, unique, wait_for, wait_for_ready, write_file,
+};

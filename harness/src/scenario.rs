@@ -1,0 +1,693 @@
+//! The end-to-end scenario: writers with rollbacks, `outbox-relay run` processes, a SIGKILL and
+//! restart, a fault, drain, read back by an independent consumer, and the delivery check.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outboxkit_core::NewEvent;
+use uuid::Uuid;
+
+use crate::broker::BrokerSide;
+use crate::delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
+use crate::relay::{relay_config, run_cli, RelayProcess, Settings};
+use crate::store::StoreSide;
+use crate::util::{scratch_dir, wait_for, write_file};
+
+/// The W3C trace context every scenario event carries as header `traceparent`.
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// The writers' PRNG seed (xorshift64; writer `w` starts from `SEED ^ (w + 1)`).
+const SEED: u64 = 0x2545_F491_4F6C_DD1D;
+
+/// The aggregate type of aggregate number `aggregate`: even ones are orders, odd ones
+/// customers, so every run routes to two destinations.
+pub fn aggregate_type(aggregate: u64) -> &'static str {
+    if aggregate % 2 == 0 {
+        "order"
+    } else {
+        "customer"
+    }
+}
+
+fn aggregate_type_of(aggregate_id: &str) -> &'static str {
+    aggregate_type(
+        aggregate_id
+            .parse()
+            .unwrap_or_else(|_| panic!("aggregate id {aggregate_id:?} is not a number")),
+    )
+}
+
+/// The event writer `w` writes as its `n`-th for `aggregate`.
+fn scenario_event(w: u64, n: u64, aggregate: u64) -> NewEvent {
+    NewEvent::new(
+        aggregate_type(aggregate),
+        aggregate.to_string(),
+        "Changed",
+        serde_json::json!({ "aggregate": aggregate.to_string(), "w": w, "n": n, "note": "caf\u{e9}" }),
+    )
+    .header("traceparent", TRACEPARENT)
+    .event_id(Uuid::now_v7())
+}
+
+/// A failed business transaction: `inserted` when it failed after its event's insert, when the
+/// commit may have reached the server (its outcome is unknown until its row is looked for).
+#[derive(Debug)]
+pub struct WriteError {
+    pub inserted: bool,
+    pub message: String,
+}
+
+impl WriteError {
+    /// Failed before the insert: nothing can have committed.
+    pub fn before(e: impl std::fmt::Display) -> Self {
+        Self {
+            inserted: false,
+            message: e.to_string(),
+        }
+    }
+
+    /// Failed at the commit or the rollback.
+    pub fn after(e: impl std::fmt::Display) -> Self {
+        Self {
+            inserted: true,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Something a test does to a broker or a database mid-run: freeze it, or stop it, and then
+/// bring it back.
+#[async_trait]
+pub trait Fault: Send + Sync + std::fmt::Debug {
+    /// What it does, for the run's summary.
+    fn describe(&self) -> String;
+    /// Freeze or stop.
+    async fn begin(&self);
+    /// Thaw or start again (and wait until it answers).
+    async fn end(&self);
+}
+
+/// The size of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    pub events: u64,
+    pub aggregates: u64,
+    pub writers: u64,
+    pub relays: usize,
+}
+
+impl Scale {
+    /// 20,000 events over 500 aggregates: 8 writers, 3 relays.
+    pub const FULL: Scale = Scale {
+        events: 20_000,
+        aggregates: 500,
+        writers: 8,
+        relays: 3,
+    };
+
+    /// 5,000 events over 200 aggregates, for SQS (LocalStack is slow): 4 writers, 2 relays.
+    pub const SQS: Scale = Scale {
+        events: 5_000,
+        aggregates: 200,
+        writers: 4,
+        relays: 2,
+    };
+}
+
+/// What the writers do.
+#[derive(Debug, Clone)]
+pub struct WriterPlan {
+    /// Concurrent writer tasks.
+    pub writers: u64,
+    /// Aggregates `0` .. `aggregates - 1` (the business table's rows).
+    pub aggregates: u64,
+    /// Committed events in all (each writer its share); `None`: until [`Writers::finish`].
+    pub events: Option<u64>,
+    /// A pause after each transaction (steady writes).
+    pub pause: Duration,
+    /// Roll back the transactions whose PRNG draw is a multiple of 50 (about one in 50).
+    pub rollbacks: bool,
+    /// Retry a failed transaction for this long (a database restart) instead of failing.
+    pub retry_for: Option<Duration>,
+}
+
+impl WriterPlan {
+    /// `scale.events` events over `scale.aggregates` by `scale.writers` writers, as fast as they
+    /// go, with rollbacks.
+    pub fn bounded(scale: Scale) -> Self {
+        Self {
+            writers: scale.writers,
+            aggregates: scale.aggregates,
+            events: Some(scale.events),
+            pause: Duration::ZERO,
+            rollbacks: true,
+            retry_for: None,
+        }
+    }
+
+    /// `writers` writers over `aggregates`, each pausing `pause` after each transaction, with
+    /// rollbacks, until [`Writers::finish`].
+    pub fn steady(writers: u64, aggregates: u64, pause: Duration) -> Self {
+        Self {
+            writers,
+            aggregates,
+            events: None,
+            pause,
+            rollbacks: true,
+            retry_for: None,
+        }
+    }
+
+    /// Retry failed transactions for up to `limit` each (see [`Writes::uncertain`]).
+    pub fn retrying(mut self, limit: Duration) -> Self {
+        self.retry_for = Some(limit);
+        self
+    }
+}
+
+/// What the writers did.
+#[derive(Debug, Default, Clone)]
+pub struct Writes {
+    pub committed: Committed,
+    /// Rolled back: must never arrive.
+    pub rolled_back: Vec<Uuid>,
+    /// Failed after their insert (a retried transaction): committed or not, as their row says
+    /// ([`Scenario::resolve_uncertain`]).
+    pub uncertain: Vec<(Uuid, String)>,
+    /// Failed transactions (retried).
+    pub failed_attempts: u64,
+}
+
+/// Concurrent writer tasks: business transactions, each updating (locking) its aggregate's
+/// row of the business table and enqueueing its event, aggregates drawn by a xorshift PRNG.
+#[derive(Debug)]
+pub struct Writers {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    written: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    writes: Arc<Mutex<Writes>>,
+}
+
+impl Writers {
+    /// Start them (the business table must exist: [`Scenario::start_writers`] creates it).
+    pub fn start(store: Arc<dyn StoreSide>, plan: &WriterPlan) -> Self {
+        let written = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes: Arc<Mutex<Writes>> = Arc::default();
+        let tasks = (0..plan.writers)
+            .map(|w| {
+                let (store, plan, written, stop, writes) = (
+                    store.clone(),
+                    plan.clone(),
+                    written.clone(),
+                    stop.clone(),
+                    writes.clone(),
+                );
+                tokio::spawn(
+                    async move { write(w, &*store, &plan, &written, &stop, &writes).await },
+                )
+            })
+            .collect();
+        Self {
+            tasks,
+            written,
+            stop,
+            writes,
+        }
+    }
+
+    /// Events committed so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// Wait until `events` are committed.
+    pub async fn wait_written(&self, events: u64, timeout: Duration) {
+        let written = self.written.clone();
+        wait_for(&format!("{events} events written"), timeout, move || {
+            let written = written.clone();
+            async move { written.load(Ordering::Relaxed) >= events }
+        })
+        .await;
+    }
+
+    /// The events committed so far.
+    pub fn committed(&self) -> Committed {
+        self.writes.lock().unwrap().committed.clone()
+    }
+
+    /// Stop (steady writers) or wait for the last event (bounded ones); what they did.
+    pub async fn finish(self) -> Writes {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("writer");
+        }
+        std::mem::take(&mut *self.writes.lock().unwrap())
+    }
+}
+
+async fn write(
+    w: u64,
+    store: &dyn StoreSide,
+    plan: &WriterPlan,
+    written: &AtomicU64,
+    stop: &AtomicBool,
+    writes: &Mutex<Writes>,
+) {
+    let share = plan.events.map(|events| events / plan.writers);
+    let mut x: u64 = SEED ^ (w + 1);
+    let mut n = 0;
+    while share.map_or(!stop.load(Ordering::Relaxed), |share| n < share) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let aggregate = x % plan.aggregates;
+        let rollback = plan.rollbacks && x % 50 == 0;
+        let deadline = Instant::now() + plan.retry_for.unwrap_or_default();
+        loop {
+            let event = scenario_event(w, n, aggregate);
+            let event_id = event.event_id.expect("an event id");
+            let result = store.transact(&event, !rollback).await;
+            let retry = {
+                let mut writes = writes.lock().unwrap();
+                match result {
+                    Ok(_) if rollback => {
+                        writes.rolled_back.push(event_id);
+                        false
+                    }
+                    Ok(id) => {
+                        writes
+                            .committed
+                            .insert(event_id, (id, aggregate.to_string()));
+                        written.fetch_add(1, Ordering::Relaxed);
+                        n += 1;
+                        false
+                    }
+                    Err(e) => {
+                        let Some(limit) = plan.retry_for else {
+                            panic!("writer {w}: a business transaction failed: {e}");
+                        };
+                        writes.failed_attempts += 1;
+                        if rollback {
+                            // Never committed, whatever failed.
+                            writes.rolled_back.push(event_id);
+                        } else if e.inserted {
+                            writes.uncertain.push((event_id, aggregate.to_string()));
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "writer {w} could not write for {limit:?}: {e}"
+                        );
+                        !rollback
+                    }
+                }
+            };
+            if !retry {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !plan.pause.is_zero() {
+            tokio::time::sleep(plan.pause).await;
+        }
+    }
+}
+
+/// How [`Scenario::run`] runs.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub writers: WriterPlan,
+    /// Relay processes, `relay-0` ...
+    pub relays: usize,
+    /// SIGKILL `relay-0` once a third of the events is written, and start it again.
+    pub sigkill: bool,
+    /// A fault at that moment, held for the duration given.
+    pub fault: Option<(Arc<dyn Fault>, Duration)>,
+}
+
+impl Plan {
+    /// `scale`'s writers (with rollbacks) and relays, one relay SIGKILLed mid-run, no fault.
+    pub fn new(scale: Scale) -> Self {
+        Self {
+            writers: WriterPlan::bounded(scale),
+            relays: scale.relays,
+            sigkill: true,
+            fault: None,
+        }
+    }
+
+    /// Add a fault, held for `hold`.
+    pub fn fault(mut self, fault: Arc<dyn Fault>, hold: Duration) -> Self {
+        self.fault = Some((fault, hold));
+        self
+    }
+}
+
+/// What [`Scenario::run`] saw.
+#[derive(Debug)]
+pub struct Run {
+    pub writes: Writes,
+    /// Uncertain transactions that had committed after all.
+    pub resolved: usize,
+    pub delivered: Vec<Delivered>,
+    pub check: DeliveryCheck,
+    /// `relay-0` SIGKILLed (and the fault begun) after this many events.
+    pub killed_at: u64,
+    /// `outbox-relay status --json` once drained.
+    pub status: serde_json::Value,
+    /// Each relay's (name, log), taken after it stopped.
+    pub relay_logs: Vec<(String, String)>,
+    pub write_secs: f64,
+    pub drain_secs: f64,
+    pub read_secs: f64,
+}
+
+/// A store side, a broker side, a relay configuration between them, and relay processes.
+#[derive(Debug)]
+pub struct Scenario {
+    pub store: Arc<dyn StoreSide>,
+    pub broker: Arc<dyn BrokerSide>,
+    /// Scratch directory: configuration and relay logs.
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub relays: Vec<RelayProcess>,
+}
+
+impl Scenario {
+    /// Prepare the broker's destinations, write the relay configuration and migrate (twice:
+    /// migrate is idempotent).
+    pub async fn prepare(
+        store: Arc<dyn StoreSide>,
+        broker: Arc<dyn BrokerSide>,
+        settings: Settings,
+    ) -> Self {
+        broker.prepare().await;
+        let dir = scratch_dir(store.table());
+        let config = write_file(
+            &dir,
+            "relay.toml",
+            &relay_config(&*store, &*broker, &settings),
+        );
+        let scenario = Self {
+            store,
+            broker,
+            dir,
+            config,
+            relays: Vec::new(),
+        };
+        for _ in 0..2 {
+            let (ok, out, err) = scenario.cli(&["migrate"]);
+            assert!(ok, "migrate failed: {out}{err}");
+        }
+        scenario
+    }
+
+    /// Run `outbox-relay --config <config> <args>` to completion; (success, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        run_cli(&self.config, args, &self.broker.relay_env())
+    }
+
+    /// `outbox-relay status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let (ok, status, err) = self.cli(&["status", "--json"]);
+        assert!(ok, "status failed: {err}");
+        serde_json::from_str(&status).unwrap_or_else(|e| panic!("status --json: {e}: {status}"))
+    }
+
+    /// Start a relay process with relay id `name` (and extra environment); its index.
+    pub fn start_relay(&mut self, name: &str, env: &[(&str, &str)]) -> usize {
+        let mut all = self.broker.relay_env();
+        all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        self.relays
+            .push(RelayProcess::start(&self.config, &self.dir, name, &all));
+        self.relays.len() - 1
+    }
+
+    /// Start `relay-0` .. `relay-<n-1>`.
+    pub fn start_relays(&mut self, n: usize) {
+        for i in 0..n {
+            self.start_relay(&format!("relay-{i}"), &[]);
+        }
+    }
+
+    /// SIGKILL relay `i`, and start it again 700 ms later.
+    pub async fn sigkill_and_restart(&mut self, i: usize) {
+        self.relays[i].kill_hard();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        self.relays[i].respawn();
+    }
+
+    /// (Re)create the business table and start writers.
+    pub async fn start_writers(&self, plan: &WriterPlan) -> Writers {
+        self.store.create_orders(plan.aggregates).await;
+        Writers::start(self.store.clone(), plan)
+    }
+
+    /// Wait until nothing is pending.
+    pub async fn drain(&self, what: &str, timeout: Duration) {
+        let store = self.store.clone();
+        wait_for(what, timeout, move || {
+            let store = store.clone();
+            async move { store.pending().await == 0 }
+        })
+        .await;
+    }
+
+    /// Require every relay process to be running.
+    pub fn assert_relays_running(&mut self) {
+        for relay in &mut self.relays {
+            assert!(
+                relay.is_running(),
+                "{} died; log:\n{}",
+                relay.name,
+                relay.log_text()
+            );
+        }
+    }
+
+    /// Wait until `relays` relays own the 32 shards between them.
+    pub async fn wait_shared(&self, relays: usize) {
+        let (config, env) = (self.config.clone(), self.broker.relay_env());
+        wait_for(
+            &format!("{relays} relays sharing the 32 shards"),
+            Duration::from_secs(30),
+            move || {
+                let (ok, status, _) = run_cli(&config, &["status", "--json"], &env);
+                let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+                let shared = ok
+                    && status["shards_owned"] == 32
+                    && status["owners"].as_object().map(|o| o.len()) == Some(relays);
+                async move { shared }
+            },
+        )
+        .await;
+    }
+
+    /// SIGTERM every relay; each must exit cleanly.
+    pub fn stop_relays(&mut self, timeout: Duration) {
+        for relay in &mut self.relays {
+            relay.stop(timeout);
+        }
+    }
+
+    /// Look up the rows of the uncertain transactions: a row means it committed. How many did.
+    /// (The rows must be kept: `retention` longer than the run.)
+    pub async fn resolve_uncertain(&self, writes: &mut Writes) -> usize {
+        let mut resolved = 0;
+        for (event_id, aggregate) in std::mem::take(&mut writes.uncertain) {
+            if let Some(id) = self.store.row_of(event_id).await {
+                writes.committed.insert(event_id, (id, aggregate));
+                resolved += 1;
+            }
+        }
+        resolved
+    }
+
+    /// Read back what arrived, waiting (up to `timeout`) for `committed` where the broker side
+    /// has to.
+    pub async fn read_back(&self, committed: &Committed, timeout: Duration) -> Vec<Delivered> {
+        let expected: HashSet<Uuid> = committed.keys().copied().collect();
+        self.broker.read_back(&expected, timeout).await
+    }
+
+    /// The delivery check of the scenario: every committed event arrived, nothing else did and
+    /// nothing rolled back, first deliveries kept each aggregate's order (where the destination
+    /// keeps order at all), each message is in its aggregate type's destination with its
+    /// aggregate and payload; then the broker side's own checks.
+    pub fn assert_delivery(&self, writes: &Writes, check: &DeliveryCheck, delivered: &[Delivered]) {
+        assert!(
+            check.missing.is_empty(),
+            "{} committed events never arrived, e.g. {:?}",
+            check.missing.len(),
+            &check.missing[..check.missing.len().min(5)]
+        );
+        assert!(
+            check.unexpected.is_empty(),
+            "events that were never committed arrived: {:?}",
+            &check.unexpected[..check.unexpected.len().min(5)]
+        );
+        let rolled_back: HashSet<Uuid> = writes.rolled_back.iter().copied().collect();
+        for m in delivered {
+            assert!(
+                !rolled_back.contains(&m.event_id),
+                "rolled-back event {} was published",
+                m.event_id
+            );
+        }
+        if self.broker.ordered() {
+            assert!(
+                check.order_violations.is_empty(),
+                "per-aggregate order broken ({} violations): {:?}",
+                check.order_violations.len(),
+                &check.order_violations[..check.order_violations.len().min(5)]
+            );
+        }
+        for m in delivered {
+            let (_, aggregate) = &writes.committed[&m.event_id];
+            assert_eq!(&m.aggregate_id, aggregate, "{m:?}");
+            assert_eq!(
+                m.destination,
+                self.broker.destination(aggregate_type_of(aggregate)),
+                "{aggregate} in {}",
+                m.destination
+            );
+            let payload: serde_json::Value =
+                serde_json::from_str(&m.payload).unwrap_or_else(|e| panic!("{e}: {m:?}"));
+            assert_eq!(payload["aggregate"], aggregate.as_str(), "{m:?}");
+            assert_eq!(payload["note"], "caf\u{e9}", "{m:?}");
+        }
+        self.broker.check_messages(delivered, &writes.committed);
+    }
+
+    /// The scenario: relays, writers, `relay-0` SIGKILLed and restarted once a third is written
+    /// (and the fault, if any, then), drain, every relay alive and sharing the shards with
+    /// nothing dead, a clean SIGTERM of each, uncertain writes resolved, read back, and
+    /// [`Self::assert_delivery`].
+    pub async fn run(&mut self, plan: Plan) -> Run {
+        let events = plan
+            .writers
+            .events
+            .expect("Scenario::run needs bounded writers");
+        self.start_relays(plan.relays);
+        let started = Instant::now();
+        let writers = self.start_writers(&plan.writers).await;
+
+        writers
+            .wait_written(events / 3, Duration::from_secs(180))
+            .await;
+        let killed_at = writers.written();
+        if plan.sigkill {
+            self.sigkill_and_restart(0).await;
+        }
+        let mut fault_note = String::new();
+        if let Some((fault, hold)) = &plan.fault {
+            let down = Instant::now();
+            fault.begin().await;
+            tokio::time::sleep(*hold).await;
+            fault.end().await;
+            fault_note = format!(
+                "; {} after {killed_at} writes, back after {:.1}s",
+                fault.describe(),
+                down.elapsed().as_secs_f64()
+            );
+        }
+        let mut writes = writers.finish().await;
+        let write_secs = started.elapsed().as_secs_f64();
+        self.drain("the backlog to drain", Duration::from_secs(300))
+            .await;
+        let drain_secs = started.elapsed().as_secs_f64();
+
+        // Every relay is alive and they share the shards; nothing is dead.
+        self.assert_relays_running();
+        self.wait_shared(plan.relays).await;
+        let status = self.status();
+        assert_eq!(status["pending"], 0, "{status}");
+        assert_eq!(status["dead"], 0, "{status}");
+        assert_eq!(status["shards_owned"], 32, "{status}");
+        for owner in status["owners"].as_object().expect("owners").keys() {
+            assert!(owner.starts_with("relay-"), "{status}");
+        }
+        self.stop_relays(Duration::from_secs(30));
+        let relay_logs = self
+            .relays
+            .iter()
+            .map(|r| (r.name.clone(), r.log_text()))
+            .collect();
+
+        assert_eq!(writes.committed.len() as u64, events);
+        if plan.writers.rollbacks {
+            assert!(!writes.rolled_back.is_empty());
+        }
+        let resolved = self.resolve_uncertain(&mut writes).await;
+        let read_started = Instant::now();
+        let delivered = self
+            .read_back(&writes.committed, Duration::from_secs(180))
+            .await;
+        let read_secs = read_started.elapsed().as_secs_f64();
+        let check = check_delivery(&writes.committed, &delivered);
+        println!(
+            "{} → {}: {} committed ({} rolled back, {} failed attempts, {resolved} of them \
+             committed after all){}{fault_note}; writes took {write_secs:.1}s, drained at \
+             {drain_secs:.1}s; read back {} messages ({} distinct, {} duplicates) in \
+             {read_secs:.1}s",
+            self.store.name(),
+            self.broker.name(),
+            writes.committed.len(),
+            writes.rolled_back.len(),
+            writes.failed_attempts,
+            if plan.sigkill {
+                format!(", relay-0 SIGKILLed after {killed_at} writes and restarted")
+            } else {
+                String::new()
+            },
+            check.messages,
+            check.distinct,
+            check.duplicates
+        );
+        self.assert_delivery(&writes, &check, &delivered);
+        Run {
+            writes,
+            resolved,
+            delivered,
+            check,
+            killed_at,
+            status,
+            relay_logs,
+            write_secs,
+            drain_secs,
+            read_secs,
+        }
+    }
+
+    /// Delete the broker's destinations and drop the tables.
+    pub async fn cleanup(&self) {
+        self.broker.cleanup().await;
+        self.store.drop_tables().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenario_events_carry_what_the_checks_read() {
+        let event = scenario_event(3, 7, 42);
+        assert_eq!(event.aggregate_type, "order");
+        assert_eq!(event.aggregate_id, "42");
+        assert_eq!(event.payload["aggregate"], "42");
+        assert_eq!(event.payload["note"], "caf\u{e9}");
+        assert_eq!(event.headers["traceparent"], TRACEPARENT);
+        assert_eq!(aggregate_type_of("43"), "customer");
+    }
+}

@@ -1,0 +1,59 @@
+//! Store sides: a database with one test's outbox table and business table.
+
+pub mod postgres;
+
+use async_trait::async_trait;
+use outboxkit_core::NewEvent;
+use uuid::Uuid;
+
+use crate::scenario::WriteError;
+
+/// The rows the relay has not published yet and has not parked as dead (the same SQL on every
+/// store).
+pub const PENDING: &str = "published_at IS NULL AND dead_at IS NULL";
+
+/// A dead row of the outbox table.
+#[derive(Debug, Clone)]
+pub struct DeadRow {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub attempts: i64,
+    pub last_error: String,
+}
+
+/// One database and one test's tables in it: the outbox table (named by the test, created by
+/// `outbox-relay migrate`) and the business table `<table>_orders`.
+///
+/// Writers follow the writer contract (README, "Writing events"): a business transaction
+/// updates — and so locks — its aggregate's row before it enqueues the aggregate's event, so
+/// `id` order is each aggregate's commit order. Without it two transactions can take ids 7 and 8
+/// for one aggregate and commit 8 first, and no relay can publish them in `id` order.
+#[async_trait]
+pub trait StoreSide: Send + Sync + std::fmt::Debug {
+    /// The database, for messages ("PostgreSQL", "MariaDB").
+    fn name(&self) -> &str;
+    /// The outbox table.
+    fn table(&self) -> &str;
+    /// The `[store]` table of the relay's configuration (`shards` is added by the harness).
+    fn store_toml(&self) -> String;
+    /// (Re)create the business table with rows `0` .. `aggregates - 1`.
+    async fn create_orders(&self, aggregates: u64);
+    /// One business transaction: update the row of `event`'s aggregate in the business table,
+    /// enqueue `event`, then commit (`commit`) or roll back. The event's row id.
+    async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError>;
+    /// Enqueue `events` in one transaction of their own; their row ids in order.
+    async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64>;
+    /// How many rows of the outbox table match `condition` (SQL both stores read alike, such as
+    /// `dead_at IS NULL`).
+    async fn count_rows(&self, condition: &str) -> i64;
+    /// Rows not yet published and not dead.
+    async fn pending(&self) -> i64 {
+        self.count_rows(PENDING).await
+    }
+    /// The row id of the event `event_id`, if its row is in the table.
+    async fn row_of(&self, event_id: Uuid) -> Option<i64>;
+    /// The dead rows, in `id` order.
+    async fn dead_rows(&self) -> Vec<DeadRow>;
+    /// Drop the outbox table (with its bookkeeping) and the business table.
+    async fn drop_tables(&self);
+}

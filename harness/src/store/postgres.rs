@@ -1,0 +1,174 @@
+//! PostgreSQL.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outboxkit_core::NewEvent;
+use outboxkit_store_postgres::Outbox;
+use uuid::Uuid;
+
+use super::{DeadRow, StoreSide};
+use crate::scenario::WriteError;
+
+/// PostgreSQL for tests: `OUTBOX_TEST_POSTGRES_URL`, default the machine's local server.
+pub fn postgres_url() -> String {
+    std::env::var("OUTBOX_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The PostgreSQL side.
+#[derive(Debug, Clone)]
+pub struct PostgresSide {
+    url: String,
+    table: String,
+    orders: String,
+    pool: sqlx::PgPool,
+    outbox: Outbox,
+}
+
+impl PostgresSide {
+    /// The test server ([`postgres_url`]) with outbox table `table`; fails the test, saying what
+    /// to start, when the server is unreachable.
+    pub async fn open(table: &str) -> Self {
+        Self::open_at(&postgres_url(), table).await
+    }
+
+    /// The server at `url`.
+    pub async fn open_at(url: &str, table: &str) -> Self {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
+            });
+        Self {
+            url: url.to_owned(),
+            table: table.to_owned(),
+            orders: format!("{table}_orders"),
+            pool,
+            outbox: Outbox::new(table).expect("a valid outbox table name"),
+        }
+    }
+
+    /// Its connection pool, for a test's own queries.
+    pub fn pool(&self) -> &sqlx::PgPool {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl StoreSide for PostgresSide {
+    fn name(&self) -> &str {
+        "PostgreSQL"
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn store_toml(&self) -> String {
+        format!(
+            "[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{}\"\n",
+            self.url, self.table
+        )
+    }
+
+    async fn create_orders(&self, aggregates: u64) {
+        let orders = &self.orders;
+        sqlx::raw_sql(&format!(
+            "DROP TABLE IF EXISTS {orders}; \
+             CREATE TABLE {orders} (id text PRIMARY KEY, version bigint NOT NULL); \
+             INSERT INTO {orders} SELECT g::text, 0 FROM generate_series(0, {}) g",
+            aggregates as i64 - 1
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
+    }
+
+    async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
+        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
+        sqlx::query(&format!(
+            "UPDATE {} SET version = version + 1 WHERE id = $1",
+            self.orders
+        ))
+        .bind(&event.aggregate_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(WriteError::before)?;
+        let id = self
+            .outbox
+            .enqueue(&mut tx, event)
+            .await
+            .map_err(WriteError::before)?;
+        if commit {
+            tx.commit().await.map_err(WriteError::after)?;
+        } else {
+            tx.rollback().await.map_err(WriteError::after)?;
+        }
+        Ok(id)
+    }
+
+    async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {
+        let mut tx = self.pool.begin().await.expect("a transaction");
+        let ids = self
+            .outbox
+            .enqueue_many(&mut tx, events)
+            .await
+            .expect("enqueueing events");
+        tx.commit().await.expect("committing");
+        ids
+    }
+
+    async fn count_rows(&self, condition: &str) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {condition}",
+            self.table
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+    }
+
+    async fn row_of(&self, event_id: Uuid) -> Option<i64> {
+        sqlx::query_scalar(&format!(
+            "SELECT id FROM {} WHERE event_id = $1",
+            self.table
+        ))
+        .bind(event_id)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("looking up a row")
+    }
+
+    async fn dead_rows(&self) -> Vec<DeadRow> {
+        let rows: Vec<(i64, Uuid, i64, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT id, event_id, attempts::bigint, last_error FROM {} \
+             WHERE dead_at IS NOT NULL ORDER BY id",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading dead rows");
+        rows.into_iter()
+            .map(|(id, event_id, attempts, last_error)| DeadRow {
+                id,
+                event_id,
+                attempts,
+                last_error: last_error.unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    async fn drop_tables(&self) {
+        sqlx::raw_sql(&format!(
+            "DROP TABLE IF EXISTS {}, {}",
+            self.orders, self.table
+        ))
+        .execute(&self.pool)
+        .await
+        .expect("dropping the tables");
+    }
+}

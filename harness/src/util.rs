@@ -1,0 +1,119 @@
+//! Names, files, waiting and the relay's HTTP endpoints.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+/// A short random name part, so every test has its own tables, streams, topics and queues.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
+}
+
+/// A scratch directory for config files and logs.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join("outbox-relay-tests").join(name);
+    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
+    dir
+}
+
+/// Write `text` to `dir/name` and return the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("creating a test file");
+    f.write_all(text.as_bytes()).expect("writing a test file");
+    path
+}
+
+/// Poll `cond` until it holds or `timeout` passes (then fail the test).
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !cond().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Wait until `/readyz` of the relay listening on `port` answers `code` (200: ready, 503: not).
+pub async fn wait_for_ready(what: &str, port: u16, code: u16, timeout: Duration) {
+    wait_for(what, timeout, || async move {
+        matches!(http_get(port, "/readyz"), Some((c, _)) if c == code)
+    })
+    .await;
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("finding a free port")
+}
+
+/// GET `path` from 127.0.0.1:`port` with a bare HTTP/1.1 request; (status code, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+/// The value of an unlabelled Prometheus sample, or the sum of a labelled one's samples.
+pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
+
+/// A process id that may be signalled: never 0 or 1 (`kill -- 0` is the caller's own group,
+/// 1 is init) — the guard every signal of the harness goes through.
+pub(crate) fn signal_pid(pid: u32, signal: &str) -> bool {
+    assert!(pid > 1, "refusing to signal process {pid}");
+    std::process::Command::new("kill")
+        .args(["-s", signal, "--"])
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_value_sums_labelled_samples_and_ignores_longer_names() {
+        let text = "# HELP x\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3\nx_total_more 9\ny 1\n";
+        assert_eq!(metric_value(text, "x_total"), Some(5.0));
+        assert_eq!(metric_value(text, "y"), Some(1.0));
+        assert_eq!(metric_value(text, "z"), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "refusing to signal process 1")]
+    fn init_is_never_signalled() {
+        signal_pid(1, "STOP");
+    }
+}
