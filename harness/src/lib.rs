@@ -2,7 +2,8 @@
 //! is made of.
 //!
 //! - [`StoreSide`]: a database with its outbox table — connect, create and drop the tables, one
-//!   business transaction that commits or rolls back, pending count. [`PostgresSide`].
+//!   business transaction that commits or rolls back, pending count. [`PostgresSide`],
+//!   [`MySqlSide`].
 //! - [`BrokerSide`]: a broker with the destinations of one test — the sink's settings section,
 //!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer, and the
 //!   broker's own checks of what arrived. [`RedisSide`]. They use the brokers' client crates,
@@ -29,6 +30,7 @@ pub use scenario::{
     aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
     TRACEPARENT,
 };
+pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
 pub use store::postgres::{postgres_url, PostgresSide};
 pub use store::{DeadRow, StoreSide, PENDING};
 pub use util::{

@@ -86,7 +86,7 @@ impl std::fmt::Display for WriteError {
 }
 
 /// Something a test does to a broker or a database mid-run: freeze it, or stop it, and then
-/// bring it back.
+/// bring it back. Implemented by the private servers ([`crate::PrivateMariaDb`]...).
 #[async_trait]
 pub trait Fault: Send + Sync + std::fmt::Debug {
     /// What it does, for the run's summary.

@@ -1,5 +1,6 @@
 //! Store sides: a database with one test's outbox table and business table.
 
+pub mod mysql;
 pub mod postgres;
 
 use async_trait::async_trait;

@@ -2,70 +2,13 @@
 //! an event the broker refuses lands dead and holds its aggregate (`on_dead = "hold"`), is
 //! listed, retried once the cause is fixed, and then published in order with its aggregate.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use outboxkit_core::NewEvent;
-use outboxkit_tests::*;
+use outboxkit_harness::*;
 
-#[derive(Clone, Copy)]
-enum Db {
-    Postgres,
-    MySql,
-}
-
-impl Db {
-    fn config(self, table: &str, template: &str) -> String {
-        let extra = "on_dead = \"hold\"\nstatus_interval = \"200ms\"";
-        match self {
-            Db::Postgres => postgres_redis_config(table, template, "", extra),
-            Db::MySql => mysql_redis_config(&mysql_url(), table, template, "", extra),
-        }
-    }
-
-    async fn enqueue(self, table: &str, events: &[NewEvent]) -> Vec<i64> {
-        match self {
-            Db::Postgres => {
-                let pool = postgres_pool().await;
-                let mut conn = pool.acquire().await.unwrap();
-                outboxkit_store_postgres::Outbox::new(table)
-                    .unwrap()
-                    .enqueue_many(&mut conn, events)
-                    .await
-                    .unwrap()
-            }
-            Db::MySql => {
-                let pool = mysql_pool(&mysql_url()).await;
-                let mut tx = pool.begin().await.unwrap();
-                let ids = outboxkit_store_mysql::Outbox::new(table)
-                    .unwrap()
-                    .enqueue_many(&mut tx, events)
-                    .await
-                    .unwrap();
-                tx.commit().await.unwrap();
-                ids
-            }
-        }
-    }
-
-    async fn drop_table(self, table: &str) {
-        match self {
-            Db::Postgres => {
-                sqlx::query(&format!("DROP TABLE {table}"))
-                    .execute(&postgres_pool().await)
-                    .await
-                    .unwrap();
-            }
-            Db::MySql => {
-                sqlx::query(&format!("DROP TABLE {table}"))
-                    .execute(&mysql_pool(&mysql_url()).await)
-                    .await
-                    .unwrap();
-            }
-        }
-    }
-}
-
-fn n_of(m: &StreamMessage) -> i64 {
+fn n_of(m: &Delivered) -> i64 {
     serde_json::from_str::<serde_json::Value>(&m.payload).unwrap()["n"]
         .as_i64()
         .unwrap()
@@ -73,33 +16,31 @@ fn n_of(m: &StreamMessage) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_dead_event_is_listed_retried_and_published_in_order() {
-    round_trip(Db::Postgres).await;
+    let name = unique("dead");
+    round_trip(&name, Arc::new(PostgresSide::open(&name).await)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_dead_event_is_listed_retried_and_published_in_order() {
-    round_trip(Db::MySql).await;
+    let name = unique("dead");
+    round_trip(&name, Arc::new(MySqlSide::open(&name).await)).await;
 }
 
-async fn round_trip(db: Db) {
-    let table = unique("dead");
-    let prefix = unique("dead");
-    let stream = format!("{prefix}.order");
-    let poison = format!("{prefix}.poison");
-    let dir = scratch_dir(&table);
-    let config = write_file(
-        &dir,
-        "relay.toml",
-        &db.config(&table, &format!("{prefix}.{{aggregate_type}}")),
-    );
-    let (ok, out, err) = run_cli(&config, &["migrate"]);
-    assert!(ok, "migrate failed: {out}{err}");
-    let mut redis = redis_connection().await;
+async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
+    let redis = Arc::new(RedisSide::open(name).await);
+    let mut scenario = Scenario::prepare(
+        store,
+        redis.clone(),
+        Settings::default().relay("on_dead = \"hold\"\nstatus_interval = \"200ms\""),
+    )
+    .await;
+    let stream = redis.destination("order");
+    let poison = format!("{name}.poison");
     // A plain string where the stream should be: XADD answers WRONGTYPE → rejected → dead.
     let _: () = redis::cmd("SET")
         .arg(&poison)
         .arg("not a stream")
-        .query_async(&mut redis)
+        .query_async(&mut redis.connection())
         .await
         .unwrap();
 
@@ -114,40 +55,31 @@ async fn round_trip(db: Db) {
         event("C", 1).destination(poison.clone()),
     ];
     events.extend((1..=5).map(|n| event("B", n)));
-    let ids = db.enqueue(&table, &events).await;
+    let ids = scenario.store.enqueue_many(&events).await;
     let (a2, c1) = (ids[1], ids[4]);
 
-    let mut relay = RelayProcess::start(&config, &dir, "relay-dead");
+    scenario.start_relay("relay-dead", &[]);
+    let dead_listed = |scenario: &Scenario| {
+        let (ok, json, _) = scenario.cli(&["dead", "list", "--json"]);
+        ok && serde_json::from_str::<Vec<serde_json::Value>>(&json).is_ok_and(|v| v.len() == 2)
+    };
     wait_for(
         "A1 and B1..B5 published, A2 and C1 dead",
         Duration::from_secs(30),
         || {
-            let config = config.clone();
-            async move {
-                let (ok, json, _) = run_cli(&config, &["dead", "list", "--json"]);
-                ok && serde_json::from_str::<Vec<serde_json::Value>>(&json)
-                    .map(|v| v.len() == 2)
-                    .unwrap_or(false)
-            }
+            let listed = dead_listed(&scenario);
+            async move { listed }
         },
     )
     .await;
     wait_for("6 events in the stream", Duration::from_secs(30), || {
-        let mut redis = redis.clone();
-        let stream = stream.clone();
-        async move {
-            redis::cmd("XLEN")
-                .arg(&stream)
-                .query_async::<u64>(&mut redis)
-                .await
-                .unwrap_or(0)
-                == 6
-        }
+        let (redis, stream) = (redis.clone(), stream.clone());
+        async move { redis.stream_len(&stream).await == 6 }
     })
     .await;
     // Held: A3 and A4 wait behind the dead A2.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let delivered = read_streams(&mut redis, std::slice::from_ref(&stream)).await;
+    let delivered = redis.read_stream(&stream).await;
     let a: Vec<i64> = delivered
         .iter()
         .filter(|m| m.aggregate_id == "A")
@@ -155,7 +87,7 @@ async fn round_trip(db: Db) {
         .collect();
     assert_eq!(a, vec![1], "A3 and A4 are held behind the dead A2");
     // Never even attempted: they would have failed (WRONGTYPE) and be dead too.
-    let (_, json, _) = run_cli(&config, &["dead", "list", "--json"]);
+    let (_, json, _) = scenario.cli(&["dead", "list", "--json"]);
     assert_eq!(
         serde_json::from_str::<Vec<serde_json::Value>>(&json)
             .unwrap()
@@ -164,7 +96,7 @@ async fn round_trip(db: Db) {
         "{json}"
     );
 
-    let (ok, text, err) = run_cli(&config, &["dead", "list"]);
+    let (ok, text, err) = scenario.cli(&["dead", "list"]);
     assert!(ok, "{err}");
     assert!(
         text.contains(&a2.to_string()) && text.contains("order/A"),
@@ -174,7 +106,7 @@ async fn round_trip(db: Db) {
         text.contains("WRONGTYPE") || text.to_lowercase().contains("wrong"),
         "the broker's error is recorded:\n{text}"
     );
-    let (ok, json, _) = run_cli(&config, &["dead", "list", "--aggregate-id", "A", "--json"]);
+    let (ok, json, _) = scenario.cli(&["dead", "list", "--aggregate-id", "A", "--json"]);
     assert!(ok);
     let listed: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
     assert_eq!(listed.len(), 1);
@@ -182,40 +114,28 @@ async fn round_trip(db: Db) {
     assert_eq!(listed[0]["attempts"], 1, "a rejection is not retried");
 
     // Discard needs a confirmation.
-    let (ok, _, err) = run_cli(&config, &["dead", "discard", &c1.to_string()]);
+    let (ok, _, err) = scenario.cli(&["dead", "discard", &c1.to_string()]);
     assert!(!ok && err.contains("--yes"), "{err}");
-    let (ok, out, err) = run_cli(&config, &["dead", "discard", &c1.to_string(), "--yes"]);
+    let (ok, out, err) = scenario.cli(&["dead", "discard", &c1.to_string(), "--yes"]);
     assert!(
         ok && out.contains("1 dead event(s) discarded"),
         "{out}{err}"
     );
 
     // Fix the cause, retry: A2 goes out, then A3 and A4, in order.
-    let _: () = redis::cmd("DEL")
-        .arg(&poison)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let (ok, out, err) = run_cli(&config, &["dead", "retry", &a2.to_string()]);
+    redis.delete(std::slice::from_ref(&poison)).await;
+    let (ok, out, err) = scenario.cli(&["dead", "retry", &a2.to_string()]);
     assert!(
         ok && out.starts_with("1 dead event(s) back to pending"),
         "{out}{err}"
     );
     wait_for("A2..A4 published", Duration::from_secs(30), || {
-        let mut redis = redis.clone();
-        let poison = poison.clone();
-        async move {
-            redis::cmd("XLEN")
-                .arg(&poison)
-                .query_async::<u64>(&mut redis)
-                .await
-                .unwrap_or(0)
-                == 3
-        }
+        let (redis, poison) = (redis.clone(), poison.clone());
+        async move { redis.stream_len(&poison).await == 3 }
     })
     .await;
-    let main = read_streams(&mut redis, std::slice::from_ref(&stream)).await;
-    let poisoned = read_streams(&mut redis, std::slice::from_ref(&poison)).await;
+    let main = redis.read_stream(&stream).await;
+    let poisoned = redis.read_stream(&poison).await;
     assert_eq!(main.len(), 6, "A1 and B1..B5, once each");
     let order: Vec<(String, i64)> = poisoned
         .iter()
@@ -231,19 +151,13 @@ async fn round_trip(db: Db) {
         "the retried A2 went out first, then the events held behind it, in order"
     );
 
-    let (ok, json, _) = run_cli(&config, &["status", "--json"]);
-    assert!(ok);
-    let status: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let status = scenario.status();
     assert_eq!(status["pending"], 0, "{status}");
     assert_eq!(status["dead"], 0, "{status}");
 
+    let relay = &mut scenario.relays[0];
     let exit = relay.terminate(Duration::from_secs(20));
     assert!(exit.success(), "{}", relay.log_text());
-    let _: () = redis::cmd("DEL")
-        .arg(&stream)
-        .arg(&poison)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    db.drop_table(&table).await;
+    redis.delete(&[stream, poison]).await;
+    scenario.cleanup().await;
 }

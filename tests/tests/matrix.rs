@@ -42,4 +42,6 @@ async fn run(store: Arc<dyn StoreSide>, broker: Arc<dyn BrokerSide>, scale: Scal
 matrix! {
     postgres_redis: PostgresSide::open, RedisSide::open, Scale::FULL
         => three_relays_one_sigkilled_deliver_every_event_in_order;
+    mysql_redis: MySqlSide::open, RedisSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
 }

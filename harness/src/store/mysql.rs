@@ -1,0 +1,345 @@
+//! MySQL / MariaDB, and a private MariaDB server a test may crash and start again.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use outboxkit_core::NewEvent;
+use outboxkit_store_mysql::Outbox;
+use sqlx::{Connection, Executor};
+use uuid::Uuid;
+
+use super::{DeadRow, StoreSide};
+use crate::scenario::{Fault, WriteError};
+use crate::util::{free_port, scratch_dir};
+
+/// MySQL / MariaDB for tests: `OUTBOX_TEST_MYSQL_URL`, default the machine's local MariaDB.
+pub fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// The MySQL / MariaDB side.
+#[derive(Debug, Clone)]
+pub struct MySqlSide {
+    url: String,
+    table: String,
+    orders: String,
+    pool: sqlx::MySqlPool,
+    outbox: Outbox,
+}
+
+impl MySqlSide {
+    /// The test server ([`mysql_url`]) with outbox table `table`; fails the test, saying what to
+    /// start, when the server is unreachable.
+    pub async fn open(table: &str) -> Self {
+        Self::open_at(&mysql_url(), table).await
+    }
+
+    /// The server at `url`.
+    pub async fn open_at(url: &str, table: &str) -> Self {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(12)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("MySQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
+            });
+        Self {
+            url: url.to_owned(),
+            table: table.to_owned(),
+            orders: format!("{table}_orders"),
+            pool,
+            outbox: Outbox::new(table).expect("a valid outbox table name"),
+        }
+    }
+
+    /// Its connection pool, for a test's own queries.
+    pub fn pool(&self) -> &sqlx::MySqlPool {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl StoreSide for MySqlSide {
+    fn name(&self) -> &str {
+        "MariaDB"
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn store_toml(&self) -> String {
+        format!(
+            "[store]\nkind = \"mysql\"\nurl = \"{}\"\ntable = \"{}\"\n",
+            self.url, self.table
+        )
+    }
+
+    async fn create_orders(&self, aggregates: u64) {
+        let orders = &self.orders;
+        let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
+        sqlx::raw_sql(&format!(
+            "DROP TABLE IF EXISTS {orders}; \
+             CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, version INT NOT NULL) ENGINE = InnoDB; \
+             INSERT INTO {orders} VALUES {}",
+            values.join(", ")
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
+    }
+
+    async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
+        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
+        sqlx::query(&format!(
+            "UPDATE {} SET version = version + 1 WHERE id = ?",
+            self.orders
+        ))
+        .bind(&event.aggregate_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(WriteError::before)?;
+        let id = self
+            .outbox
+            .enqueue(&mut tx, event)
+            .await
+            .map_err(WriteError::before)?;
+        if commit {
+            tx.commit().await.map_err(WriteError::after)?;
+        } else {
+            tx.rollback().await.map_err(WriteError::after)?;
+        }
+        Ok(id)
+    }
+
+    async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {
+        let mut tx = self.pool.begin().await.expect("a transaction");
+        let ids = self
+            .outbox
+            .enqueue_many(&mut tx, events)
+            .await
+            .expect("enqueueing events");
+        tx.commit().await.expect("committing");
+        ids
+    }
+
+    async fn count_rows(&self, condition: &str) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {condition}",
+            self.table
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+    }
+
+    async fn row_of(&self, event_id: Uuid) -> Option<i64> {
+        sqlx::query_scalar(&format!("SELECT id FROM {} WHERE event_id = ?", self.table))
+            .bind(event_id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .expect("looking up a row")
+    }
+
+    async fn dead_rows(&self) -> Vec<DeadRow> {
+        let rows: Vec<(i64, String, i64, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT id, CAST(event_id AS CHAR), CAST(attempts AS SIGNED), CAST(last_error AS CHAR) \
+             FROM {} WHERE dead_at IS NOT NULL ORDER BY id",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading dead rows");
+        rows.into_iter()
+            .map(|(id, event_id, attempts, last_error)| DeadRow {
+                id,
+                event_id: Uuid::parse_str(&event_id).expect("a UUID event_id"),
+                attempts,
+                last_error: last_error.unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    async fn drop_tables(&self) {
+        sqlx::query(&format!(
+            "DROP TABLE IF EXISTS {}, {}",
+            self.orders, self.table
+        ))
+        .execute(&self.pool)
+        .await
+        .expect("dropping the tables");
+        for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
+            sqlx::query(&format!("DELETE FROM {bookkeeping} WHERE table_name = ?"))
+                .bind(&self.table)
+                .execute(&self.pool)
+                .await
+                .expect("deleting the bookkeeping rows");
+        }
+    }
+}
+
+/// A MariaDB server of the test's own: a fresh data directory, a free port on loopback. Its
+/// [`Fault`] is a crash (SIGKILL; committed transactions survive in the redo log) and a start
+/// again. Killed and its directory removed when dropped, whatever the test's outcome —
+/// restarting the machine's shared server would break the other MySQL tests.
+#[derive(Debug)]
+pub struct PrivateMariaDb {
+    dir: PathBuf,
+    port: u16,
+    child: Mutex<Option<Child>>,
+}
+
+fn tool(name: &str) -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"] {
+        let path = Path::new(dir).join(name);
+        if path.exists() {
+            return path;
+        }
+    }
+    panic!(
+        "{name} is required for this test and was not found: install mariadb-server \
+         (scripts/services.sh does)"
+    );
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl PrivateMariaDb {
+    /// A new data directory under the scratch directory `name`; [`Self::start`] starts it.
+    pub fn create(name: &str) -> Self {
+        let dir = scratch_dir(name).join("mariadb");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut install = Command::new(tool("mariadb-install-db"));
+        install
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg("--auth-root-authentication-method=normal")
+            .arg("--skip-test-db")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if running_as_root() {
+            install.arg("--user=root");
+        }
+        let out = install.output().expect("running mariadb-install-db");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self {
+            dir,
+            port: free_port(),
+            child: Mutex::new(None),
+        }
+    }
+
+    /// Its URL for `database`.
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Start the server (again) on the same data directory and port, wait until it answers and
+    /// create database `test`.
+    pub async fn start(&self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .unwrap();
+        let mut server = Command::new(tool("mariadbd"));
+        server
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", self.dir.join("data").display()))
+            .arg(format!(
+                "--socket={}",
+                self.dir.join("mysqld.sock").display()
+            ))
+            .arg(format!(
+                "--pid-file={}",
+                self.dir.join("mysqld.pid").display()
+            ))
+            .arg(format!("--port={}", self.port))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--skip-name-resolve")
+            .arg("--innodb-buffer-pool-size=64M")
+            .arg("--max-connections=200")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if running_as_root() {
+            server.arg("--user=root");
+        }
+        *self.child.lock().unwrap() = Some(server.spawn().expect("starting mariadbd"));
+        let url = self.url("");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(mut conn) = sqlx::MySqlConnection::connect(&url).await {
+                conn.execute("CREATE DATABASE IF NOT EXISTS test")
+                    .await
+                    .expect("creating database test");
+                let _ = conn.close().await;
+                return;
+            }
+            let exited = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                panic!(
+                    "the private mariadbd exited with {status}; log:\n{}",
+                    std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the private mariadbd did not answer on port {} within 60s",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGKILL: the server crashes; committed transactions survive in its redo log.
+    pub fn kill(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[async_trait]
+impl Fault for PrivateMariaDb {
+    fn describe(&self) -> String {
+        "MariaDB SIGKILLed and started again".to_owned()
+    }
+
+    async fn begin(&self) {
+        self.kill();
+    }
+
+    async fn end(&self) {
+        self.start().await;
+    }
+}
+
+impl Drop for PrivateMariaDb {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
