@@ -3,6 +3,7 @@
 //! A side uses the broker's own client crate (redis, rdkafka, lapin, aws-sdk-sqs), never our
 //! sink crates: what it reads back is what any consumer would see.
 
+pub mod kafka;
 pub mod redis;
 
 use std::collections::HashSet;

@@ -44,4 +44,8 @@ matrix! {
         => three_relays_one_sigkilled_deliver_every_event_in_order;
     mysql_redis: MySqlSide::open, RedisSide::open, Scale::FULL
         => three_relays_one_sigkilled_deliver_every_event_in_order;
+    postgres_kafka: PostgresSide::open, KafkaSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
+    mysql_kafka: MySqlSide::open, KafkaSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
 }

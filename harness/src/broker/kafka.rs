@@ -1,0 +1,371 @@
+//! Kafka (the tansu Kafka-API broker): one topic per aggregate type, `<prefix>.<aggregate_type>`,
+//! read back from every partition by a plain consumer; and a private broker a test may freeze.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use uuid::Uuid;
+
+use super::{BrokerSide, AGGREGATE_TYPES};
+use crate::delivery::{Committed, Delivered};
+use crate::scenario::{Fault, TRACEPARENT};
+use crate::util::{free_port, signal_pid, unique};
+
+/// The Kafka-API broker for tests: `OUTBOX_TEST_KAFKA_BOOTSTRAP`, default the tansu broker
+/// that `scripts/services.sh` starts on 127.0.0.1:9092.
+pub fn kafka_bootstrap() -> String {
+    std::env::var("OUTBOX_TEST_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
+}
+
+/// The Kafka side: topics `<prefix>.order` and `<prefix>.customer`, 6 partitions each unless
+/// told otherwise. [`Delivered::aggregate_id`] is the message key; `meta` has `partition` and
+/// `offset`.
+#[derive(Debug, Clone)]
+pub struct KafkaSide {
+    bootstrap: String,
+    prefix: String,
+    partitions: i32,
+    configs: Vec<(String, String)>,
+}
+
+impl KafkaSide {
+    /// Topics `<prefix>.<aggregate_type>` on the test broker ([`kafka_bootstrap`]).
+    pub async fn open(prefix: &str) -> Self {
+        Self::open_at(&kafka_bootstrap(), prefix).await
+    }
+
+    /// The broker at `bootstrap`.
+    pub async fn open_at(bootstrap: &str, prefix: &str) -> Self {
+        Self {
+            bootstrap: bootstrap.to_owned(),
+            prefix: prefix.to_owned(),
+            partitions: 6,
+            configs: Vec::new(),
+        }
+    }
+
+    /// Create the topics with `partitions` partitions each.
+    pub fn partitions(mut self, partitions: i32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// Create the topics with this topic config (`max.message.bytes`...).
+    pub fn topic_config(mut self, name: &str, value: &str) -> Self {
+        self.configs.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The broker's address.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    fn topics(&self) -> Vec<String> {
+        AGGREGATE_TYPES
+            .iter()
+            .map(|t| self.destination(t))
+            .collect()
+    }
+
+    /// Every aggregate's messages in one partition (of its topic); the violations.
+    pub fn partition_violations(delivered: &[Delivered]) -> Vec<String> {
+        let mut home: HashMap<(&str, &str), &str> = HashMap::new();
+        let mut violations = Vec::new();
+        for m in delivered {
+            let key = (m.destination.as_str(), m.aggregate_id.as_str());
+            let partition = *home.entry(key).or_insert(m.meta("partition"));
+            if partition != m.meta("partition") {
+                violations.push(format!(
+                    "aggregate {} of {} in partitions {partition} and {}",
+                    key.1,
+                    key.0,
+                    m.meta("partition")
+                ));
+            }
+        }
+        violations
+    }
+}
+
+#[async_trait]
+impl BrokerSide for KafkaSide {
+    fn name(&self) -> String {
+        "Kafka".to_owned()
+    }
+
+    fn sink_toml(&self) -> String {
+        format!(
+            "[sink]\nkind = \"kafka\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
+             [sink.kafka]\n\"bootstrap.servers\" = \"{}\"\n",
+            self.prefix, self.bootstrap
+        )
+    }
+
+    /// Create the topics, or fail the test saying what to start.
+    async fn prepare(&self) {
+        let bootstrap = &self.bootstrap;
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .expect("creating the admin client");
+        let topics = self.topics();
+        let new_topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|name| {
+                self.configs.iter().fold(
+                    NewTopic::new(name, self.partitions, TopicReplication::Fixed(1)),
+                    |topic, (k, v)| topic.set(k, v),
+                )
+            })
+            .collect();
+        let timeout = Some(Duration::from_secs(15));
+        let options = AdminOptions::new()
+            .request_timeout(timeout)
+            .operation_timeout(timeout);
+        let results = admin
+            .create_topics(new_topics.iter(), &options)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")
+            });
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => panic!("creating topic {topic} on {bootstrap}: {code}"),
+            }
+        }
+    }
+
+    fn destination(&self, aggregate_type: &str) -> String {
+        format!("{}.{aggregate_type}", self.prefix)
+    }
+
+    /// Every message of every partition of both topics from the beginning (partition by
+    /// partition in offset order): until `expected.len()` distinct event ids arrived and then
+    /// 2 s passed without a message (so late duplicates are seen too), or until `timeout`.
+    async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered> {
+        let (bootstrap, topics, expected) = (self.bootstrap.clone(), self.topics(), expected.len());
+        tokio::task::spawn_blocking(move || read_topics(&bootstrap, &topics, expected, timeout))
+            .await
+            .expect("the Kafka reader thread")
+    }
+
+    fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
+        let split = Self::partition_violations(delivered);
+        assert!(
+            split.is_empty(),
+            "an aggregate's events are spread over partitions: {:?}",
+            &split[..split.len().min(5)]
+        );
+        let used: HashSet<(&str, &str)> = delivered
+            .iter()
+            .map(|m| (m.destination.as_str(), m.meta("partition")))
+            .collect();
+        assert_eq!(
+            used.len(),
+            AGGREGATE_TYPES.len() * self.partitions as usize,
+            "the aggregates spread over every partition of both topics"
+        );
+        for m in delivered {
+            let (_, aggregate) = &committed[&m.event_id];
+            assert_eq!(m.header("aggregate_id"), aggregate, "{m:?}");
+            assert_eq!(m.header("event_type"), "Changed", "{m:?}");
+            assert!(m.headers.contains_key("created_at"), "{m:?}");
+            assert_eq!(m.header("traceparent"), TRACEPARENT, "{m:?}");
+        }
+    }
+
+    async fn cleanup(&self) {
+        // The topics stay (as ever): their names are the test's own.
+    }
+}
+
+/// (Partition end offsets are not used: tansu 0.6's ListOffsets high watermark lags behind
+/// when a produce batch holds several records.)
+fn read_topics(
+    bootstrap: &str,
+    topics: &[String],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<Delivered> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+
+    const QUIET: Duration = Duration::from_secs(2);
+    let deadline = Instant::now() + timeout;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("creating the test consumer");
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of {topic} from Kafka at {bootstrap}: {e}"));
+        for t in metadata.topics().iter().filter(|t| t.name() == topic) {
+            for p in t.partitions() {
+                assignment
+                    .add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)
+                    .expect("assigning a partition");
+            }
+        }
+    }
+    assert!(
+        assignment.count() > 0,
+        "Kafka at {bootstrap} has none of the topics {topics:?}"
+    );
+    consumer.assign(&assignment).expect("assigning partitions");
+    let mut out = Vec::new();
+    let mut distinct = HashSet::new();
+    let mut last_message = Instant::now();
+    while Instant::now() < deadline {
+        if distinct.len() >= expected && last_message.elapsed() >= QUIET {
+            break;
+        }
+        let Some(result) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = result.unwrap_or_else(|e| panic!("reading Kafka at {bootstrap}: {e}"));
+        last_message = Instant::now();
+        let headers: HashMap<String, String> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| {
+                        (
+                            header.key.to_owned(),
+                            String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let event_id = headers
+            .get("event_id")
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .unwrap_or_default();
+        distinct.insert(event_id);
+        out.push(Delivered {
+            event_id,
+            aggregate_id: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+            destination: m.topic().to_owned(),
+            payload: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            headers,
+            meta: HashMap::from([
+                ("partition".to_owned(), m.partition().to_string()),
+                ("offset".to_owned(), m.offset().to_string()),
+            ]),
+        });
+    }
+    out
+}
+
+/// A private Kafka-API broker (tansu, in-memory) on a free loopback port, for tests that
+/// freeze their broker without disturbing the shared one. Its [`Fault`] is a freeze (SIGSTOP)
+/// and a thaw (SIGCONT). Thawed and killed when dropped.
+#[derive(Debug)]
+pub struct KafkaBrokerProcess {
+    pub bootstrap: String,
+    child: Child,
+}
+
+impl KafkaBrokerProcess {
+    /// The tansu binary: `OUTBOX_TEST_TANSU_BIN`, default where `scripts/services.sh`
+    /// installs it.
+    pub fn binary() -> PathBuf {
+        let path = std::env::var("OUTBOX_TEST_TANSU_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from("/opt/outbox-relay/tansu/bin/tansu"));
+        assert!(
+            path.exists(),
+            "{} does not exist: install the Kafka-API broker with scripts/services.sh \
+             (or point OUTBOX_TEST_TANSU_BIN at a tansu binary)",
+            path.display()
+        );
+        path
+    }
+
+    /// Start it (logging to `dir/tansu.log`) and wait until it answers.
+    pub fn start(dir: &Path) -> Self {
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.join("tansu.log")).expect("creating the broker log");
+        let child = Command::new(Self::binary())
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cloning the log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("starting tansu");
+        let broker = Self {
+            bootstrap: format!("127.0.0.1:{port}"),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {port} within 30s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        broker
+    }
+
+    /// SIGSTOP: the broker stops answering (connections stay open, requests hang) and
+    /// forgets nothing — what a hung or unreachable broker looks like to the relay.
+    pub fn freeze(&self) {
+        assert!(
+            signal_pid(self.child.id(), "STOP"),
+            "SIGSTOP of the test broker failed"
+        );
+    }
+
+    /// SIGCONT: the broker answers again.
+    pub fn thaw(&self) {
+        assert!(
+            signal_pid(self.child.id(), "CONT"),
+            "SIGCONT of the test broker failed"
+        );
+    }
+}
+
+#[async_trait]
+impl Fault for KafkaBrokerProcess {
+    fn describe(&self) -> String {
+        "the Kafka broker frozen (SIGSTOP) and thawed".to_owned()
+    }
+
+    async fn begin(&self) {
+        self.freeze();
+    }
+
+    async fn end(&self) {
+        self.thaw();
+    }
+}
+
+impl Drop for KafkaBrokerProcess {
+    fn drop(&mut self) {
+        signal_pid(self.child.id(), "CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
