@@ -4,6 +4,7 @@
 //! sink crates: what it reads back is what any consumer would see.
 
 pub mod kafka;
+pub mod rabbitmq;
 pub mod redis;
 
 use std::collections::HashSet;

@@ -48,4 +48,8 @@ matrix! {
         => three_relays_one_sigkilled_deliver_every_event_in_order;
     mysql_kafka: MySqlSide::open, KafkaSide::open, Scale::FULL
         => three_relays_one_sigkilled_deliver_every_event_in_order;
+    postgres_rabbitmq: PostgresSide::open, RabbitMqSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
+    mysql_rabbitmq: MySqlSide::open, RabbitMqSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
 }

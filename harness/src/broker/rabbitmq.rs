@@ -1,0 +1,343 @@
+//! RabbitMQ: the relay publishes to a topic exchange (publisher confirms); the side binds one
+//! queue per aggregate type and consumes it; and the machine's broker stopped and started
+//! again through `rabbitmqctl`, always started again.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use uuid::Uuid;
+
+use super::{BrokerSide, AGGREGATE_TYPES};
+use crate::delivery::{Committed, Delivered};
+use crate::scenario::{Fault, TRACEPARENT};
+use crate::util::unique;
+
+/// RabbitMQ for tests: `OUTBOX_TEST_RABBITMQ_URL`, default the machine's local broker.
+pub fn rabbitmq_url() -> String {
+    std::env::var("OUTBOX_TEST_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The RabbitMQ side: the relay declares and publishes to the durable topic exchange
+/// `<prefix>` with the default routing key `{aggregate_type}.{event_type}`; the side binds a
+/// durable queue `<prefix>.<aggregate_type>s` to it for `<aggregate_type>.*` (expiring an hour
+/// after its last use) and consumes it. `meta["routing_key"]` is the routing key; `headers` are
+/// the AMQP headers; the event id is the `message_id`.
+#[derive(Debug, Clone)]
+pub struct RabbitMqSide {
+    url: String,
+    exchange: String,
+}
+
+impl RabbitMqSide {
+    /// Exchange `<prefix>` on the test broker ([`rabbitmq_url`]).
+    pub async fn open(prefix: &str) -> Self {
+        Self {
+            url: rabbitmq_url(),
+            exchange: prefix.to_owned(),
+        }
+    }
+
+    /// The exchange the relay publishes to.
+    pub fn exchange(&self) -> &str {
+        &self.exchange
+    }
+
+    /// A connection and a channel (a new one each time: the broker may have restarted), or
+    /// fail the test saying what to start.
+    pub async fn channel(&self) -> (lapin::Connection, lapin::Channel) {
+        let connect = lapin::Connection::connect(&self.url, lapin::ConnectionProperties::default());
+        let connection = match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(e)) => panic!("RabbitMQ is unreachable ({e}): start it (scripts/services.sh)"),
+            Err(_) => panic!("RabbitMQ did not answer within 10s: start it (scripts/services.sh)"),
+        };
+        let channel = connection
+            .create_channel()
+            .await
+            .expect("opening a RabbitMQ channel");
+        (connection, channel)
+    }
+
+    /// Consume everything `queue` holds now, in queue order (`basic.consume`, no ack: the
+    /// messages leave the queue).
+    pub async fn consume(&self, queue: &str) -> Vec<Delivered> {
+        let (_connection, channel) = self.channel().await;
+        consume_queue(&channel, queue).await
+    }
+}
+
+#[async_trait]
+impl BrokerSide for RabbitMqSide {
+    fn name(&self) -> String {
+        "RabbitMQ".to_owned()
+    }
+
+    fn sink_toml(&self) -> String {
+        format!(
+            "[sink]\nkind = \"rabbitmq\"\n\n[sink.rabbitmq]\nurl = \"{}\"\nexchange = \"{}\"\n\
+             declare_exchange = true\nexchange_type = \"topic\"\nconnect_timeout = \"5s\"\n\
+             confirm_timeout = \"15s\"\n",
+            self.url, self.exchange
+        )
+    }
+
+    /// Declare the exchange (as the relay does) and bind the queues, before anything is
+    /// published.
+    async fn prepare(&self) {
+        let (_connection, channel) = self.channel().await;
+        let exchange = self.exchange.as_str();
+        channel
+            .exchange_declare(
+                exchange.into(),
+                lapin::ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("declaring exchange {exchange}: {e}"));
+        for t in AGGREGATE_TYPES {
+            let queue = self.destination(t);
+            let mut arguments = FieldTable::default();
+            arguments.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    arguments,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
+            let binding_key = format!("{t}.*");
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    exchange.into(),
+                    binding_key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("binding queue {queue} to {exchange} ({binding_key}): {e}")
+                });
+        }
+    }
+
+    fn destination(&self, aggregate_type: &str) -> String {
+        format!("{}.{aggregate_type}s", self.exchange)
+    }
+
+    async fn read_back(&self, _expected: &HashSet<Uuid>, _timeout: Duration) -> Vec<Delivered> {
+        let (_connection, channel) = self.channel().await;
+        let mut out = Vec::new();
+        for t in AGGREGATE_TYPES {
+            out.extend(consume_queue(&channel, &self.destination(t)).await);
+        }
+        out
+    }
+
+    /// The routing key `{aggregate_type}.{event_type}`, the writer's headers and the event id
+    /// as AMQP headers.
+    fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
+        for m in delivered {
+            let (_, aggregate) = &committed[&m.event_id];
+            let is_order = aggregate.parse::<u64>().expect("a numbered aggregate") % 2 == 0;
+            let expected_key = if is_order {
+                "order.Changed"
+            } else {
+                "customer.Changed"
+            };
+            assert_eq!(m.meta("routing_key"), expected_key, "{m:?}");
+            assert_eq!(m.header("traceparent"), TRACEPARENT, "{m:?}");
+            assert_eq!(m.header("event_id"), m.event_id.to_string(), "{m:?}");
+        }
+    }
+
+    /// Delete the queues and the exchange (errors ignored).
+    async fn cleanup(&self) {
+        let (_connection, channel) = self.channel().await;
+        for t in AGGREGATE_TYPES {
+            let _ = channel
+                .queue_delete(
+                    self.destination(t).as_str().into(),
+                    QueueDeleteOptions::default(),
+                )
+                .await;
+        }
+        let _ = channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+}
+
+/// Consume everything `queue` holds now, in queue order, as an independent consumer.
+async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> {
+    let expected = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("queue {queue}: {e}"))
+        .message_count() as usize;
+    let tag = unique("reader");
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.as_str().into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("consuming {queue}: {e}"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
+        let tx = tx.clone();
+        async move {
+            if let Ok(Some(delivery)) = delivery {
+                let _ = tx.send(delivery);
+            }
+        }
+    });
+    // lapin runs the delegate as one task per delivery, so deliveries reach the channel in
+    // any order: collect them all, then restore the queue order by delivery tag.
+    let mut deliveries = Vec::with_capacity(expected);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while deliveries.len() < expected {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(delivery)) = tokio::time::timeout(left, rx.recv()).await else {
+            panic!(
+                "{queue}: got {} of its {expected} messages within 60s",
+                deliveries.len()
+            );
+        };
+        deliveries.push(delivery);
+    }
+    let _ = channel
+        .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        .await;
+    deliveries.sort_by_key(|d: &lapin::message::Delivery| d.delivery_tag);
+    deliveries
+        .into_iter()
+        .map(|delivery| {
+            let headers: HashMap<String, String> = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .map(|table| {
+                    table
+                        .inner()
+                        .iter()
+                        .filter_map(|(k, v)| match v {
+                            AMQPValue::LongString(s) => Some((
+                                k.to_string(),
+                                String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                            )),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            Delivered {
+                event_id: delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                    .unwrap_or_default(),
+                aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
+                destination: queue.to_owned(),
+                payload: String::from_utf8_lossy(&delivery.data).into_owned(),
+                headers,
+                meta: HashMap::from([("routing_key".to_owned(), delivery.routing_key.to_string())]),
+            }
+        })
+        .collect()
+}
+
+fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running rabbitmqctl {args:?}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("rabbitmqctl {args:?} failed: {text}"))
+    }
+}
+
+fn start_app() -> Result<(), String> {
+    rabbitmqctl(&["start_app"])?;
+    rabbitmqctl(&["await_startup", "--timeout", "120"]).map(drop)
+}
+
+/// The machine's RabbitMQ application (`rabbitmqctl stop_app` / `start_app`) as a [`Fault`].
+/// Started again when dropped while stopped — on success and on failure (panics unwind through
+/// it). It disturbs every other user of the local broker: run such a test alone.
+#[derive(Debug, Default)]
+pub struct RabbitMqApp {
+    stopped: AtomicBool,
+}
+
+#[async_trait]
+impl Fault for RabbitMqApp {
+    fn describe(&self) -> String {
+        "RabbitMQ stopped (stop_app) and started again".to_owned()
+    }
+
+    async fn begin(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        if let Err(e) = tokio::task::block_in_place(|| rabbitmqctl(&["stop_app"])) {
+            panic!("{e}");
+        }
+    }
+
+    async fn end(&self) {
+        if let Err(e) = tokio::task::block_in_place(start_app) {
+            panic!("{e}");
+        }
+        self.stopped.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for RabbitMqApp {
+    fn drop(&mut self) {
+        if self.stopped.load(Ordering::SeqCst) {
+            if let Err(e) = start_app() {
+                eprintln!("could not start RabbitMQ again ({e}): run scripts/services.sh");
+            }
+        }
+    }
+}
