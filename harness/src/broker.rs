@@ -6,6 +6,7 @@
 pub mod kafka;
 pub mod rabbitmq;
 pub mod redis;
+pub mod sqs;
 
 use std::collections::HashSet;
 use std::time::Duration;

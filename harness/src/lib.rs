@@ -6,8 +6,8 @@
 //!   [`MySqlSide`].
 //! - [`BrokerSide`]: a broker with the destinations of one test — the sink's settings section,
 //!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer, and the
-//!   broker's own checks of what arrived. [`RedisSide`], [`KafkaSide`], [`RabbitMqSide`].
-//!   They use the brokers' client crates, never our sink crates.
+//!   broker's own checks of what arrived. [`RedisSide`], [`KafkaSide`], [`RabbitMqSide`],
+//!   [`SqsSide`]. They use the brokers' client crates, never our sink crates.
 //! - [`Scenario`]: real `outbox-relay run` processes between a store side and a broker side;
 //!   [`Writers`] with a deterministic PRNG and rollbacks; SIGKILL and restart of a relay; a
 //!   [`Fault`] (freeze or restart a broker or a database); drain; read back; [`check_delivery`].
@@ -22,9 +22,11 @@ mod scenario;
 mod store;
 mod util;
 
+pub use aws_sdk_sqs::types::QueueAttributeName;
 pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaSide};
 pub use broker::rabbitmq::{rabbitmq_url, RabbitMqApp, RabbitMqSide};
 pub use broker::redis::{redis_url, RedisSide};
+pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 pub use relay::{relay_binary, relay_config, RelayProcess, Settings};

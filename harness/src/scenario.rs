@@ -87,7 +87,7 @@ impl std::fmt::Display for WriteError {
 
 /// Something a test does to a broker or a database mid-run: freeze it, or stop it, and then
 /// bring it back. Implemented by the private servers ([`crate::KafkaBrokerProcess`],
-/// [`crate::PrivateMariaDb`]...) and by [`crate::RabbitMqApp`].
+/// [`crate::OwnSqsServer`], [`crate::PrivateMariaDb`]) and by [`crate::RabbitMqApp`].
 #[async_trait]
 pub trait Fault: Send + Sync + std::fmt::Debug {
     /// What it does, for the run's summary.

@@ -99,6 +99,19 @@ pub(crate) fn signal_pid(pid: u32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Send `signal` to the process group `pgid` of a server a test started itself in a group of
+/// its own (`process_group(0)`: the group id is its pid), with the same guard. `--` before the
+/// negative group id matters: without it procps kill(1) reads "-<pgid>" as an option and
+/// signals pid -1, i.e. every process of the machine.
+pub(crate) fn signal_group(pgid: u32, signal: &str) -> bool {
+    assert!(pgid > 1, "refusing to signal process group {pgid}");
+    std::process::Command::new("kill")
+        .args(["-s", signal, "--"])
+        .arg(format!("-{pgid}"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,4 +52,12 @@ matrix! {
         => three_relays_one_sigkilled_deliver_every_event_in_order;
     mysql_rabbitmq: MySqlSide::open, RabbitMqSide::open, Scale::FULL
         => three_relays_one_sigkilled_deliver_every_event_in_order;
+    postgres_sqs_standard: PostgresSide::open, SqsSide::standard, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event;
+    mysql_sqs_standard: MySqlSide::open, SqsSide::standard, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event;
+    postgres_sqs_fifo: PostgresSide::open, SqsSide::fifo, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event_in_group_order;
+    mysql_sqs_fifo: MySqlSide::open, SqsSide::fifo, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event_in_group_order;
 }

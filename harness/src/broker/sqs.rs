@@ -1,0 +1,481 @@
+//! SQS (LocalStack): one queue, standard or FIFO, consumed while the relays publish
+//! (`ReceiveMessage`, recorded, then deleted); and a private SQS server a test may freeze.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_sqs::config::{Credentials, Region};
+use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+};
+use uuid::Uuid;
+
+use super::BrokerSide;
+use crate::delivery::{Committed, Delivered};
+use crate::scenario::{Fault, TRACEPARENT};
+use crate::util::{free_port, scratch_dir, signal_group, signal_pid};
+
+/// SQS for tests: `OUTBOX_TEST_SQS_ENDPOINT`, default the LocalStack that
+/// `scripts/services.sh` starts.
+pub fn sqs_endpoint() -> String {
+    std::env::var("OUTBOX_TEST_SQS_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:4566".to_owned())
+}
+
+/// The credentials every relay process gets through the standard AWS chain (environment).
+pub const AWS_ENV: &[(&str, &str)] = &[
+    ("AWS_ACCESS_KEY_ID", "test"),
+    ("AWS_SECRET_ACCESS_KEY", "test"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+];
+
+const REGION: &str = "us-east-1";
+
+/// An SQS client for the consumer and set-up: short attempts, the consumer retries by itself.
+fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "outboxkit-harness",
+        ))
+        .endpoint_url(endpoint)
+        .timeout_config(
+            aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .operation_attempt_timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .retry_config(aws_sdk_sqs::config::retry::RetryConfig::standard().with_max_attempts(1))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// The SQS side: queue `<prefix>` (standard) or `<prefix>.fifo`. [`BrokerSide::prepare`]
+/// creates it and starts the independent consumer: loops of `ReceiveMessage` recording each
+/// message before deleting it (a FIFO queue hands out a group's next message only once the
+/// previous one is deleted, so the record keeps each group's order), retrying through errors
+/// (the server frozen...), until [`BrokerSide::cleanup`]. `headers` are the message
+/// attributes; `meta["message_group_id"]` is the FIFO message group.
+#[derive(Debug)]
+pub struct SqsSide {
+    endpoint: String,
+    queue: String,
+    attributes: Vec<(QueueAttributeName, String)>,
+    consumers: usize,
+    client: aws_sdk_sqs::Client,
+    url: Mutex<String>,
+    records: Arc<Mutex<Vec<Delivered>>>,
+    errors: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl SqsSide {
+    /// A standard queue `<prefix>` on the test server ([`sqs_endpoint`]).
+    pub async fn standard(prefix: &str) -> Self {
+        Self::new(&sqs_endpoint(), prefix.to_owned())
+    }
+
+    /// A FIFO queue `<prefix>.fifo` on the test server.
+    pub async fn fifo(prefix: &str) -> Self {
+        Self::new(&sqs_endpoint(), format!("{prefix}.fifo"))
+    }
+
+    /// A FIFO queue `<prefix>.fifo` on the server at `endpoint`.
+    pub async fn fifo_at(endpoint: &str, prefix: &str) -> Self {
+        Self::new(endpoint, format!("{prefix}.fifo"))
+    }
+
+    fn new(endpoint: &str, queue: String) -> Self {
+        Self {
+            endpoint: endpoint.to_owned(),
+            queue,
+            attributes: Vec::new(),
+            consumers: 4,
+            client: sqs_client(endpoint),
+            url: Mutex::default(),
+            records: Arc::default(),
+            errors: Arc::default(),
+            stop: Arc::default(),
+            tasks: Mutex::default(),
+        }
+    }
+
+    /// Create the queue with this attribute too.
+    pub fn attribute(mut self, name: QueueAttributeName, value: &str) -> Self {
+        self.attributes.push((name, value.to_owned()));
+        self
+    }
+
+    /// Consume with `tasks` concurrent receive loops (4 unless told otherwise).
+    pub fn consumers(mut self, tasks: usize) -> Self {
+        self.consumers = tasks;
+        self
+    }
+
+    fn is_fifo(&self) -> bool {
+        self.queue.ends_with(".fifo")
+    }
+
+    /// Everything the consumer received so far, in the order it recorded it.
+    pub fn received(&self) -> Vec<Delivered> {
+        self.records.lock().unwrap().clone()
+    }
+
+    /// The distinct event ids received so far.
+    pub fn distinct(&self) -> HashSet<Uuid> {
+        self.records
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.event_id)
+            .collect()
+    }
+
+    /// Receive and delete calls that failed (and were retried).
+    pub fn consumer_errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Wait until the consumer received every one of `expected`.
+    pub async fn wait_for_all(&self, expected: &HashSet<Uuid>, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.distinct();
+            let missing = expected.iter().filter(|id| !seen.contains(id)).count();
+            if missing == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the consumer still misses {missing} of {} committed events after {timeout:?} \
+                 ({} receive/delete errors)",
+                expected.len(),
+                self.consumer_errors()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl BrokerSide for SqsSide {
+    fn name(&self) -> String {
+        format!(
+            "SQS {} queue",
+            if self.is_fifo() { "FIFO" } else { "standard" }
+        )
+    }
+
+    fn sink_toml(&self) -> String {
+        format!(
+            "[sink]\nkind = \"sqs\"\n\n[sink.sqs]\nqueue = \"{}\"\nendpoint = \"{}\"\n\
+             region = \"{REGION}\"\n",
+            self.queue, self.endpoint
+        )
+    }
+
+    fn relay_env(&self) -> Vec<(String, String)> {
+        AWS_ENV
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Create the queue (or fail the test saying what to start) and start the consumer.
+    async fn prepare(&self) {
+        let name = &self.queue;
+        let mut request = self.client.create_queue().queue_name(name);
+        if self.is_fifo() {
+            request = request.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        for (key, value) in &self.attributes {
+            request = request.attributes(key.clone(), value);
+        }
+        let url = match request.send().await {
+            Ok(answer) => answer.queue_url().expect("a queue URL").to_owned(),
+            Err(e) => panic!(
+                "creating SQS queue {name} at {} failed ({}): is the SQS server up? start it \
+                 with scripts/services.sh or set OUTBOX_TEST_SQS_ENDPOINT",
+                self.endpoint,
+                DisplayErrorContext(&e)
+            ),
+        };
+        *self.url.lock().unwrap() = url.clone();
+        let tasks = (0..self.consumers).map(|_| {
+            let (client, url, queue, records, errors, stop) = (
+                self.client.clone(),
+                url.clone(),
+                self.queue.clone(),
+                self.records.clone(),
+                self.errors.clone(),
+                self.stop.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    consume_once(&client, &url, &queue, &records, &errors).await;
+                }
+            })
+        });
+        self.tasks.lock().unwrap().extend(tasks);
+    }
+
+    fn destination(&self, _aggregate_type: &str) -> String {
+        self.queue.clone()
+    }
+
+    /// Standard queues promise no order (and several receivers take messages concurrently).
+    fn ordered(&self) -> bool {
+        self.is_fifo()
+    }
+
+    /// Once every one of `expected` arrived, 2 s more (so late duplicates are counted too).
+    async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered> {
+        self.wait_for_all(expected, timeout).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.received()
+    }
+
+    /// The writer's headers travel as message attributes; on a FIFO queue the message group is
+    /// the aggregate (so the order checked is SQS's per-group order).
+    fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
+        for m in delivered {
+            let (_, aggregate) = &committed[&m.event_id];
+            assert_eq!(m.header("traceparent"), TRACEPARENT, "{m:?}");
+            if self.is_fifo() {
+                assert_eq!(m.meta("message_group_id"), aggregate, "{m:?}");
+            }
+        }
+    }
+
+    /// Stop the consumer and delete the queue.
+    async fn cleanup(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap());
+        for task in tasks {
+            let _ = task.await;
+        }
+        let url = self.url.lock().unwrap().clone();
+        let _ = self.client.delete_queue().queue_url(url).send().await;
+    }
+}
+
+impl Drop for SqsSide {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+async fn consume_once(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    queue: &str,
+    records: &Mutex<Vec<Delivered>>,
+    errors: &AtomicU64,
+) {
+    let answer = match client
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .visibility_timeout(20)
+        .message_attribute_names("All")
+        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .send()
+        .await
+    {
+        Ok(answer) => answer,
+        Err(_) => {
+            errors.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return;
+        }
+    };
+    let mut handles = Vec::new();
+    {
+        let mut records = records.lock().unwrap();
+        for message in answer.messages() {
+            let headers: HashMap<String, String> = message
+                .message_attributes()
+                .map(|attributes| {
+                    attributes
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let meta = message
+                .attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                .map(|group| HashMap::from([("message_group_id".to_owned(), group.clone())]))
+                .unwrap_or_default();
+            records.push(Delivered {
+                event_id: headers
+                    .get("event_id")
+                    .and_then(|s| Uuid::parse_str(s).ok())
+                    .unwrap_or_default(),
+                aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
+                destination: queue.to_owned(),
+                payload: message.body().unwrap_or_default().to_owned(),
+                headers,
+                meta,
+            });
+            if let Some(handle) = message.receipt_handle() {
+                handles.push(handle.to_owned());
+            }
+        }
+    }
+    if handles.is_empty() {
+        return;
+    }
+    let entries: Vec<DeleteMessageBatchRequestEntry> = handles
+        .iter()
+        .enumerate()
+        .map(|(i, handle)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(format!("d{i}"))
+                .receipt_handle(handle)
+                .build()
+                .expect("a delete entry")
+        })
+        .collect();
+    // Keep deleting through an outage: an undeleted FIFO message blocks its group.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client
+        .delete_message_batch()
+        .queue_url(url)
+        .set_entries(Some(entries.clone()))
+        .send()
+        .await
+        .is_err()
+        && Instant::now() < deadline
+    {
+        errors.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A LocalStack (or, where only the fallback is installed, a moto) server of the test's own,
+/// on a free port, in its own process group. Its [`Fault`] is a freeze (SIGSTOP of its pid:
+/// it keeps its queues and messages but answers nothing) and a thaw. Dropping it always thaws
+/// it and kills its group, so a failing test never leaves a frozen server behind.
+#[derive(Debug)]
+pub struct OwnSqsServer {
+    child: Child,
+    pub endpoint: String,
+    dir: PathBuf,
+}
+
+impl OwnSqsServer {
+    /// Start it (files under the scratch directory `name`) and wait until it answers.
+    pub async fn start(name: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let port = free_port();
+        let dir = scratch_dir(name).join("sqs-server");
+        std::fs::create_dir_all(dir.join("fs")).expect("creating the server's directory");
+        let log = std::fs::File::create(dir.join("server.log")).expect("creating the server log");
+        let localstack = std::env::var("OUTBOX_TEST_LOCALSTACK_PYTHON")
+            .unwrap_or_else(|_| "/opt/outbox-relay/localstack-venv/bin/python".to_owned());
+        let moto = "/opt/outbox-relay/moto-venv/bin/moto_server";
+        let mut command = if Path::new(&localstack).exists() {
+            let mut c = Command::new(&localstack);
+            c.args(["-m", "localstack.runtime.main"])
+                .env("GATEWAY_SERVER", "hypercorn")
+                .env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
+                .env("SERVICES", "sqs")
+                .env("PERSISTENCE", "0")
+                .env("LOCALSTACK_TELEMETRY_DISABLED", "1")
+                .env("SKIP_SSL_CERT_DOWNLOAD", "1")
+                .env("DNS_ADDRESS", "0")
+                .env("SQS_ENDPOINT_STRATEGY", "path")
+                .env("LOCALSTACK_HOST", format!("127.0.0.1:{port}"))
+                .env("LOCALSTACK_VOLUME_DIR", &dir)
+                .env("FILESYSTEM_ROOT", dir.join("fs"));
+            c
+        } else if Path::new(moto).exists() {
+            let mut c = Command::new(moto);
+            c.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            c
+        } else {
+            panic!(
+                "no SQS server installed at {localstack} (nor {moto}): run scripts/services.sh, \
+                 or set OUTBOX_TEST_LOCALSTACK_PYTHON"
+            );
+        };
+        let child = command
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cloning the log handle"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("starting the SQS server");
+        let server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        let client = sqs_client(&server.endpoint);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if client.list_queues().send().await.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the test's own SQS server did not answer on {} within 90s; log:\n{}",
+                server.endpoint,
+                std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        server
+    }
+
+    /// SIGSTOP: it keeps its queues and messages but answers nothing.
+    pub fn freeze(&self) {
+        if !signal_pid(self.child.id(), "STOP") {
+            eprintln!("SIGSTOP of the test's SQS server failed");
+        }
+    }
+
+    /// SIGCONT: it answers again.
+    pub fn thaw(&self) {
+        if !signal_pid(self.child.id(), "CONT") {
+            eprintln!("SIGCONT of the test's SQS server failed");
+        }
+    }
+}
+
+#[async_trait]
+impl Fault for OwnSqsServer {
+    fn describe(&self) -> String {
+        "the SQS server frozen (SIGSTOP) and thawed".to_owned()
+    }
+
+    async fn begin(&self) {
+        self.freeze();
+    }
+
+    async fn end(&self) {
+        self.thaw();
+    }
+}
+
+impl Drop for OwnSqsServer {
+    fn drop(&mut self) {
+        self.thaw();
+        signal_group(self.child.id(), "KILL");
+        let _ = self.child.wait();
+    }
+}
