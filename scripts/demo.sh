@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo: order events written in business transactions on the local PostgreSQL, relayed to
-# the local Redis by two relays, read back and checked. Extra flags go to `outbox-relay demo`
-# (see `--help`), e.g. scripts/demo.sh --events 20000 --relays 3, or --store mysql --sink kafka.
-# Builds the relay with only the store and the sink of the chosen pair.
+# the local Redis by two `outbox-relay run` processes, read back and checked. Extra flags go to
+# the demo tool `outbox-demo` (package outboxkit-harness; see `--help`), e.g.
+# scripts/demo.sh --events 20000 --relays 3, or --store mysql --sink kafka.
+# Builds the relay with only the store and the sink of the chosen pair, and the demo tool with
+# only the harness sides of that pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 store=postgres
@@ -21,6 +23,8 @@ needed=()
 case "$sink" in kafka | sqs | rabbitmq) needed+=("$sink") ;; esac
 [ "$store" = mysql ] && needed+=(mariadb)
 scripts/services.sh "${needed[@]:-none}"
-cargo build --release -p outboxkit-relay --no-default-features --features "store-$store,sink-$sink"
+cargo build --release -p outboxkit-relay --bin outbox-relay -p outboxkit-harness --bin outbox-demo \
+  --no-default-features \
+  --features "outboxkit-relay/store-$store,outboxkit-relay/sink-$sink,outboxkit-harness/$store,outboxkit-harness/$sink"
 target_dir="${CARGO_TARGET_DIR:-target}"
-exec "$target_dir/release/outbox-relay" demo "$@"
+exec "$target_dir/release/outbox-demo" --relay-bin "$target_dir/release/outbox-relay" "$@"

@@ -3,9 +3,13 @@
 //! A side uses the broker's own client crate (redis, rdkafka, lapin, aws-sdk-sqs), never our
 //! sink crates: what it reads back is what any consumer would see.
 
+#[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "redis-streams")]
 pub mod redis;
+#[cfg(feature = "sqs")]
 pub mod sqs;
 
 use std::collections::HashSet;

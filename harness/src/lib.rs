@@ -22,10 +22,15 @@ mod scenario;
 mod store;
 mod util;
 
+#[cfg(feature = "sqs")]
 pub use aws_sdk_sqs::types::QueueAttributeName;
+#[cfg(feature = "kafka")]
 pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaSide};
+#[cfg(feature = "rabbitmq")]
 pub use broker::rabbitmq::{rabbitmq_url, RabbitMqApp, RabbitMqSide};
+#[cfg(feature = "redis-streams")]
 pub use broker::redis::{redis_url, RedisSide};
+#[cfg(feature = "sqs")]
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
@@ -34,7 +39,9 @@ pub use scenario::{
     aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
     TRACEPARENT,
 };
+#[cfg(feature = "mysql")]
 pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
+#[cfg(feature = "postgres")]
 pub use store::postgres::{postgres_url, PostgresSide};
 pub use store::{DeadRow, StoreSide, PENDING};
 pub use util::{

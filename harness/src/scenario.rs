@@ -140,6 +140,10 @@ pub struct WriterPlan {
     pub rollbacks: bool,
     /// Retry a failed transaction for this long (a database restart) instead of failing.
     pub retry_for: Option<Duration>,
+    /// The event writer `w` writes as its `n`-th for `aggregate` (its aggregate id must be
+    /// `aggregate`): the scenario's by default, carrying what [`Scenario::assert_delivery`]
+    /// reads.
+    pub event: fn(w: u64, n: u64, aggregate: u64) -> NewEvent,
 }
 
 impl WriterPlan {
@@ -153,6 +157,7 @@ impl WriterPlan {
             pause: Duration::ZERO,
             rollbacks: true,
             retry_for: None,
+            event: scenario_event,
         }
     }
 
@@ -166,6 +171,7 @@ impl WriterPlan {
             pause,
             rollbacks: true,
             retry_for: None,
+            event: scenario_event,
         }
     }
 
@@ -265,7 +271,10 @@ async fn write(
     stop: &AtomicBool,
     writes: &Mutex<Writes>,
 ) {
-    let share = plan.events.map(|events| events / plan.writers);
+    // Writer `w`'s share: an even split, the first `events % writers` writers one more.
+    let share = plan
+        .events
+        .map(|events| events / plan.writers + u64::from(w < events % plan.writers));
     let mut x: u64 = SEED ^ (w + 1);
     let mut n = 0;
     while share.map_or(!stop.load(Ordering::Relaxed), |share| n < share) {
@@ -276,7 +285,7 @@ async fn write(
         let rollback = plan.rollbacks && x % 50 == 0;
         let deadline = Instant::now() + plan.retry_for.unwrap_or_default();
         loop {
-            let event = scenario_event(w, n, aggregate);
+            let event = (plan.event)(w, n, aggregate);
             let event_id = event.event_id.expect("an event id");
             let result = store.transact(&event, !rollback).await;
             let retry = {

@@ -1,7 +1,11 @@
 //! Store sides: a database with one test's outbox table and business table.
 
+#[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use outboxkit_core::NewEvent;
@@ -51,6 +55,9 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     async fn pending(&self) -> i64 {
         self.count_rows(PENDING).await
     }
+    /// For every published row, how long after its insert it was marked published (the
+    /// database's clock on both ends).
+    async fn publish_latencies(&self) -> Vec<Duration>;
     /// The row id of the event `event_id`, if its row is in the table.
     async fn row_of(&self, event_id: Uuid) -> Option<i64>;
     /// The dead rows, in `id` order.

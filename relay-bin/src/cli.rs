@@ -1,4 +1,4 @@
-//! The command line: `run`, `migrate`, `status`, `demo`.
+//! The command line: `run`, `migrate`, `status`, `dead`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,9 +43,6 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::dead::DeadCommand,
     },
-    /// Write order events in business transactions on the local PostgreSQL, relay them to the
-    /// local broker, read them back and check nothing was lost or reordered.
-    Demo(crate::demo::DemoArgs),
 }
 
 /// A failure of a command: what to print and the exit code.
@@ -141,10 +138,6 @@ pub fn main(registry: Registry) -> ExitCode {
 /// Run one parsed command.
 pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     match cli.command {
-        Command::Demo(ref args) => {
-            init_logging(cli.log_format.unwrap_or_default(), "warn");
-            crate::demo::run(args, &registry).await
-        }
         Command::Run => {
             let (settings, figment) = load(&cli)?;
             let ctx = FactoryContext {

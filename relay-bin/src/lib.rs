@@ -4,7 +4,6 @@
 mod adapters;
 pub mod cli;
 pub mod dead;
-pub mod demo;
 pub mod registry;
 pub mod server;
 pub mod settings;

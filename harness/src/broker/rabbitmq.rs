@@ -40,8 +40,13 @@ pub struct RabbitMqSide {
 impl RabbitMqSide {
     /// Exchange `<prefix>` on the test broker ([`rabbitmq_url`]).
     pub async fn open(prefix: &str) -> Self {
+        Self::open_at(&rabbitmq_url(), prefix).await
+    }
+
+    /// The broker at `url`.
+    pub async fn open_at(url: &str, prefix: &str) -> Self {
         Self {
-            url: rabbitmq_url(),
+            url: url.to_owned(),
             exchange: prefix.to_owned(),
         }
     }

@@ -37,9 +37,14 @@ impl RedisSide {
     /// Streams `<prefix>.<aggregate_type>` on the test server ([`redis_url`]); fails the test,
     /// saying what to start, when it is unreachable.
     pub async fn open(prefix: &str) -> Self {
-        let url = redis_url();
-        let client =
-            redis::Client::open(url.as_str()).expect("OUTBOX_TEST_REDIS_URL is a redis:// URL");
+        Self::open_at(&redis_url(), prefix).await
+    }
+
+    /// The server at `url`.
+    pub async fn open_at(url: &str, prefix: &str) -> Self {
+        let url = url.to_owned();
+        let client = redis::Client::open(url.as_str())
+            .unwrap_or_else(|e| panic!("{url} is not a redis:// URL: {e}"));
         let connection = client
             .get_multiplexed_async_connection()
             .await

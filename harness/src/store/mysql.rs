@@ -138,6 +138,21 @@ impl StoreSide for MySqlSide {
         .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
     }
 
+    async fn publish_latencies(&self) -> Vec<Duration> {
+        let micros: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, published_at) AS SIGNED) FROM {} \
+             WHERE published_at IS NOT NULL",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading publish times");
+        micros
+            .into_iter()
+            .map(|us| Duration::from_micros(us.max(0) as u64))
+            .collect()
+    }
+
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
         sqlx::query_scalar(&format!("SELECT id FROM {} WHERE event_id = ?", self.table))
             .bind(event_id.to_string())

@@ -132,6 +132,21 @@ impl StoreSide for PostgresSide {
         .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
     }
 
+    async fn publish_latencies(&self) -> Vec<Duration> {
+        let micros: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT (EXTRACT(EPOCH FROM published_at - created_at) * 1000000)::int8 FROM {} \
+             WHERE published_at IS NOT NULL",
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading publish times");
+        micros
+            .into_iter()
+            .map(|us| Duration::from_micros(us.max(0) as u64))
+            .collect()
+    }
+
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
         sqlx::query_scalar(&format!(
             "SELECT id FROM {} WHERE event_id = $1",
@@ -170,5 +185,18 @@ impl StoreSide for PostgresSide {
         .execute(&self.pool)
         .await
         .expect("dropping the tables");
+        // The schema row, or `migrate` of a table of the same name would take it for migrated.
+        let bookkeeping: bool =
+            sqlx::query_scalar("SELECT to_regclass('outbox_relay_schema') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await
+                .expect("looking for the bookkeeping table");
+        if bookkeeping {
+            sqlx::query("DELETE FROM outbox_relay_schema WHERE table_name = $1")
+                .bind(&self.table)
+                .execute(&self.pool)
+                .await
+                .expect("deleting the bookkeeping row");
+        }
     }
 }
