@@ -12,6 +12,11 @@
 //!   [`Writers`] with a deterministic PRNG and rollbacks; SIGKILL and restart of a relay; a
 //!   [`Fault`] (freeze or restart a broker or a database); drain; read back; [`check_delivery`].
 //!
+//! Each side is behind a cargo feature that brings in its client crate and nothing else
+//! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`; all on by default). The
+//! crate's binary `outbox-demo` is the Quickstart demo (`scripts/demo.sh`), built with only the
+//! features of the pair it runs.
+//!
 //! Services are real. A test fails — never skips — when one is unreachable. Every test names its
 //! own tables, streams, topics and queues ([`unique`]).
 

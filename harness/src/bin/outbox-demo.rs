@@ -10,6 +10,21 @@
 //! (`postgres`, `mysql`; `redis-streams`, `kafka`, `rabbitmq`, `sqs`): scripts/demo.sh builds
 //! only the two of the pair it runs, and the relay with only that store and sink.
 
+// Built without a store side or without a broker side (never by scripts/demo.sh), it can
+// only refuse: no warnings about what that leaves unused.
+#![cfg_attr(
+    not(all(
+        any(feature = "postgres", feature = "mysql"),
+        any(
+            feature = "redis-streams",
+            feature = "kafka",
+            feature = "rabbitmq",
+            feature = "sqs"
+        )
+    )),
+    allow(unused, unreachable_code)
+)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -218,18 +233,10 @@ async fn open_store(args: &Args) -> Result<(Arc<dyn StoreSide>, String), Failure
     Ok((store, describe))
 }
 
-/// What a broker side leaves behind after the demo.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Afterwards {
-    /// The destinations stay, for a look (`XRANGE outbox-demo.order - +`...).
-    Keep,
-    /// Delete them (and stop the side's consumer).
-    CleanUp,
-}
-
-/// The broker side, its description and what to do with it afterwards. The destinations of a
+/// The broker side, its description, and whether to clean it up afterwards (delete the
+/// destinations and stop its consumer; otherwise they stay, for a look). The destinations of a
 /// fixed name are emptied first; the others are the run's own.
-async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, Afterwards), Failure> {
+async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, bool), Failure> {
     let url = args.broker_url.clone();
     #[allow(unused_variables)] // used by the Kafka and SQS sides only
     let run_prefix = format!(
@@ -243,7 +250,7 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, Afterw
             let side = outboxkit_harness::RedisSide::open_at(&url, DESTINATION).await;
             side.cleanup().await;
             let describe = format!("Redis stream {}", side.destination("order"));
-            (Arc::new(side), describe, Afterwards::Keep)
+            (Arc::new(side), describe, false)
         }
         #[cfg(feature = "kafka")]
         "kafka" => {
@@ -256,7 +263,7 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, Afterw
                 "Kafka topic {} ({KAFKA_PARTITIONS} partitions) at {bootstrap}",
                 side.destination("order")
             );
-            (Arc::new(side), describe, Afterwards::Keep)
+            (Arc::new(side), describe, false)
         }
         #[cfg(feature = "rabbitmq")]
         "rabbitmq" => {
@@ -267,7 +274,7 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, Afterw
                 "RabbitMQ exchange {DESTINATION} (topic, publisher confirms) → queue {}",
                 side.destination("order")
             );
-            (Arc::new(side), describe, Afterwards::Keep)
+            (Arc::new(side), describe, false)
         }
         #[cfg(feature = "sqs")]
         "sqs" => {
@@ -275,7 +282,7 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, Afterw
             let endpoint = url.unwrap_or_else(outboxkit_harness::sqs_endpoint);
             let side = outboxkit_harness::SqsSide::fifo_at(&endpoint, &run_prefix).await;
             let describe = format!("SQS FIFO queue {} at {endpoint}", side.destination("order"));
-            (Arc::new(side), describe, Afterwards::CleanUp)
+            (Arc::new(side), describe, true)
         }
         other => {
             return Err(Failure::config(format!(
@@ -316,7 +323,7 @@ async fn run(args: &Args) -> Result<(), Failure> {
         ));
     }
     let (store, store_describe) = open_store(args).await?;
-    let (broker, broker_describe, afterwards) = open_broker(args).await?;
+    let (broker, broker_describe, clean_up) = open_broker(args).await?;
     // A fresh scratch directory (relay configuration and logs) for this run.
     let _ = std::fs::remove_dir_all(
         std::env::temp_dir()
@@ -427,7 +434,7 @@ async fn run(args: &Args) -> Result<(), Failure> {
     let writes = committed.len() as u64;
     let published = published().await;
     let pending = store.pending().await;
-    if afterwards == Afterwards::CleanUp {
+    if clean_up {
         broker.cleanup().await;
     }
 
