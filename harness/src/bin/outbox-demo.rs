@@ -144,12 +144,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(run(&args))
+    }));
+    match outcome {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(failure)) => {
             eprintln!("error: {}", failure.message);
             ExitCode::from(failure.code)
         }
+        // Printed by the hook.
+        Err(_) => ExitCode::FAILURE,
     }
 }
 
