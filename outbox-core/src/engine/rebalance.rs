@@ -35,7 +35,7 @@ pub(super) fn acquire_offset(relay_id: &str) -> u32 {
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
 }
 
-/// Take free shards up to the fair share (starting at `acquire_offset`, skipping every locked
+/// Take free shards up to the fair share (starting at `acquire_offset`, passing over every locked
 /// shard, this relay's included), give back what is above it.
 pub(super) fn plan(
     shards: u32,
@@ -147,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn free_shards_are_tried_from_the_offset_skipping_locked_ones() {
+    fn free_shards_are_tried_from_the_offset_past_locked_ones() {
         let owned = set([1]);
         assert_eq!(
             plan(8, &view(2, &[1, 5]), &owned, 6),
