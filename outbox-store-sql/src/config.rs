@@ -30,8 +30,11 @@ pub fn default_session_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
-/// `store.url` must start with one of `schemes`; `expected` shows the whole form.
+/// `store.url` must be given and start with one of `schemes`; `expected` shows the whole form.
 pub fn check_url(url: &str, schemes: &[&str], expected: &str) -> Result<()> {
+    if url.trim().is_empty() {
+        return Err(Error::config("store.url: must not be empty"));
+    }
     if schemes.iter().any(|scheme| url.starts_with(scheme)) {
         return Ok(());
     }
@@ -167,6 +170,16 @@ fn check_identifier(whole: &str, ident: &str, max_len: usize, rules: &NameRules)
 mod tests {
     use super::*;
     use outboxkit_core::ErrorKind;
+
+    #[test]
+    fn an_empty_url_is_named_as_such() {
+        for url in ["", "  "] {
+            let e = check_url(url, &["postgres://"], "postgres://...").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert_eq!(e.message(), "store.url: must not be empty");
+        }
+        assert!(check_url("postgres://h/db", &["postgres://"], "postgres://...").is_ok());
+    }
 
     const RULES: NameRules = NameRules {
         qualifier: "schema",

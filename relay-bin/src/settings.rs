@@ -383,14 +383,6 @@ pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
         .relay
         .validate()
         .map_err(|e| ConfigError(locate(e.message(), &figment, file)))?;
-    let url = settings.store.keys.get("url").and_then(|v| v.as_str());
-    if url.is_some_and(|url| url.trim().is_empty()) {
-        return Err(ConfigError(locate(
-            "store.url: must not be empty",
-            &figment,
-            file,
-        )));
-    }
     Ok((settings, figment))
 }
 

@@ -231,6 +231,18 @@ fn missing_store_url() {
 }
 
 #[test]
+fn empty_store_url() {
+    let config = TempConfig::new(
+        "[store]\nkind = \"postgres\"\nurl = \"\"\n\n[sink]\nkind = \"redis-streams\"\n",
+    );
+    let line = config_error(&config, "run", &[], &["store.url: must not be empty"]);
+    assert!(
+        line.ends_with(&format!("(in {})", config.display())),
+        "{line}"
+    );
+}
+
+#[test]
 fn missing_store_table() {
     let config = TempConfig::new("[sink]\nkind = \"redis-streams\"\n");
     config_error(
