@@ -123,10 +123,6 @@ impl LiveHarness for MySqlFactory {
         config.table.clone()
     }
 
-    async fn connect(&self, config: MySqlStoreConfig) -> Result<MySqlStore> {
-        MySqlStore::connect(config).await
-    }
-
     fn table(&self, store: &MySqlStore) -> String {
         store.table().to_string()
     }

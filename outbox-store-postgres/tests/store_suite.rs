@@ -114,10 +114,6 @@ impl LiveHarness for PostgresFactory {
         config.table.clone()
     }
 
-    async fn connect(&self, config: PostgresStoreConfig) -> Result<PostgresStore> {
-        PostgresStore::connect(config).await
-    }
-
     fn table(&self, store: &PostgresStore) -> String {
         store.table().to_string()
     }

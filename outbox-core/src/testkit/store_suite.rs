@@ -677,8 +677,8 @@ pub trait LiveHarness: StoreFactory {
     type Store: Store;
     /// Its shard session.
     type Session: ShardSession + 'static;
-    /// Its `[store]` settings.
-    type Config: Clone + fmt::Debug + Send + Sync + 'static;
+    /// Its `[store]` settings: the store's plugin configuration type.
+    type Config: crate::StoreConfig<Store = Self::Store> + Clone + Sync;
     /// A writers' connection pool (the store's own, or one on another schema or database).
     type Pool: Send + Sync;
     /// A writer's open transaction.
@@ -721,8 +721,10 @@ pub trait LiveHarness: StoreFactory {
     /// `store.table` of `config`.
     fn table_setting(&self, config: &Self::Config) -> String;
 
-    /// Connect a store (not migrated).
-    async fn connect(&self, config: Self::Config) -> Result<Self::Store>;
+    /// Connect a store (not migrated): the configuration's own `build`, as the relay does.
+    async fn connect(&self, config: Self::Config) -> Result<Self::Store> {
+        crate::StoreConfig::build(config).await
+    }
     /// The store's table, as it names it (`schema.table`).
     fn table(&self, store: &Self::Store) -> String;
     /// A session of the store, with the concrete type.
