@@ -27,9 +27,7 @@ use outboxkit_core::{Error, ErrorKind};
 use outboxkit_store_sql::classify::with_retryability;
 pub(crate) use outboxkit_store_sql::Target;
 
-/// MySQL's / MariaDB's wording and error numbers.
-#[derive(Debug)]
-pub(crate) struct MySql;
+pub(crate) use crate::config::MySql;
 
 impl outboxkit_store_sql::Dialect for MySql {
     const PRODUCT: &'static str = "MySQL";

@@ -1,113 +1,39 @@
 //! `[store]` settings of the MySQL / MariaDB store, and the outbox table name.
 
 use std::fmt;
-use std::time::Duration;
 
 use outboxkit_core::{Error, Result};
-use outboxkit_store_sql::config::{self, NameRules, QualifiedName};
-use serde::{Deserialize, Serialize};
+use outboxkit_store_sql::config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig};
 
-/// Settings of the MySQL / MariaDB store (`[store]` with `kind = "mysql"`).
-///
-/// Durations are human strings (`"5s"`). The `Debug` output hides the password.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MySqlStoreConfig {
-    /// `mysql://user:password@host:port/database?ssl-mode=...` (`mariadb://` is accepted too).
-    pub url: String,
-    /// Outbox table, optionally qualified by its database (`app.outbox`); an unqualified name
-    /// lives in the URL's database. Lowercase letters, digits, `_`.
-    #[serde(default = "outboxkit_store_sql::config::default_table")]
-    pub table: String,
-    /// Number of shards, used only when `migrate` creates the table (then read from the database).
-    #[serde(default = "outboxkit_store_sql::config::default_shards")]
-    pub shards: u32,
-    /// Connections of the pool used for migrations, inserts, purge and status (sessions that
-    /// hold shard locks have a dedicated connection each).
-    #[serde(default = "outboxkit_store_sql::config::default_pool_size")]
-    pub pool_size: u32,
-    /// Longest wait for a connection.
-    #[serde(
-        default = "outboxkit_store_sql::config::default_connect_timeout",
-        with = "humantime_serde"
-    )]
-    pub connect_timeout: Duration,
-    /// Longest a single call on a shard session may take. Past it the session is given up (the
-    /// server releases its locks) and the relay opens a new one. Also set as the session's
-    /// statement time limit (`max_statement_time` on MariaDB, `max_execution_time` on MySQL) and
-    /// lock wait timeouts.
-    #[serde(
-        default = "outboxkit_store_sql::config::default_session_timeout",
-        with = "humantime_serde"
-    )]
-    pub session_timeout: Duration,
-}
+/// The MySQL / MariaDB store as the shared SQL code sees it: its kind of [`SqlStoreConfig`]
+/// (`kind = "mysql"`: MySQL 8.0.16+ and MariaDB 10.6+), its wording and error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MySql;
+
+/// Settings of the MySQL / MariaDB store (`[store]` with `kind = "mysql"`): the settings every
+/// SQL store shares ([`SqlStoreConfig`]). `url` is `mysql://user:password@host:port/database`
+/// (`mariadb://` is accepted too); an unqualified `table` lives in the URL's database.
+pub type MySqlStoreConfig = SqlStoreConfig<MySql>;
 
 /// Most shards a table may have: a relay holding every shard holds one named lock per shard,
 /// and `cluster()` asks the server about every shard in one statement.
 pub const MAX_SHARDS: u32 = outboxkit_store_sql::config::MAX_SHARDS;
 
-impl MySqlStoreConfig {
-    /// A configuration with every default and this URL.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            table: config::default_table(),
-            shards: config::default_shards(),
-            pool_size: config::default_pool_size(),
-            connect_timeout: config::default_connect_timeout(),
-            session_timeout: config::default_session_timeout(),
-        }
+impl SqlStore for MySql {
+    const KIND: &'static str = "mysql";
+    const CONFIG_TYPE: &'static str = "MySqlStoreConfig";
+    const SCHEMES: &'static [&'static str] = &["mysql://", "mariadb://"];
+    const URL_FORM: &'static str = "mysql://user:password@host:port/database";
+    type Store = crate::MySqlStore;
+
+    fn check_table(table: &str) -> Result<()> {
+        TableName::parse(table).map(drop)
     }
 
-    /// Use this table (optionally `database.table`).
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// Create the table with this many shards.
-    pub fn shards(mut self, shards: u32) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// The URL with its password replaced by `***`, for logs.
-    pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
-    }
-
-    /// Check what serde cannot; each error names its key under `store.`.
-    pub fn validate(&self) -> Result<()> {
-        config::check_url(
-            &self.url,
-            &["mysql://", "mariadb://"],
-            "mysql://user:password@host:port/database",
-        )?;
-        TableName::parse(&self.table).map_err(|e| e.context("store.table"))?;
-        config::check_limits(
-            self.shards,
-            self.pool_size,
-            self.connect_timeout,
-            self.session_timeout,
-        )
+    async fn connect(config: MySqlStoreConfig) -> Result<Self::Store> {
+        crate::MySqlStore::connect(config).await
     }
 }
-
-impl fmt::Debug for MySqlStoreConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlStoreConfig")
-            .field("url", &self.redacted_url())
-            .field("table", &self.table)
-            .field("shards", &self.shards)
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("session_timeout", &self.session_timeout)
-            .finish()
-    }
-}
-
-pub(crate) use outboxkit_store_sql::config::redact_url;
 
 /// How MySQL qualifies and limits table names: the names of a table's CHECK constraints (unique
 /// per database in MySQL) add a suffix of up to 16 bytes to it, and MySQL identifiers are at
@@ -195,105 +121,33 @@ pub(crate) fn quote_ident(ident: &str) -> String {
     format!("`{}`", ident.replace('`', "``"))
 }
 
-/// `kind = "mysql"` (MySQL 8.0.16+ and MariaDB 10.6+): the rest of `[store]` is this type.
-impl outboxkit_core::StoreConfig for MySqlStoreConfig {
-    const KIND: &'static str = "mysql";
-    type Store = crate::MySqlStore;
-
-    fn validate(&self) -> Result<()> {
-        MySqlStoreConfig::validate(self)
-    }
-
-    async fn build(self) -> Result<Self::Store> {
-        crate::MySqlStore::connect(self).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use outboxkit_core::ErrorKind;
 
+    /// The settings themselves are tested in `outboxkit-store-sql`; here, what is this store's.
     #[test]
-    fn defaults_apply_and_unknown_keys_are_refused() {
+    fn urls_tables_and_debug_are_this_stores() {
         let c: MySqlStoreConfig =
-            serde_json::from_str(r#"{"url": "mysql://u:secret@db:3306/app"}"#).unwrap();
-        assert_eq!(c, MySqlStoreConfig::new("mysql://u:secret@db:3306/app"));
-        assert_eq!(c.table, "outbox");
-        assert_eq!(c.shards, 64);
-        assert_eq!(c.pool_size, 4);
-        assert_eq!(c.connect_timeout, Duration::from_secs(5));
-        assert_eq!(c.session_timeout, Duration::from_secs(30));
+            serde_json::from_str(r#"{"url": "mysql://u:s3cr3t@db:3306/app?ssl-mode=required"}"#)
+                .unwrap();
         c.validate().unwrap();
-
-        let c: MySqlStoreConfig = serde_json::from_str(
-            r#"{"url": "mariadb://db/app", "table": "app.events", "connect_timeout": "250ms",
-                "session_timeout": "1m"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.connect_timeout, Duration::from_millis(250));
-        assert_eq!(c.session_timeout, Duration::from_secs(60));
-        c.validate().unwrap();
-
-        let e =
-            serde_json::from_str::<MySqlStoreConfig>(r#"{"url": "mysql://db/app", "tabel": "x"}"#)
-                .unwrap_err();
-        assert!(e.to_string().contains("tabel"), "{e}");
-        let e = serde_json::from_str::<MySqlStoreConfig>(r#"{"table": "x"}"#).unwrap_err();
-        assert!(e.to_string().contains("url"), "{e}");
-    }
-
-    #[test]
-    fn debug_and_redacted_url_hide_the_password() {
-        let c = MySqlStoreConfig::new("mysql://app:s3cr3t@db.internal:3307/app?ssl-mode=required");
-        assert_eq!(
-            c.redacted_url(),
-            "mysql://app:***@db.internal:3307/app?ssl-mode=required"
-        );
+        MySqlStoreConfig::new("mariadb://db/app")
+            .table("app.events")
+            .validate()
+            .unwrap();
         let debug = format!("{c:?}");
         assert!(
-            !debug.contains("s3cr3t") && debug.contains("***"),
+            debug.starts_with("MySqlStoreConfig {") && !debug.contains("s3cr3t"),
             "{debug}"
         );
-        let c = MySqlStoreConfig::new("mysql://db/app?user=app&password=s3cr3t");
-        assert!(!c.redacted_url().contains("s3cr3t"), "{}", c.redacted_url());
-        assert_eq!(
-            MySqlStoreConfig::new("mysql://db/app").redacted_url(),
-            "mysql://db/app"
-        );
-        assert!(!redact_url("my sql://a:s3cr3t@").contains("s3cr3t"));
-    }
-
-    #[test]
-    fn validate_names_the_key() {
-        let base = || MySqlStoreConfig::new("mysql://db/app");
+        let base = || MySqlStoreConfig::new("mariadb://db/app");
         let bad = [
             (MySqlStoreConfig::new("postgres://db/app"), "store.url"),
             (base().table("Outbox"), "store.table"),
             (base().table("a.b.c"), "store.table"),
-            (base().shards(0), "store.shards"),
-            (base().shards(5000), "store.shards"),
-            (
-                MySqlStoreConfig {
-                    pool_size: 0,
-                    ..base()
-                },
-                "store.pool_size",
-            ),
-            (
-                MySqlStoreConfig {
-                    connect_timeout: Duration::ZERO,
-                    ..base()
-                },
-                "store.connect_timeout",
-            ),
-            (
-                MySqlStoreConfig {
-                    session_timeout: Duration::from_millis(10),
-                    ..base()
-                },
-                "store.session_timeout",
-            ),
+            (base().table("outbox_relay_schema"), "store.table"),
         ];
         for (config, key) in bad {
             let e = config.validate().unwrap_err();

@@ -9,7 +9,7 @@ mod session;
 mod sql;
 mod store;
 
-pub use config::{MySqlStoreConfig, TableName};
+pub use config::{MySql, MySqlStoreConfig, TableName};
 pub use enqueue::{enqueue, enqueue_many, Outbox, MAX_DESTINATION_CHARS, MAX_NAME_CHARS};
 pub use inbox::{Inbox, MAX_CONSUMER_CHARS};
 pub use migrate::SCHEMA_VERSION;

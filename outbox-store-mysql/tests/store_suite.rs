@@ -113,10 +113,9 @@ impl LiveHarness for MySqlFactory {
         config: MySqlStoreConfig,
         timeout: Duration,
     ) -> MySqlStoreConfig {
-        MySqlStoreConfig {
-            session_timeout: timeout,
-            ..config
-        }
+        let mut config = config;
+        config.session_timeout = timeout;
+        config
     }
 
     fn table_setting(&self, config: &MySqlStoreConfig) -> String {

@@ -20,9 +20,7 @@ use outboxkit_core::{Error, ErrorKind};
 use outboxkit_store_sql::classify::with_retryability;
 pub(crate) use outboxkit_store_sql::Target;
 
-/// PostgreSQL's wording and error codes.
-#[derive(Debug)]
-pub(crate) struct Postgres;
+pub(crate) use crate::config::Postgres;
 
 impl outboxkit_store_sql::Dialect for Postgres {
     const PRODUCT: &'static str = "PostgreSQL";

@@ -9,7 +9,7 @@ mod session;
 mod sql;
 mod store;
 
-pub use config::{PostgresStoreConfig, TableName};
+pub use config::{Postgres, PostgresStoreConfig, TableName};
 pub use enqueue::{enqueue, enqueue_many, Outbox};
 pub use inbox::Inbox;
 pub use migrate::SCHEMA_VERSION;

@@ -104,10 +104,9 @@ impl LiveHarness for PostgresFactory {
         config: PostgresStoreConfig,
         timeout: Duration,
     ) -> PostgresStoreConfig {
-        PostgresStoreConfig {
-            session_timeout: timeout,
-            ..config
-        }
+        let mut config = config;
+        config.session_timeout = timeout;
+        config
     }
 
     fn table_setting(&self, config: &PostgresStoreConfig) -> String {

@@ -2,9 +2,139 @@
 //! URL, and the rules of table names.
 
 use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use outboxkit_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// What a SQL store fills in of the shared `[store]` settings: its kind, the URLs it takes, the
+/// rules of its table names, and how it connects.
+pub trait SqlStore: Sized + Send + Sync + 'static {
+    /// `store.kind`: `postgres`, `mysql`.
+    const KIND: &'static str;
+    /// The settings type as `Debug` names it: `PostgresStoreConfig`.
+    const CONFIG_TYPE: &'static str;
+    /// The URL schemes `store.url` may start with.
+    const SCHEMES: &'static [&'static str];
+    /// The whole form of `store.url`, shown when it has another scheme.
+    const URL_FORM: &'static str;
+    /// The store [`SqlStoreConfig::build`](outboxkit_core::StoreConfig::build) returns.
+    type Store: outboxkit_core::Store;
+
+    /// Check `store.table` (errors without the key; the caller adds it).
+    fn check_table(table: &str) -> Result<()>;
+    /// Connect and return the store; called after `validate` passed.
+    fn connect(config: SqlStoreConfig<Self>) -> impl Future<Output = Result<Self::Store>> + Send;
+}
+
+/// The `[store]` settings of a SQL store, `kind` aside: one type for every SQL store, so that a
+/// setting (and its check) is written once. Each store names it: `PostgresStoreConfig`,
+/// `MySqlStoreConfig`.
+///
+/// Durations are human strings (`"5s"`). The `Debug` output hides the password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound = "")]
+pub struct SqlStoreConfig<S: SqlStore> {
+    /// `postgres://user:password@host:port/database?sslmode=...`,
+    /// `mysql://user:password@host:port/database?ssl-mode=...` (`mariadb://` is accepted too).
+    pub url: String,
+    /// Outbox table, optionally qualified by its schema (PostgreSQL) or database (MySQL):
+    /// `app.outbox`; an unqualified name lives in the connection's default one. Lowercase
+    /// letters, digits, `_`.
+    #[serde(default = "default_table")]
+    pub table: String,
+    /// Number of shards, used only when `migrate` creates the table (then read from the database).
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    /// Connections of the pool used for migrations, inserts, purge and status (sessions that
+    /// hold shard locks have a dedicated connection each).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u32,
+    /// Longest wait for a connection.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest a single call on a shard session may take. Past it the session is given up (the
+    /// server releases its locks) and the relay opens a new one. Also set as the session's
+    /// statement time limit (`statement_timeout` on PostgreSQL, `max_statement_time` on
+    /// MariaDB, `max_execution_time` on MySQL) and lock wait timeouts.
+    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    pub session_timeout: Duration,
+    #[serde(skip)]
+    store: PhantomData<S>,
+}
+
+impl<S: SqlStore> SqlStoreConfig<S> {
+    /// A configuration with every default and this URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            table: default_table(),
+            shards: default_shards(),
+            pool_size: default_pool_size(),
+            connect_timeout: default_connect_timeout(),
+            session_timeout: default_session_timeout(),
+            store: PhantomData,
+        }
+    }
+
+    /// Use this table (optionally qualified).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Create the table with this many shards.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The URL with its password replaced by `***`, for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    /// Check what serde cannot; each error names its key under `store.`.
+    pub fn validate(&self) -> Result<()> {
+        check_url(&self.url, S::SCHEMES, S::URL_FORM)?;
+        S::check_table(&self.table).map_err(|e| e.context("store.table"))?;
+        check_limits(
+            self.shards,
+            self.pool_size,
+            self.connect_timeout,
+            self.session_timeout,
+        )
+    }
+}
+
+impl<S: SqlStore> fmt::Debug for SqlStoreConfig<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(S::CONFIG_TYPE)
+            .field("url", &self.redacted_url())
+            .field("table", &self.table)
+            .field("shards", &self.shards)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("session_timeout", &self.session_timeout)
+            .finish()
+    }
+}
+
+/// `kind = S::KIND`: the rest of `[store]` is this type.
+impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
+    const KIND: &'static str = S::KIND;
+    type Store = S::Store;
+
+    fn validate(&self) -> Result<()> {
+        SqlStoreConfig::validate(self)
+    }
+
+    fn build(self) -> impl Future<Output = Result<Self::Store>> + Send {
+        S::connect(self)
+    }
+}
 
 /// Most shards a table may have.
 pub const MAX_SHARDS: u32 = 1024;
@@ -170,6 +300,124 @@ fn check_identifier(whole: &str, ident: &str, max_len: usize, rules: &NameRules)
 mod tests {
     use super::*;
     use outboxkit_core::ErrorKind;
+
+    /// A SQL store of tests: `some://` URLs, tables that are not `x`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct SomeSql;
+
+    impl SqlStore for SomeSql {
+        const KIND: &'static str = "some";
+        const CONFIG_TYPE: &'static str = "SomeStoreConfig";
+        const SCHEMES: &'static [&'static str] = &["some://", "somesql://"];
+        const URL_FORM: &'static str = "some://user:password@host:port/database";
+        type Store = outboxkit_core::memory::MemoryStore;
+
+        fn check_table(table: &str) -> Result<()> {
+            if table == "x" {
+                return Err(Error::config("x is taken"));
+            }
+            Ok(())
+        }
+
+        async fn connect(config: SqlStoreConfig<Self>) -> Result<Self::Store> {
+            Ok(outboxkit_core::memory::MemoryStore::new(config.shards))
+        }
+    }
+
+    type SomeConfig = SqlStoreConfig<SomeSql>;
+
+    #[test]
+    fn defaults_apply_and_unknown_keys_are_refused() {
+        let c: SomeConfig =
+            serde_json::from_str(r#"{"url": "some://u:secret@db:5432/app"}"#).unwrap();
+        assert_eq!(c, SomeConfig::new("some://u:secret@db:5432/app"));
+        assert_eq!(c.table, "outbox");
+        assert_eq!(c.shards, 64);
+        assert_eq!(c.pool_size, 4);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.session_timeout, Duration::from_secs(30));
+        c.validate().unwrap();
+
+        let c: SomeConfig = serde_json::from_str(
+            r#"{"url": "somesql://db/app", "table": "app.events", "connect_timeout": "250ms",
+                "session_timeout": "1m"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.session_timeout, Duration::from_secs(60));
+        c.validate().unwrap();
+
+        let e = serde_json::from_str::<SomeConfig>(r#"{"url": "some://db/app", "tabel": "x"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("tabel"), "{e}");
+        let e = serde_json::from_str::<SomeConfig>(r#"{"table": "x"}"#).unwrap_err();
+        assert!(e.to_string().contains("url"), "{e}");
+    }
+
+    #[test]
+    fn debug_and_redacted_url_hide_the_password() {
+        let c = SomeConfig::new("some://app:s3cr3t@db.internal:6432/app?tls=require");
+        assert_eq!(
+            c.redacted_url(),
+            "some://app:***@db.internal:6432/app?tls=require"
+        );
+        let debug = format!("{c:?}");
+        assert!(
+            debug.starts_with("SomeStoreConfig {")
+                && !debug.contains("s3cr3t")
+                && debug.contains("***"),
+            "{debug}"
+        );
+        let c = SomeConfig::new("some://db/app?user=app&password=s3cr3t");
+        assert!(!c.redacted_url().contains("s3cr3t"), "{}", c.redacted_url());
+        assert_eq!(
+            SomeConfig::new("some://db/app").redacted_url(),
+            "some://db/app"
+        );
+        assert!(!redact_url("so me://a:s3cr3t@").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn validate_names_the_key() {
+        let base = || SomeConfig::new("some://db/app");
+        let with = |change: fn(&mut SomeConfig)| {
+            let mut c = base();
+            change(&mut c);
+            c
+        };
+        let bad = [
+            (SomeConfig::new("postgres://db/app"), "store.url"),
+            (SomeConfig::new(""), "store.url"),
+            (base().table("x"), "store.table"),
+            (base().shards(0), "store.shards"),
+            (base().shards(5000), "store.shards"),
+            (with(|c| c.pool_size = 0), "store.pool_size"),
+            (
+                with(|c| c.connect_timeout = Duration::ZERO),
+                "store.connect_timeout",
+            ),
+            (
+                with(|c| c.session_timeout = Duration::from_millis(10)),
+                "store.session_timeout",
+            ),
+        ];
+        for (config, key) in bad {
+            let e = config.validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(e.message().starts_with(key), "{key}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_kind_and_the_store_come_from_the_sql_store() {
+        use outboxkit_core::{Store, StoreConfig};
+        assert_eq!(<SomeConfig as StoreConfig>::KIND, "some");
+        let store = StoreConfig::build(SomeConfig::new("some://db/app"))
+            .await
+            .unwrap();
+        assert_eq!(store.kind(), "memory");
+        assert!(StoreConfig::validate(&SomeConfig::new("other://db")).is_err());
+    }
 
     #[test]
     fn an_empty_url_is_named_as_such() {

@@ -9,7 +9,7 @@ pub mod session;
 pub mod testkit;
 
 pub use classify::{classify, Dialect, Target};
-pub use config::{NameRules, QualifiedName};
+pub use config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig};
 pub use session::Fence;
 
 /// `1m 30s` style, as the settings are written.
