@@ -5,7 +5,6 @@ mod common;
 
 use std::str::FromStr;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
@@ -92,34 +91,8 @@ impl LiveHarness for MySqlFactory {
         common::test_url()
     }
 
-    fn config(&self, url: &str) -> MySqlStoreConfig {
-        MySqlStoreConfig::new(url)
-    }
-
     fn fresh_config(&self) -> MySqlStoreConfig {
         common::fresh_config()
-    }
-
-    fn with_table(&self, config: MySqlStoreConfig, table: &str) -> MySqlStoreConfig {
-        config.table(table)
-    }
-
-    fn with_shards(&self, config: MySqlStoreConfig, shards: u32) -> MySqlStoreConfig {
-        config.shards(shards)
-    }
-
-    fn with_session_timeout(
-        &self,
-        config: MySqlStoreConfig,
-        timeout: Duration,
-    ) -> MySqlStoreConfig {
-        let mut config = config;
-        config.session_timeout = timeout;
-        config
-    }
-
-    fn table_setting(&self, config: &MySqlStoreConfig) -> String {
-        config.table.clone()
     }
 
     fn table(&self, store: &MySqlStore) -> String {

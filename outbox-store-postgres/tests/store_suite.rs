@@ -5,7 +5,6 @@ mod common;
 
 use std::str::FromStr;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
@@ -83,34 +82,8 @@ impl LiveHarness for PostgresFactory {
         common::test_url()
     }
 
-    fn config(&self, url: &str) -> PostgresStoreConfig {
-        PostgresStoreConfig::new(url)
-    }
-
     fn fresh_config(&self) -> PostgresStoreConfig {
         common::fresh_config()
-    }
-
-    fn with_table(&self, config: PostgresStoreConfig, table: &str) -> PostgresStoreConfig {
-        config.table(table)
-    }
-
-    fn with_shards(&self, config: PostgresStoreConfig, shards: u32) -> PostgresStoreConfig {
-        config.shards(shards)
-    }
-
-    fn with_session_timeout(
-        &self,
-        config: PostgresStoreConfig,
-        timeout: Duration,
-    ) -> PostgresStoreConfig {
-        let mut config = config;
-        config.session_timeout = timeout;
-        config
-    }
-
-    fn table_setting(&self, config: &PostgresStoreConfig) -> String {
-        config.table.clone()
     }
 
     fn table(&self, store: &PostgresStore) -> String {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a SQL store fills in of the shared `[store]` settings: its kind, the URLs it takes, the
 /// rules of its table names, and how it connects.
-pub trait SqlStore: Sized + Send + Sync + 'static {
+pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     /// `store.kind`: `postgres`, `mysql`.
     const KIND: &'static str;
     /// The settings type as `Debug` names it: `PostgresStoreConfig`.

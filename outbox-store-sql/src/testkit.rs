@@ -112,3 +112,29 @@ pub fn check_shared_errors<D: Dialect>(target: &Target) {
         ErrorKind::Other
     );
 }
+
+/// The settings the store suite's live cases vary, once for every SQL store.
+impl<S: crate::SqlStore> outboxkit_core::testkit::store_suite::SuiteConfig
+    for crate::SqlStoreConfig<S>
+{
+    fn for_url(url: &str) -> Self {
+        Self::new(url)
+    }
+
+    fn with_table(self, table: &str) -> Self {
+        self.table(table)
+    }
+
+    fn with_shards(self, shards: u32) -> Self {
+        self.shards(shards)
+    }
+
+    fn with_session_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    fn table_setting(&self) -> String {
+        self.table.clone()
+    }
+}

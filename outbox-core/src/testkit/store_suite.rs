@@ -668,6 +668,22 @@ pub enum Writer {
     FreeMany,
 }
 
+/// The settings the live cases vary, on a store's plugin configuration type. The SQL stores
+/// share theirs (`outboxkit-store-sql`, feature `testkit`); a third party's store implements it
+/// for its own configuration type.
+pub trait SuiteConfig: crate::StoreConfig + Clone + Sync {
+    /// Settings with every default and this URL.
+    fn for_url(url: &str) -> Self;
+    /// The same settings with another `store.table`.
+    fn with_table(self, table: &str) -> Self;
+    /// The same settings with another `store.shards`.
+    fn with_shards(self, shards: u32) -> Self;
+    /// The same settings with another `store.session_timeout`.
+    fn with_session_timeout(self, timeout: Duration) -> Self;
+    /// `store.table` as set.
+    fn table_setting(&self) -> String;
+}
+
 /// What the live cases need beyond [`StoreFactory`]: the store's own types, its settings, and
 /// the few steps only its SQL can do. Methods panic when the server fails them (they are test
 /// steps); those returning a `Result` hand the store's error to the case, which checks it.
@@ -678,7 +694,7 @@ pub trait LiveHarness: StoreFactory {
     /// Its shard session.
     type Session: ShardSession + 'static;
     /// Its `[store]` settings: the store's plugin configuration type.
-    type Config: crate::StoreConfig<Store = Self::Store> + Clone + Sync;
+    type Config: SuiteConfig<Store = Self::Store>;
     /// A writers' connection pool (the store's own, or one on another schema or database).
     type Pool: Send + Sync;
     /// A writer's open transaction.
@@ -708,18 +724,8 @@ pub trait LiveHarness: StoreFactory {
 
     /// `OUTBOX_TEST_*_URL`, or the local test database.
     fn test_url(&self) -> String;
-    /// Settings with every default and this URL.
-    fn config(&self, url: &str) -> Self::Config;
     /// Settings for a new, random table of the test database.
     fn fresh_config(&self) -> Self::Config;
-    /// `config` with another `store.table`.
-    fn with_table(&self, config: Self::Config, table: &str) -> Self::Config;
-    /// `config` with another `store.shards`.
-    fn with_shards(&self, config: Self::Config, shards: u32) -> Self::Config;
-    /// `config` with another `store.session_timeout`.
-    fn with_session_timeout(&self, config: Self::Config, timeout: Duration) -> Self::Config;
-    /// `store.table` of `config`.
-    fn table_setting(&self, config: &Self::Config) -> String;
 
     /// Connect a store (not migrated): the configuration's own `build`, as the relay does.
     async fn connect(&self, config: Self::Config) -> Result<Self::Store> {
@@ -909,7 +915,9 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
     // A schema or database of its own, holding a table named `outbox`: the free functions use
     // that name.
     let namespace = random_name("outbox_ns");
-    let config = harness.with_table(harness.fresh_config(), &format!("{namespace}.outbox"));
+    let config = harness
+        .fresh_config()
+        .with_table(&format!("{namespace}.outbox"));
     let store = live_migrated(harness, config).await;
     assert_eq!(harness.table(&store), format!("{namespace}.outbox"));
     let pool = harness.pool_in(&namespace).await;
@@ -1001,7 +1009,7 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
 /// A session whose connection is killed fails every later call with `LeaseLost` and owns
 /// nothing; another session takes its shards over and finds every row.
 pub async fn a_killed_session_loses_its_lease_and_its_shards_move<H: LiveHarness>(harness: &H) {
-    let store = live_migrated(harness, harness.with_shards(harness.fresh_config(), 8)).await;
+    let store = live_migrated(harness, harness.fresh_config().with_shards(8)).await;
     let inserted = store
         .insert(&[
             small_event("a", 1),
@@ -1065,7 +1073,9 @@ pub async fn a_killed_session_loses_its_lease_and_its_shards_move<H: LiveHarness
 /// A statement that hits the server's statement limit is a retryable timeout and leaves the
 /// session usable.
 pub async fn a_statement_timeout_is_a_timeout_and_keeps_the_session<H: LiveHarness>(harness: &H) {
-    let config = harness.with_session_timeout(harness.fresh_config(), Duration::from_millis(300));
+    let config = harness
+        .fresh_config()
+        .with_session_timeout(Duration::from_millis(300));
     let store = live_migrated(harness, config).await;
     let inserted = store.insert(&[small_event("a", 1)]).await.unwrap();
     let mut session = live_session(harness, &store, "slow").await;
@@ -1091,7 +1101,7 @@ pub async fn a_statement_timeout_is_a_timeout_and_keeps_the_session<H: LiveHarne
 
 /// Relays migrating the same table at once all succeed; the shard count is the first one's.
 pub async fn concurrent_migrations_all_succeed<H: LiveHarness>(harness: &H) {
-    let config = harness.with_shards(harness.fresh_config(), 16);
+    let config = harness.fresh_config().with_shards(16);
     let migrate = || async {
         let store = connected(harness, config.clone()).await;
         store.migrate().await.map(|()| store)
@@ -1110,7 +1120,7 @@ pub async fn concurrent_migrations_all_succeed<H: LiveHarness>(harness: &H) {
     assert!(applied);
 
     // The shard count comes from the database, whatever a later configuration says.
-    let other = connected(harness, harness.with_shards(config, 64)).await;
+    let other = connected(harness, config.with_shards(64)).await;
     other.migrate().await.unwrap();
     let session = harness.open_session(&other, "count").await;
     assert_eq!(session.shard_count(), 16);
@@ -1165,10 +1175,7 @@ pub async fn rows_written_with_plain_sql_are_claimed_with_their_defaults<H: Live
 pub async fn migrate_refuses_a_table_it_did_not_create<H: LiveHarness>(harness: &H) {
     let config = harness.fresh_config();
     harness
-        .execute(&format!(
-            "CREATE TABLE {} (id int)",
-            harness.table_setting(&config)
-        ))
+        .execute(&format!("CREATE TABLE {} (id int)", config.table_setting()))
         .await;
     let store = connected(harness, config).await;
     let error = store.migrate().await.unwrap_err();
@@ -1201,7 +1208,7 @@ pub async fn an_unreachable_server_is_a_connection_error_naming_the_host<H: Live
         url.set_host(Some("127.0.0.1")).unwrap();
         url.set_port(Some(1)).unwrap();
     });
-    let error = match harness.connect(harness.config(&url)).await {
+    let error = match harness.connect(H::Config::for_url(&url)).await {
         Err(error) => error,
         Ok(store) => panic!("connected to port 1: {store:?}"),
     };
@@ -1222,7 +1229,7 @@ pub async fn an_unknown_database_is_a_config_error_naming_it<H: LiveHarness>(har
     let url = test_url_with(harness, |url| {
         url.set_path("/no_such_database_for_outbox_tests")
     });
-    let error = match harness.connect(harness.config(&url)).await {
+    let error = match harness.connect(H::Config::for_url(&url)).await {
         Err(error) => error,
         Ok(store) => panic!("connected to a database that does not exist: {store:?}"),
     };
@@ -1244,7 +1251,7 @@ fn config_error<S: fmt::Debug>(result: Result<S>) -> Error {
 
 /// A bad table name or URL fails before connecting, naming its key.
 pub async fn a_bad_configuration_fails_before_connecting<H: LiveHarness>(harness: &H) {
-    let bad_table = harness.with_table(harness.fresh_config(), "Bad Name");
+    let bad_table = harness.fresh_config().with_table("Bad Name");
     let error = config_error(harness.connect(bad_table).await);
     assert_eq!(error.kind(), ErrorKind::Config);
     assert!(error.message().starts_with("store.table"), "{error}");
@@ -1252,13 +1259,13 @@ pub async fn a_bad_configuration_fails_before_connecting<H: LiveHarness>(harness
         .expect("the test URL parses")
         .scheme()
         .to_owned();
-    let bad_port = harness.config(&format!("{scheme}://db:notaport/x"));
+    let bad_port = H::Config::for_url(&format!("{scheme}://db:notaport/x"));
     let error = config_error(harness.connect(bad_port).await);
     assert_eq!(error.kind(), ErrorKind::Config);
     assert!(error.message().starts_with("store.url"), "{error}");
     if H::TABLE_NEEDS_DATABASE {
         let url = test_url_with(harness, |url| url.set_path(""));
-        let error = config_error(harness.connect(harness.config(&url)).await);
+        let error = config_error(harness.connect(H::Config::for_url(&url)).await);
         assert_eq!(error.kind(), ErrorKind::Config);
         assert!(
             error.message().starts_with("store.table") && error.message().contains("database"),
@@ -1274,7 +1281,7 @@ pub async fn describe_and_debug_hide_the_password<H: LiveHarness>(harness: &H) {
         url.set_password(Some("wrong-password-never-shown"))
             .unwrap()
     });
-    let config = harness.with_table(harness.config(&url), "app_x.outbox");
+    let config = H::Config::for_url(&url).with_table("app_x.outbox");
     let text = format!("{config:?}");
     assert!(!text.contains("wrong-password"), "{text}");
     match harness.connect(config).await {
@@ -1295,7 +1302,7 @@ pub async fn describe_and_debug_hide_the_password<H: LiveHarness>(harness: &H) {
             );
         }
     }
-    let config = harness.with_table(harness.config(&harness.test_url()), "app_x.outbox");
+    let config = H::Config::for_url(&harness.test_url()).with_table("app_x.outbox");
     let store = connected(harness, config).await;
     assert!(
         store.describe().contains("table app_x.outbox"),
