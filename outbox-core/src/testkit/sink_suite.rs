@@ -18,7 +18,6 @@
 //! repeated runs never see each other's messages.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,6 +26,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{Headers, OutboxEvent, Outcome};
+use crate::plugin::SinkConfig;
 use crate::sink::{whole_call_failure, Sink};
 
 /// How long a case waits for published messages to be readable.
@@ -75,6 +75,92 @@ pub trait SinkHarness: Send + Sync {
     /// sent to a destination nobody listens on is lost (create and bind the queue, create the
     /// topic...). Default: nothing.
     async fn prepare_destination(&self, _destination: &str) {}
+}
+
+/// The consumer half of a [`SinkHarness`]: [`SinkHarness::read_back`] and
+/// [`SinkHarness::prepare_destination`] for one broker, whatever sink publishes to it. The
+/// workspace's test harness (`outboxkit-harness`, feature `sink-suite`) has one per shipped
+/// broker; [`ConfigHarness`] pairs one with the sink under test.
+#[async_trait]
+pub trait SuiteConsumer: Send + Sync {
+    /// As [`SinkHarness::read_back`], for destination `to`.
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage>;
+
+    /// As [`SinkHarness::prepare_destination`]. Default: nothing.
+    async fn prepare_destination(&self, _to: &str) {}
+}
+
+/// A [`SinkHarness`] made of a sink's configuration and a [`SuiteConsumer`]: `config` reaches
+/// the test broker (each case's template replaces its destination), `unreachable` reaches
+/// nothing, `build` makes a sink from either without network I/O (`connect_lazy`, `new`...).
+/// [`SinkHarness::sink`] builds and then checks the sink (as the relay does), failing the test
+/// when the broker does not answer.
+pub struct ConfigHarness<C: SinkConfig, R> {
+    config: C,
+    unreachable: C,
+    build: fn(C) -> Result<C::Sink>,
+    consumer: R,
+}
+
+impl<C: SinkConfig, R> ConfigHarness<C, R> {
+    /// The harness of the sink `build` makes from `config` and `unreachable`, read back by
+    /// `consumer`.
+    pub fn new(config: C, unreachable: C, build: fn(C) -> Result<C::Sink>, consumer: R) -> Self {
+        Self {
+            config,
+            unreachable,
+            build,
+            consumer,
+        }
+    }
+}
+
+impl<C: SinkConfig, R> std::fmt::Debug for ConfigHarness<C, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigHarness")
+            .field("config", &self.config)
+            .field("unreachable", &self.unreachable)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<C, R> SinkHarness for ConfigHarness<C, R>
+where
+    C: SinkConfig + Clone + Sync,
+    R: SuiteConsumer,
+{
+    async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
+        let mut config = self.config.clone();
+        *config.destination_mut() = destination_template.to_owned();
+        let sink = (self.build)(config)
+            .unwrap_or_else(|e| panic!("{} sink: building it failed: {e}", C::KIND));
+        if let Err(e) = sink.check().await {
+            panic!("{} sink: the test broker does not answer: {e}", C::KIND);
+        }
+        Box::new(sink)
+    }
+
+    async fn unreachable_sink(&self) -> Box<dyn Sink> {
+        let sink = (self.build)(self.unreachable.clone())
+            .unwrap_or_else(|e| panic!("{} sink: building it failed: {e}", C::KIND));
+        Box::new(sink)
+    }
+
+    async fn read_back(
+        &self,
+        destination: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<ReceivedMessage> {
+        self.consumer
+            .read_back(destination, expected, timeout)
+            .await
+    }
+
+    async fn prepare_destination(&self, destination: &str) {
+        self.consumer.prepare_destination(destination).await;
+    }
 }
 
 /// A fresh prefix for a case's destinations: `suite` and 12 hex digits, valid in stream,
@@ -176,6 +262,21 @@ pub async fn publish_all(sink: &dyn Sink, batch: &[OutboxEvent]) {
         "{} sink: not every event was published: {}",
         sink.kind(),
         failed.join("; ")
+    );
+}
+
+/// The outcomes of a call, one after the other, for assertion messages.
+pub fn describe_outcomes(outcomes: &[Outcome]) -> String {
+    let texts: Vec<String> = outcomes.iter().map(|o| format!("{o:?}")).collect();
+    texts.join("; ")
+}
+
+/// Assert that every outcome is `Published`, listing them all when one is not.
+pub fn assert_all_published(outcomes: &[Outcome]) {
+    assert!(
+        outcomes.iter().all(Outcome::is_published),
+        "{}",
+        describe_outcomes(outcomes)
     );
 }
 
@@ -453,13 +554,7 @@ pub async fn unreachable_publish_is_a_retryable_error(harness: &dyn SinkHarness)
         ),
         Ok(result) => result,
     };
-    let describe = |outcomes: &[Outcome]| {
-        let mut text = String::new();
-        for outcome in outcomes {
-            let _ = write!(text, "{outcome:?}; ");
-        }
-        text
-    };
+    let describe = describe_outcomes;
     if let Ok(outcomes) = &result {
         assert_eq!(
             outcomes.len(),
