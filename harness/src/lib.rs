@@ -15,7 +15,9 @@
 //! Each side is behind a cargo feature that brings in its client crate and nothing else
 //! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`; all on by default). The
 //! crate's binary `outbox-demo` is the Quickstart demo (`scripts/demo.sh`), built with only the
-//! features of the pair it runs.
+//! features of the pair it runs. Feature `sink-suite` makes each broker side the consumer half
+//! of `outboxkit-core`'s sink conformance suite (`SuiteConsumer`); the sink crates' own tests
+//! use the sides that way, and for their broker's raw messages (`StreamEntry`, `KafkaRecord`...).
 //!
 //! Services are real. A test fails — never skips — when one is unreachable. Every test names its
 //! own tables, streams, topics and queues ([`unique`]).
@@ -34,7 +36,7 @@ pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaSide};
 #[cfg(feature = "rabbitmq")]
 pub use broker::rabbitmq::{rabbitmq_url, RabbitMqApp, RabbitMqSide};
 #[cfg(feature = "redis-streams")]
-pub use broker::redis::{redis_url, RedisSide};
+pub use broker::redis::{redis_url, RedisSide, StreamEntry};
 #[cfg(feature = "sqs")]
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};

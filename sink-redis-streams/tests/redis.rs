@@ -1,20 +1,21 @@
 //! The Redis Streams sink against the real Redis (`OUTBOX_TEST_REDIS_URL`, default
 //! `redis://127.0.0.1:6379`). Every test uses its own randomly named keys.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+};
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_harness::{redis_url, unique, RedisSide};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 
 fn config(stream: &str) -> RedisStreamsConfig {
     RedisStreamsConfig {
         stream: stream.to_owned(),
-        ..RedisStreamsConfig::new(common::redis_url())
+        ..RedisStreamsConfig::new(redis_url())
     }
 }
 
@@ -24,20 +25,12 @@ async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
         .unwrap_or_else(|e| panic!("connecting to the test Redis: {e}"))
 }
 
-fn describe(outcomes: &[Outcome]) -> String {
-    outcomes
-        .iter()
-        .map(|o| format!("{o:?}"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 #[tokio::test]
 async fn entries_carry_exactly_the_specified_fields() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("redis");
     let stream = format!("{prefix}_order");
     let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
-    let mut admin = common::admin_connection().await;
+    let redis = RedisSide::open(&prefix).await;
 
     let mut with_headers = sample_event(1, "order", "42", "OrderConfirmed");
     with_headers.payload =
@@ -56,14 +49,10 @@ async fn entries_carry_exactly_the_specified_fields() {
     let batch = vec![with_headers, without_headers, third];
 
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
 
-    let entries = common::xrange(&mut admin, &stream).await;
-    common::expire_soon(&mut admin, &stream).await;
+    let entries = redis.entries(&stream).await;
+    redis.expire(&stream, 600).await;
     assert_eq!(entries.len(), 3);
     for (entry, event) in entries.iter().zip(&batch) {
         let names: Vec<&str> = entry.fields.iter().map(|(n, _)| n.as_str()).collect();
@@ -101,26 +90,22 @@ async fn entries_carry_exactly_the_specified_fields() {
 
 #[tokio::test]
 async fn maxlen_trims_the_stream() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("redis");
     let stream = format!("{prefix}_order");
     let sink = connect(RedisStreamsConfig {
         maxlen: Some(100),
         ..config(&format!("{prefix}_{{aggregate_type}}"))
     })
     .await;
-    let mut admin = common::admin_connection().await;
+    let redis = RedisSide::open(&prefix).await;
     let batch = sample_batch(1, 5000, "order", 50);
     for chunk in batch.chunks(sink.capabilities().max_batch_len) {
         let outcomes = sink.publish(chunk).await.expect("publish");
         assert_eq!(outcomes.len(), chunk.len());
-        assert!(
-            outcomes.iter().all(Outcome::is_published),
-            "{}",
-            describe(&outcomes)
-        );
+        assert_all_published(&outcomes);
     }
-    let len = common::xlen(&mut admin, &stream).await;
-    common::expire_soon(&mut admin, &stream).await;
+    let len = redis.stream_len(&stream).await;
+    redis.expire(&stream, 600).await;
     // `MAXLEN ~` trims whole radix-tree nodes (100 entries each by default): about 100 left.
     assert!(
         (100..500).contains(&len),
@@ -130,16 +115,16 @@ async fn maxlen_trims_the_stream() {
 
 #[tokio::test]
 async fn wrongtype_rejects_only_the_events_for_that_key() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("redis");
     let good = format!("{prefix}_good");
     let bad = format!("{prefix}_bad");
-    let mut admin = common::admin_connection().await;
+    let redis = RedisSide::open(&prefix).await;
     let _: () = redis::cmd("SET")
         .arg(&bad)
         .arg("not a stream")
         .arg("EX")
         .arg(600)
-        .query_async(&mut admin)
+        .query_async(&mut redis.connection())
         .await
         .expect("SET");
     let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
@@ -170,8 +155,8 @@ async fn wrongtype_rejects_only_the_events_for_that_key() {
             assert!(outcome.is_published(), "event for the stream: {outcome:?}");
         }
     }
-    let entries = common::xrange(&mut admin, &good).await;
-    common::expire_soon(&mut admin, &good).await;
+    let entries = redis.entries(&good).await;
+    redis.expire(&good, 600).await;
     let expected: Vec<String> = batch
         .iter()
         .filter(|e| e.aggregate_type == "good")
@@ -181,7 +166,7 @@ async fn wrongtype_rejects_only_the_events_for_that_key() {
     assert_eq!(got, expected);
     let kind: String = redis::cmd("TYPE")
         .arg(&bad)
-        .query_async(&mut admin)
+        .query_async(&mut redis.connection())
         .await
         .expect("TYPE");
     assert_eq!(kind, "string");
@@ -256,10 +241,10 @@ async fn silent_server_times_out() {
 
 #[tokio::test]
 async fn reconnects_after_its_connection_is_killed() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("redis");
     let stream = format!("{prefix}_order");
     let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
-    let mut admin = common::admin_connection().await;
+    let redis = RedisSide::open(&prefix).await;
     let batch = sample_batch(1, 30, "order", 3);
     let outcomes = sink.publish(&batch[..10]).await.expect("first publish");
     assert!(outcomes.iter().all(Outcome::is_published));
@@ -269,7 +254,7 @@ async fn reconnects_after_its_connection_is_killed() {
         .arg("KILL")
         .arg("ID")
         .arg(id)
-        .query_async(&mut admin)
+        .query_async(&mut redis.connection())
         .await
         .expect("CLIENT KILL ID");
     assert_eq!(killed, 1, "the sink's connection {id} was killed");
@@ -279,11 +264,7 @@ async fn reconnects_after_its_connection_is_killed() {
     let mut published = 10;
     match sink.publish(&batch[10..20]).await {
         Ok(outcomes) => {
-            assert!(
-                outcomes.iter().all(Outcome::is_published),
-                "{}",
-                describe(&outcomes)
-            );
+            assert_all_published(&outcomes);
             published = 20;
         }
         Err(e) => {
@@ -295,16 +276,12 @@ async fn reconnects_after_its_connection_is_killed() {
         .publish(&batch[published..])
         .await
         .expect("the call after a dropped connection goes through a new one");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     let new_id = sink.client_id().await.expect("CLIENT ID");
     assert_ne!(new_id, id);
 
-    let entries = common::xrange(&mut admin, &stream).await;
-    common::expire_soon(&mut admin, &stream).await;
+    let entries = redis.entries(&stream).await;
+    redis.expire(&stream, 600).await;
     let got: Vec<String> = entries.iter().map(|e| e.text("event_id")).collect();
     let expected: Vec<String> = batch[..10]
         .iter()
@@ -318,9 +295,9 @@ async fn reconnects_after_its_connection_is_killed() {
 /// `NOPERM` on `XADD` fails the whole publish as the engine decides it (nothing parked).
 #[tokio::test]
 async fn refused_credentials_fail_the_call_not_the_events() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("redis");
     let user = format!("{prefix}_user");
-    let mut admin = common::admin_connection().await;
+    let redis = RedisSide::open(&prefix).await;
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg(&user)
@@ -330,11 +307,11 @@ async fn refused_credentials_fail_the_call_not_the_events() {
         .arg("-@all")
         .arg("+ping")
         .arg("+client|id")
-        .query_async(&mut admin)
+        .query_async(&mut redis.connection())
         .await
         .expect("ACL SETUSER");
     let url_with = |password: &str| {
-        let mut url = url::Url::parse(&common::redis_url()).unwrap();
+        let mut url = url::Url::parse(&redis_url()).unwrap();
         url.set_username(&user).unwrap();
         url.set_password(Some(password)).unwrap();
         url.to_string()
@@ -355,7 +332,7 @@ async fn refused_credentials_fail_the_call_not_the_events() {
     let _: i64 = redis::cmd("ACL")
         .arg("DELUSER")
         .arg(&user)
-        .query_async(&mut admin)
+        .query_async(&mut redis.connection())
         .await
         .expect("ACL DELUSER");
 
@@ -378,7 +355,7 @@ async fn refused_credentials_fail_the_call_not_the_events() {
         assert!(
             !outcomes.iter().any(Outcome::is_published),
             "{}",
-            describe(outcomes)
+            describe_outcomes(outcomes)
         );
     }
     let error = whole_call_error(&published)

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
+use redis::Value;
 use uuid::Uuid;
 
 use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
+#[cfg(feature = "sink-suite")]
+use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
 /// Redis for tests: `OUTBOX_TEST_REDIS_URL`, default the machine's local server.
 pub fn redis_url() -> String {
@@ -81,14 +84,40 @@ impl RedisSide {
             .expect("DEL");
     }
 
-    /// Every entry of `stream` (XRANGE, 5,000 at a time): `headers` = the entry's fields but
-    /// the payload, `meta["entry_id"]` = the entry id.
+    /// Every entry of `stream` (see [`Self::entries`]): `headers` = the entry's UTF-8 fields
+    /// but the payload, `meta["entry_id"]` = the entry id.
     pub async fn read_stream(&self, stream: &str) -> Vec<Delivered> {
+        let entries = self.entries(stream).await;
+        let to_delivered = |entry: StreamEntry| {
+            let mut headers: HashMap<String, String> = entry
+                .fields
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, String::from_utf8(v).ok()?)))
+                .collect();
+            let payload = headers.remove("payload").unwrap_or_default();
+            Delivered {
+                event_id: headers
+                    .get("event_id")
+                    .and_then(|s| Uuid::parse_str(s).ok())
+                    .unwrap_or_default(),
+                aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
+                destination: stream.to_owned(),
+                payload,
+                headers,
+                meta: HashMap::from([("entry_id".to_owned(), entry.id)]),
+            }
+        };
+        entries.into_iter().map(to_delivered).collect()
+    }
+
+    /// Every entry of `stream` in stream order (XRANGE, 5,000 at a time), each with its fields
+    /// in entry order and their raw bytes. Fails the test when XRANGE fails.
+    pub async fn entries(&self, stream: &str) -> Vec<StreamEntry> {
         let mut connection = self.connection();
-        let mut out = Vec::new();
+        let mut out: Vec<StreamEntry> = Vec::new();
         let mut cursor = "-".to_owned();
         loop {
-            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            let reply: Value = redis::cmd("XRANGE")
                 .arg(stream)
                 .arg(&cursor)
                 .arg("+")
@@ -96,37 +125,107 @@ impl RedisSide {
                 .arg(5000)
                 .query_async(&mut connection)
                 .await
-                .expect("XRANGE");
-            for entry in &reply.ids {
-                let mut headers: HashMap<String, String> = entry
-                    .map
-                    .iter()
-                    .filter_map(|(k, v)| {
-                        redis::from_redis_value_ref::<String>(v)
-                            .ok()
-                            .map(|s| (k.clone(), s))
-                    })
-                    .collect();
-                let payload = headers.remove("payload").unwrap_or_default();
-                out.push(Delivered {
-                    event_id: headers
-                        .get("event_id")
-                        .and_then(|s| Uuid::parse_str(s).ok())
-                        .unwrap_or_default(),
-                    aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
-                    destination: stream.to_owned(),
-                    payload,
-                    headers,
-                    meta: HashMap::from([("entry_id".to_owned(), entry.id.clone())]),
-                });
-            }
-            match reply.ids.last() {
-                Some(last) if reply.ids.len() == 5000 => cursor = format!("({}", last.id),
+                .unwrap_or_else(|e| panic!("XRANGE {stream}: {e}"));
+            let Value::Array(entries) = reply else {
+                panic!("XRANGE {stream}: unexpected reply {reply:?}");
+            };
+            let full = entries.len() == 5000;
+            out.extend(
+                entries
+                    .into_iter()
+                    .map(|e| StreamEntry::from_reply(stream, e)),
+            );
+            match out.last() {
+                Some(last) if full => cursor = format!("({}", last.id),
                 _ => break,
             }
         }
         out
     }
+
+    /// [`Self::entries`] once `stream` has at least `expected` of them, or when `timeout`
+    /// passed (then what it has).
+    pub async fn entries_when(
+        &self,
+        stream: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<StreamEntry> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let entries = self.entries(stream).await;
+            if entries.len() >= expected || std::time::Instant::now() >= deadline {
+                return entries;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// EXPIRE `key` in `seconds`: a test's keys go away a while after it, so the shared
+    /// server does not fill up.
+    pub async fn expire(&self, key: &str, seconds: u64) {
+        let _: i64 = redis::cmd("EXPIRE")
+            .arg(key)
+            .arg(seconds)
+            .query_async(&mut self.connection())
+            .await
+            .unwrap_or_else(|e| panic!("EXPIRE {key}: {e}"));
+    }
+}
+
+/// One stream entry as XRANGE gives it: the id and the fields in entry order, raw bytes.
+#[derive(Debug, Clone)]
+pub struct StreamEntry {
+    pub id: String,
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+impl StreamEntry {
+    /// The field `name`'s bytes.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The field `name` as text; fails the test when it is missing or not UTF-8.
+    pub fn text(&self, name: &str) -> String {
+        let bytes = self
+            .field(name)
+            .unwrap_or_else(|| panic!("entry {} has no field `{name}`", self.id));
+        String::from_utf8(bytes.to_vec())
+            .unwrap_or_else(|e| panic!("field `{name}` is not UTF-8: {e}"))
+    }
+
+    fn from_reply(stream: &str, entry: Value) -> Self {
+        let Value::Array(mut parts) = entry else {
+            panic!("XRANGE {stream}: entry is not an array: {entry:?}");
+        };
+        assert_eq!(parts.len(), 2, "XRANGE {stream}: entry is [id, fields]");
+        let Some(Value::Array(flat)) = parts.pop() else {
+            panic!("XRANGE {stream}: the fields are not an array");
+        };
+        let id = text_of(parts.pop().expect("an entry id"));
+        let mut flat = flat.into_iter();
+        let mut fields = Vec::new();
+        while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+            fields.push((text_of(name), bytes_of(value)));
+        }
+        Self { id, fields }
+    }
+}
+
+fn bytes_of(value: Value) -> Vec<u8> {
+    match value {
+        Value::BulkString(bytes) => bytes,
+        Value::SimpleString(text) => text.into_bytes(),
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+fn text_of(value: Value) -> String {
+    String::from_utf8(bytes_of(value)).expect("UTF-8")
 }
 
 #[async_trait]
@@ -172,5 +271,28 @@ impl BrokerSide for RedisSide {
             .map(|t| self.destination(t))
             .collect();
         self.delete(&streams).await;
+    }
+}
+
+/// The sink conformance suite's consumer: XRANGE of the stream, waiting for `expected` entries;
+/// the fields the Redis Streams sink writes (`headers` is a JSON object). Streams that got
+/// entries expire ten minutes later.
+#[cfg(feature = "sink-suite")]
+#[async_trait]
+impl outboxkit_core::testkit::sink_suite::SuiteConsumer for RedisSide {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let entries = self.entries_when(to, expected, wait).await;
+        if !entries.is_empty() {
+            self.expire(to, 600).await;
+        }
+        let received = |entry: &StreamEntry| ReceivedMessage {
+            event_id: Uuid::parse_str(&entry.text("event_id")).expect("event_id is a UUID"),
+            aggregate_id: entry.text("aggregate_id"),
+            event_type: entry.text("event_type"),
+            payload: entry.field("payload").expect("payload field").to_vec(),
+            headers: serde_json::from_str(&entry.text("headers"))
+                .expect("headers field is a JSON object of strings"),
+        };
+        entries.iter().map(received).collect()
     }
 }
