@@ -34,7 +34,9 @@ pub use aws_sdk_sqs::types::QueueAttributeName;
 #[cfg(feature = "kafka")]
 pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaSide};
 #[cfg(feature = "rabbitmq")]
-pub use broker::rabbitmq::{rabbitmq_url, RabbitMqApp, RabbitMqSide};
+pub use broker::rabbitmq::{
+    amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, RabbitMqApp, RabbitMqSide,
+};
 #[cfg(feature = "redis-streams")]
 pub use broker::redis::{redis_url, RedisSide, StreamEntry};
 #[cfg(feature = "sqs")]

@@ -1,22 +1,44 @@
 //! The RabbitMQ sink against the real RabbitMQ (`OUTBOX_TEST_RABBITMQ_URL`, default
 //! `amqp://guest:guest@127.0.0.1:5672/%2f`). Every test uses its own routing keys and queues.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use lapin::options::ExchangeDeleteOptions;
 use lapin::types::AMQPValue;
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, describe_outcomes, sample_batch, sample_event,
+};
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_harness::{
+    amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, unique, RabbitMqSide,
+};
 use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, UnroutablePolicy};
+
+/// The durable topic exchange the tests publish to (each test uses its own routing keys).
+const TEST_EXCHANGE: &str = "outbox.tests";
 
 fn config(routing_key: &str) -> RabbitMqConfig {
     RabbitMqConfig {
         routing_key: routing_key.to_owned(),
-        ..RabbitMqConfig::new(common::rabbitmq_url(), common::TEST_EXCHANGE)
+        ..RabbitMqConfig::new(rabbitmq_url(), TEST_EXCHANGE)
     }
+}
+
+/// A test's own prefix, and the test exchange (declared) with queue `<prefix>.order` bound to
+/// it for the routing key of that name — where `config("<prefix>.{aggregate_type}")` sends
+/// orders; `arguments` add queue arguments.
+async fn order_queue(arguments: &[(&str, AMQPValue)]) -> (String, RabbitMqSide, String) {
+    let prefix = unique("rabbitmq");
+    let broker = RabbitMqSide::open(TEST_EXCHANGE).await;
+    broker.declare_exchange().await;
+    let queue = format!("{prefix}.order");
+    broker.bind_queue(&queue, &queue, arguments).await;
+    (prefix, broker, queue)
+}
+
+/// `rabbitmqctl` on the local broker; fails the test when it fails.
+fn ctl(args: &[&str]) -> String {
+    rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn connect(config: RabbitMqConfig) -> RabbitMqSink {
@@ -25,16 +47,8 @@ async fn connect(config: RabbitMqConfig) -> RabbitMqSink {
         .unwrap_or_else(|e| panic!("connecting to the test RabbitMQ: {e}"))
 }
 
-fn describe(outcomes: &[Outcome]) -> String {
-    outcomes
-        .iter()
-        .map(|o| format!("{o:?}"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 fn url_with_password(password: &str, vhost: &str) -> String {
-    let mut url = url::Url::parse(&common::rabbitmq_url()).expect("a URL");
+    let mut url = url::Url::parse(&rabbitmq_url()).expect("a URL");
     url.set_password(Some(password)).expect("a URL with a host");
     url.set_path(vhost);
     url.to_string()
@@ -42,12 +56,11 @@ fn url_with_password(password: &str, vhost: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_carry_the_specified_properties_and_headers() {
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
+    let prefix = unique("rabbitmq");
+    let broker = RabbitMqSide::open(TEST_EXCHANGE).await;
+    broker.declare_exchange().await;
     let queue = format!("{prefix}.all");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &format!("{prefix}.#"), &[])
-        .await;
+    broker.bind_queue(&queue, &format!("{prefix}.#"), &[]).await;
     let sink = connect(config(&format!(
         "{prefix}.{{aggregate_type}}.{{event_type}}"
     )))
@@ -75,13 +88,9 @@ async fn messages_carry_the_specified_properties_and_headers() {
     let batch = vec![first, second, third];
 
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
-    let deliveries = admin.drain(&queue, 3, Duration::from_secs(10)).await;
-    admin.delete_queue(&queue).await;
+    assert_all_published(&outcomes);
+    let deliveries = broker.drain(&queue, 3, Duration::from_secs(10)).await;
+    broker.delete_queue(&queue).await;
     assert_eq!(deliveries.len(), 3);
     let expected_keys = [
         format!("{prefix}.order.OrderConfirmed"),
@@ -90,7 +99,7 @@ async fn messages_carry_the_specified_properties_and_headers() {
     ];
     for ((delivery, event), key) in deliveries.iter().zip(&batch).zip(&expected_keys) {
         let p = &delivery.properties;
-        assert_eq!(delivery.exchange.as_str(), common::TEST_EXCHANGE);
+        assert_eq!(delivery.exchange.as_str(), TEST_EXCHANGE);
         assert_eq!(delivery.routing_key.as_str(), key);
         assert_eq!(delivery.data, event.payload.as_bytes(), "payload bytes");
         assert_eq!(
@@ -111,7 +120,7 @@ async fn messages_carry_the_specified_properties_and_headers() {
             Some(event.created_at.timestamp() as u64),
             "timestamp in seconds"
         );
-        let headers = common::headers(delivery);
+        let headers = amqp_headers(delivery);
         assert_eq!(headers["event_id"], event.event_id.to_string());
         assert_eq!(headers["aggregate_type"], event.aggregate_type);
         assert_eq!(headers["aggregate_id"], event.aggregate_id);
@@ -122,11 +131,11 @@ async fn messages_carry_the_specified_properties_and_headers() {
             }
         }
     }
-    let headers = common::headers(&deliveries[0]);
+    let headers = amqp_headers(&deliveries[0]);
     assert_eq!(headers["created_at"], "2024-05-01T12:00:00.123456Z");
     assert_eq!(headers["tenant"], "acme \"eu\"");
     assert_eq!(headers["aggregate_id"], "42");
-    let names: Vec<String> = common::headers(&deliveries[1]).into_keys().collect();
+    let names: Vec<String> = amqp_headers(&deliveries[1]).into_keys().collect();
     assert_eq!(
         names,
         [
@@ -141,12 +150,7 @@ async fn messages_carry_the_specified_properties_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_messages_never_count_as_published() {
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let bound = format!("{prefix}.order");
-    admin
-        .bind_queue(&bound, common::TEST_EXCHANGE, &bound, &[])
-        .await;
+    let (prefix, broker, bound) = order_queue(&[]).await;
     let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
 
     // Orders are routed; invoices (no queue bound) are not — interleaved in one batch, so
@@ -175,7 +179,7 @@ async fn unroutable_messages_never_count_as_published() {
         }
     }
     let routed = batch.iter().filter(|e| e.aggregate_type == "order").count();
-    let deliveries = admin.drain(&bound, routed, Duration::from_secs(10)).await;
+    let deliveries = broker.drain(&bound, routed, Duration::from_secs(10)).await;
     assert_eq!(deliveries.len(), routed);
 
     // unroutable = "reject": parked at once.
@@ -189,11 +193,15 @@ async fn unroutable_messages_never_count_as_published() {
         sample_event(101, "invoice", "y", "Changed"),
     ];
     let outcomes = rejecting.publish(&batch).await.expect("publish");
-    assert!(outcomes[0].is_published(), "{}", describe(&outcomes));
+    assert!(
+        outcomes[0].is_published(),
+        "{}",
+        describe_outcomes(&outcomes)
+    );
     assert!(
         matches!(&outcomes[1], Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable),
         "{}",
-        describe(&outcomes)
+        describe_outcomes(&outcomes)
     );
 
     // mandatory = false: RabbitMQ drops unroutable messages silently and acks them (documented).
@@ -203,39 +211,26 @@ async fn unroutable_messages_never_count_as_published() {
     })
     .await;
     let outcomes = lax.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     assert_eq!(
-        admin.drain(&bound, 2, Duration::from_secs(10)).await.len(),
+        broker.drain(&bound, 2, Duration::from_secs(10)).await.len(),
         2
     );
-    admin.delete_queue(&bound).await;
+    broker.delete_queue(&bound).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacked_messages_are_retried() {
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(
-            &queue,
-            common::TEST_EXCHANGE,
-            &queue,
-            &[
-                ("x-max-length", AMQPValue::LongInt(2)),
-                ("x-overflow", AMQPValue::LongString("reject-publish".into())),
-            ],
-        )
-        .await;
+    let (prefix, broker, queue) = order_queue(&[
+        ("x-max-length", AMQPValue::LongInt(2)),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ])
+    .await;
     let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
     let batch = sample_batch(1, 5, "order", 5);
     let outcomes = sink.publish(&batch).await.expect("publish");
     let published = outcomes.iter().filter(|o| o.is_published()).count();
-    assert_eq!(published, 2, "{}", describe(&outcomes));
+    assert_eq!(published, 2, "{}", describe_outcomes(&outcomes));
     for outcome in &outcomes[2..] {
         match outcome {
             Outcome::Retry(e) => {
@@ -245,19 +240,14 @@ async fn nacked_messages_are_retried() {
             other => panic!("{other:?}"),
         }
     }
-    let deliveries = admin.drain(&queue, 2, Duration::from_secs(10)).await;
+    let deliveries = broker.drain(&queue, 2, Duration::from_secs(10)).await;
     assert_eq!(deliveries.len(), 2);
-    admin.delete_queue(&queue).await;
+    broker.delete_queue(&queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_that_cannot_be_amqp_messages_are_rejected_alone() {
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
-        .await;
+    let (prefix, broker, queue) = order_queue(&[]).await;
     let sink = connect(RabbitMqConfig {
         max_message_bytes: 1000,
         ..config(&format!("{prefix}.{{aggregate_type}}"))
@@ -280,10 +270,10 @@ async fn events_that_cannot_be_amqp_messages_are_rejected_alone() {
         }
     }
     assert_eq!(
-        admin.drain(&queue, 2, Duration::from_secs(10)).await.len(),
+        broker.drain(&queue, 2, Duration::from_secs(10)).await.len(),
         2
     );
-    admin.delete_queue(&queue).await;
+    broker.delete_queue(&queue).await;
 }
 
 /// Restores the broker's `max_message_size` when dropped, even if the test fails.
@@ -303,7 +293,7 @@ impl Drop for MaxMessageSize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
     // Lower the broker's max_message_size (new channels pick it up), restore it afterwards.
-    let current = common::rabbitmqctl(&["eval", "application:get_env(rabbit, max_message_size)."]);
+    let current = ctl(&["eval", "application:get_env(rabbit, max_message_size)."]);
     let current = current
         .trim()
         .strip_prefix("{ok,")
@@ -311,17 +301,12 @@ async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
         .unwrap_or("134217728")
         .to_owned();
     let _restore = MaxMessageSize(current);
-    common::rabbitmqctl(&[
+    ctl(&[
         "eval",
         "application:set_env(rabbit, max_message_size, 65536).",
     ]);
 
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
-        .await;
+    let (prefix, broker, queue) = order_queue(&[]).await;
     // The sink allows more than the broker does: the broker closes the channel.
     let sink = connect(config(&format!("{prefix}.{{aggregate_type}}"))).await;
     let mut batch = sample_batch(1, 6, "order", 6);
@@ -341,7 +326,7 @@ async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
         }
     }
     // Each good event arrived (maybe twice: at least once), the refused one never.
-    let deliveries = admin.drain(&queue, 5, Duration::from_secs(10)).await;
+    let deliveries = broker.drain(&queue, 5, Duration::from_secs(10)).await;
     let ids: std::collections::HashSet<String> = deliveries
         .iter()
         .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
@@ -359,21 +344,17 @@ async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
         .publish(&next)
         .await
         .expect("publish after the refusal");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
-    admin.delete_queue(&queue).await;
+    assert_all_published(&outcomes);
+    broker.delete_queue(&queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_exchange_fails_the_call_and_is_named() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("rabbitmq");
     let exchange = format!("{prefix}.missing");
     let config = RabbitMqConfig {
         routing_key: format!("{prefix}.{{aggregate_type}}"),
-        ..RabbitMqConfig::new(common::rabbitmq_url(), &exchange)
+        ..RabbitMqConfig::new(rabbitmq_url(), &exchange)
     };
     let e = RabbitMqSink::connect(config.clone()).await.unwrap_err();
     let text = e.to_string();
@@ -391,60 +372,40 @@ async fn a_missing_exchange_fails_the_call_and_is_named() {
     assert!(e.to_string().contains(&exchange), "{e}");
 
     // ... and once the exchange exists, the same sink publishes (a new channel is opened).
-    let admin = common::Admin::connect().await;
-    admin
-        .channel
-        .exchange_declare(
-            exchange.as_str().into(),
-            lapin::ExchangeKind::Topic,
-            Default::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let broker = RabbitMqSide::open(&exchange).await;
+    broker.declare_exchange().await;
     let queue = format!("{prefix}.order");
-    admin.bind_queue(&queue, &exchange, &queue, &[]).await;
+    broker.bind_queue(&queue, &queue, &[]).await;
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     assert_eq!(
-        admin.drain(&queue, 4, Duration::from_secs(10)).await.len(),
+        broker.drain(&queue, 4, Duration::from_secs(10)).await.len(),
         4
     );
-    admin.delete_queue(&queue).await;
-    let _ = admin
-        .channel
-        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
+    broker.delete_queue(&queue).await;
+    broker.delete_exchange().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declares_the_exchange_when_asked_and_names_a_conflict() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("rabbitmq");
     let exchange = format!("{prefix}.declared");
     let declaring = RabbitMqConfig {
         routing_key: format!("{prefix}.{{aggregate_type}}"),
         declare_exchange: true,
         exchange_type: "direct".to_owned(),
         exchange_durable: false,
-        ..RabbitMqConfig::new(common::rabbitmq_url(), &exchange)
+        ..RabbitMqConfig::new(rabbitmq_url(), &exchange)
     };
     let sink = connect(declaring.clone()).await;
-    let admin = common::Admin::connect().await;
+    let broker = RabbitMqSide::open(&exchange).await;
     let queue = format!("{prefix}.order");
-    admin.bind_queue(&queue, &exchange, &queue, &[]).await;
+    broker.bind_queue(&queue, &queue, &[]).await;
     let batch = sample_batch(1, 3, "order", 3);
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     assert_eq!(
-        admin.drain(&queue, 3, Duration::from_secs(10)).await.len(),
+        broker.drain(&queue, 3, Duration::from_secs(10)).await.len(),
         3
     );
 
@@ -459,11 +420,8 @@ async fn declares_the_exchange_when_asked_and_names_a_conflict() {
     assert!(text.contains(&format!("exchange `{exchange}`")), "{text}");
     assert!(text.contains("sink.rabbitmq.exchange_type"), "{text}");
     assert!(text.contains("406"), "{text}");
-    admin.delete_queue(&queue).await;
-    let _ = admin
-        .channel
-        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-        .await;
+    broker.delete_queue(&queue).await;
+    broker.delete_exchange().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,7 +446,7 @@ async fn refused_credentials_are_unauthorized_and_the_password_never_shows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_vhost_is_refused_and_named() {
-    let url = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let url = url::Url::parse(&rabbitmq_url()).unwrap();
     let password = url.password().unwrap_or("guest").to_owned();
     let config = RabbitMqConfig::new(url_with_password(&password, "/no-such-vhost"), "");
     let e = RabbitMqSink::connect(config).await.unwrap_err();
@@ -499,12 +457,7 @@ async fn an_unknown_vhost_is_refused_and_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_the_broker_closes_its_connection() {
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
-        .await;
+    let (prefix, broker, queue) = order_queue(&[]).await;
     let name = format!("{prefix}-relay");
     let sink = connect(RabbitMqConfig {
         connection_name: name.clone(),
@@ -516,14 +469,14 @@ async fn reconnects_after_the_broker_closes_its_connection() {
     assert!(outcomes.iter().all(Outcome::is_published));
 
     // An operator closes the relay's connection.
-    let listing = common::rabbitmqctl(&["list_connections", "pid", "client_properties", "-s"]);
+    let listing = ctl(&["list_connections", "pid", "client_properties", "-s"]);
     let pid = listing
         .lines()
         .find(|line| line.contains(&name))
         .and_then(|line| line.split_whitespace().next())
         .unwrap_or_else(|| panic!("connection {name} not listed:\n{listing}"))
         .to_owned();
-    common::rabbitmqctl(&["close_connection", &pid, "test closes the connection"]);
+    ctl(&["close_connection", &pid, "test closes the connection"]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while sink.is_connected().await {
         assert!(Instant::now() < deadline, "the sink never saw the close");
@@ -536,11 +489,7 @@ async fn reconnects_after_the_broker_closes_its_connection() {
     loop {
         match sink.publish(&second).await {
             Ok(outcomes) => {
-                assert!(
-                    outcomes.iter().all(Outcome::is_published),
-                    "{}",
-                    describe(&outcomes)
-                );
+                assert_all_published(&outcomes);
                 break;
             }
             Err(e) => {
@@ -552,7 +501,7 @@ async fn reconnects_after_the_broker_closes_its_connection() {
         }
     }
     assert!(sink.is_connected().await);
-    let deliveries = admin.drain(&queue, 20, Duration::from_secs(10)).await;
+    let deliveries = broker.drain(&queue, 20, Duration::from_secs(10)).await;
     let ids: std::collections::HashSet<String> = deliveries
         .iter()
         .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
@@ -564,7 +513,7 @@ async fn reconnects_after_the_broker_closes_its_connection() {
             event.id
         );
     }
-    admin.delete_queue(&queue).await;
+    broker.delete_queue(&queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,12 +539,7 @@ async fn freezable_proxy(frozen: std::sync::Arc<std::sync::atomic::AtomicBool>) 
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let broker = url::Url::parse(&common::rabbitmq_url()).unwrap();
-    let upstream = format!(
-        "{}:{}",
-        broker.host_str().unwrap_or("127.0.0.1"),
-        broker.port().unwrap_or(5672)
-    );
+    let upstream = rabbitmq_address();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -634,13 +578,8 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
 
     let frozen = std::sync::Arc::new(AtomicBool::new(false));
     let port = freezable_proxy(frozen.clone()).await;
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
-    let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
-        .await;
-    let mut url = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    let (prefix, broker, queue) = order_queue(&[]).await;
+    let mut url = url::Url::parse(&rabbitmq_url()).unwrap();
     url.set_port(Some(port)).unwrap();
     let sink = connect(RabbitMqConfig {
         confirm_timeout: Duration::from_secs(2),
@@ -679,12 +618,8 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
     // It answers again: the next call goes through a new connection.
     frozen.store(false, Ordering::Relaxed);
     let outcomes = sink.publish(&second).await.expect("publish after the hang");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
-    let deliveries = admin.drain(&queue, 10, Duration::from_secs(10)).await;
+    assert_all_published(&outcomes);
+    let deliveries = broker.drain(&queue, 10, Duration::from_secs(10)).await;
     let ids: std::collections::HashSet<String> = deliveries
         .iter()
         .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
@@ -696,5 +631,5 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
             event.id
         );
     }
-    admin.delete_queue(&queue).await;
+    broker.delete_queue(&queue).await;
 }

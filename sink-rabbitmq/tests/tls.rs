@@ -2,8 +2,6 @@
 //! an in-process TLS proxy in front of it, with a certificate signed by a CA made for the test
 //! (`openssl` on the machine).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -11,10 +9,14 @@ use std::time::Duration;
 
 use outboxkit_core::testkit::sink_suite::sample_batch;
 use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_harness::{rabbitmq_address, rabbitmq_url, scratch_dir, unique, RabbitMqSide};
 use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, TlsConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
+
+/// The durable topic exchange the tests publish to (each test uses its own routing keys).
+const TEST_EXCHANGE: &str = "outbox.tests";
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -32,8 +34,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it (`server.pem`,
 /// `server.key`), in a fresh directory.
 fn make_certificates() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("outbox-rabbitmq-tls-{}", common::unique_prefix()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir(&unique("rabbitmq-tls"));
     openssl(
         &dir,
         &[
@@ -111,12 +112,7 @@ async fn tls_proxy(dir: &Path) -> u16 {
         .with_single_cert(certs, key)
         .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let broker = url::Url::parse(&common::rabbitmq_url()).unwrap();
-    let upstream = format!(
-        "{}:{}",
-        broker.host_str().unwrap_or("127.0.0.1"),
-        broker.port().unwrap_or(5672)
-    );
+    let upstream = rabbitmq_address();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -139,13 +135,12 @@ async fn tls_proxy(dir: &Path) -> u16 {
 async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() {
     let dir = make_certificates();
     let port = tls_proxy(&dir).await;
-    let prefix = common::unique_prefix();
-    let admin = common::Admin::connect().await;
+    let prefix = unique("rabbitmq");
+    let broker = RabbitMqSide::open(TEST_EXCHANGE).await;
+    broker.declare_exchange().await;
     let queue = format!("{prefix}.order");
-    admin
-        .bind_queue(&queue, common::TEST_EXCHANGE, &queue, &[])
-        .await;
-    let plain = url::Url::parse(&common::rabbitmq_url()).unwrap();
+    broker.bind_queue(&queue, &queue, &[]).await;
+    let plain = url::Url::parse(&rabbitmq_url()).unwrap();
     let url = format!(
         "amqps://{}:{}@127.0.0.1:{port}{}",
         plain.username(),
@@ -155,7 +150,7 @@ async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() 
     let base = RabbitMqConfig {
         routing_key: format!("{prefix}.{{aggregate_type}}"),
         connect_timeout: Duration::from_secs(10),
-        ..RabbitMqConfig::new(&url, common::TEST_EXCHANGE)
+        ..RabbitMqConfig::new(&url, TEST_EXCHANGE)
     };
 
     // The CA given in tls.ca_file makes the server trusted.
@@ -172,7 +167,7 @@ async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() 
     let outcomes = sink.publish(&batch).await.expect("publish over TLS");
     assert!(outcomes.iter().all(Outcome::is_published), "{outcomes:?}");
     assert_eq!(
-        admin.drain(&queue, 5, Duration::from_secs(10)).await.len(),
+        broker.drain(&queue, 5, Duration::from_secs(10)).await.len(),
         5
     );
 
@@ -187,6 +182,6 @@ async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() 
         "{text}"
     );
     assert!(text.to_lowercase().contains("certificate"), "{text}");
-    admin.delete_queue(&queue).await;
+    broker.delete_queue(&queue).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,15 +2,16 @@
 //! queue per aggregate type and consumes it; and the machine's broker stopped and started
 //! again through `rabbitmqctl`, always started again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lapin::message::Delivery;
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use uuid::Uuid;
@@ -19,11 +20,22 @@ use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
 use crate::util::unique;
+#[cfg(feature = "sink-suite")]
+use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
 /// RabbitMQ for tests: `OUTBOX_TEST_RABBITMQ_URL`, default the machine's local broker.
 pub fn rabbitmq_url() -> String {
     std::env::var("OUTBOX_TEST_RABBITMQ_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// `host:port` of [`rabbitmq_url`], for a test's own proxy in front of the broker.
+pub fn rabbitmq_address() -> String {
+    let url = rabbitmq_url();
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .unwrap_or_else(|e| panic!("{url} is not an amqp:// URL: {e}"));
+    format!("{}:{}", uri.authority.host, uri.authority.port)
 }
 
 /// The RabbitMQ side: the relay declares and publishes to the durable topic exchange
@@ -78,6 +90,117 @@ impl RabbitMqSide {
         let (_connection, channel) = self.channel().await;
         consume_queue(&channel, queue).await
     }
+
+    /// Declare the exchange: durable, of type topic.
+    pub async fn declare_exchange(&self) {
+        let (_connection, channel) = self.channel().await;
+        let exchange = self.exchange.as_str();
+        channel
+            .exchange_declare(
+                exchange.into(),
+                lapin::ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("declaring exchange {exchange}: {e}"));
+    }
+
+    /// Declare the durable queue `queue` (expiring an hour after its last use; `arguments` add
+    /// queue arguments such as `x-max-length`) and bind it to the exchange for `routing_key`.
+    pub async fn bind_queue(
+        &self,
+        queue: &str,
+        routing_key: &str,
+        arguments: &[(&str, AMQPValue)],
+    ) {
+        let (_connection, channel) = self.channel().await;
+        let mut table = FieldTable::default();
+        table.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
+        for (name, value) in arguments {
+            table.insert((*name).into(), value.clone());
+        }
+        let options = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(queue.into(), options, table)
+            .await
+            .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
+        let exchange = self.exchange.as_str();
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("binding queue {queue} to {exchange} ({routing_key}): {e}"));
+    }
+
+    /// Take every message of `queue` (`basic.get`, no ack: they leave the queue), in queue
+    /// order, until `expected` arrived and the queue is empty, or `timeout` passed (then what
+    /// arrived). The raw deliveries: properties, routing key, body.
+    pub async fn drain(&self, queue: &str, expected: usize, timeout: Duration) -> Vec<Delivery> {
+        let (_connection, channel) = self.channel().await;
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            let got = channel
+                .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap_or_else(|e| panic!("basic.get from {queue}: {e}"));
+            match got {
+                Some(message) => out.push(message.delivery),
+                None if out.len() >= expected || Instant::now() >= deadline => return out,
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Delete the exchange (errors ignored).
+    pub async fn delete_exchange(&self) {
+        let (_connection, channel) = self.channel().await;
+        let _ = channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await;
+    }
+
+    /// Delete `queue` (errors ignored).
+    pub async fn delete_queue(&self, queue: &str) {
+        let (_connection, channel) = self.channel().await;
+        let _ = channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await;
+    }
+}
+
+/// The text headers of a delivery (AMQP long and short strings), by name.
+pub fn amqp_headers(delivery: &Delivery) -> BTreeMap<String, String> {
+    let Some(table) = delivery.properties.headers() else {
+        return BTreeMap::new();
+    };
+    table
+        .inner()
+        .iter()
+        .filter_map(|(name, value)| {
+            let text = match value {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                AMQPValue::ShortString(s) => s.as_str().to_owned(),
+                _ => return None,
+            };
+            Some((name.as_str().to_owned(), text))
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -98,48 +221,10 @@ impl BrokerSide for RabbitMqSide {
     /// Declare the exchange (as the relay does) and bind the queues, before anything is
     /// published.
     async fn prepare(&self) {
-        let (_connection, channel) = self.channel().await;
-        let exchange = self.exchange.as_str();
-        channel
-            .exchange_declare(
-                exchange.into(),
-                lapin::ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("declaring exchange {exchange}: {e}"));
+        self.declare_exchange().await;
         for t in AGGREGATE_TYPES {
-            let queue = self.destination(t);
-            let mut arguments = FieldTable::default();
-            arguments.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
-            channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    arguments,
-                )
-                .await
-                .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
-            let binding_key = format!("{t}.*");
-            channel
-                .queue_bind(
-                    queue.as_str().into(),
-                    exchange.into(),
-                    binding_key.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap_or_else(|e| {
-                    panic!("binding queue {queue} to {exchange} ({binding_key}): {e}")
-                });
+            self.bind_queue(&self.destination(t), &format!("{t}.*"), &[])
+                .await;
         }
     }
 
@@ -250,24 +335,7 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
     deliveries
         .into_iter()
         .map(|delivery| {
-            let headers: HashMap<String, String> = delivery
-                .properties
-                .headers()
-                .as_ref()
-                .map(|table| {
-                    table
-                        .inner()
-                        .iter()
-                        .filter_map(|(k, v)| match v {
-                            AMQPValue::LongString(s) => Some((
-                                k.to_string(),
-                                String::from_utf8_lossy(s.as_bytes()).into_owned(),
-                            )),
-                            _ => None,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let headers: HashMap<String, String> = amqp_headers(&delivery).into_iter().collect();
             Delivered {
                 event_id: delivery
                     .properties
@@ -285,7 +353,8 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
         .collect()
 }
 
-fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
+/// Run `rabbitmqctl -q` with `args` on the machine's broker: its output, or why it failed.
+pub fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
     let out = Command::new("rabbitmqctl")
         .arg("-q")
         .args(args)
@@ -344,5 +413,40 @@ impl Drop for RabbitMqApp {
                 eprintln!("could not start RabbitMQ again ({e}): run scripts/services.sh");
             }
         }
+    }
+}
+
+/// The sink conformance suite's consumer: a destination is a routing key on the side's exchange
+/// (declared as the side is made); [`SuiteConsumer::prepare_destination`] binds a queue of the
+/// same name for it, and `read_back` drains that queue. The event id is the `message_id`, the
+/// event type the `type` property.
+///
+/// [`SuiteConsumer::prepare_destination`]: outboxkit_core::testkit::sink_suite::SuiteConsumer::prepare_destination
+#[cfg(feature = "sink-suite")]
+#[async_trait]
+impl outboxkit_core::testkit::sink_suite::SuiteConsumer for RabbitMqSide {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let received = |delivery: &Delivery| {
+            let headers = amqp_headers(delivery);
+            let message_id = delivery.properties.message_id().as_ref();
+            let event_type = delivery.properties.kind().as_ref().expect("type property");
+            ReceivedMessage {
+                event_id: Uuid::parse_str(message_id.expect("message_id is set").as_str())
+                    .expect("message_id is a UUID"),
+                aggregate_id: headers["aggregate_id"].clone(),
+                event_type: event_type.to_string(),
+                payload: delivery.data.clone(),
+                headers,
+            }
+        };
+        self.drain(to, expected, wait)
+            .await
+            .iter()
+            .map(received)
+            .collect()
+    }
+
+    async fn prepare_destination(&self, to: &str) {
+        self.bind_queue(to, to, &[]).await;
     }
 }
