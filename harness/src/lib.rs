@@ -32,7 +32,7 @@ mod util;
 #[cfg(feature = "sqs")]
 pub use aws_sdk_sqs::types::QueueAttributeName;
 #[cfg(feature = "kafka")]
-pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaSide};
+pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaRecord, KafkaSide};
 #[cfg(feature = "rabbitmq")]
 pub use broker::rabbitmq::{
     amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, RabbitMqApp, RabbitMqSide,

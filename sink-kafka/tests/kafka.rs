@@ -2,31 +2,60 @@
 //! default `127.0.0.1:9092`, the tansu broker `scripts/services.sh` starts). Every test uses
 //! its own topics; the freeze test starts its own private broker.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+};
 use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_harness::{kafka_bootstrap, scratch_dir, unique, KafkaBrokerProcess, KafkaSide};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
 
-fn describe(outcomes: &[Outcome]) -> String {
-    outcomes
-        .iter()
-        .map(|o| format!("{o:?}"))
-        .collect::<Vec<_>>()
-        .join("; ")
+/// Partitions of the topics the tests create.
+const PARTITIONS: i32 = 3;
+
+/// A sink configuration for the test broker.
+fn config(topic_template: &str) -> KafkaSinkConfig {
+    KafkaSinkConfig {
+        topic: topic_template.to_owned(),
+        ..KafkaSinkConfig::new(kafka_bootstrap())
+    }
+}
+
+/// A connected sink; fails the test (naming what to start) when the broker is unreachable.
+async fn connect(config: KafkaSinkConfig) -> KafkaSink {
+    KafkaSink::connect(config).await.unwrap_or_else(|e| {
+        panic!(
+            "Kafka at {} is unreachable ({e}): start it with scripts/services.sh \
+             (or set OUTBOX_TEST_KAFKA_BOOTSTRAP)",
+            kafka_bootstrap()
+        )
+    })
+}
+
+/// A test's own prefix and topic `<prefix>_order` on the test broker ([`PARTITIONS`]
+/// partitions, these topic configs), where `config("<prefix>_{aggregate_type}")` sends orders.
+async fn order_topic(configs: &[(&str, &str)]) -> (String, KafkaSide, String) {
+    let prefix = unique("kafka");
+    let kafka = configs.iter().fold(
+        KafkaSide::open(&prefix).await.partitions(PARTITIONS),
+        |side, (name, value)| side.topic_config(name, value),
+    );
+    let topic = format!("{prefix}_order");
+    kafka.create_topic(&topic).await;
+    (prefix, kafka, topic)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_carry_key_value_and_headers() {
-    let prefix = common::unique_prefix();
+    let prefix = unique("kafka");
+    let kafka = KafkaSide::open(&prefix).await.partitions(PARTITIONS);
     let topic = format!("{prefix}.order.OrderConfirmed");
-    common::create_topic(&topic, &[]).await;
+    kafka.create_topic(&topic).await;
     // The default template: {aggregate_type}.{event_type}.
-    let sink = common::connect(common::config(&format!(
+    let sink = connect(config(&format!(
         "{prefix}.{{aggregate_type}}.{{event_type}}"
     )))
     .await;
@@ -52,9 +81,13 @@ async fn messages_carry_key_value_and_headers() {
         .publish(std::slice::from_ref(&event))
         .await
         .expect("publish");
-    assert!(outcomes[0].is_published(), "{}", describe(&outcomes));
+    assert!(
+        outcomes[0].is_published(),
+        "{}",
+        describe_outcomes(&outcomes)
+    );
 
-    let got = common::read_topic(&topic, 1, Duration::from_secs(15)).await;
+    let got = kafka.read_topic(&topic, 1, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 1);
     let m = &got[0];
     assert_eq!(m.key_text(), "42", "key = aggregate_id");
@@ -97,22 +130,16 @@ async fn messages_carry_key_value_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_aggregate_stays_in_one_partition_in_order() {
-    let prefix = common::unique_prefix();
-    let topic = format!("{prefix}_order");
-    common::create_topic(&topic, &[]).await;
-    let sink = common::connect(common::config(&format!("{prefix}_{{aggregate_type}}"))).await;
+    let (prefix, kafka, topic) = order_topic(&[]).await;
+    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
     // 300 events over 20 aggregates, sent the way the engine sends them to this sink: one
     // event per aggregate per call, call after call.
     let batch = sample_batch(1, 300, "order", 20);
     for wave in batch.chunks(20) {
         let outcomes = sink.publish(wave).await.expect("publish");
-        assert!(
-            outcomes.iter().all(Outcome::is_published),
-            "{}",
-            describe(&outcomes)
-        );
+        assert_all_published(&outcomes);
     }
-    let got = common::read_topic(&topic, 300, Duration::from_secs(20)).await;
+    let got = kafka.read_topic(&topic, 300, Duration::from_secs(20)).await;
     assert_eq!(got.len(), 300);
     let seq: HashMap<String, i64> = batch
         .iter()
@@ -138,12 +165,9 @@ async fn each_aggregate_stays_in_one_partition_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_event_is_rejected_and_the_rest_published() {
-    let prefix = common::unique_prefix();
-    let topic = format!("{prefix}_order");
-    common::create_topic(&topic, &[("max.message.bytes", "10000")]).await;
-    let sink = common::connect(
-        common::config(&format!("{prefix}_{{aggregate_type}}"))
-            .property("message.max.bytes", "10000"),
+    let (prefix, kafka, topic) = order_topic(&[("max.message.bytes", "10000")]).await;
+    let sink = connect(
+        config(&format!("{prefix}_{{aggregate_type}}")).property("message.max.bytes", "10000"),
     )
     .await;
     let mut batch = sample_batch(1, 4, "order", 3); // agg-0, agg-1, agg-2, agg-0
@@ -166,7 +190,7 @@ async fn an_oversized_event_is_rejected_and_the_rest_published() {
     assert!(
         outcomes[1].is_published() && outcomes[2].is_published(),
         "{}",
-        describe(&outcomes)
+        describe_outcomes(&outcomes)
     );
     // The later event of the refused event's aggregate in the same call is not sent.
     match &outcomes[3] {
@@ -177,7 +201,7 @@ async fn an_oversized_event_is_rejected_and_the_rest_published() {
         ),
         other => panic!("expected Retry, got {other:?}"),
     }
-    let got = common::read_topic(&topic, 2, Duration::from_secs(15)).await;
+    let got = kafka.read_topic(&topic, 2, Duration::from_secs(15)).await;
     let ids: HashSet<String> = got
         .iter()
         .filter_map(|m| m.header("event_id").map(str::to_owned))
@@ -191,40 +215,36 @@ async fn an_oversized_event_is_rejected_and_the_rest_published() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn librdkafka_properties_pass_through() {
-    let prefix = common::unique_prefix();
-    let topic = format!("{prefix}_order");
-    common::create_topic(&topic, &[]).await;
-    let config = common::config(&format!("{prefix}_{{aggregate_type}}"))
+    let (prefix, kafka, topic) = order_topic(&[]).await;
+    let config = config(&format!("{prefix}_{{aggregate_type}}"))
         .property("compression.type", "zstd")
         .property("linger.ms", "1")
         .property("client.id", "outbox-relay-test")
         .property("partitioner", "murmur2_random");
-    let sink = common::connect(config).await;
+    let sink = connect(config).await;
     let batch = sample_batch(1, 50, "order", 50);
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
-    let got = common::read_topic(&topic, 50, Duration::from_secs(15)).await;
+    assert_all_published(&outcomes);
+    let got = kafka.read_topic(&topic, 50, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 50, "zstd-compressed batches read back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_is_a_retry_never_a_reject() {
-    let prefix = common::unique_prefix();
-    let existing = format!("{prefix}_order");
-    common::create_topic(&existing, &[]).await;
+    let (prefix, _kafka, _existing) = order_topic(&[]).await;
     let config = KafkaSinkConfig {
         delivery_timeout: Duration::from_secs(3),
-        ..common::config(&format!("{prefix}_{{aggregate_type}}"))
+        ..config(&format!("{prefix}_{{aggregate_type}}"))
     };
-    let sink = common::connect(config).await;
+    let sink = connect(config).await;
     let mut batch = sample_batch(1, 2, "order", 2);
     batch[1].destination = Some(format!("{prefix}_never_created"));
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(outcomes[0].is_published(), "{}", describe(&outcomes));
+    assert!(
+        outcomes[0].is_published(),
+        "{}",
+        describe_outcomes(&outcomes)
+    );
     match &outcomes[1] {
         Outcome::Retry(e) => {
             assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
@@ -269,16 +289,19 @@ async fn check_names_the_brokers_and_the_key_when_unreachable() {
 /// producer) and everything it acknowledged is in the topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_fails_calls_as_a_whole_and_the_sink_recovers() {
-    let broker = common::PrivateBroker::start();
-    let prefix = common::unique_prefix();
+    let prefix = unique("kafka");
+    let broker = KafkaBrokerProcess::start(&scratch_dir(&prefix));
+    let kafka = KafkaSide::open_at(&broker.bootstrap, &prefix)
+        .await
+        .partitions(PARTITIONS);
     let topic = format!("{prefix}_order");
-    common::create_topic_on(&broker.bootstrap, &topic, &[]).await;
+    kafka.create_topic(&topic).await;
     let config = KafkaSinkConfig {
         topic: format!("{prefix}_{{aggregate_type}}"),
         delivery_timeout: Duration::from_secs(4),
         ..KafkaSinkConfig::new(broker.bootstrap.clone())
     };
-    let sink = common::connect(config).await;
+    let sink = connect(config).await;
     let mut next_id = 1;
     let mut acknowledged = HashSet::new();
     let mut publish = |outcomes: &[Outcome], batch: &[outboxkit_core::OutboxEvent]| {
@@ -361,13 +384,9 @@ async fn a_frozen_broker_fails_calls_as_a_whole_and_the_sink_recovers() {
         thawed.elapsed(),
         sink.producer_generation()
     );
-    let got = common::read_topic_on(
-        &broker.bootstrap,
-        &topic,
-        acknowledged.len(),
-        Duration::from_secs(20),
-    )
-    .await;
+    let got = kafka
+        .read_topic(&topic, acknowledged.len(), Duration::from_secs(20))
+        .await;
     let ids: HashSet<String> = got
         .iter()
         .filter_map(|m| m.header("event_id").map(str::to_owned))
@@ -387,7 +406,8 @@ async fn a_frozen_broker_fails_calls_as_a_whole_and_the_sink_recovers() {
 /// successful SASL session cannot be shown against it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_properties_are_used_and_a_refused_handshake_is_unauthorized() {
-    let broker = common::PrivateBroker::start_with(&["--authentication"]);
+    let broker =
+        KafkaBrokerProcess::start_with(&scratch_dir(&unique("kafka")), &["--authentication"]);
     let config = KafkaSinkConfig {
         check_timeout: Duration::from_secs(3),
         ..KafkaSinkConfig::new(broker.bootstrap.clone())

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, whole_call_error};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+};
 use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use rdkafka::mocking::MockCluster;
@@ -33,14 +35,6 @@ fn sink(cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext
     KafkaSink::new(config).expect("a valid configuration")
 }
 
-fn describe(outcomes: &[Outcome]) -> String {
-    outcomes
-        .iter()
-        .map(|o| format!("{o:?}"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 #[tokio::test]
 async fn refused_topic_authorization_fails_the_whole_call() {
     let cluster = mock();
@@ -64,11 +58,7 @@ async fn refused_topic_authorization_fails_the_whole_call() {
     // does not remember the refusal).
     assert_eq!(sink.producer_generation(), 1);
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
 }
 
 #[tokio::test]
@@ -93,11 +83,15 @@ async fn a_message_the_broker_finds_too_large_is_rejected() {
                 "{e}"
             );
         }
-        other => panic!("expected one Reject, got {}", describe(other)),
+        other => panic!("expected one Reject, got {}", describe_outcomes(other)),
     }
     let next = sample_event(2, "order", "b", "Placed");
     let outcomes = sink.publish(&[next]).await.expect("publish");
-    assert!(outcomes[0].is_published(), "{}", describe(&outcomes));
+    assert!(
+        outcomes[0].is_published(),
+        "{}",
+        describe_outcomes(&outcomes)
+    );
 }
 
 #[tokio::test]
@@ -114,11 +108,7 @@ async fn transient_broker_errors_are_retried_inside_the_call() {
     );
     let batch = sample_batch(1, 10, "order", 10);
     let outcomes = sink.publish(&batch).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     assert_eq!(sink.producer_generation(), 0);
 }
 
@@ -128,11 +118,7 @@ async fn a_broken_idempotence_state_recreates_the_producer() {
     let sink = sink(&cluster);
     let first = sample_batch(1, 2, "order", 2);
     let outcomes = sink.publish(&first).await.expect("publish");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
     // The broker loses track of the producer's sequence: librdkafka raises a fatal error.
     cluster.request_errors(
         RDKafkaApiKey::Produce,
@@ -145,7 +131,7 @@ async fn a_broken_idempotence_state_recreates_the_producer() {
         Ok(outcomes) => assert!(
             outcomes.iter().all(|o| matches!(o, Outcome::Retry(_))),
             "nothing may be rejected for a producer-side problem: {}",
-            describe(outcomes)
+            describe_outcomes(outcomes)
         ),
     }
     assert_eq!(sink.producer_generation(), 1, "the producer was recreated");
@@ -153,11 +139,7 @@ async fn a_broken_idempotence_state_recreates_the_producer() {
         .publish(&second)
         .await
         .expect("publish with the new producer");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
 }
 
 #[tokio::test]
@@ -177,7 +159,7 @@ async fn a_broker_that_stops_answering_fails_the_call_as_a_timeout() {
         assert!(
             outcomes.iter().all(|o| matches!(o, Outcome::Retry(_))),
             "nothing may be rejected or published with the broker down: {}",
-            describe(outcomes)
+            describe_outcomes(outcomes)
         );
     }
     let e = whole_call_error(&result).expect("broker down fails the call");
@@ -192,9 +174,5 @@ async fn a_broker_that_stops_answering_fails_the_call_as_a_timeout() {
     );
     cluster.broker_up(1).expect("bringing the mock broker back");
     let outcomes = sink.publish(&batch).await.expect("publish after recovery");
-    assert!(
-        outcomes.iter().all(Outcome::is_published),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_published(&outcomes);
 }

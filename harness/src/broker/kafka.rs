@@ -1,7 +1,7 @@
 //! Kafka (the tansu Kafka-API broker): one topic per aggregate type, `<prefix>.<aggregate_type>`,
 //! read back from every partition by a plain consumer; and a private broker a test may freeze.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,6 +16,8 @@ use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
 use crate::util::{free_port, signal_pid, unique};
+#[cfg(feature = "sink-suite")]
+use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
 /// The Kafka-API broker for tests: `OUTBOX_TEST_KAFKA_BOOTSTRAP`, default the tansu broker
 /// that `scripts/services.sh` starts on 127.0.0.1:9092.
@@ -74,6 +76,70 @@ impl KafkaSide {
             .collect()
     }
 
+    /// Create `topics` with the side's partitions and topic configs (ones that exist already
+    /// are left as they are), or fail the test saying what to start.
+    pub async fn create_topics(&self, topics: &[String]) {
+        let bootstrap = &self.bootstrap;
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .expect("creating the admin client");
+        let new_topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|name| {
+                self.configs.iter().fold(
+                    NewTopic::new(name, self.partitions, TopicReplication::Fixed(1)),
+                    |topic, (k, v)| topic.set(k, v),
+                )
+            })
+            .collect();
+        let timeout = Some(Duration::from_secs(15));
+        let options = AdminOptions::new()
+            .request_timeout(timeout)
+            .operation_timeout(timeout);
+        let results = admin
+            .create_topics(new_topics.iter(), &options)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")
+            });
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => panic!("creating topic {topic} on {bootstrap}: {code}"),
+            }
+        }
+    }
+
+    /// Create `topic` (see [`Self::create_topics`]).
+    pub async fn create_topic(&self, topic: &str) {
+        self.create_topics(&[topic.to_owned()]).await;
+    }
+
+    /// Every message of `topic` from the beginning, as [`KafkaRecord`]s (see
+    /// [`BrokerSide::read_back`] for when it stops), partition by partition in offset order.
+    pub async fn read_topic(
+        &self,
+        topic: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<KafkaRecord> {
+        self.read_records(vec![topic.to_owned()], expected, timeout)
+            .await
+    }
+
+    async fn read_records(
+        &self,
+        topics: Vec<String>,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<KafkaRecord> {
+        let bootstrap = self.bootstrap.clone();
+        tokio::task::spawn_blocking(move || read_topics(&bootstrap, &topics, expected, timeout))
+            .await
+            .expect("the Kafka reader thread")
+    }
+
     /// Every aggregate's messages in one partition (of its topic); the violations.
     pub fn partition_violations(delivered: &[Delivered]) -> Vec<String> {
         let mut home: HashMap<(&str, &str), &str> = HashMap::new();
@@ -110,37 +176,7 @@ impl BrokerSide for KafkaSide {
 
     /// Create the topics, or fail the test saying what to start.
     async fn prepare(&self) {
-        let bootstrap = &self.bootstrap;
-        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()
-            .expect("creating the admin client");
-        let topics = self.topics();
-        let new_topics: Vec<NewTopic<'_>> = topics
-            .iter()
-            .map(|name| {
-                self.configs.iter().fold(
-                    NewTopic::new(name, self.partitions, TopicReplication::Fixed(1)),
-                    |topic, (k, v)| topic.set(k, v),
-                )
-            })
-            .collect();
-        let timeout = Some(Duration::from_secs(15));
-        let options = AdminOptions::new()
-            .request_timeout(timeout)
-            .operation_timeout(timeout);
-        let results = admin
-            .create_topics(new_topics.iter(), &options)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")
-            });
-        for result in results {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => panic!("creating topic {topic} on {bootstrap}: {code}"),
-            }
-        }
+        self.create_topics(&self.topics()).await;
     }
 
     fn destination(&self, aggregate_type: &str) -> String {
@@ -151,10 +187,10 @@ impl BrokerSide for KafkaSide {
     /// partition in offset order): until `expected.len()` distinct event ids arrived and then
     /// 2 s passed without a message (so late duplicates are seen too), or until `timeout`.
     async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered> {
-        let (bootstrap, topics, expected) = (self.bootstrap.clone(), self.topics(), expected.len());
-        tokio::task::spawn_blocking(move || read_topics(&bootstrap, &topics, expected, timeout))
-            .await
-            .expect("the Kafka reader thread")
+        let records = self
+            .read_records(self.topics(), expected.len(), timeout)
+            .await;
+        records.into_iter().map(KafkaRecord::delivered).collect()
     }
 
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
@@ -194,7 +230,7 @@ fn read_topics(
     topics: &[String],
     expected: usize,
     timeout: Duration,
-) -> Vec<Delivered> {
+) -> Vec<KafkaRecord> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
 
@@ -237,7 +273,7 @@ fn read_topics(
         };
         let m = result.unwrap_or_else(|e| panic!("reading Kafka at {bootstrap}: {e}"));
         last_message = Instant::now();
-        let headers: HashMap<String, String> = m
+        let headers: Vec<(String, String)> = m
             .headers()
             .map(|h| {
                 h.iter()
@@ -250,24 +286,72 @@ fn read_topics(
                     .collect()
             })
             .unwrap_or_default();
-        let event_id = headers
-            .get("event_id")
-            .and_then(|s| Uuid::parse_str(s).ok())
-            .unwrap_or_default();
-        distinct.insert(event_id);
-        out.push(Delivered {
-            event_id,
-            aggregate_id: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-            destination: m.topic().to_owned(),
-            payload: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+        let record = KafkaRecord {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().unwrap_or_default().to_vec(),
             headers,
-            meta: HashMap::from([
-                ("partition".to_owned(), m.partition().to_string()),
-                ("offset".to_owned(), m.offset().to_string()),
-            ]),
-        });
+        };
+        distinct.insert(record.event_id());
+        out.push(record);
     }
     out
+}
+
+/// One Kafka message as a plain consumer read it.
+#[derive(Debug, Clone)]
+pub struct KafkaRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    /// Headers in message order (names may repeat), values as (lossy) UTF-8.
+    pub headers: Vec<(String, String)>,
+}
+
+impl KafkaRecord {
+    /// The last header of that name (what Java's `lastHeader` gives).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The headers by name (the last of a repeated name wins).
+    pub fn header_map(&self) -> BTreeMap<String, String> {
+        self.headers.iter().cloned().collect()
+    }
+
+    /// The key as text; fails the test when it is not UTF-8.
+    pub fn key_text(&self) -> String {
+        String::from_utf8(self.key.clone().unwrap_or_default()).expect("key is UTF-8")
+    }
+
+    /// The `event_id` header, or the nil UUID.
+    pub fn event_id(&self) -> Uuid {
+        self.header("event_id")
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .unwrap_or_default()
+    }
+
+    fn delivered(self) -> Delivered {
+        Delivered {
+            event_id: self.event_id(),
+            aggregate_id: String::from_utf8_lossy(&self.key.unwrap_or_default()).into_owned(),
+            destination: self.topic,
+            payload: String::from_utf8_lossy(&self.payload).into_owned(),
+            headers: self.headers.into_iter().collect(),
+            meta: HashMap::from([
+                ("partition".to_owned(), self.partition.to_string()),
+                ("offset".to_owned(), self.offset.to_string()),
+            ]),
+        }
+    }
 }
 
 /// A private Kafka-API broker (tansu, in-memory) on a free loopback port, for tests that
@@ -297,6 +381,11 @@ impl KafkaBrokerProcess {
 
     /// Start it (logging to `dir/tansu.log`) and wait until it answers.
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// [`Self::start`] with extra `tansu broker` arguments (`--authentication`...).
+    pub fn start_with(dir: &Path, args: &[&str]) -> Self {
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join("tansu.log")).expect("creating the broker log");
@@ -309,6 +398,7 @@ impl KafkaBrokerProcess {
                 &url,
             ])
             .args(["--storage-engine", "memory://tansu/"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("cloning the log handle"))
             .stderr(log)
@@ -367,5 +457,41 @@ impl Drop for KafkaBrokerProcess {
         signal_pid(self.child.id(), "CONT");
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The sink conformance suite's consumer: [`SuiteConsumer::prepare_destination`] creates the
+/// topic (with the side's partitions); `read_back` reads every partition of it. The key must be
+/// the aggregate id; the event id, aggregate id and event type are headers.
+///
+/// [`SuiteConsumer::prepare_destination`]: outboxkit_core::testkit::sink_suite::SuiteConsumer::prepare_destination
+#[cfg(feature = "sink-suite")]
+#[async_trait]
+impl outboxkit_core::testkit::sink_suite::SuiteConsumer for KafkaSide {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let received = |m: KafkaRecord| {
+            let aggregate_id = m.header("aggregate_id").expect("aggregate_id header");
+            assert_eq!(m.key_text(), aggregate_id, "key = aggregate_id");
+            ReceivedMessage {
+                event_id: Uuid::parse_str(m.header("event_id").expect("event_id header"))
+                    .expect("event_id is a UUID"),
+                aggregate_id: aggregate_id.to_owned(),
+                event_type: m
+                    .header("event_type")
+                    .expect("event_type header")
+                    .to_owned(),
+                headers: m.header_map(),
+                payload: m.payload,
+            }
+        };
+        self.read_topic(to, expected, wait)
+            .await
+            .into_iter()
+            .map(received)
+            .collect()
+    }
+
+    async fn prepare_destination(&self, to: &str) {
+        self.create_topic(to).await;
     }
 }
