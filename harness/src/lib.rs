@@ -40,7 +40,7 @@ pub use broker::rabbitmq::{
 #[cfg(feature = "redis-streams")]
 pub use broker::redis::{redis_url, RedisSide, StreamEntry};
 #[cfg(feature = "sqs")]
-pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsSide, AWS_ENV};
+pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 pub use relay::{relay_binary, relay_config, RelayProcess, Settings};

@@ -8,11 +8,18 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event, unique_prefix};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, sample_batch, sample_event, unique_prefix,
+};
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outboxkit_sink_sqs::SqsConfig;
+use outboxkit_harness::SqsMessage;
+use outboxkit_sink_sqs::{SqsConfig, SqsSink};
 
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn sink(config: SqsConfig) -> SqsSink {
+    common::sink(config).expect("a valid sink configuration")
+}
 
 async fn publish(sink: &dyn Sink, batch: &[OutboxEvent]) -> Vec<Outcome> {
     let outcomes = sink
@@ -23,16 +30,10 @@ async fn publish(sink: &dyn Sink, batch: &[OutboxEvent]) -> Vec<Outcome> {
     outcomes
 }
 
-fn assert_all_published(outcomes: &[Outcome]) {
-    for (i, outcome) in outcomes.iter().enumerate() {
-        assert!(outcome.is_published(), "event {i}: {outcome:?}");
-    }
-}
-
 /// Per aggregate, the ids of `events` in the order `received` (by `event_id`) holds them.
 fn order_per_aggregate(
     events: &[OutboxEvent],
-    received: &[common::Received],
+    received: &[SqsMessage],
 ) -> HashMap<String, Vec<i64>> {
     let by_id: HashMap<String, &OutboxEvent> =
         events.iter().map(|e| (e.event_id.to_string(), e)).collect();
@@ -49,10 +50,10 @@ fn order_per_aggregate(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = format!("{}.fifo", unique_prefix());
-    let url = common::create_queue(&admin, &queue, &[]).await;
-    let sink = common::sink(common::config(&queue));
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(common::config(&queue));
     // Several events per aggregate in one call: the sink sends them in waves.
     let batch = sample_batch(1, 40, "order", 4);
     assert_all_published(&publish(&sink, &batch).await);
@@ -62,7 +63,7 @@ async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
         assert_all_published(&publish(&sink, wave).await);
     }
     let all: Vec<OutboxEvent> = batch.into_iter().chain(more).collect();
-    let received = common::receive_all(&admin, &url, all.len(), READ_TIMEOUT).await;
+    let received = sqs.receive_all(&url, all.len(), READ_TIMEOUT).await;
     assert_eq!(received.len(), all.len());
     for message in &received {
         let event = all
@@ -90,25 +91,25 @@ async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
         assert_eq!(ids, sorted, "aggregate {aggregate} out of order");
         assert_eq!(ids.len(), 15);
     }
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_redelivery_of_an_event_id_is_deduplicated_by_sqs() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = format!("{}.fifo", unique_prefix());
-    let url = common::create_queue(&admin, &queue, &[]).await;
-    let sink = common::sink(common::config(&queue));
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(common::config(&queue));
     let batch = sample_batch(1, 10, "order", 10);
     assert_all_published(&publish(&sink, &batch).await);
-    let first = common::receive_all(&admin, &url, 10, READ_TIMEOUT).await;
+    let first = sqs.receive_all(&url, 10, READ_TIMEOUT).await;
     assert_eq!(first.len(), 10);
     // The relay sends again after a crash or a lost acknowledgement: SQS acknowledges and
     // drops the copies, even though the first ones were already consumed and deleted.
     assert_all_published(&publish(&sink, &batch).await);
     let fresh = vec![sample_event(11, "order", "agg-0", "ItemAdded")];
     assert_all_published(&publish(&sink, &fresh).await);
-    let second = common::receive_all(&admin, &url, 1, READ_TIMEOUT).await;
+    let second = sqs.receive_all(&url, 1, READ_TIMEOUT).await;
     assert_eq!(
         second
             .iter()
@@ -117,20 +118,20 @@ async fn fifo_redelivery_of_an_event_id_is_deduplicated_by_sqs() {
         vec![fresh[0].event_id.to_string()],
         "only the fresh event arrives"
     );
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_event_is_rejected_with_sqs_error_while_the_others_publish() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = unique_prefix();
-    let url = common::create_queue(
-        &admin,
-        &queue,
-        &[(QueueAttributeName::MaximumMessageSize, "262144")],
-    )
-    .await;
-    let sink = common::sink(common::config(&queue));
+    let url = sqs
+        .create_queue(
+            &queue,
+            &[(QueueAttributeName::MaximumMessageSize, "262144")],
+        )
+        .await;
+    let sink = sink(common::config(&queue));
     let mut batch = sample_batch(1, 6, "order", 6);
     batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(300 * 1024));
     let outcomes = publish(&sink, &batch).await;
@@ -149,19 +150,19 @@ async fn an_oversized_event_is_rejected_with_sqs_error_while_the_others_publish(
             assert!(outcome.is_published(), "event {i}: {outcome:?}");
         }
     }
-    let received = common::receive_all(&admin, &url, 5, READ_TIMEOUT).await;
+    let received = sqs.receive_all(&url, 5, READ_TIMEOUT).await;
     assert_eq!(received.len(), 5);
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_queue_retries_its_events_while_other_queues_flow() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let prefix = unique_prefix();
     let orders = format!("{prefix}_order");
     let invoices = format!("{prefix}_invoice");
-    let orders_url = common::create_queue(&admin, &orders, &[]).await;
-    let sink = common::sink(common::config(&format!("{prefix}_{{aggregate_type}}")));
+    let orders_url = sqs.create_queue(&orders, &[]).await;
+    let sink = sink(common::config(&format!("{prefix}_{{aggregate_type}}")));
     let mut batch = sample_batch(1, 4, "order", 4);
     batch.extend(sample_batch(5, 3, "invoice", 3));
     let outcomes = publish(&sink, &batch).await;
@@ -179,30 +180,23 @@ async fn a_missing_queue_retries_its_events_while_other_queues_flow() {
         }
     }
     // Once the queue exists, the retry goes through (a failed lookup is not cached).
-    let invoices_url = common::create_queue(&admin, &invoices, &[]).await;
+    let invoices_url = sqs.create_queue(&invoices, &[]).await;
     assert_all_published(&publish(&sink, &batch[4..]).await);
     assert_eq!(
-        common::receive_all(&admin, &invoices_url, 3, READ_TIMEOUT)
-            .await
-            .len(),
+        sqs.receive_all(&invoices_url, 3, READ_TIMEOUT).await.len(),
         3
     );
-    assert_eq!(
-        common::receive_all(&admin, &orders_url, 4, READ_TIMEOUT)
-            .await
-            .len(),
-        4
-    );
-    common::delete_queue(&admin, &orders_url).await;
-    common::delete_queue(&admin, &invoices_url).await;
+    assert_eq!(sqs.receive_all(&orders_url, 4, READ_TIMEOUT).await.len(), 4);
+    sqs.delete_queue(&orders_url).await;
+    sqs.delete_queue(&invoices_url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = unique_prefix();
-    let url = common::create_queue(&admin, &queue, &[]).await;
-    let sink = common::sink(common::config(&queue));
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(common::config(&queue));
     let mut event = sample_event(1, "order", "42", "OrderPlaced");
     for i in 0..8 {
         event
@@ -212,7 +206,7 @@ async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
     event.headers.insert("bad:name".into(), "kept".into());
     event.headers.insert("empty".into(), String::new());
     assert_all_published(&publish(&sink, std::slice::from_ref(&event)).await);
-    let received = common::receive_all(&admin, &url, 1, READ_TIMEOUT).await;
+    let received = sqs.receive_all(&url, 1, READ_TIMEOUT).await;
     assert_eq!(received.len(), 1);
     let message = &received[0];
     assert_eq!(message.attribute_count, 10, "SQS's limit, fully used");
@@ -220,15 +214,15 @@ async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
         assert_eq!(message.attributes.get(name), Some(value), "header {name}");
     }
     assert_eq!(message.attribute("event_type"), "OrderPlaced");
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_calls_are_split_into_requests_sqs_accepts() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = unique_prefix();
-    let url = common::create_queue(&admin, &queue, &[]).await;
-    let sink = common::sink(SqsConfig {
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(SqsConfig {
         max_batch_len: 100,
         ..common::config(&queue)
     });
@@ -238,48 +232,33 @@ async fn large_calls_are_split_into_requests_sqs_accepts() {
         event.payload = format!("{{\"blob\": \"{}\"}}", "y".repeat(60 * 1024));
     }
     assert_all_published(&publish(&sink, &batch).await);
-    assert_eq!(
-        common::receive_all(&admin, &url, 60, READ_TIMEOUT)
-            .await
-            .len(),
-        60
-    );
-    common::delete_queue(&admin, &url).await;
+    assert_eq!(sqs.receive_all(&url, 60, READ_TIMEOUT).await.len(), 60);
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_urls_and_arns_work_as_destinations() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let by_url = unique_prefix();
     let by_arn = unique_prefix();
-    let url = common::create_queue(&admin, &by_url, &[]).await;
-    let arn_url = common::create_queue(&admin, &by_arn, &[]).await;
-    let sink = common::sink(common::config("{aggregate_type}"));
+    let url = sqs.create_queue(&by_url, &[]).await;
+    let arn_url = sqs.create_queue(&by_arn, &[]).await;
+    let sink = sink(common::config("{aggregate_type}"));
     let mut batch = sample_batch(1, 4, "order", 4);
     batch[0].destination = Some(url.clone());
     batch[1].destination = Some(url.clone());
     batch[2].destination = Some(format!("arn:aws:sqs:us-east-1:000000000000:{by_arn}"));
     batch[3].destination = Some(format!("arn:aws:sqs:us-east-1:000000000000:{by_arn}"));
     assert_all_published(&publish(&sink, &batch).await);
-    assert_eq!(
-        common::receive_all(&admin, &url, 2, READ_TIMEOUT)
-            .await
-            .len(),
-        2
-    );
-    assert_eq!(
-        common::receive_all(&admin, &arn_url, 2, READ_TIMEOUT)
-            .await
-            .len(),
-        2
-    );
-    common::delete_queue(&admin, &url).await;
-    common::delete_queue(&admin, &arn_url).await;
+    assert_eq!(sqs.receive_all(&url, 2, READ_TIMEOUT).await.len(), 2);
+    assert_eq!(sqs.receive_all(&arn_url, 2, READ_TIMEOUT).await.len(), 2);
+    sqs.delete_queue(&url).await;
+    sqs.delete_queue(&arn_url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_destinations_are_rejected_without_a_request() {
-    let sink = common::sink(common::config("{aggregate_type}"));
+    let sink = sink(common::config("{aggregate_type}"));
     let mut batch = sample_batch(1, 2, "order", 2);
     batch[0].destination = Some("not a queue!".into());
     batch[1].aggregate_type = "caf\u{e9}".into();
@@ -297,16 +276,16 @@ async fn malformed_destinations_are_rejected_without_a_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_queue_group_sets_the_group_on_standard_queues() {
-    let admin = common::admin();
+    let sqs = common::server().await;
     let queue = unique_prefix();
-    let url = common::create_queue(&admin, &queue, &[]).await;
-    let sink = common::sink(SqsConfig {
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(SqsConfig {
         fair_queue_group: true,
         ..common::config(&queue)
     });
     let batch = sample_batch(1, 3, "order", 3);
     assert_all_published(&publish(&sink, &batch).await);
-    let received = common::receive_all(&admin, &url, 3, READ_TIMEOUT).await;
+    let received = sqs.receive_all(&url, 3, READ_TIMEOUT).await;
     assert_eq!(received.len(), 3);
     for message in &received {
         assert_eq!(
@@ -315,15 +294,15 @@ async fn fair_queue_group_sets_the_group_on_standard_queues() {
         );
         assert_eq!(message.deduplication_id, None);
     }
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_names_a_missing_fixed_queue_and_passes_on_an_existing_one() {
-    let admin = common::admin();
-    common::require_server(&admin).await;
+    let sqs = common::server().await;
+    sqs.require_server().await;
     let missing = unique_prefix();
-    let sink = common::sink(common::config(&missing));
+    let sink = sink(common::config(&missing));
     let e = sink.check().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
     let text = e.full_message();
@@ -334,8 +313,8 @@ async fn check_names_a_missing_fixed_queue_and_passes_on_an_existing_one() {
     assert!(text.contains("us-east-1 at http://"), "{text}");
     assert!(text.contains("create the queue"), "{text}");
 
-    let url = common::create_queue(&admin, &missing, &[]).await;
+    let url = sqs.create_queue(&missing, &[]).await;
     sink.check().await.expect("the queue exists now");
     assert_eq!(sink.queue_url(&missing).await.unwrap(), url);
-    common::delete_queue(&admin, &url).await;
+    sqs.delete_queue(&url).await;
 }

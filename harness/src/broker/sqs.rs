@@ -1,7 +1,7 @@
 //! SQS (LocalStack): one queue, standard or FIFO, consumed while the relays publish
 //! (`ReceiveMessage`, recorded, then deleted); and a private SQS server a test may freeze.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use aws_sdk_sqs::config::{Credentials, Region};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+    DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
 use uuid::Uuid;
 
@@ -20,6 +20,8 @@ use super::BrokerSide;
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
 use crate::util::{free_port, scratch_dir, signal_group, signal_pid};
+#[cfg(feature = "sink-suite")]
+use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
 /// SQS for tests: `OUTBOX_TEST_SQS_ENDPOINT`, default the LocalStack that
 /// `scripts/services.sh` starts.
@@ -71,6 +73,7 @@ pub struct SqsSide {
     endpoint: String,
     queue: String,
     attributes: Vec<(QueueAttributeName, String)>,
+    json_attribute: Option<String>,
     consumers: usize,
     client: aws_sdk_sqs::Client,
     url: Mutex<String>,
@@ -101,6 +104,7 @@ impl SqsSide {
             endpoint: endpoint.to_owned(),
             queue,
             attributes: Vec::new(),
+            json_attribute: None,
             consumers: 4,
             client: sqs_client(endpoint),
             url: Mutex::default(),
@@ -114,6 +118,14 @@ impl SqsSide {
     /// Create the queue with this attribute too.
     pub fn attribute(mut self, name: QueueAttributeName, value: &str) -> Self {
         self.attributes.push((name, value.to_owned()));
+        self
+    }
+
+    /// Attribute `name` holds further attributes as one JSON object of strings (a sink's
+    /// overflow past SQS's 10 message attributes): [`Self::receive_all`] merges them into
+    /// [`SqsMessage::attributes`] (ones set directly win).
+    pub fn json_attribute(mut self, name: &str) -> Self {
+        self.json_attribute = Some(name.to_owned());
         self
     }
 
@@ -145,6 +157,105 @@ impl SqsSide {
     /// Receive and delete calls that failed (and were retried).
     pub fn consumer_errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Fail the test, saying what to start, when the server does not answer within 20 s.
+    pub async fn require_server(&self) {
+        let endpoint = &self.endpoint;
+        let list = self.client.list_queues().max_results(1).send();
+        match tokio::time::timeout(Duration::from_secs(20), list).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!(
+                "the SQS server at {endpoint} does not answer ({}): start it with \
+                 scripts/services.sh or set OUTBOX_TEST_SQS_ENDPOINT",
+                DisplayErrorContext(&e)
+            ),
+            Err(_) => panic!("the SQS server at {endpoint} did not answer within 20s"),
+        }
+    }
+
+    /// Create queue `name` (FIFO when it ends in `.fifo`) with these attributes too, or fail
+    /// the test saying what to start; its URL.
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        attributes: &[(QueueAttributeName, &str)],
+    ) -> String {
+        let mut request = self.client.create_queue().queue_name(name);
+        if name.ends_with(".fifo") {
+            request = request.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        for (key, value) in attributes {
+            request = request.attributes(key.clone(), *value);
+        }
+        match request.send().await {
+            Ok(answer) => answer.queue_url().expect("a queue URL").to_owned(),
+            Err(e) => panic!(
+                "creating SQS queue {name} at {} failed ({}): is the SQS server up? start it \
+                 with scripts/services.sh or set OUTBOX_TEST_SQS_ENDPOINT",
+                self.endpoint,
+                DisplayErrorContext(&e)
+            ),
+        }
+    }
+
+    /// The URL of queue `name`, or `None` when it does not exist (or the lookup failed).
+    pub async fn queue_url(&self, name: &str) -> Option<String> {
+        let answer = self.client.get_queue_url().queue_name(name).send().await;
+        Some(answer.ok()?.queue_url()?.to_owned())
+    }
+
+    /// Delete the queue at `url` (errors ignored).
+    pub async fn delete_queue(&self, url: &str) {
+        let _ = self.client.delete_queue().queue_url(url).send().await;
+    }
+
+    /// Receive (and delete) the messages of the queue at `url`, with every message and system
+    /// attribute, until `expected` arrived and a receive came back empty, or `timeout` passed.
+    /// Receives at least once, so stray messages are seen even with `expected = 0`. Fails the
+    /// test when a receive or delete fails.
+    pub async fn receive_all(
+        &self,
+        url: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<SqsMessage> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .client
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(remaining.as_secs().min(1) as i32)
+                .visibility_timeout(60)
+                .message_attribute_names("All")
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("ReceiveMessage on {url}: {}", DisplayErrorContext(&e)));
+            let messages = answer.messages();
+            let json = self.json_attribute.as_deref();
+            out.extend(messages.iter().map(|m| SqsMessage::new(m, json)));
+            let handles: Vec<&str> = messages.iter().filter_map(|m| m.receipt_handle()).collect();
+            if !handles.is_empty() {
+                self.client
+                    .delete_message_batch()
+                    .queue_url(url)
+                    .set_entries(Some(delete_entries(&handles)))
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("DeleteMessageBatch on {url}: {}", DisplayErrorContext(&e))
+                    });
+            }
+            let done = messages.is_empty() && out.len() >= expected;
+            if done || Instant::now() >= deadline {
+                return out;
+            }
+        }
     }
 
     /// Wait until the consumer received every one of `expected`.
@@ -194,23 +305,12 @@ impl BrokerSide for SqsSide {
 
     /// Create the queue (or fail the test saying what to start) and start the consumer.
     async fn prepare(&self) {
-        let name = &self.queue;
-        let mut request = self.client.create_queue().queue_name(name);
-        if self.is_fifo() {
-            request = request.attributes(QueueAttributeName::FifoQueue, "true");
-        }
-        for (key, value) in &self.attributes {
-            request = request.attributes(key.clone(), value);
-        }
-        let url = match request.send().await {
-            Ok(answer) => answer.queue_url().expect("a queue URL").to_owned(),
-            Err(e) => panic!(
-                "creating SQS queue {name} at {} failed ({}): is the SQS server up? start it \
-                 with scripts/services.sh or set OUTBOX_TEST_SQS_ENDPOINT",
-                self.endpoint,
-                DisplayErrorContext(&e)
-            ),
-        };
+        let attributes: Vec<(QueueAttributeName, &str)> = self
+            .attributes
+            .iter()
+            .map(|(key, value)| (key.clone(), value.as_str()))
+            .collect();
+        let url = self.create_queue(&self.queue, &attributes).await;
         *self.url.lock().unwrap() = url.clone();
         let tasks = (0..self.consumers).map(|_| {
             let (client, url, queue, records, errors, stop) = (
@@ -301,54 +401,37 @@ async fn consume_once(
             return;
         }
     };
-    let mut handles = Vec::new();
-    {
-        let mut records = records.lock().unwrap();
-        for message in answer.messages() {
-            let headers: HashMap<String, String> = message
-                .message_attributes()
-                .map(|attributes| {
-                    attributes
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let meta = message
-                .attributes()
-                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
-                .map(|group| HashMap::from([("message_group_id".to_owned(), group.clone())]))
-                .unwrap_or_default();
-            records.push(Delivered {
-                event_id: headers
+    let messages = answer.messages();
+    records
+        .lock()
+        .unwrap()
+        .extend(messages.iter().map(|message| {
+            let m = SqsMessage::new(message, None);
+            Delivered {
+                event_id: m
+                    .attributes
                     .get("event_id")
                     .and_then(|s| Uuid::parse_str(s).ok())
                     .unwrap_or_default(),
-                aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
+                aggregate_id: m
+                    .attributes
+                    .get("aggregate_id")
+                    .cloned()
+                    .unwrap_or_default(),
                 destination: queue.to_owned(),
-                payload: message.body().unwrap_or_default().to_owned(),
-                headers,
-                meta,
-            });
-            if let Some(handle) = message.receipt_handle() {
-                handles.push(handle.to_owned());
+                payload: m.body,
+                headers: m.attributes.into_iter().collect(),
+                meta: m
+                    .group_id
+                    .map(|group| HashMap::from([("message_group_id".to_owned(), group)]))
+                    .unwrap_or_default(),
             }
-        }
-    }
+        }));
+    let handles: Vec<&str> = messages.iter().filter_map(|m| m.receipt_handle()).collect();
     if handles.is_empty() {
         return;
     }
-    let entries: Vec<DeleteMessageBatchRequestEntry> = handles
-        .iter()
-        .enumerate()
-        .map(|(i, handle)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(format!("d{i}"))
-                .receipt_handle(handle)
-                .build()
-                .expect("a delete entry")
-        })
-        .collect();
+    let entries = delete_entries(&handles);
     // Keep deleting through an outage: an undeleted FIFO message blocks its group.
     let deadline = Instant::now() + Duration::from_secs(60);
     while client
@@ -363,6 +446,64 @@ async fn consume_once(
         errors.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// One SQS message as the consumer received it.
+#[derive(Debug, Clone)]
+pub struct SqsMessage {
+    pub body: String,
+    /// The message attributes with string values (with those of the side's JSON attribute
+    /// merged in, see [`SqsSide::json_attribute`]).
+    pub attributes: BTreeMap<String, String>,
+    /// How many message attributes the message had on the wire.
+    pub attribute_count: usize,
+    pub group_id: Option<String>,
+    pub deduplication_id: Option<String>,
+}
+
+impl SqsMessage {
+    fn new(message: &Message, json_attribute: Option<&str>) -> Self {
+        let wire = message.message_attributes();
+        let mut attributes: BTreeMap<String, String> = wire
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
+            .collect();
+        if let Some(json) = json_attribute.and_then(|name| attributes.remove(name)) {
+            let extra: BTreeMap<String, String> = serde_json::from_str(&json)
+                .expect("the JSON attribute is a JSON object of strings");
+            for (name, value) in extra {
+                attributes.entry(name).or_insert(value);
+            }
+        }
+        let system = |name| message.attributes()?.get(&name).cloned();
+        Self {
+            body: message.body().unwrap_or_default().to_owned(),
+            attributes,
+            attribute_count: wire.map_or(0, HashMap::len),
+            group_id: system(MessageSystemAttributeName::MessageGroupId),
+            deduplication_id: system(MessageSystemAttributeName::MessageDeduplicationId),
+        }
+    }
+
+    /// The attribute `name`; fails the test when the message has none.
+    pub fn attribute(&self, name: &str) -> &str {
+        self.attributes
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("message has no attribute `{name}`: {self:?}"))
+    }
+}
+
+fn delete_entries(handles: &[&str]) -> Vec<DeleteMessageBatchRequestEntry> {
+    let entry = |(i, handle): (usize, &&str)| {
+        DeleteMessageBatchRequestEntry::builder()
+            .id(format!("d{i}"))
+            .receipt_handle(*handle)
+            .build()
+            .expect("a delete entry")
+    };
+    handles.iter().enumerate().map(entry).collect()
 }
 
 /// A LocalStack (or, where only the fallback is installed, a moto) server of the test's own,
@@ -477,5 +618,41 @@ impl Drop for OwnSqsServer {
         self.thaw();
         signal_group(self.child.id(), "KILL");
         let _ = self.child.wait();
+    }
+}
+
+/// The sink conformance suite's consumer: a destination is a queue name;
+/// [`SuiteConsumer::prepare_destination`] creates the queue, `read_back` receives (and deletes)
+/// its messages and deletes the queue once all arrived. The event id, aggregate id and event
+/// type are message attributes.
+///
+/// [`SuiteConsumer::prepare_destination`]: outboxkit_core::testkit::sink_suite::SuiteConsumer::prepare_destination
+#[cfg(feature = "sink-suite")]
+#[async_trait]
+impl outboxkit_core::testkit::sink_suite::SuiteConsumer for SqsSide {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let Some(url) = self.queue_url(to).await else {
+            return Vec::new();
+        };
+        let received = self.receive_all(&url, expected, wait).await;
+        if received.len() >= expected {
+            self.delete_queue(&url).await;
+        }
+        let message = |m: SqsMessage| {
+            let mut headers = m.attributes;
+            let mut take = |name| headers.remove(name).expect(name);
+            ReceivedMessage {
+                event_id: Uuid::parse_str(&take("event_id")).expect("event_id is a UUID"),
+                aggregate_id: take("aggregate_id"),
+                event_type: take("event_type"),
+                payload: m.body.into_bytes(),
+                headers,
+            }
+        };
+        received.into_iter().map(message).collect()
+    }
+
+    async fn prepare_destination(&self, to: &str) {
+        self.create_queue(to, &[]).await;
     }
 }
