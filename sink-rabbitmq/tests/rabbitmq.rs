@@ -36,6 +36,25 @@ async fn order_queue(arguments: &[(&str, AMQPValue)]) -> (String, RabbitMqSide, 
     (prefix, broker, queue)
 }
 
+/// Drain `queue` (waiting for as many messages as `events`) and assert that every one of
+/// `events` arrived, at least once.
+async fn assert_arrived(broker: &RabbitMqSide, queue: &str, events: &[&OutboxEvent]) {
+    let deliveries = broker
+        .drain(queue, events.len(), Duration::from_secs(10))
+        .await;
+    let ids: std::collections::HashSet<String> = deliveries
+        .iter()
+        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
+        .collect();
+    for event in events {
+        assert!(
+            ids.contains(&event.event_id.to_string()),
+            "{} lost",
+            event.id
+        );
+    }
+}
+
 /// `rabbitmqctl` on the local broker; fails the test when it fails.
 fn ctl(args: &[&str]) -> String {
     rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"))
@@ -501,18 +520,8 @@ async fn reconnects_after_the_broker_closes_its_connection() {
         }
     }
     assert!(sink.is_connected().await);
-    let deliveries = broker.drain(&queue, 20, Duration::from_secs(10)).await;
-    let ids: std::collections::HashSet<String> = deliveries
-        .iter()
-        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
-        .collect();
-    for event in first.iter().chain(&second) {
-        assert!(
-            ids.contains(&event.event_id.to_string()),
-            "{} lost",
-            event.id
-        );
-    }
+    let sent: Vec<&OutboxEvent> = first.iter().chain(&second).collect();
+    assert_arrived(&broker, &queue, &sent).await;
     broker.delete_queue(&queue).await;
 }
 
@@ -619,17 +628,7 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
     frozen.store(false, Ordering::Relaxed);
     let outcomes = sink.publish(&second).await.expect("publish after the hang");
     assert_all_published(&outcomes);
-    let deliveries = broker.drain(&queue, 10, Duration::from_secs(10)).await;
-    let ids: std::collections::HashSet<String> = deliveries
-        .iter()
-        .filter_map(|d| d.properties.message_id().as_ref().map(|s| s.to_string()))
-        .collect();
-    for event in first.iter().chain(&second) {
-        assert!(
-            ids.contains(&event.event_id.to_string()),
-            "{} lost",
-            event.id
-        );
-    }
+    let sent: Vec<&OutboxEvent> = first.iter().chain(&second).collect();
+    assert_arrived(&broker, &queue, &sent).await;
     broker.delete_queue(&queue).await;
 }
