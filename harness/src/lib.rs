@@ -27,6 +27,7 @@ mod delivery;
 mod relay;
 mod scenario;
 mod store;
+pub mod tls;
 mod util;
 
 #[cfg(feature = "sqs")]
@@ -52,6 +53,8 @@ pub use scenario::{
 pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
 #[cfg(feature = "postgres")]
 pub use store::postgres::{postgres_url, PostgresSide};
+#[cfg(feature = "postgres")]
+pub use store::private_postgres::{ClientAuth, PrivatePostgres};
 pub use store::{DeadRow, StoreSide, PENDING};
 pub use util::{
     free_port, http_get, metric_value, scratch_dir, unique, wait_for, wait_for_ready, write_file,

@@ -4,6 +4,8 @@
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "postgres")]
+pub mod private_postgres;
 
 use std::time::Duration;
 

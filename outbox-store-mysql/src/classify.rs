@@ -32,6 +32,9 @@ pub(crate) use crate::config::MySql;
 impl outboxkit_store_sql::Dialect for MySql {
     const PRODUCT: &'static str = "MySQL";
     const TLS_OPTION: &'static str = "ssl-mode";
+    const CA_OPTION: &'static str = "ssl-ca";
+    const CLIENT_CERT_OPTIONS: &'static str = "ssl-cert and ssl-key";
+    const VERIFY_CA_MODE: &'static str = "ssl-mode=VERIFY_CA";
     const UNREACHABLE: &'static str = "server";
 
     fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {
@@ -137,6 +140,7 @@ mod tests {
             database: Some("shop".to_owned()),
             user: Some("app".to_owned()),
             table: "shop.outbox".to_owned(),
+            ..Target::default()
         }
     }
 

@@ -163,6 +163,7 @@ impl MySqlStore {
             database: options.get_database().map(str::to_owned),
             user: Some(options.get_username().to_owned()),
             table: table.to_string(),
+            ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
         };
 
         let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())

@@ -25,6 +25,9 @@ pub(crate) use crate::config::Postgres;
 impl outboxkit_store_sql::Dialect for Postgres {
     const PRODUCT: &'static str = "PostgreSQL";
     const TLS_OPTION: &'static str = "sslmode";
+    const CA_OPTION: &'static str = "sslrootcert";
+    const CLIENT_CERT_OPTIONS: &'static str = "sslcert and sslkey";
+    const VERIFY_CA_MODE: &'static str = "sslmode=verify-ca";
     const UNREACHABLE: &'static str = "database";
 
     fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {
@@ -99,6 +102,7 @@ mod tests {
             database: Some("shop".to_owned()),
             user: Some("app".to_owned()),
             table: "public.outbox".to_owned(),
+            ..Target::default()
         }
     }
 

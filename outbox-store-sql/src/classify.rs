@@ -3,7 +3,8 @@
 //!
 //! | sqlx error | kind | retryable |
 //! |---|---|---|
-//! | I/O, TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
+//! | TLS handshake refused (certificate not trusted, wrong host, expired, alert) | `Config` | no |
+//! | I/O, other TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
 //! | server error | [`Dialect::database_error`] | |
 //! | sqlx configuration error | `Config` | no |
 //! | anything else | `Other` | no |
@@ -24,6 +25,12 @@ pub trait Dialect: Send + Sync + 'static {
     const PRODUCT: &'static str;
     /// The URL option that sets TLS, named when TLS fails (`sslmode`).
     const TLS_OPTION: &'static str;
+    /// The URL option naming the CA file that verifies the server (`sslrootcert`).
+    const CA_OPTION: &'static str;
+    /// The URL options of a client certificate (`sslcert and sslkey`).
+    const CLIENT_CERT_OPTIONS: &'static str;
+    /// The mode that verifies the CA but not the host name (`sslmode=verify-ca`).
+    const VERIFY_CA_MODE: &'static str;
     /// What may be unreachable when the pool gives no connection: `database`, `server`.
     const UNREACHABLE: &'static str;
 
@@ -40,6 +47,8 @@ pub struct Target {
     pub user: Option<String>,
     /// The table as configured or resolved (`public.outbox`).
     pub table: String,
+    /// The CA file the URL names ([`Dialect::CA_OPTION`]), if any.
+    pub ca_file: Option<String>,
 }
 
 impl Target {
@@ -88,6 +97,9 @@ fn describe_io(error: &io::Error) -> String {
 pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
     let at = target.at::<D>();
     let table = &target.table;
+    if let Some(tls) = tls_error(&error) {
+        return certificate_error::<D>(tls, target);
+    }
     match error {
         sqlx::Error::Io(e) => Error::new(
             ErrorKind::Connection,
@@ -125,6 +137,107 @@ pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
         )
         .permanent(),
     }
+}
+
+/// The TLS library's error inside a sqlx error (a failed handshake comes as I/O or TLS).
+fn tls_error(error: &sqlx::Error) -> Option<&rustls::Error> {
+    let inner: &(dyn std::error::Error + 'static) = match error {
+        sqlx::Error::Io(e) => e.get_ref()?,
+        sqlx::Error::Tls(e) => e.as_ref(),
+        _ => return None,
+    };
+    if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    inner
+        .downcast_ref::<io::Error>()
+        .and_then(|e| e.get_ref())
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+}
+
+/// A name the certificate presents, as rustls writes it (`DnsName("db.example")`), bare.
+fn san(name: &str) -> &str {
+    match (name.find('"'), name.rfind('"')) {
+        (Some(start), Some(end)) if end > start => &name[start + 1..end],
+        _ => name,
+    }
+}
+
+/// `YYYY-MM-DD` of a certificate time.
+fn day(time: rustls::pki_types::UnixTime) -> String {
+    let secs = i64::try_from(time.as_secs()).unwrap_or(i64::MAX);
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|t| t.format("%Y-%m-%d").to_string())
+        .unwrap_or_else(|| format!("{secs} s after 1970"))
+}
+
+/// A failed TLS handshake: a configuration error at start (never retried as if the server were
+/// down), saying what the server presented and which URL option to fix.
+fn certificate_error<D: Dialect>(error: &rustls::Error, target: &Target) -> Error {
+    use rustls::CertificateError as C;
+    let at = target.at::<D>();
+    let ca = D::CA_OPTION;
+    let text = match error {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            C::UnknownIssuer | C::BadSignature | C::InvalidPurpose => match &target.ca_file {
+                Some(file) => format!(
+                    "the certificate of {at} is not trusted by store.url's {ca} ({file}): that \
+                     file does not hold the CA that signed it; set {ca} to the server's CA"
+                ),
+                None => format!(
+                    "the certificate of {at} is not trusted by the system's CA certificates: \
+                     set {ca} in store.url to the CA that signed it"
+                ),
+            },
+            C::NotValidForNameContext {
+                expected,
+                presented,
+            } => format!(
+                "the certificate of {at} is for {}, not for {} (the host of store.url): connect \
+                 by a name the certificate holds, or use {} to verify the CA only",
+                presented
+                    .iter()
+                    .map(|name| san(name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                expected.to_str(),
+                D::VERIFY_CA_MODE
+            ),
+            C::NotValidForName => format!(
+                "the certificate of {at} is not for the host of store.url: connect by a name \
+                 the certificate holds, or use {} to verify the CA only",
+                D::VERIFY_CA_MODE
+            ),
+            C::ExpiredContext { not_after, .. } => format!(
+                "the certificate of {at} expired on {} (store.url): renew the server's \
+                 certificate (docs/OPERATIONS.md, certificate rotation)",
+                day(*not_after)
+            ),
+            C::Expired => format!(
+                "the certificate of {at} has expired (store.url): renew the server's certificate \
+                 (docs/OPERATIONS.md, certificate rotation)"
+            ),
+            C::NotValidYetContext { not_before, .. } => format!(
+                "the certificate of {at} is not valid before {} (store.url): check the clocks of \
+                 this machine and of the server",
+                day(*not_before)
+            ),
+            other => format!(
+                "the certificate of {at} was refused (store.url, {}): {other:?}",
+                D::TLS_OPTION
+            ),
+        },
+        rustls::Error::AlertReceived(alert) => format!(
+            "{at} refused the TLS handshake ({alert:?}): it may require a client certificate \
+             signed by a CA it trusts (store.url: {})",
+            D::CLIENT_CERT_OPTIONS
+        ),
+        other => format!(
+            "TLS with {at} failed (store.url, {}): {other}",
+            D::TLS_OPTION
+        ),
+    };
+    Error::config(text)
 }
 
 /// The error of a connection attempt that got no answer within `store.connect_timeout`.

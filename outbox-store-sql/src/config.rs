@@ -200,6 +200,14 @@ pub fn check_limits(
     Ok(())
 }
 
+/// The value of the query option `key` of a URL (`sslrootcert`), if set.
+pub fn url_option(url: &str, key: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    url.query_pairs()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
 /// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
 /// nothing of an unparsable value is shown.
 pub fn redact_url(raw: &str) -> String {

@@ -25,6 +25,9 @@ struct SomeSql;
 impl Dialect for SomeSql {
     const PRODUCT: &'static str = "SomeSQL";
     const TLS_OPTION: &'static str = "tls";
+    const CA_OPTION: &'static str = "tls-ca";
+    const CLIENT_CERT_OPTIONS: &'static str = "tls-cert and tls-key";
+    const VERIFY_CA_MODE: &'static str = "tls=verify-ca";
     const UNREACHABLE: &'static str = "server";
 
     fn database_error(

@@ -1,0 +1,228 @@
+//! A private, TLS-only PostgreSQL server of one test: its own data directory and port, plain
+//! TCP connections refused by `pg_hba.conf`, optionally a client certificate required.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::tls::TestPki;
+use crate::util::{free_port, scratch_dir};
+
+/// What the server asks of clients besides TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// TLS only; any client may log in as `postgres` (trust).
+    TlsOnly,
+    /// TLS and a client certificate signed by the test CA whose common name is the user
+    /// (`clientcert=verify-full`); the user is [`crate::tls::CLIENT_NAME`].
+    VerifyFull,
+}
+
+/// See the module's documentation. Stopped (immediate shutdown) and deleted on drop.
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    port: u16,
+}
+
+fn tool(name: &str) -> PathBuf {
+    let versions = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| {
+            let mut v: Vec<PathBuf> = dirs.flatten().map(|d| d.path()).collect();
+            v.sort();
+            v
+        })
+        .unwrap_or_default();
+    for dir in versions.iter().rev() {
+        let path = dir.join("bin").join(name);
+        if path.exists() {
+            return path;
+        }
+    }
+    for dir in ["/usr/local/bin", "/usr/bin"] {
+        let path = Path::new(dir).join(name);
+        if path.exists() {
+            return path;
+        }
+    }
+    panic!("{name} is required for this test and was not found: install postgresql (scripts/services.sh does)")
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A PostgreSQL tool, run as the `postgres` user when we are root (the server refuses root).
+fn command(name: &str) -> Command {
+    if running_as_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(tool(name));
+        c
+    } else {
+        Command::new(tool(name))
+    }
+}
+
+fn run(name: &str, args: &[&str]) {
+    let out = command(name)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn give_to_postgres(path: &Path) {
+    if running_as_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "chown {}", path.display());
+    }
+}
+
+impl PrivatePostgres {
+    /// A new cluster under the scratch directory `name`, serving `pki`'s server certificate,
+    /// started, with database `test` (and user [`crate::tls::CLIENT_NAME`]).
+    pub fn start(name: &str, pki: &TestPki, auth: ClientAuth) -> Self {
+        let dir = scratch_dir(name).join("postgres");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        give_to_postgres(&dir);
+        let data = dir.join("data");
+        let data_arg = data.to_str().unwrap();
+        run(
+            "initdb",
+            &[
+                "-D",
+                data_arg,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+            ],
+        );
+        let port = free_port();
+        std::fs::copy(&pki.server.cert, data.join("server.crt")).unwrap();
+        std::fs::copy(&pki.server.key, data.join("server.key")).unwrap();
+        std::fs::copy(&pki.ca, data.join("root.crt")).unwrap();
+        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        conf.push_str(&format!(
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'root.crt'\nfsync = off\nshared_buffers = 32MB\nmax_connections = 100\n",
+            dir.display()
+        ));
+        std::fs::write(data.join("postgresql.conf"), conf).unwrap();
+        let tls_rule = match auth {
+            ClientAuth::TlsOnly => "hostssl all all 127.0.0.1/32 trust",
+            ClientAuth::VerifyFull => "hostssl all all 127.0.0.1/32 trust clientcert=verify-full",
+        };
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            format!("local all all trust\n{tls_rule}\nhostnossl all all 0.0.0.0/0 reject\n"),
+        )
+        .unwrap();
+        give_to_postgres(&dir);
+        let log = dir.join("server.log");
+        run(
+            "pg_ctl",
+            &[
+                "-D",
+                data_arg,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+        let server = Self { dir, port };
+        server.psql("CREATE DATABASE test");
+        server.psql(&format!(
+            "CREATE ROLE {} LOGIN SUPERUSER",
+            crate::tls::CLIENT_NAME
+        ));
+        server
+    }
+
+    /// Run `sql` as `postgres` over the local socket.
+    pub fn psql(&self, sql: &str) {
+        let port = self.port.to_string();
+        run(
+            "psql",
+            &[
+                "-h",
+                self.dir.to_str().unwrap(),
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ],
+        );
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://user@127.0.0.1:port/test?<query>` (no `?` when `query` is empty).
+    pub fn url(&self, user: &str, query: &str) -> String {
+        let sep = if query.is_empty() { "" } else { "?" };
+        format!("postgres://{user}@127.0.0.1:{}/test{sep}{query}", self.port)
+    }
+
+    /// Serve `cert`/`key` from now on (copied over the server's files, then `pg_ctl reload`):
+    /// a certificate rotation without a restart.
+    pub fn serve(&self, cert: &Path, key: &Path) {
+        let data = self.dir.join("data");
+        std::fs::copy(cert, data.join("server.crt")).unwrap();
+        std::fs::copy(key, data.join("server.key")).unwrap();
+        give_to_postgres(&data);
+        run("pg_ctl", &["-D", data.to_str().unwrap(), "reload"]);
+        // The postmaster reads the files on SIGHUP; new connections use them.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+
+    /// The server's log (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let data = self.dir.join("data");
+        let _ = command("pg_ctl")
+            .args([
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
