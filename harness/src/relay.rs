@@ -94,6 +94,7 @@ pub struct RelayProcess {
     pub name: String,
     pub child: Child,
     pub log: PathBuf,
+    binary: PathBuf,
     config: PathBuf,
     env: Vec<(String, String)>,
 }
@@ -101,25 +102,44 @@ pub struct RelayProcess {
 impl RelayProcess {
     /// Start it with relay id `name`, logging to `dir/<name>.log`, with extra environment.
     pub fn start(config: &Path, dir: &Path, name: &str, env: &[(String, String)]) -> Self {
+        Self::start_binary(&relay_binary(), config, dir, name, env)
+    }
+
+    /// [`Self::start`] with the relay binary `binary` (`env` may set `RUST_LOG`: it comes after
+    /// the harness's `RUST_LOG=info`).
+    pub fn start_binary(
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        name: &str,
+        env: &[(String, String)],
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
-        let child = Self::spawn(config, &log, name, env);
+        let child = Self::spawn(binary, config, &log, name, env);
         Self {
             name: name.to_owned(),
             child,
             log,
+            binary: binary.to_owned(),
             config: config.to_owned(),
             env: env.to_vec(),
         }
     }
 
-    fn spawn(config: &Path, log: &Path, name: &str, env: &[(String, String)]) -> Child {
+    fn spawn(
+        binary: &Path,
+        config: &Path,
+        log: &Path,
+        name: &str,
+        env: &[(String, String)],
+    ) -> Child {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("opening the relay log");
         let err = out.try_clone().expect("cloning the log handle");
-        Command::new(relay_binary())
+        Command::new(binary)
             .arg("--config")
             .arg(config)
             .arg("run")
@@ -130,14 +150,14 @@ impl RelayProcess {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .expect("starting outbox-relay")
+            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()))
     }
 
     /// Start it again as it was started (same name, configuration, environment and log), once
     /// it exited (after [`Self::kill_hard`]).
     pub fn respawn(&mut self) {
         assert!(!self.is_running(), "{} is still running", self.name);
-        self.child = Self::spawn(&self.config, &self.log, &self.name, &self.env);
+        self.child = Self::spawn(&self.binary, &self.config, &self.log, &self.name, &self.env);
     }
 
     /// SIGKILL: no chance to finish anything.

@@ -7,10 +7,11 @@ pub mod postgres;
 #[cfg(feature = "postgres")]
 pub mod private_postgres;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::NewEvent;
+use outboxkit_core::{NewEvent, Store};
 use uuid::Uuid;
 
 use crate::scenario::WriteError;
@@ -43,6 +44,22 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     fn table(&self) -> &str;
     /// The `[store]` table of the relay's configuration (`shards` is added by the harness).
     fn store_toml(&self) -> String;
+    /// The server and its version as the server reports them, for reports.
+    async fn server_version(&self) -> String;
+    /// The store crate's store of this outbox table (`shards` shards, a pool of `connections`),
+    /// its schema migrated first (as `outbox-relay migrate` does), for driving the store
+    /// directly.
+    async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store>;
+    /// Empty the outbox table.
+    async fn truncate(&self);
+    /// Refresh the planner's statistics of the outbox table and the business table (which
+    /// [`Self::create_orders`] made): `VACUUM ANALYZE` / `ANALYZE TABLE`.
+    async fn analyze(&self);
+    /// Empty the outbox table and load `events` pending rows with one `INSERT ... SELECT`, in
+    /// `id` order: row `n` (from 1) is event `OrderChanged` of aggregate `order`
+    /// `(n - 1) % aggregates`, payload `{"n", "order_id", "pad": <pad times "x">}`; then
+    /// refresh the outbox table's statistics. Much faster than writers for a large backlog.
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize);
     /// (Re)create the business table with rows `0` .. `aggregates - 1`.
     async fn create_orders(&self, aggregates: u64);
     /// One business transaction: update the row of `event`'s aggregate in the business table,
@@ -57,6 +74,9 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     async fn pending(&self) -> i64 {
         self.count_rows(PENDING).await
     }
+    /// Whether any row is pending: cheaper than [`Self::pending`] (the first entry of the
+    /// pending index), for polling a large table.
+    async fn any_pending(&self) -> bool;
     /// For every published row, how long after its insert it was marked published (the
     /// database's clock on both ends).
     async fn publish_latencies(&self) -> Vec<Duration>;

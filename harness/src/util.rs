@@ -88,6 +88,25 @@ pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
+/// The first line a command prints (its version), or "<cmd> (version unknown)".
+#[cfg(any(feature = "redis-streams", feature = "kafka", feature = "rabbitmq"))]
+pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("{cmd} (version unknown)"))
+}
+
 /// A process id that may be signalled: never 0 or 1 (`kill -- 0` is the caller's own group,
 /// 1 is init) — the guard every signal of the harness goes through.
 pub(crate) fn signal_pid(pid: u32, signal: &str) -> bool {

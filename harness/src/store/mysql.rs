@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outboxkit_core::NewEvent;
-use outboxkit_store_mysql::Outbox;
+use outboxkit_core::{NewEvent, Store};
+use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig, Outbox};
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 
@@ -40,8 +40,13 @@ impl MySqlSide {
 
     /// The server at `url`.
     pub async fn open_at(url: &str, table: &str) -> Self {
+        Self::open_with_pool(url, table, 12).await
+    }
+
+    /// The server at `url`, with a pool of `connections` (the most transactions in flight).
+    pub async fn open_with_pool(url: &str, table: &str, connections: u32) -> Self {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(12)
+            .max_connections(connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await
@@ -61,6 +66,13 @@ impl MySqlSide {
     pub fn pool(&self) -> &sqlx::MySqlPool {
         &self.pool
     }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 #[async_trait]
@@ -78,6 +90,80 @@ impl StoreSide for MySqlSide {
             "[store]\nkind = \"mysql\"\nurl = \"{}\"\ntable = \"{}\"\n",
             self.url, self.table
         )
+    }
+
+    async fn server_version(&self) -> String {
+        sqlx::query_scalar("SELECT CONCAT(@@version_comment, ' ', VERSION())")
+            .fetch_one(&self.pool)
+            .await
+            .expect("reading the server version")
+    }
+
+    async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
+        let mut config = MySqlStoreConfig::new(&self.url);
+        config.table = self.table.clone();
+        config.shards = shards;
+        config.pool_size = connections;
+        let store = MySqlStore::connect(config)
+            .await
+            .unwrap_or_else(|e| panic!("MySQL at {}: {e}", self.url));
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrating {}: {e}", self.table));
+        Arc::new(store)
+    }
+
+    async fn truncate(&self) {
+        self.exec(&format!("TRUNCATE TABLE {}", self.table)).await;
+    }
+
+    async fn analyze(&self) {
+        self.exec(&format!("ANALYZE TABLE {}, {}", self.table, self.orders))
+            .await;
+    }
+
+    /// At most 1,000,000 events (the generated sequence's size).
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize) {
+        assert!(
+            events <= 1_000_000,
+            "the MySQL side loads at most 1,000,000 events"
+        );
+        self.truncate().await;
+        // One INSERT ... SELECT over a generated sequence (digits cross-joined: MySQL 8 and
+        // MariaDB alike), in id order.
+        let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                      UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                      UNION ALL SELECT 8 UNION ALL SELECT 9)";
+        sqlx::query(&format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', CAST(n MOD ? AS CHAR), 'OrderChanged', \
+                    JSON_OBJECT('n', n + 1, 'order_id', n MOD ?, 'pad', REPEAT('x', {pad})) \
+             FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
+                   FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) nums \
+             WHERE n < ? ORDER BY n",
+            self.table
+        ))
+        .bind(aggregates)
+        .bind(aggregates)
+        .bind(events)
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("loading {events} events: {e}"));
+        self.exec(&format!("ANALYZE TABLE {}", self.table)).await;
+    }
+
+    /// `pending = 1`: the store's generated column for [`PENDING`](super::PENDING), which its
+    /// index covers.
+    async fn any_pending(&self) -> bool {
+        let row: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT 1 FROM {} WHERE pending = 1 LIMIT 1",
+            self.table
+        ))
+        .fetch_optional(&self.pool)
+        .await
+        .expect("looking for a pending row");
+        row.is_some()
     }
 
     async fn create_orders(&self, aggregates: u64) {

@@ -1,13 +1,14 @@
 //! PostgreSQL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::NewEvent;
-use outboxkit_store_postgres::Outbox;
+use outboxkit_core::{NewEvent, Store};
+use outboxkit_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
 use uuid::Uuid;
 
-use super::{DeadRow, StoreSide};
+use super::{DeadRow, StoreSide, PENDING};
 use crate::scenario::WriteError;
 
 /// PostgreSQL for tests: `OUTBOX_TEST_POSTGRES_URL`, default the machine's local server.
@@ -35,8 +36,13 @@ impl PostgresSide {
 
     /// The server at `url`.
     pub async fn open_at(url: &str, table: &str) -> Self {
+        Self::open_with_pool(url, table, 12).await
+    }
+
+    /// The server at `url`, with a pool of `connections` (the most transactions in flight).
+    pub async fn open_with_pool(url: &str, table: &str, connections: u32) -> Self {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(12)
+            .max_connections(connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await
@@ -56,6 +62,13 @@ impl PostgresSide {
     pub fn pool(&self) -> &sqlx::PgPool {
         &self.pool
     }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 #[async_trait]
@@ -73,6 +86,64 @@ impl StoreSide for PostgresSide {
             "[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{}\"\n",
             self.url, self.table
         )
+    }
+
+    async fn server_version(&self) -> String {
+        sqlx::query_scalar("SELECT 'PostgreSQL ' || current_setting('server_version')")
+            .fetch_one(&self.pool)
+            .await
+            .expect("reading the server version")
+    }
+
+    async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
+        let mut config = PostgresStoreConfig::new(&self.url)
+            .table(&self.table)
+            .shards(shards);
+        config.pool_size = connections;
+        let store = PostgresStore::connect(config)
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {}: {e}", self.url));
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrating {}: {e}", self.table));
+        Arc::new(store)
+    }
+
+    async fn truncate(&self) {
+        self.exec(&format!("TRUNCATE {}", self.table)).await;
+    }
+
+    async fn analyze(&self) {
+        self.exec(&format!("VACUUM ANALYZE {}", self.table)).await;
+        self.exec(&format!("VACUUM ANALYZE {}", self.orders)).await;
+    }
+
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize) {
+        self.truncate().await;
+        sqlx::query(&format!(
+            "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', ((g - 1) % $2)::text, 'OrderChanged', \
+                    jsonb_build_object('n', g, 'order_id', (g - 1) % $2, 'pad', repeat('x', {pad})) \
+             FROM generate_series(1, $1) g",
+            self.table
+        ))
+        .bind(events as i64)
+        .bind(aggregates as i64)
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("loading {events} events: {e}"));
+        self.exec(&format!("VACUUM ANALYZE {}", self.table)).await;
+    }
+
+    async fn any_pending(&self) -> bool {
+        sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE {PENDING})",
+            self.table
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .expect("looking for a pending row")
     }
 
     async fn create_orders(&self, aggregates: u64) {
