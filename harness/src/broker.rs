@@ -13,9 +13,10 @@ pub mod redis;
 pub mod sqs;
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use tokio::sync::mpsc::UnboundedReceiver;
 use uuid::Uuid;
 
 use crate::delivery::{Committed, Delivered};
@@ -29,6 +30,10 @@ pub const AGGREGATE_TYPES: [&str; 2] = ["order", "customer"];
 pub trait BrokerSide: Send + Sync + std::fmt::Debug {
     /// The broker, for messages ("Redis Streams", "Kafka"...).
     fn name(&self) -> String;
+    /// The broker's server and version, for reports (its name where the side cannot tell).
+    fn server_version(&self) -> String {
+        self.name()
+    }
     /// The `[sink]` table and the sink's own table of the relay's configuration, the latter last
     /// (a test's extra sink lines follow it), ending with a new line.
     fn sink_toml(&self) -> String;
@@ -51,6 +56,14 @@ pub trait BrokerSide: Send + Sync + std::fmt::Debug {
     /// `timeout`) for `expected` where the side has to wait for messages at all, in the order
     /// the consumer got them per destination (per partition on Kafka).
     async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered>;
+    /// How many messages the destinations hold, for a bulk check where reading each back would
+    /// be slow: the broker's own count (stream lengths, queue depths, SQS's approximate counts;
+    /// on Kafka the distinct event ids read from the beginning). Waits up to `timeout` for
+    /// `expected` where the count may lag behind.
+    async fn held(&self, expected: u64, timeout: Duration) -> u64;
+    /// A live consumer from now on: the event id and arrival time of each message delivered
+    /// (it takes them off queues but deletes nothing), until the receiver is dropped.
+    async fn watch(&self) -> UnboundedReceiver<(Uuid, Instant)>;
     /// The broker's own checks of the scenario's messages (routing keys, keys and partitions,
     /// headers...), beyond the scenario's; `committed` are the scenario's events.
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed);

@@ -1,11 +1,12 @@
 //! The test harness of outbox relay: one copy of the end-to-end scenario and of the pieces it
-//! is made of.
+//! is made of, for the tests, the demo (`outbox-demo`) and the benchmark (`outboxkit-bench`).
 //!
 //! - [`StoreSide`]: a database with its outbox table — connect, create and drop the tables, one
-//!   business transaction that commits or rolls back, pending count. [`PostgresSide`],
-//!   [`MySqlSide`].
+//!   business transaction that commits or rolls back, pending count, a bulk load, the server's
+//!   version. [`PostgresSide`], [`MySqlSide`].
 //! - [`BrokerSide`]: a broker with the destinations of one test — the sink's settings section,
-//!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer, and the
+//!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer (and
+//!   [`BrokerSide::held`], [`BrokerSide::watch`] for counts and arrival times), and the
 //!   broker's own checks of what arrived. [`RedisSide`], [`KafkaSide`], [`RabbitMqSide`],
 //!   [`SqsSide`]. They use the brokers' client crates, never our sink crates.
 //! - [`Scenario`]: real `outbox-relay run` processes between a store side and a broker side;

@@ -10,12 +10,13 @@ use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
-use crate::util::{free_port, signal_pid, unique};
+use crate::util::{first_line, free_port, signal_pid, unique};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -191,6 +192,63 @@ impl BrokerSide for KafkaSide {
             .read_records(self.topics(), expected.len(), timeout)
             .await;
         records.into_iter().map(KafkaRecord::delivered).collect()
+    }
+
+    /// The distinct event ids of the topics read from the beginning, until `expected` arrived
+    /// and 2 s passed without a message, or until `timeout`.
+    async fn held(&self, expected: u64, timeout: Duration) -> u64 {
+        let records = self
+            .read_records(self.topics(), expected as usize, timeout)
+            .await;
+        let distinct: HashSet<Uuid> = records.iter().map(KafkaRecord::event_id).collect();
+        distinct.len() as u64
+    }
+
+    /// A consumer thread with every partition of the topics assigned from the beginning (an
+    /// `End` assignment resolves lazily and would miss the first messages: watch topics that
+    /// are still empty), fetching with short waits.
+    async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::{Headers, Message};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", unique("watch"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "10")
+            .set("fetch.error.backoff.ms", "10")
+            .set("fetch.queue.backoff.ms", "0")
+            .create()
+            .expect("creating the watching consumer");
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for topic in self.topics() {
+            for p in 0..self.partitions {
+                assignment
+                    .add_partition_offset(&topic, p, rdkafka::Offset::Beginning)
+                    .expect("assigning a partition");
+            }
+        }
+        consumer.assign(&assignment).expect("assigning partitions");
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            while !tx.is_closed() {
+                let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let now = Instant::now();
+                let id = m.headers().and_then(|headers| {
+                    headers
+                        .iter()
+                        .find(|h| h.key == "event_id")
+                        .and_then(|h| std::str::from_utf8(h.value?).ok())
+                        .and_then(|s| Uuid::parse_str(s).ok())
+                });
+                if let Some(id) = id {
+                    let _ = tx.send((id, now));
+                }
+            }
+            consumer.unassign().ok();
+        });
+        rx
     }
 
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
@@ -386,10 +444,15 @@ impl KafkaBrokerProcess {
 
     /// [`Self::start`] with extra `tansu broker` arguments (`--authentication`...).
     pub fn start_with(dir: &Path, args: &[&str]) -> Self {
+        Self::start_binary(&Self::binary(), dir, args)
+    }
+
+    /// Start the tansu binary `binary` as [`Self::start_with`] does.
+    pub fn start_binary(binary: &Path, dir: &Path, args: &[&str]) -> Self {
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join("tansu.log")).expect("creating the broker log");
-        let child = Command::new(Self::binary())
+        let child = Command::new(binary)
             .args([
                 "broker",
                 "--listener-url",
@@ -417,6 +480,11 @@ impl KafkaBrokerProcess {
             std::thread::sleep(Duration::from_millis(50));
         }
         broker
+    }
+
+    /// The first line `binary --version` prints.
+    pub fn version(binary: &Path) -> String {
+        first_line(&binary.to_string_lossy(), &["--version"])
     }
 
     /// SIGSTOP: the broker stops answering (connections stay open, requests hang) and

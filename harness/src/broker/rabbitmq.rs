@@ -14,12 +14,13 @@ use lapin::options::{
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
-use crate::util::unique;
+use crate::util::{first_line, unique};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -209,6 +210,12 @@ impl BrokerSide for RabbitMqSide {
         "RabbitMQ".to_owned()
     }
 
+    /// The Debian package's version of the machine's server.
+    fn server_version(&self) -> String {
+        let version = first_line("dpkg-query", &["-W", "-f", "${Version}", "rabbitmq-server"]);
+        format!("RabbitMQ {version}")
+    }
+
     fn sink_toml(&self) -> String {
         format!(
             "[sink]\nkind = \"rabbitmq\"\n\n[sink.rabbitmq]\nurl = \"{}\"\nexchange = \"{}\"\n\
@@ -239,6 +246,66 @@ impl BrokerSide for RabbitMqSide {
             out.extend(consume_queue(&channel, &self.destination(t)).await);
         }
         out
+    }
+
+    /// The queues' depths, every 200 ms until `expected` or `timeout`.
+    async fn held(&self, expected: u64, timeout: Duration) -> u64 {
+        let (_connection, channel) = self.channel().await;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut n = 0;
+            for t in AGGREGATE_TYPES {
+                n += queue_len(&channel, &self.destination(t)).await;
+            }
+            if n >= expected || Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `basic.consume` of the queues, no ack, on a connection of its own, closed once the
+    /// receiver is dropped.
+    async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
+        let (connection, channel) = self.channel().await;
+        let (tx, rx) = mpsc::unbounded_channel();
+        for t in AGGREGATE_TYPES {
+            let queue = self.destination(t);
+            let consumer = channel
+                .basic_consume(
+                    queue.as_str().into(),
+                    unique("watch").as_str().into(),
+                    BasicConsumeOptions {
+                        no_ack: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("consuming {queue}: {e}"));
+            let tx = tx.clone();
+            consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
+                let now = Instant::now();
+                let tx = tx.clone();
+                async move {
+                    if let Ok(Some(delivery)) = delivery {
+                        if let Some(id) = delivery
+                            .properties
+                            .message_id()
+                            .as_ref()
+                            .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+                        {
+                            let _ = tx.send((id, now));
+                        }
+                    }
+                }
+            });
+        }
+        tokio::spawn(async move {
+            tx.closed().await;
+            let _ = connection.close(200, "done".into()).await;
+        });
+        rx
     }
 
     /// The routing key `{aggregate_type}.{event_type}`, the writer's headers and the event id
@@ -278,9 +345,9 @@ impl BrokerSide for RabbitMqSide {
     }
 }
 
-/// Consume everything `queue` holds now, in queue order, as an independent consumer.
-async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> {
-    let expected = channel
+/// The messages `queue` holds (a passive `queue.declare`).
+async fn queue_len(channel: &lapin::Channel, queue: &str) -> u64 {
+    let declared = channel
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
@@ -290,8 +357,13 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
             FieldTable::default(),
         )
         .await
-        .unwrap_or_else(|e| panic!("queue {queue}: {e}"))
-        .message_count() as usize;
+        .unwrap_or_else(|e| panic!("queue {queue}: {e}"));
+    u64::from(declared.message_count())
+}
+
+/// Consume everything `queue` holds now, in queue order, as an independent consumer.
+async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> {
+    let expected = queue_len(channel, queue).await as usize;
     let tag = unique("reader");
     let consumer = channel
         .basic_consume(

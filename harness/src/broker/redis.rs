@@ -2,15 +2,17 @@
 //! XRANGE.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
+use crate::util::first_line;
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -234,6 +236,11 @@ impl BrokerSide for RedisSide {
         "Redis Streams".to_owned()
     }
 
+    /// `redis-server --version` of the machine.
+    fn server_version(&self) -> String {
+        first_line("redis-server", &["--version"])
+    }
+
     fn sink_toml(&self) -> String {
         format!(
             "[sink]\nkind = \"redis-streams\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
@@ -256,6 +263,59 @@ impl BrokerSide for RedisSide {
             out.extend(self.read_stream(&self.destination(t)).await);
         }
         out
+    }
+
+    /// XLEN of the streams (the relay appends once the event is published).
+    async fn held(&self, _expected: u64, _timeout: Duration) -> u64 {
+        let mut n = 0;
+        for t in AGGREGATE_TYPES {
+            n += self.stream_len(&self.destination(t)).await;
+        }
+        n
+    }
+
+    /// XREAD BLOCK on the streams from `$`, on a connection of its own (XREAD BLOCK holds it).
+    async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
+        let client = redis::Client::open(self.url.as_str()).expect("a redis:// URL");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {} is unreachable: {e}", self.url));
+        let streams: Vec<String> = AGGREGATE_TYPES
+            .iter()
+            .map(|t| self.destination(t))
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut last = vec!["$".to_owned(); streams.len()];
+            loop {
+                let reply: Result<Option<redis::streams::StreamReadReply>, _> = redis::cmd("XREAD")
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("BLOCK")
+                    .arg(200)
+                    .arg("STREAMS")
+                    .arg(&streams)
+                    .arg(&last)
+                    .query_async(&mut connection)
+                    .await;
+                let Ok(reply) = reply else { return };
+                let now = Instant::now();
+                for key in reply.map(|r| r.keys).unwrap_or_default() {
+                    let i = streams.iter().position(|s| *s == key.key).unwrap_or(0);
+                    for entry in key.ids {
+                        let id: String = entry.get("event_id").unwrap_or_default();
+                        if let Ok(id) = Uuid::parse_str(&id) {
+                            if tx.send((id, now)).is_err() {
+                                return;
+                            }
+                        }
+                        last[i] = entry.id;
+                    }
+                }
+            }
+        });
+        rx
     }
 
     fn check_messages(&self, delivered: &[Delivered], _committed: &Committed) {

@@ -14,6 +14,7 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::BrokerSide;
@@ -89,6 +90,11 @@ impl SqsSide {
         Self::new(&sqs_endpoint(), prefix.to_owned())
     }
 
+    /// A standard queue `<prefix>` on the server at `endpoint`.
+    pub async fn standard_at(endpoint: &str, prefix: &str) -> Self {
+        Self::new(endpoint, prefix.to_owned())
+    }
+
     /// A FIFO queue `<prefix>.fifo` on the test server.
     pub async fn fifo(prefix: &str) -> Self {
         Self::new(&sqs_endpoint(), format!("{prefix}.fifo"))
@@ -130,6 +136,8 @@ impl SqsSide {
     }
 
     /// Consume with `tasks` concurrent receive loops (4 unless told otherwise).
+    /// Consume with `tasks` concurrent receive loops (4 unless told otherwise; 0: none, the
+    /// messages stay in the queue for [`BrokerSide::held`] or [`BrokerSide::watch`]).
     pub fn consumers(mut self, tasks: usize) -> Self {
         self.consumers = tasks;
         self
@@ -334,6 +342,14 @@ impl BrokerSide for SqsSide {
         self.queue.clone()
     }
 
+    /// LocalStack's version from its health endpoint.
+    fn server_version(&self) -> String {
+        format!(
+            "LocalStack {} (SQS API emulator, Python)",
+            localstack_version(&self.endpoint)
+        )
+    }
+
     /// Standard queues promise no order (and several receivers take messages concurrently).
     fn ordered(&self) -> bool {
         self.is_fifo()
@@ -344,6 +360,70 @@ impl BrokerSide for SqsSide {
         self.wait_for_all(expected, timeout).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         self.received()
+    }
+
+    /// `ApproximateNumberOfMessages` + `...NotVisible`, every 500 ms until `expected` or
+    /// `timeout` (without consumers: [`SqsSide::consumers`] 0).
+    async fn held(&self, expected: u64, timeout: Duration) -> u64 {
+        let url = self.url.lock().unwrap().clone();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answer = self
+                .client
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("counting {}: {}", self.queue, DisplayErrorContext(&e)));
+            let n: u64 = answer
+                .attributes()
+                .map(|a| a.values().filter_map(|v| v.parse::<u64>().ok()).sum())
+                .unwrap_or(0);
+            if n >= expected || Instant::now() > deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Four long-polling receivers (10 messages, 1 s waits) that delete nothing: give the
+    /// queue a long `VisibilityTimeout` so received messages do not come back meanwhile.
+    async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
+        let url = self.url.lock().unwrap().clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        for _ in 0..4 {
+            let (client, url, tx) = (self.client.clone(), url.clone(), tx.clone());
+            tokio::spawn(async move {
+                while !tx.is_closed() {
+                    let Ok(answer) = client
+                        .receive_message()
+                        .queue_url(&url)
+                        .max_number_of_messages(10)
+                        .wait_time_seconds(1)
+                        .message_attribute_names("event_id")
+                        .send()
+                        .await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    };
+                    let now = Instant::now();
+                    for message in answer.messages() {
+                        let id = message
+                            .message_attributes()
+                            .and_then(|a| a.get("event_id"))
+                            .and_then(|v| v.string_value())
+                            .and_then(|s| Uuid::parse_str(s).ok());
+                        if let Some(id) = id {
+                            let _ = tx.send((id, now));
+                        }
+                    }
+                }
+            });
+        }
+        rx
     }
 
     /// The writer's headers travel as message attributes; on a FIFO queue the message group is
@@ -374,6 +454,33 @@ impl Drop for SqsSide {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// LocalStack's version from its health endpoint, or "(version unknown)".
+fn localstack_version(endpoint: &str) -> String {
+    use std::io::{Read, Write};
+    let host = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let answer = (|| -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect(&host)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET /_localstack/health HTTP/1.0\r\nHost: {host}\r\n\r\n"
+        )?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body)?;
+        Ok(body)
+    })()
+    .unwrap_or_default();
+    answer
+        .split("\"version\":")
+        .nth(1)
+        .and_then(|v| v.split('"').nth(1))
+        .unwrap_or("(version unknown)")
+        .to_owned()
 }
 
 async fn consume_once(
