@@ -11,10 +11,10 @@
 //! steady write rate, writer throughput with the relay stopped and running, and the relay's
 //! peak RSS. Each figure is the median of `--runs` runs, with min and max.
 
-mod brokers;
+mod article;
+mod broker;
 mod pair;
 mod report;
-mod stores;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -147,13 +147,13 @@ async fn run(args: Args) -> Result<(), String> {
             .ok_or_else(|| format!("--pairs: \"{pair}\" is not store:sink"))?;
         let bench = pair::open(&args, store, sink).await?;
         eprintln!("== {store} → {sink}");
-        let (store_server, broker_server) = bench.describe();
+        let (store_server, broker_server) = bench.describe().await;
         report.add_server(store, &store_server);
         report.add_server(sink, &broker_server);
         let mut result = PairResult::new(store, sink);
         result.events = bench.events(args.events);
         result.article_events = args.article_events.min(result.events);
-        measure(&args, bench.as_ref(), &mut result).await?;
+        measure(&args, &bench, &mut result).await?;
         report.pairs.push(result);
         // After each pair, so an interrupted run keeps what it measured.
         report
@@ -167,11 +167,7 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-async fn measure(
-    args: &Args,
-    bench: &dyn pair::PairBench,
-    result: &mut PairResult,
-) -> Result<(), String> {
+async fn measure(args: &Args, bench: &pair::Pair, result: &mut PairResult) -> Result<(), String> {
     let runs = args.runs.max(1);
     let events = result.events;
     let mut drains: Vec<Figure> = args

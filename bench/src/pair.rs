@@ -1,25 +1,27 @@
-//! One store × sink pair: the pieces each measurement needs. A store side and a broker side are
-//! combined; adding a pair is adding a side.
+//! One store × sink pair and its measurements: drain rate and peak RSS, the article's baseline,
+//! the database's and the broker's ceilings, commit→receive latency, the writers' cost. The
+//! store and broker sides come from the harness; adding a pair is adding a side there.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use chrono::Utc;
-use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, Sink, Store};
-use tokio::sync::mpsc;
+use outboxkit_core::{ClaimRequest, MarkMode, NewEvent, OutboxEvent, Store};
+use outboxkit_harness::{write_file, MySqlSide, PostgresSide, RelayProcess, StoreSide};
 use uuid::Uuid;
 
-use crate::brokers::{KafkaSide, RabbitMqSide, RedisSide, SqsSide};
-use crate::stores::{MySqlSide, PostgresSide};
+use crate::article::Article;
+use crate::broker::Broker;
 use crate::Args;
 
+/// The outbox table (the business table is `bench_outbox_orders`).
 pub const TABLE: &str = "bench_outbox";
-pub const ORDERS: &str = "bench_orders";
+/// Shards of the database ceiling's session.
 pub const SHARDS: u32 = 64;
+/// Longest wait for the broker to hold every event after a drain (not timed).
+const HELD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections of the writers' pool (and most transactions in flight in the latency runs).
 pub const WRITER_CONNECTIONS: usize = 40;
 /// Padding that makes each payload about 300 bytes of JSON.
@@ -44,194 +46,119 @@ pub struct Latency {
     pub write_rate: f64,
 }
 
-/// Everything measured for a pair.
-#[async_trait]
-pub trait PairBench: Send + Sync {
-    /// Server versions of the store and the broker.
-    fn describe(&self) -> (String, String);
-    /// Events per drain for this pair (`--events`, or less for a slow emulated broker).
-    fn events(&self, requested: u64) -> u64;
-    async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String>;
-    async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String>;
-    async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String>;
-    async fn broker_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String>;
-    async fn latency(
-        &self,
-        rate: u64,
-        duration: Duration,
-        aggregates: u64,
-    ) -> Result<Latency, String>;
-    /// Writer commits/s with the relay stopped and running, alternating `rounds` times.
-    async fn writer_cost(
-        &self,
-        writers: u64,
-        duration: Duration,
-        aggregates: u64,
-        rounds: u32,
-    ) -> Result<(f64, f64), String>;
-}
-
-/// The database side of a pair.
-#[async_trait]
-pub trait StoreSide: Send + Sync {
-    /// Server and version.
-    fn describe(&self) -> String;
-    fn store(&self) -> Arc<dyn Store>;
-    /// `[store]` of the relay's configuration.
-    fn relay_toml(&self) -> String;
-    /// Empty the outbox and load `events` pending rows spread over `aggregates`.
-    async fn load(&self, events: u64, aggregates: u64) -> Result<(), String>;
-    /// Whether any row is still pending (cheap: the first entry of the pending index).
-    async fn any_pending(&self) -> Result<bool, String>;
-    /// Recreate the business table with `aggregates` rows and empty the outbox.
-    async fn reset_business(&self, aggregates: u64) -> Result<(), String>;
-    /// One business transaction: update the order row, enqueue its event, commit.
-    async fn write_one(&self, order: i64) -> Result<Uuid, String>;
-    /// One round of the article's relay: a transaction that locks 100 rows with
-    /// `FOR UPDATE SKIP LOCKED`, publishes them one by one awaiting each ack, marks
-    /// `published_at`, commits. Returns the rows handled.
-    async fn article_round(&self, sink: &dyn Sink) -> Result<usize, String>;
-}
-
-/// The broker side of a pair.
-#[async_trait]
-pub trait BrokerSide: Send + Sync {
-    /// Server and version.
-    fn describe(&self) -> String;
-    /// The sink as the relay builds it (for the article's run and the broker ceiling).
-    fn sink(&self) -> Arc<dyn Sink>;
-    /// `[sink]` of the relay's configuration.
-    fn relay_toml(&self) -> String;
-    /// Environment the relay process needs (e.g. credentials).
-    fn relay_env(&self) -> Vec<(String, String)> {
-        Vec::new()
-    }
-    /// Most events per drain this broker can take in reasonable time (an emulator).
-    fn max_events(&self) -> Option<u64> {
-        None
-    }
-    /// Forget everything delivered.
-    async fn reset(&self) -> Result<(), String>;
-    /// Messages delivered since the last reset (may read them back: not timed).
-    async fn delivered(&self, expected: u64) -> Result<u64, String>;
-    /// Stream (event id, receive time) of messages delivered from now on.
-    async fn consume(&self) -> Result<mpsc::UnboundedReceiver<(Uuid, Instant)>, String>;
+/// A store × sink pair: the harness's store side (with the article's relay on its pool and the
+/// store crate's store for the database ceiling) and the broker of the pair.
+pub struct Pair {
+    batch: usize,
+    article_secs: u64,
+    relay_bin: PathBuf,
+    dir: PathBuf,
+    store: Arc<dyn StoreSide>,
+    ceiling_store: Arc<dyn Store>,
+    article: Article,
+    broker: Broker,
 }
 
 /// Open a pair by kinds.
-pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Box<dyn PairBench>, String> {
-    let store: Arc<dyn StoreSide> = match store {
-        "postgres" => Arc::new(PostgresSide::open(&args.postgres_url).await?),
-        "mysql" => Arc::new(MySqlSide::open(&args.mysql_url).await?),
+pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Pair, String> {
+    let connections = WRITER_CONNECTIONS as u32;
+    let (side, article): (Arc<dyn StoreSide>, Article) = match store {
+        "postgres" => {
+            let side = PostgresSide::open_with_pool(&args.postgres_url, TABLE, connections).await;
+            let article = Article::Postgres(side.pool().clone());
+            (Arc::new(side), article)
+        }
+        "mysql" => {
+            let side = MySqlSide::open_with_pool(&args.mysql_url, TABLE, connections).await;
+            let article = Article::MySql(side.pool().clone());
+            (Arc::new(side), article)
+        }
         other => {
             return Err(format!(
                 "--pairs: store \"{other}\" is not benchmarked (known: postgres, mysql)"
             ))
         }
     };
-    let broker: Box<dyn BrokerSide> = match sink {
-        "redis-streams" => Box::new(RedisSide::open(&args.redis_url).await?),
-        "kafka" => Box::new(KafkaSide::open(&args.tansu_bin).await?),
-        "rabbitmq" => Box::new(RabbitMqSide::open(&args.rabbitmq_url, args.rabbitmq_events).await?),
-        "sqs" => Box::new(SqsSide::open(&args.sqs_endpoint, args.sqs_events).await?),
-        other => {
-            return Err(format!(
-                "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs)"
-            ))
-        }
-    };
+    let ceiling_store = side.connect_store(SHARDS, connections).await;
     let dir = std::env::temp_dir().join("outboxkit-bench");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    Ok(Box::new(Pair {
+    Ok(Pair {
         batch: args.batch_size,
         article_secs: args.article_secs,
-        store,
-        broker,
         relay_bin: args.relay_bin.clone(),
+        broker: Broker::open(args, sink, dir.clone()).await?,
         dir,
-    }))
+        store: side,
+        ceiling_store,
+        article,
+    })
 }
 
-struct Pair {
-    batch: usize,
-    article_secs: u64,
-    store: Arc<dyn StoreSide>,
-    broker: Box<dyn BrokerSide>,
-    relay_bin: PathBuf,
-    dir: PathBuf,
+/// The relay's peak resident set (VmHWM) so far.
+fn peak_rss_mib(relay: &RelayProcess) -> f64 {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", relay.child.id())).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
 }
 
-/// A relay child process; stopped (SIGTERM, then SIGKILL after 30 s) when dropped, so a
-/// failed measurement never leaves a relay running into the next one.
-struct RelayProcess(Child);
-
-impl RelayProcess {
-    fn peak_rss_mib(&self) -> f64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
-        status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map(|kb| kb / 1024.0)
-            .unwrap_or(0.0)
-    }
-
-    fn stop(self) {
-        drop(self);
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.0.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// SIGTERM, then SIGKILL after 30 s. (A relay dropped without it, after a failed measurement,
+/// is killed: it never runs into the next one.)
+fn stop(mut relay: RelayProcess) {
+    relay.terminate(Duration::from_secs(30));
 }
 
 impl Pair {
-    fn config(&self) -> Result<PathBuf, String> {
+    fn config(&self) -> PathBuf {
         let text = format!(
             "{}\n{}\n[relay]\nbatch_size = {}\n\n[server]\nlisten = \"\"\n\n[log]\nlevel = \"warn\"\n",
-            self.store.relay_toml(),
-            self.broker.relay_toml(),
+            self.store.store_toml(),
+            self.broker.side().sink_toml(),
             self.batch
         );
-        let path = self.dir.join("relay.toml");
-        std::fs::write(&path, text).map_err(|e| e.to_string())?;
-        Ok(path)
+        write_file(&self.dir, "relay.toml", &text)
     }
 
-    fn start_relay(&self, config: &Path, n: u32) -> Result<RelayProcess, String> {
-        let log = std::fs::File::create(self.dir.join(format!("relay-{n}.log")))
+    fn start_relay(&self, config: &Path, n: u32) -> RelayProcess {
+        let mut env = self.broker.side().relay_env();
+        // As the configuration's `[log] level` ("warn"): the harness's RUST_LOG=info would win.
+        env.push(("RUST_LOG".to_owned(), "warn,lapin=error".to_owned()));
+        RelayProcess::start_binary(
+            &self.relay_bin,
+            config,
+            &self.dir,
+            &format!("bench-{n}"),
+            &env,
+        )
+    }
+
+    /// One business transaction of the writers: update the order row, enqueue its event,
+    /// commit; the event's id.
+    async fn write_one(store: &dyn StoreSide, order: u64) -> Result<Uuid, String> {
+        let event = NewEvent::new(
+            "order",
+            order.to_string(),
+            "OrderChanged",
+            serde_json::json!({ "order_id": order, "pad": "x".repeat(PAD) }),
+        )
+        .event_id(Uuid::now_v7());
+        store
+            .transact(&event, true)
+            .await
             .map_err(|e| e.to_string())?;
-        let child = Command::new(&self.relay_bin)
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("OUTBOX_RELAY__RELAY_ID", format!("bench-{n}"))
-            .envs(self.broker.relay_env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.relay_bin.display()))?;
-        Ok(RelayProcess(child))
+        Ok(event.event_id_or_new())
+    }
+
+    /// Recreate the business table with `aggregates` rows and empty the outbox.
+    async fn reset_business(&self, aggregates: u64) {
+        self.store.truncate().await;
+        self.store.create_orders(aggregates).await;
+        self.store.analyze().await;
     }
 }
 
@@ -261,30 +188,30 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-#[async_trait]
-impl PairBench for Pair {
-    fn describe(&self) -> (String, String) {
-        (self.store.describe(), self.broker.describe())
+impl Pair {
+    /// Server versions of the store and the broker.
+    pub async fn describe(&self) -> (String, String) {
+        (self.store.server_version().await, self.broker.describe())
     }
 
-    fn events(&self, requested: u64) -> u64 {
+    /// Events per drain for this pair (`--events`, or less for a slow emulated broker).
+    pub fn events(&self, requested: u64) -> u64 {
         self.broker
             .max_events()
             .map_or(requested, |max| max.min(requested))
     }
 
-    async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String> {
+    pub async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String> {
         self.broker.reset().await?;
-        self.store.load(events, aggregates).await?;
-        let config = self.config()?;
+        self.store.bulk_load(events, aggregates, PAD).await;
+        let config = self.config();
         let started = Instant::now();
-        let processes: Vec<RelayProcess> = (0..relays)
-            .map(|n| self.start_relay(&config, n))
-            .collect::<Result<_, _>>()?;
+        let processes: Vec<RelayProcess> =
+            (0..relays).map(|n| self.start_relay(&config, n)).collect();
         let deadline = started + Duration::from_secs(900);
         // A row leaves the pending set only once the broker acknowledged it: the drain is
         // over when none is left.
-        while self.store.any_pending().await? {
+        while self.store.any_pending().await {
             if Instant::now() > deadline {
                 return Err(format!(
                     "drain of {events} events did not finish in 15 minutes"
@@ -294,18 +221,15 @@ impl PairBench for Pair {
         }
         let elapsed = started.elapsed();
         // Not timed: the broker really holds them all.
-        let delivered = self.broker.delivered(events).await?;
+        let delivered = self.broker.side().held(events, HELD_TIMEOUT).await;
         if delivered < events {
             return Err(format!(
                 "drain: the table is empty but the broker holds {delivered} of {events} events"
             ));
         }
-        let peak_rss_mib = processes
-            .first()
-            .map(RelayProcess::peak_rss_mib)
-            .unwrap_or(0.0);
+        let peak_rss_mib = processes.first().map(peak_rss_mib).unwrap_or(0.0);
         for p in processes {
-            p.stop();
+            stop(p);
         }
         Ok(Drain {
             rate: events as f64 / elapsed.as_secs_f64(),
@@ -313,16 +237,19 @@ impl PairBench for Pair {
         })
     }
 
-    async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String> {
+    pub async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String> {
         self.broker.reset().await?;
-        self.store.load(events, aggregates).await?;
+        self.store.bulk_load(events, aggregates, PAD).await;
         let sink = self.broker.sink();
         let started = Instant::now();
         let budget = Duration::from_secs(self.article_secs);
         let mut done = 0;
         // Its rate is steady: stop at the time budget when the broker is slow.
         while started.elapsed() < budget {
-            let n = self.store.article_round(sink.as_ref()).await?;
+            let n = self
+                .article
+                .round(self.store.table(), sink.as_ref())
+                .await?;
             if n == 0 {
                 break;
             }
@@ -334,10 +261,10 @@ impl PairBench for Pair {
         Ok(done as f64 / started.elapsed().as_secs_f64())
     }
 
-    async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
-        self.store.load(events, aggregates).await?;
-        let store = self.store.store();
-        let mut session = store
+    pub async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
+        self.store.bulk_load(events, aggregates, PAD).await;
+        let mut session = self
+            .ceiling_store
             .open_session("bench-ceiling")
             .await
             .map_err(|e| e.to_string())?;
@@ -378,7 +305,7 @@ impl PairBench for Pair {
         Ok(rate)
     }
 
-    async fn broker_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
+    pub async fn broker_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
         self.broker.reset().await?;
         let sink = self.broker.sink();
         let all: Vec<OutboxEvent> = (1..=events).map(|n| sample_event(n, aggregates)).collect();
@@ -392,18 +319,18 @@ impl PairBench for Pair {
         Ok(events as f64 / started.elapsed().as_secs_f64())
     }
 
-    async fn latency(
+    pub async fn latency(
         &self,
         rate: u64,
         duration: Duration,
         aggregates: u64,
     ) -> Result<Latency, String> {
         self.broker.reset().await?;
-        self.store.reset_business(aggregates).await?;
-        let config = self.config()?;
-        let relay = self.start_relay(&config, 0)?;
+        self.reset_business(aggregates).await;
+        let config = self.config();
+        let relay = self.start_relay(&config, 0);
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut received = self.broker.consume().await?;
+        let mut received = self.broker.side().watch().await;
         let committed: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
 
         // Steady writes: every millisecond, start the commits due by then.
@@ -429,7 +356,7 @@ impl PairBench for Pair {
                     .map_err(|e| e.to_string())?;
                 tasks.spawn(async move {
                     let _permit = permit;
-                    let id = store.write_one(order as i64 + 1).await?;
+                    let id = Self::write_one(store.as_ref(), order).await?;
                     committed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -464,7 +391,7 @@ impl PairBench for Pair {
                 Err(_) => {}
             }
         }
-        relay.stop();
+        stop(relay);
         let committed = committed.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut ms: Vec<f64> = committed
             .iter()
@@ -491,7 +418,7 @@ impl PairBench for Pair {
         })
     }
 
-    async fn writer_cost(
+    pub async fn writer_cost(
         &self,
         writers: u64,
         duration: Duration,
@@ -499,17 +426,17 @@ impl PairBench for Pair {
         rounds: u32,
     ) -> Result<(f64, f64), String> {
         self.broker.reset().await?;
-        self.store.reset_business(aggregates).await?;
-        let config = self.config()?;
+        self.reset_business(aggregates).await;
+        let config = self.config();
         let (mut alone, mut with) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
         // Alternate, so that drift (checkpoints, table growth) weighs on both sides alike.
         for _ in 0..rounds {
             let (n, t) = self.writers(writers, duration, aggregates).await?;
             alone = (alone.0 + n, alone.1 + t);
-            let relay = self.start_relay(&config, 0)?;
+            let relay = self.start_relay(&config, 0);
             // Not timed: the relay takes its shards and publishes what the writers left.
             let deadline = Instant::now() + Duration::from_secs(120);
-            while self.store.any_pending().await? {
+            while self.store.any_pending().await {
                 if Instant::now() > deadline {
                     return Err("writer cost: the relay did not catch up within 2 minutes".into());
                 }
@@ -517,7 +444,7 @@ impl PairBench for Pair {
             }
             let (n, t) = self.writers(writers, duration, aggregates).await?;
             with = (with.0 + n, with.1 + t);
-            relay.stop();
+            stop(relay);
         }
         Ok((
             alone.0 as f64 / alone.1.as_secs_f64(),
@@ -543,7 +470,7 @@ impl Pair {
                 let mut order = w;
                 while started.elapsed() < duration {
                     order = (order + writers) % aggregates;
-                    store.write_one(order as i64 + 1).await?;
+                    Self::write_one(store.as_ref(), order).await?;
                     n += 1;
                 }
                 Ok::<u64, String>(n)

@@ -1,0 +1,129 @@
+//! The article's relay, the baseline: one round is a transaction that locks 100 pending rows
+//! with `FOR UPDATE SKIP LOCKED`, publishes them one by one awaiting each acknowledgement, marks
+//! them `published_at` and commits. Its SQL is the store's own dialect.
+
+use outboxkit_core::{OutboxEvent, Sink};
+use sqlx::Row;
+use uuid::Uuid;
+
+/// The database the article's relay runs on (the store side's pool).
+pub enum Article {
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl Article {
+    /// One round over `table`; the rows handled.
+    pub async fn round(&self, table: &str, sink: &dyn Sink) -> Result<usize, String> {
+        match self {
+            Self::Postgres(pool) => postgres_round(pool, table, sink).await,
+            Self::MySql(pool) => mysql_round(pool, table, sink).await,
+        }
+    }
+}
+
+async fn postgres_round(
+    pool: &sqlx::PgPool,
+    table: &str,
+    sink: &dyn Sink,
+) -> Result<usize, String> {
+    let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+    let rows = sqlx::query(&format!(
+        "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, created_at \
+         FROM {table} WHERE published_at IS NULL AND dead_at IS NULL \
+         ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let event = OutboxEvent {
+            id: row.get(0),
+            event_id: row.get(1),
+            aggregate_type: row.get(2),
+            aggregate_id: row.get(3),
+            event_type: row.get(4),
+            payload: row.get(5),
+            headers: Default::default(),
+            destination: None,
+            created_at: row.get(6),
+            attempts: 0,
+            shard: 0,
+        };
+        // One by one, waiting for each acknowledgement, inside the transaction.
+        publish_one(sink, &event).await?;
+        ids.push(event.id);
+    }
+    sqlx::query(&format!(
+        "UPDATE {table} SET published_at = now() WHERE id = ANY($1)"
+    ))
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    tx.commit().await.map_err(|e| e.to_string())?;
+    Ok(ids.len())
+}
+
+async fn mysql_round(
+    pool: &sqlx::MySqlPool,
+    table: &str,
+    sink: &dyn Sink,
+) -> Result<usize, String> {
+    let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
+    let rows = sqlx::query(&format!(
+        "SELECT id, CAST(event_id AS CHAR), CAST(aggregate_type AS CHAR), \
+                CAST(aggregate_id AS CHAR), CAST(event_type AS CHAR), \
+                CAST(payload AS CHAR), created_at \
+         FROM {table} WHERE pending = 1 \
+         ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut ids = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let text = |i: usize| row.try_get::<String, _>(i).map_err(|e| e.to_string());
+        let created_at: chrono::NaiveDateTime = row.try_get(6).map_err(|e| e.to_string())?;
+        let event = OutboxEvent {
+            id: row.try_get(0).map_err(|e| e.to_string())?,
+            event_id: Uuid::parse_str(&text(1)?).map_err(|e| e.to_string())?,
+            aggregate_type: text(2)?,
+            aggregate_id: text(3)?,
+            event_type: text(4)?,
+            payload: text(5)?,
+            headers: Default::default(),
+            destination: None,
+            created_at: created_at.and_utc(),
+            attempts: 0,
+            shard: 0,
+        };
+        publish_one(sink, &event).await?;
+        ids.push(event.id);
+    }
+    if !ids.is_empty() {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        sqlx::query(&format!(
+            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE id IN ({})",
+            list.join(",")
+        ))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    tx.commit().await.map_err(|e| e.to_string())?;
+    Ok(ids.len())
+}
+
+/// The article's publish: one event, waiting for its acknowledgement.
+async fn publish_one(sink: &dyn Sink, event: &OutboxEvent) -> Result<(), String> {
+    let outcome = sink
+        .publish(std::slice::from_ref(event))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !outcome.iter().all(|o| o.is_published()) {
+        return Err("the broker refused an event in the article's run".into());
+    }
+    Ok(())
+}
