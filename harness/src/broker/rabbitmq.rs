@@ -271,30 +271,14 @@ impl BrokerSide for RabbitMqSide {
         let (tx, rx) = mpsc::unbounded_channel();
         for t in AGGREGATE_TYPES {
             let queue = self.destination(t);
-            let consumer = channel
-                .basic_consume(
-                    queue.as_str().into(),
-                    unique("watch").as_str().into(),
-                    BasicConsumeOptions {
-                        no_ack: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("consuming {queue}: {e}"));
+            let consumer = consume_no_ack(&channel, &queue, &unique("watch")).await;
             let tx = tx.clone();
             consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
                 let now = Instant::now();
                 let tx = tx.clone();
                 async move {
                     if let Ok(Some(delivery)) = delivery {
-                        if let Some(id) = delivery
-                            .properties
-                            .message_id()
-                            .as_ref()
-                            .and_then(|id| Uuid::parse_str(id.as_str()).ok())
-                        {
+                        if let Some(id) = message_id(&delivery.properties) {
                             let _ = tx.send((id, now));
                         }
                     }
@@ -361,14 +345,12 @@ async fn queue_len(channel: &lapin::Channel, queue: &str) -> u64 {
     u64::from(declared.message_count())
 }
 
-/// Consume everything `queue` holds now, in queue order, as an independent consumer.
-async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> {
-    let expected = queue_len(channel, queue).await as usize;
-    let tag = unique("reader");
-    let consumer = channel
+/// `basic.consume` of `queue` with consumer tag `tag`, without acknowledgements.
+async fn consume_no_ack(channel: &lapin::Channel, queue: &str, tag: &str) -> lapin::Consumer {
+    channel
         .basic_consume(
             queue.into(),
-            tag.as_str().into(),
+            tag.into(),
             BasicConsumeOptions {
                 no_ack: true,
                 ..Default::default()
@@ -376,7 +358,22 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
             FieldTable::default(),
         )
         .await
-        .unwrap_or_else(|e| panic!("consuming {queue}: {e}"));
+        .unwrap_or_else(|e| panic!("consuming {queue}: {e}"))
+}
+
+/// The event id a message carries as its `message_id`.
+fn message_id(properties: &lapin::BasicProperties) -> Option<Uuid> {
+    properties
+        .message_id()
+        .as_ref()
+        .and_then(|id| Uuid::parse_str(id.as_str()).ok())
+}
+
+/// Consume everything `queue` holds now, in queue order, as an independent consumer.
+async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> {
+    let expected = queue_len(channel, queue).await as usize;
+    let tag = unique("reader");
+    let consumer = consume_no_ack(channel, queue, &tag).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     consumer.set_delegate(move |delivery: lapin::message::DeliveryResult| {
         let tx = tx.clone();
@@ -409,12 +406,7 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
         .map(|delivery| {
             let headers: HashMap<String, String> = amqp_headers(&delivery).into_iter().collect();
             Delivered {
-                event_id: delivery
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .and_then(|id| Uuid::parse_str(id.as_str()).ok())
-                    .unwrap_or_default(),
+                event_id: message_id(&delivery.properties).unwrap_or_default(),
                 aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
                 destination: queue.to_owned(),
                 payload: String::from_utf8_lossy(&delivery.data).into_owned(),
