@@ -141,7 +141,7 @@ impl Broker {
         let side: Arc<dyn BrokerSide> = match &self.kind {
             Kind::Redis(url) => Arc::new(RedisSide::open_at(url, PREFIX).await),
             Kind::Kafka(bin) => {
-                let broker = KafkaBrokerProcess::start_binary(bin, &self.dir);
+                let broker = KafkaBrokerProcess::start_binary(bin, &self.dir, &[]);
                 let side = KafkaSide::open_at(&broker.bootstrap, PREFIX).await;
                 kafka = Some(broker);
                 Arc::new(side.partitions(PARTITIONS))
