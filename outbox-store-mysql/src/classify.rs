@@ -34,7 +34,6 @@ impl outboxkit_store_sql::Dialect for MySql {
     const TLS_OPTION: &'static str = "ssl-mode";
     const CA_OPTION: &'static str = "ssl-ca";
     const CLIENT_CERT_OPTIONS: &'static str = "ssl-cert and ssl-key";
-    const VERIFY_CA_MODE: &'static str = "ssl-mode=VERIFY_CA";
     const UNREACHABLE: &'static str = "server";
 
     fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {

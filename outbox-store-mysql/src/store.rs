@@ -22,6 +22,7 @@ use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::config;
 use outboxkit_store_sql::rows::backlog_status;
 
 /// What the store found out about the server when it connected.
@@ -116,6 +117,8 @@ struct Inner {
     context: Arc<SessionContext>,
     outbox: Outbox,
     server: ServerInfo,
+    /// Whether the first connection used TLS (`TLS TLSv1.3 (ssl-mode=VERIFY_IDENTITY)`).
+    tls: String,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -136,6 +139,7 @@ impl MySqlStore {
     /// An unqualified table name lives in the URL's database.
     pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
         config.validate()?;
+        outboxkit_store_sql::ensure_crypto_provider();
         let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
             Error::config(format!(
                 "store.url: \"{}\" is not a valid MySQL URL: {e}",
@@ -187,6 +191,12 @@ impl MySqlStore {
             ))
         };
         let server = read().map_err(|e| classify(e, &target))?;
+        let tls_version: Option<String> = sqlx::query("SHOW SESSION STATUS LIKE 'Ssl_version'")
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(|e| classify(e, &target))?
+            .and_then(|row| row.try_get_unchecked::<String, _>(1).ok());
+        let tls = config::tls_summary(&config.url, tls_version.as_deref(), "ssl-mode", "PREFERRED");
         if let Err(e) = conn.close().await {
             tracing::debug!("closing the first connection: {e}");
         }
@@ -223,6 +233,7 @@ impl MySqlStore {
                 table,
                 context,
                 server,
+                tls,
             }),
         })
     }
@@ -320,9 +331,10 @@ impl Store for MySqlStore {
             "MySQL"
         };
         format!(
-            "{product} {}, table {}",
+            "{product} {}, table {}, {}",
             self.inner.config.redacted_url(),
-            self.inner.table
+            self.inner.table,
+            self.inner.tls
         )
     }
 

@@ -27,7 +27,6 @@ impl outboxkit_store_sql::Dialect for Postgres {
     const TLS_OPTION: &'static str = "sslmode";
     const CA_OPTION: &'static str = "sslrootcert";
     const CLIENT_CERT_OPTIONS: &'static str = "sslcert and sslkey";
-    const VERIFY_CA_MODE: &'static str = "sslmode=verify-ca";
     const UNREACHABLE: &'static str = "database";
 
     fn database_error(e: Box<dyn DatabaseError>, target: &Target) -> Error {

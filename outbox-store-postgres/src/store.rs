@@ -21,6 +21,7 @@ use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::config;
 use outboxkit_store_sql::rows::backlog_status;
 
 /// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.
@@ -37,6 +38,8 @@ struct Inner {
     table: TableName,
     context: Arc<SessionContext>,
     outbox: Outbox,
+    /// Whether the first connection used TLS (`TLS TLSv1.3 (sslmode=verify-full)`).
+    tls: String,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -55,6 +58,7 @@ impl PostgresStore {
     /// An unqualified table name is resolved to the connecting user's current schema.
     pub async fn connect(config: PostgresStoreConfig) -> Result<Self> {
         config.validate()?;
+        outboxkit_store_sql::ensure_crypto_provider();
         let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
             Error::config(format!(
                 "store.url: \"{}\" is not a valid PostgreSQL URL: {e}",
@@ -96,6 +100,14 @@ impl PostgresStore {
                 configured.in_schema(&schema)
             }
         };
+        let tls_version: Option<String> = sqlx::query_scalar(
+            "SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+        )
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(|e| classify(e, &target))?
+        .flatten();
+        let tls = config::tls_summary(&config.url, tls_version.as_deref(), "sslmode", "prefer");
         if let Err(e) = conn.close().await {
             tracing::debug!("closing the first connection: {e}");
         }
@@ -119,6 +131,7 @@ impl PostgresStore {
                 pool,
                 table,
                 context,
+                tls,
             }),
         })
     }
@@ -195,9 +208,10 @@ impl Store for PostgresStore {
 
     fn describe(&self) -> String {
         format!(
-            "PostgreSQL {}, table {}",
+            "PostgreSQL {}, table {}, {}",
             self.inner.config.redacted_url(),
-            self.inner.table
+            self.inner.table,
+            self.inner.tls
         )
     }
 

@@ -29,8 +29,6 @@ pub trait Dialect: Send + Sync + 'static {
     const CA_OPTION: &'static str;
     /// The URL options of a client certificate (`sslcert and sslkey`).
     const CLIENT_CERT_OPTIONS: &'static str;
-    /// The mode that verifies the CA but not the host name (`sslmode=verify-ca`).
-    const VERIFY_CA_MODE: &'static str;
     /// What may be unreachable when the pool gives no connection: `database`, `server`.
     const UNREACHABLE: &'static str;
 
@@ -194,19 +192,17 @@ fn certificate_error<D: Dialect>(error: &rustls::Error, target: &Target) -> Erro
                 presented,
             } => format!(
                 "the certificate of {at} is for {}, not for {} (the host of store.url): connect \
-                 by a name the certificate holds, or use {} to verify the CA only",
+                 by a name the certificate holds, or have it reissued for this host",
                 presented
                     .iter()
                     .map(|name| san(name))
                     .collect::<Vec<_>>()
                     .join(", "),
                 expected.to_str(),
-                D::VERIFY_CA_MODE
             ),
             C::NotValidForName => format!(
                 "the certificate of {at} is not for the host of store.url: connect by a name \
-                 the certificate holds, or use {} to verify the CA only",
-                D::VERIFY_CA_MODE
+                 the certificate holds, or have it reissued for this host"
             ),
             C::ExpiredContext { not_after, .. } => format!(
                 "the certificate of {at} expired on {} (store.url): renew the server's \

@@ -208,6 +208,17 @@ pub fn url_option(url: &str, key: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
+/// Whether a connection uses TLS, as the status line says it: `TLS TLSv1.3 (sslmode=verify-full)`
+/// or `no TLS (sslmode=prefer)`. `version` is the protocol the server reports for the
+/// connection (none without TLS); the mode is the URL's `mode_option`, or the driver's default.
+pub fn tls_summary(url: &str, version: Option<&str>, mode_option: &str, default: &str) -> String {
+    let mode = url_option(url, mode_option).unwrap_or_else(|| default.to_owned());
+    match version.filter(|v| !v.is_empty()) {
+        Some(version) => format!("TLS {version} ({mode_option}={mode})"),
+        None => format!("no TLS ({mode_option}={mode})"),
+    }
+}
+
 /// Replace the password of a URL (user-info part and `password=` query parameter) by `***`;
 /// nothing of an unparsable value is shown.
 pub fn redact_url(raw: &str) -> String {

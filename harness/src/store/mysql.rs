@@ -293,6 +293,8 @@ pub struct PrivateMariaDb {
     dir: PathBuf,
     port: u16,
     child: Mutex<Option<Child>>,
+    /// With [`Self::tls_only`]: the CA the readiness check trusts.
+    tls_ca: Option<PathBuf>,
 }
 
 fn tool(name: &str) -> PathBuf {
@@ -343,6 +345,38 @@ impl PrivateMariaDb {
             dir,
             port: free_port(),
             child: Mutex::new(None),
+            tls_ca: None,
+        }
+    }
+
+    /// Serve `pki`'s server certificate and refuse every connection without TLS
+    /// (`require_secure_transport`); call before [`Self::start`]. The user
+    /// [`crate::tls::CLIENT_NAME`] (created by `start`) must present a client certificate.
+    pub fn tls_only(mut self, pki: &crate::tls::TestPki) -> Self {
+        std::fs::copy(&pki.server.cert, self.dir.join("server.crt")).unwrap();
+        std::fs::copy(&pki.server.key, self.dir.join("server.key")).unwrap();
+        std::fs::copy(&pki.ca, self.dir.join("ca.crt")).unwrap();
+        self.tls_ca = Some(pki.ca.clone());
+        self
+    }
+
+    /// Serve `cert`/`key` from now on (copied over the server's files, then `FLUSH SSL`): a
+    /// certificate rotation without a restart.
+    pub async fn serve(&self, cert: &Path, key: &Path) {
+        std::fs::copy(cert, self.dir.join("server.crt")).unwrap();
+        std::fs::copy(key, self.dir.join("server.key")).unwrap();
+        let mut conn = sqlx::MySqlConnection::connect(&self.admin_url())
+            .await
+            .expect("connecting to the private mariadbd");
+        conn.execute("FLUSH SSL").await.expect("FLUSH SSL");
+        let _ = conn.close().await;
+    }
+
+    /// Root's URL over TLS (trusting any certificate) when TLS-only, else plain.
+    fn admin_url(&self) -> String {
+        match self.tls_ca {
+            Some(_) => format!("{}?ssl-mode=REQUIRED", self.url("")),
+            None => self.url(""),
         }
     }
 
@@ -376,6 +410,15 @@ impl PrivateMariaDb {
             .arg("--skip-name-resolve")
             .arg("--innodb-buffer-pool-size=64M")
             .arg("--max-connections=200")
+            .args(match self.tls_ca {
+                Some(_) => vec![
+                    format!("--ssl-cert={}", self.dir.join("server.crt").display()),
+                    format!("--ssl-key={}", self.dir.join("server.key").display()),
+                    format!("--ssl-ca={}", self.dir.join("ca.crt").display()),
+                    "--require-secure-transport=ON".to_owned(),
+                ],
+                None => Vec::new(),
+            })
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -383,13 +426,25 @@ impl PrivateMariaDb {
             server.arg("--user=root");
         }
         *self.child.lock().unwrap() = Some(server.spawn().expect("starting mariadbd"));
-        let url = self.url("");
+        let url = self.admin_url();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(mut conn) = sqlx::MySqlConnection::connect(&url).await {
                 conn.execute("CREATE DATABASE IF NOT EXISTS test")
                     .await
                     .expect("creating database test");
+                if self.tls_ca.is_some() {
+                    let user = crate::tls::CLIENT_NAME;
+                    conn.execute(
+                        format!(
+                            "CREATE USER IF NOT EXISTS '{user}'@'%' REQUIRE X509; \
+                             GRANT ALL ON *.* TO '{user}'@'%'"
+                        )
+                        .as_str(),
+                    )
+                    .await
+                    .expect("creating the certificate user");
+                }
                 let _ = conn.close().await;
                 return;
             }
