@@ -140,12 +140,15 @@ impl MySqlStore {
     pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
-        let options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
+        let mut options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
             Error::config(format!(
                 "store.url: \"{}\" is not a valid MySQL URL: {e}",
                 config.redacted_url()
             ))
         })?;
+        if let Some(password) = &config.password {
+            options = options.password(password);
+        }
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
         let table = match (configured.database(), options.get_database()) {
             (Some(_), _) => configured,

@@ -59,12 +59,15 @@ impl PostgresStore {
     pub async fn connect(config: PostgresStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
-        let options = PgConnectOptions::from_str(&config.url).map_err(|e| {
+        let mut options = PgConnectOptions::from_str(&config.url).map_err(|e| {
             Error::config(format!(
                 "store.url: \"{}\" is not a valid PostgreSQL URL: {e}",
                 config.redacted_url()
             ))
         })?;
+        if let Some(password) = &config.password {
+            options = options.password(password);
+        }
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
         let mut target = Target {
             endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),

@@ -40,6 +40,11 @@ pub struct SqlStoreConfig<S: SqlStore> {
     /// `postgres://user:password@host:port/database?sslmode=...`,
     /// `mysql://user:password@host:port/database?ssl-mode=...` (`mariadb://` is accepted too).
     pub url: String,
+    /// The password, when it is not in `url` (it then replaces the URL's). Usually given as
+    /// `password_file`, a file read at start (the binary's loader resolves every `*password_file`
+    /// key). Never logged: `Debug` shows `***`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
     /// Outbox table, optionally qualified by its schema (PostgreSQL) or database (MySQL):
     /// `app.outbox`; an unqualified name lives in the connection's default one. Lowercase
     /// letters, digits, `_`.
@@ -70,6 +75,7 @@ impl<S: SqlStore> SqlStoreConfig<S> {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
+            password: None,
             table: default_table(),
             shards: default_shards(),
             pool_size: default_pool_size(),
@@ -113,6 +119,7 @@ impl<S: SqlStore> fmt::Debug for SqlStoreConfig<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(S::CONFIG_TYPE)
             .field("url", &self.redacted_url())
+            .field("password", &self.password.as_ref().map(|_| "***"))
             .field("table", &self.table)
             .field("shards", &self.shards)
             .field("pool_size", &self.pool_size)

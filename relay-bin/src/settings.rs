@@ -386,6 +386,73 @@ pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
     Ok((settings, figment))
 }
 
+/// The keys that hold secrets. Each also takes the form `<key>_file`: the path of a file whose
+/// content (without a final line break) is the value, read at start, as Kubernetes mounts
+/// secrets. Anywhere in `[store]` and `[sink.*]`, for every store and sink, also a third
+/// party's: `store.password_file`, `sink.redis_streams.password_file`,
+/// `sink.rabbitmq.tls.pkcs12_password_file`, `sink.kafka."sasl.password_file"`.
+pub const SECRET_KEYS: &[&str] = &[
+    "password",
+    "pkcs12_password",
+    "sasl.username",
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "sasl.oauthbearer.client.secret",
+];
+
+/// Replace every `<secret>_file` key of `dict` (and of its sub-tables) by `<secret>` with the
+/// file's content. Both forms set at once is an error naming both keys; so is a file that
+/// cannot be read or is empty. The content is never part of a message.
+fn resolve_secret_files(
+    dict: &mut Dict,
+    prefix: &str,
+    figment: &Figment,
+    file: Option<&Path>,
+) -> Result<(), ConfigError> {
+    let names: Vec<String> = dict.keys().cloned().collect();
+    for name in names {
+        let key = format!("{prefix}.{name}");
+        if let Some(Value::Dict(_, inner)) = dict.get_mut(&name) {
+            resolve_secret_files(inner, &key, figment, file)?;
+            continue;
+        }
+        let Some(secret) = name.strip_suffix("_file") else {
+            continue;
+        };
+        if !SECRET_KEYS.contains(&secret) {
+            continue;
+        }
+        let at = |key: &str| origin(figment, key, file).unwrap_or_default();
+        if dict.contains_key(secret) {
+            let plain = format!("{prefix}.{secret}");
+            return Err(ConfigError(format!(
+                "{plain}{} and {key}{} are both set: keep one",
+                at(&plain),
+                at(&key)
+            )));
+        }
+        let Some(path) = dict.get(&name).and_then(Value::as_str).map(str::to_owned) else {
+            return Err(ConfigError(format!(
+                "{key}: expected the path of a file holding {secret}{}",
+                at(&key)
+            )));
+        };
+        let content = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError(format!("{key}: cannot read {path}: {e}{}", at(&key))))?;
+        let value = content
+            .strip_suffix('\n')
+            .map(|v| v.strip_suffix('\r').unwrap_or(v))
+            .unwrap_or(&content);
+        if value.is_empty() {
+            return Err(ConfigError(format!("{key}: {path} is empty{}", at(&key))));
+        }
+        dict.remove(&name);
+        dict.insert(secret.to_owned(), Value::from(value.to_owned()));
+    }
+    Ok(())
+}
+
 /// Extract a sink's own sub-table (`sink.<section>`); an absent table deserializes from
 /// nothing, so a sink whose keys all have defaults needs none. Errors name the whole key
 /// (`sink.redis_streams.url: ...`).
@@ -407,8 +474,13 @@ where
             )));
         }
     }
-    figment
-        .focus(&key)
+    let mut keys = figment
+        .find_value(&key)
+        .ok()
+        .and_then(|value| value.into_dict())
+        .unwrap_or_default();
+    resolve_secret_files(&mut keys, &key, figment, file)?;
+    Figment::from(figment::providers::Serialized::defaults(keys))
         .extract_lossy::<T>()
         .map_err(|e| ConfigError::from_figment(e, figment, file, &key))
 }
@@ -425,6 +497,7 @@ where
         .and_then(|value| value.into_dict())
         .unwrap_or_default();
     keys.remove("kind");
+    resolve_secret_files(&mut keys, "store", figment, file)?;
     Figment::from(figment::providers::Serialized::defaults(keys))
         .extract_lossy::<T>()
         .map_err(|e| ConfigError::from_figment(e, figment, file, "store"))
@@ -788,6 +861,87 @@ mod tests {
             assert_eq!(
                 locate("cannot reach db", &figment, Some(file)),
                 "cannot reach db"
+            );
+            Ok(())
+        });
+    }
+
+    /// `[store]` with `extra` lines, then the sinks' tables `sinks`.
+    fn with_store(extra: &str, sinks: &str) -> String {
+        format!(
+            "[store]\nkind = \"postgres\"\nurl = \"postgres://app@db:5432/app\"\n{extra}\n\
+             [sink]\nkind = \"redis-streams\"\n{sinks}"
+        )
+    }
+
+    #[test]
+    fn secret_files_are_read_at_start_and_never_shown() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("db-password", "s3cr3t-from-file\n")?;
+            jail.create_file("p12-password", "p12-s3cr3t")?;
+            jail.create_file(
+                "relay.toml",
+                &with_store(
+                    "password_file = \"db-password\"",
+                    "[sink.rabbitmq]\nurl = \"amqps://h\"\n[sink.rabbitmq.tls]\nca_file = \"ca.pem\"\n\
+                     pkcs12_password_file = \"p12-password\"\n\
+                     [sink.kafka]\n\"sasl.password_file\" = \"p12-password\"\n",
+                ),
+            )?;
+            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let store = pg(&figment);
+            assert_eq!(store.password.as_deref(), Some("s3cr3t-from-file"));
+            let debug = format!("{store:?}");
+            assert!(
+                !debug.contains("s3cr3t") && debug.contains("***"),
+                "{debug}"
+            );
+
+            // Nested tables too; keys that merely end in `_file` (a CA path) stay as they are.
+            let rabbit: serde_json::Value = sink_section(&figment, "rabbitmq", None).unwrap();
+            assert_eq!(rabbit["tls"]["pkcs12_password"], "p12-s3cr3t");
+            assert_eq!(rabbit["tls"]["ca_file"], "ca.pem");
+            assert!(rabbit["tls"].get("pkcs12_password_file").is_none());
+            let kafka: serde_json::Value = sink_section(&figment, "kafka", None).unwrap();
+            assert_eq!(kafka["sasl.password"], "p12-s3cr3t");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_secret_and_its_file_together_or_an_unreadable_file_are_refused() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("empty", "")?;
+            let store_err = |extra: &str| -> String {
+                jail.create_file("relay.toml", &with_store(extra, ""))
+                    .unwrap();
+                let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+                store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
+                    &figment,
+                    Some(Path::new("relay.toml")),
+                )
+                .unwrap_err()
+                .to_string()
+            };
+            let e = store_err("password = \"inline-s3cr3t\"\npassword_file = \"empty\"\n");
+            assert!(
+                e.contains("store.password (in relay.toml) and store.password_file (in relay.toml) are both set"),
+                "{e}"
+            );
+            assert!(!e.contains("inline-s3cr3t"), "{e}");
+            let e = store_err("password_file = \"/nonexistent/pw\"\n");
+            assert!(
+                e.contains("store.password_file: cannot read /nonexistent/pw"),
+                "{e}"
+            );
+            let e = store_err("password_file = \"empty\"\n");
+            assert!(e.contains("store.password_file: empty is empty"), "{e}");
+            let e = store_err("password_file = 3\n");
+            assert!(
+                e.contains("store.password_file: expected the path of a file"),
+                "{e}"
             );
             Ok(())
         });

@@ -87,7 +87,11 @@ fn assert_run_fails_at_start(scenario: &Scenario, url: &str, expected: &str) {
     }
     let exit = relay.child.wait().unwrap();
     let log = relay.log_text();
-    assert!(!exit.success(), "exit {exit}; log:\n{log}");
+    assert_eq!(
+        exit.code(),
+        Some(2),
+        "a configuration error exits 2; log:\n{log}"
+    );
     assert!(log.contains(expected), "expected {expected:?} in:\n{log}");
     assert!(
         !log.contains(PASSWORD),
