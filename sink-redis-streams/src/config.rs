@@ -1,6 +1,7 @@
 //! Configuration of the Redis Streams sink (`[sink.redis_streams]`).
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use outboxkit_core::{DestinationTemplate, Error, Result};
@@ -18,6 +19,8 @@ pub const CONFIG_SECTION: &str = "sink.redis_streams";
 pub struct RedisStreamsConfig {
     /// `redis://[user][:password@]host[:port][/db]` (or `rediss://` for TLS).
     pub url: String,
+    /// Password for `AUTH`; overrides the URL's. Never logged.
+    pub password: Option<String>,
     /// Destination template naming the stream; a row's `destination` overrides it.
     pub stream: String,
     /// When set, every `XADD` trims the stream to about this many entries (`MAXLEN ~ N`).
@@ -30,17 +33,41 @@ pub struct RedisStreamsConfig {
     pub response_timeout: Duration,
     /// Most events in one `publish` call (one pipeline).
     pub max_batch_len: usize,
+    /// TLS settings for `rediss://` URLs.
+    pub tls: TlsConfig,
+}
+
+/// TLS settings (`[sink.redis_streams.tls]`), for `rediss://` URLs only. The server certificate
+/// is verified against the system's CA certificates, or, when `ca_file` is set, against the
+/// CAs of that file only (instead of the system's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates to trust instead of the system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate (chain) of a client certificate; needs `client_key_file`.
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of `client_cert_file` (PKCS#8, PKCS#1 or SEC1).
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Default for RedisStreamsConfig {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379".to_owned(),
+            password: None,
             stream: "{aggregate_type}".to_owned(),
             maxlen: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             max_batch_len: 1000,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -49,11 +76,13 @@ impl fmt::Debug for RedisStreamsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStreamsConfig")
             .field("url", &self.redacted_url())
+            .field("password", &self.password.as_ref().map(|_| "***"))
             .field("stream", &self.stream)
             .field("maxlen", &self.maxlen)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("max_batch_len", &self.max_batch_len)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -86,7 +115,8 @@ impl RedisStreamsConfig {
 
     /// Check every key; errors name the key (`sink.redis_streams.url: ...`).
     pub fn validate(&self) -> Result<()> {
-        self.parse_url()?;
+        let url = self.parse_url()?;
+        self.validate_tls(&url)?;
         self.template()?;
         if self.maxlen == Some(0) {
             return Err(Error::config(format!(
@@ -109,6 +139,61 @@ impl RedisStreamsConfig {
             }
         }
         Ok(())
+    }
+
+    fn validate_tls(&self, url: &url::Url) -> Result<()> {
+        let tls = &self.tls;
+        if !tls.is_empty() && url.scheme() != "rediss" {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.tls: TLS settings are only used with rediss:// URLs, and \
+                 {CONFIG_SECTION}.url is `{}`: use rediss:// in {CONFIG_SECTION}.url or remove \
+                 {CONFIG_SECTION}.tls",
+                self.redacted_url()
+            )));
+        }
+        if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.tls.client_cert_file and {CONFIG_SECTION}.tls.client_key_file \
+                 go together: set both or neither"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The certificates read from the files named under `tls` (`None` for a `redis://` URL);
+    /// errors name the key and the file.
+    pub fn tls_certificates(&self) -> Result<Option<redis::TlsCertificates>> {
+        if self.parse_url()?.scheme() != "rediss" {
+            return Ok(None);
+        }
+        let tls = &self.tls;
+        let root_cert = match &tls.ca_file {
+            Some(path) => {
+                let pem = read_file("tls.ca_file", path)?;
+                if !pem
+                    .windows(PEM_CERTIFICATE.len())
+                    .any(|w| w == PEM_CERTIFICATE.as_bytes())
+                {
+                    return Err(Error::config(format!(
+                        "{CONFIG_SECTION}.tls.ca_file: `{}` holds no PEM certificate",
+                        path.display()
+                    )));
+                }
+                Some(pem)
+            }
+            None => None,
+        };
+        let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read_file("tls.client_cert_file", cert)?,
+                client_key: read_file("tls.client_key_file", key)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
     }
 
     /// The parsed stream template.
@@ -143,6 +228,17 @@ impl RedisStreamsConfig {
     }
 }
 
+const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
+
+fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        Error::config(format!(
+            "{CONFIG_SECTION}.{key}: cannot read `{}`: {e}",
+            path.display()
+        ))
+    })
+}
+
 /// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
 fn redact_url(raw: &str) -> String {
     outboxkit_core::redact::redact_url(raw)
@@ -159,7 +255,7 @@ impl outboxkit_core::SinkConfig for RedisStreamsConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        RedisStreamsConfig::validate(self)
+        RedisStreamsConfig::validate(self).and_then(|()| self.tls_certificates().map(drop))
     }
 
     async fn build(self) -> Result<Self::Sink> {
@@ -258,5 +354,130 @@ mod tests {
             ..Default::default()
         });
         assert!(e.starts_with("sink.redis_streams.response_timeout"), "{e}");
+    }
+
+    #[test]
+    fn tls_and_password_keys() {
+        let config = from_json(serde_json::json!({
+            "url": "rediss://relay@cache:6380",
+            "password": "s3cr3t",
+            "tls": {
+                "ca_file": "/etc/relay/ca.pem",
+                "client_cert_file": "/etc/relay/client.pem",
+                "client_key_file": "/etc/relay/client.key",
+            },
+        }))
+        .unwrap();
+        assert_eq!(config.password.as_deref(), Some("s3cr3t"));
+        assert_eq!(config.tls.ca_file, Some(PathBuf::from("/etc/relay/ca.pem")));
+        assert_eq!(
+            config.tls.client_key_file,
+            Some(PathBuf::from("/etc/relay/client.key"))
+        );
+        config.validate().unwrap();
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        assert!(debug.contains("password: Some(\"***\")"), "{debug}");
+        assert!(debug.contains("/etc/relay/ca.pem"), "{debug}");
+        let e = from_json(serde_json::json!({ "tls": { "verify": false } })).unwrap_err();
+        assert!(e.contains("unknown field `verify`"), "{e}");
+    }
+
+    #[test]
+    fn tls_settings_are_checked() {
+        let with = |url: &str, tls: TlsConfig| {
+            RedisStreamsConfig {
+                tls,
+                ..RedisStreamsConfig::new(url)
+            }
+            .validate()
+            .map_err(|e| e.to_string())
+        };
+        let ca = TlsConfig {
+            ca_file: Some("/etc/relay/ca.pem".into()),
+            ..TlsConfig::default()
+        };
+        let e = with("redis://:pw@cache", ca.clone()).unwrap_err();
+        assert!(e.starts_with("sink.redis_streams.tls: "), "{e}");
+        assert!(e.contains("sink.redis_streams.url"), "{e}");
+        assert!(e.contains("`redis://:***@cache`"), "{e}");
+        with("rediss://cache", ca).unwrap();
+        let e = with(
+            "rediss://cache",
+            TlsConfig {
+                client_cert_file: Some("/etc/relay/client.pem".into()),
+                ..TlsConfig::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with(
+                "sink.redis_streams.tls.client_cert_file and sink.redis_streams.tls.client_key_file"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_files_are_read_and_errors_name_the_key() {
+        let dir = std::env::temp_dir().join(format!("outbox-redis-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_pem = dir.join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let pem = dir.join("ca.pem");
+        std::fs::write(
+            &pem,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let config = |tls: TlsConfig| RedisStreamsConfig {
+            tls,
+            ..RedisStreamsConfig::new("rediss://cache")
+        };
+        let e = config(TlsConfig {
+            ca_file: Some(dir.join("missing.pem")),
+            ..TlsConfig::default()
+        })
+        .tls_certificates()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("sink.redis_streams.tls.ca_file: cannot read"),
+            "{e}"
+        );
+        assert!(e.contains("missing.pem"), "{e}");
+        let e = config(TlsConfig {
+            ca_file: Some(not_pem.clone()),
+            ..TlsConfig::default()
+        })
+        .tls_certificates()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("holds no PEM certificate"), "{e}");
+        let e = config(TlsConfig {
+            ca_file: Some(pem.clone()),
+            client_cert_file: Some(pem.clone()),
+            client_key_file: Some(dir.join("missing.key")),
+        })
+        .tls_certificates()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("sink.redis_streams.tls.client_key_file: cannot read"),
+            "{e}"
+        );
+        let certificates = config(TlsConfig {
+            ca_file: Some(pem.clone()),
+            ..TlsConfig::default()
+        })
+        .tls_certificates()
+        .unwrap()
+        .expect("rediss:// has certificates");
+        assert!(certificates.root_cert.is_some() && certificates.client_tls.is_none());
+        assert!(RedisStreamsConfig::new("redis://cache")
+            .tls_certificates()
+            .unwrap()
+            .is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

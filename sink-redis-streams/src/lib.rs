@@ -3,6 +3,7 @@
 pub mod classify;
 mod config;
 mod sink;
+mod tls;
 
-pub use config::{RedisStreamsConfig, CONFIG_SECTION};
+pub use config::{RedisStreamsConfig, TlsConfig, CONFIG_SECTION};
 pub use sink::RedisStreamsSink;

@@ -9,7 +9,7 @@ use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Value};
+use redis::{IntoConnectionInfo, RedisError, Value};
 
 use crate::classify::{classify, error_kind};
 use crate::config::{RedisStreamsConfig, CONFIG_SECTION};
@@ -52,6 +52,13 @@ impl RedisStreamsSink {
         match tokio::time::timeout(connect_timeout, sink.query::<String>(&ping)).await {
             Ok(Ok(_)) => Ok(sink),
             Ok(Err(e)) => {
+                if let Some(tls) = crate::tls::rustls_error(&e) {
+                    return Err(crate::tls::certificate_error(
+                        tls,
+                        &sink.config,
+                        &sink.host_port,
+                    ));
+                }
                 let reason = if e.is_connection_refusal() {
                     "connection refused".to_owned()
                 } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
@@ -77,17 +84,26 @@ impl RedisStreamsSink {
         config.validate()?;
         let template = config.template()?;
         let url = config.parse_url()?;
-        let client = redis::Client::open(url.as_str()).map_err(|e| {
-            let note = if url.scheme() == "rediss" {
-                " (rediss:// needs TLS support, which this build does not include)"
-            } else {
-                ""
-            };
+        let url_error = |e: RedisError| {
             Error::config(format!(
-                "{CONFIG_SECTION}.url: `{}`: {e}{note}",
+                "{CONFIG_SECTION}.url: `{}`: {e}",
                 config.redacted_url()
             ))
-        })?;
+        };
+        let mut info = url.as_str().into_connection_info().map_err(url_error)?;
+        if let Some(password) = &config.password {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = match config.tls_certificates()? {
+            Some(certificates) => {
+                crate::tls::install_crypto_provider();
+                redis::Client::build_with_tls(info, certificates).map_err(|e| {
+                    Error::config(format!("{CONFIG_SECTION}.tls: {e}")).with_source(e)
+                })?
+            }
+            None => redis::Client::open(info).map_err(url_error)?,
+        };
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.response_timeout))
@@ -147,7 +163,14 @@ impl RedisStreamsSink {
     ) -> Result<T> {
         match tokio::time::timeout(self.config.response_timeout, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(e).context(format!("{what} on Redis at {}", self.host_port))),
+            Ok(Err(e)) => match crate::tls::rustls_error(&e) {
+                Some(tls) => Err(crate::tls::certificate_error(
+                    tls,
+                    &self.config,
+                    &self.host_port,
+                )),
+                None => Err(classify(e).context(format!("{what} on Redis at {}", self.host_port))),
+            },
             Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
                 format!(
