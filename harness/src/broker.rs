@@ -5,6 +5,8 @@
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "redis-streams")]
+pub mod private_redis;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]

@@ -35,6 +35,8 @@ mod util;
 pub use aws_sdk_sqs::types::QueueAttributeName;
 #[cfg(feature = "kafka")]
 pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaRecord, KafkaSide};
+#[cfg(feature = "redis-streams")]
+pub use broker::private_redis::PrivateRedis;
 #[cfg(feature = "rabbitmq")]
 pub use broker::rabbitmq::{
     amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, RabbitMqApp, RabbitMqSide,

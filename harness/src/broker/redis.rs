@@ -2,6 +2,7 @@
 //! XRANGE.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -21,11 +22,20 @@ pub fn redis_url() -> String {
     std::env::var("OUTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// The TLS files a side connects with (`rediss://`), and that its [`BrokerSide::sink_toml`]
+/// gives the relay.
+#[derive(Debug, Clone)]
+struct TlsFiles {
+    ca: PathBuf,
+    client: Option<(PathBuf, PathBuf)>,
+}
+
 /// The Redis Streams side.
 #[derive(Clone)]
 pub struct RedisSide {
     url: String,
     prefix: String,
+    tls: Option<TlsFiles>,
     connection: MultiplexedConnection,
 }
 
@@ -34,6 +44,7 @@ impl std::fmt::Debug for RedisSide {
         f.debug_struct("RedisSide")
             .field("url", &self.url)
             .field("prefix", &self.prefix)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -59,6 +70,44 @@ impl RedisSide {
         Self {
             url,
             prefix: prefix.to_owned(),
+            tls: None,
+            connection,
+        }
+    }
+
+    /// The TLS server at `rediss_url`, its certificate verified against the CAs of `ca_file`
+    /// only; with `client` = (certificate, key) files, a client certificate is presented.
+    pub async fn open_tls(
+        rediss_url: &str,
+        prefix: &str,
+        ca_file: &Path,
+        client: Option<(&Path, &Path)>,
+    ) -> Self {
+        let url = rediss_url.to_owned();
+        let read = |path: &Path| {
+            std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        };
+        let certificates = redis::TlsCertificates {
+            client_tls: client.map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: read(cert),
+                client_key: read(key),
+            }),
+            root_cert: Some(read(ca_file)),
+        };
+        install_crypto_provider();
+        let client_ = redis::Client::build_with_tls(url.as_str(), certificates)
+            .unwrap_or_else(|e| panic!("{url} with the TLS files given: {e}"));
+        let connection = client_
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {url} is unreachable over TLS: {e}"));
+        Self {
+            url,
+            prefix: prefix.to_owned(),
+            tls: Some(TlsFiles {
+                ca: ca_file.to_owned(),
+                client: client.map(|(c, k)| (c.to_owned(), k.to_owned())),
+            }),
             connection,
         }
     }
@@ -175,6 +224,16 @@ impl RedisSide {
     }
 }
 
+/// Install ring as rustls' process-default crypto provider unless one is: the redis crate builds
+/// its TLS configuration with the process default, and with both ring and aws-lc-rs compiled in
+/// (every side on) rustls cannot pick one by itself.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread installing one first is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// One stream entry as XRANGE gives it: the id and the fields in entry order, raw bytes.
 #[derive(Debug, Clone)]
 pub struct StreamEntry {
@@ -242,11 +301,25 @@ impl BrokerSide for RedisSide {
     }
 
     fn sink_toml(&self) -> String {
-        format!(
+        let mut toml = format!(
             "[sink]\nkind = \"redis-streams\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
              [sink.redis_streams]\nurl = \"{}\"\n",
             self.prefix, self.url
-        )
+        );
+        if let Some(tls) = &self.tls {
+            toml.push_str(&format!(
+                "\n[sink.redis_streams.tls]\nca_file = \"{}\"\n",
+                tls.ca.display()
+            ));
+            if let Some((cert, key)) = &tls.client {
+                toml.push_str(&format!(
+                    "client_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
+                    cert.display(),
+                    key.display()
+                ));
+            }
+        }
+        toml
     }
 
     async fn prepare(&self) {
