@@ -101,13 +101,11 @@ pub(crate) fn certificate_error(
                  certificate holds"
             ),
             C::ExpiredContext { not_after, .. } => format!(
-                "the certificate of {at} expired on {} ({url}): renew the server's certificate \
-                 (docs/OPERATIONS.md, certificate rotation)",
+                "the certificate of {at} expired on {} ({url}): renew the server's certificate",
                 day(*not_after)
             ),
             C::Expired => format!(
-                "the certificate of {at} has expired ({url}): renew the server's certificate \
-                 (docs/OPERATIONS.md, certificate rotation)"
+                "the certificate of {at} has expired ({url}): renew the server's certificate"
             ),
             C::NotValidYetContext { not_before, .. } => format!(
                 "the certificate of {at} is not valid before {} ({url}): check the clocks of \
