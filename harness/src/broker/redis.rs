@@ -306,18 +306,18 @@ impl BrokerSide for RedisSide {
              [sink.redis_streams]\nurl = \"{}\"\n",
             self.prefix, self.url
         );
+        // An inline table, so that lines a test adds (`Settings::sink`) stay in
+        // `[sink.redis_streams]`.
         if let Some(tls) = &self.tls {
-            toml.push_str(&format!(
-                "\n[sink.redis_streams.tls]\nca_file = \"{}\"\n",
-                tls.ca.display()
-            ));
+            let mut keys = format!("ca_file = \"{}\"", tls.ca.display());
             if let Some((cert, key)) = &tls.client {
-                toml.push_str(&format!(
-                    "client_cert_file = \"{}\"\nclient_key_file = \"{}\"\n",
+                keys.push_str(&format!(
+                    ", client_cert_file = \"{}\", client_key_file = \"{}\"",
                     cert.display(),
                     key.display()
                 ));
             }
+            toml.push_str(&format!("tls = {{ {keys} }}\n"));
         }
         toml
     }
