@@ -183,9 +183,16 @@ fn every_key_is_documented_with_its_variable_and_default() {
         &rows,
     );
     #[cfg(feature = "sink-redis-streams")]
-    check_section(
-        "sink.redis_streams",
-        &keys_of::<outboxkit_sink_redis_streams::RedisStreamsConfig>(),
-        &rows,
-    );
+    {
+        check_section(
+            "sink.redis_streams",
+            &keys_of::<outboxkit_sink_redis_streams::RedisStreamsConfig>(),
+            &rows,
+        );
+        check_section(
+            "sink.redis_streams.tls",
+            &keys_of::<outboxkit_sink_redis_streams::TlsConfig>(),
+            &rows,
+        );
+    }
 }
