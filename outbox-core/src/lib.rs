@@ -14,6 +14,8 @@ pub mod store;
 pub mod template;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use config::{OnDead, RelayConfig, Retention};
 pub use engine::{Relay, RelayHandle, Shutdown, ShutdownTrigger};

@@ -139,101 +139,33 @@ pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
 
 /// The TLS library's error inside a sqlx error (a failed handshake comes as I/O or TLS).
 fn tls_error(error: &sqlx::Error) -> Option<&rustls::Error> {
-    let inner: &(dyn std::error::Error + 'static) = match error {
-        sqlx::Error::Io(e) => e.get_ref()?,
-        sqlx::Error::Tls(e) => e.as_ref(),
-        _ => return None,
-    };
-    if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-        return Some(tls);
+    match error {
+        sqlx::Error::Io(e) => outboxkit_core::tls::rustls_error(e),
+        sqlx::Error::Tls(e) => outboxkit_core::tls::rustls_error(e.as_ref()),
+        _ => None,
     }
-    inner
-        .downcast_ref::<io::Error>()
-        .and_then(|e| e.get_ref())
-        .and_then(|e| e.downcast_ref::<rustls::Error>())
-}
-
-/// A name the certificate presents, as rustls writes it (`DnsName("db.example")`), bare.
-fn san(name: &str) -> &str {
-    match (name.find('"'), name.rfind('"')) {
-        (Some(start), Some(end)) if end > start => &name[start + 1..end],
-        _ => name,
-    }
-}
-
-/// `YYYY-MM-DD` of a certificate time.
-fn day(time: rustls::pki_types::UnixTime) -> String {
-    let secs = i64::try_from(time.as_secs()).unwrap_or(i64::MAX);
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|t| t.format("%Y-%m-%d").to_string())
-        .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
 /// A failed TLS handshake: a configuration error at start (never retried as if the server were
 /// down), saying what the server presented and which URL option to fix.
 fn certificate_error<D: Dialect>(error: &rustls::Error, target: &Target) -> Error {
-    use rustls::CertificateError as C;
     let at = target.at::<D>();
-    let ca = D::CA_OPTION;
-    let text = match error {
-        rustls::Error::InvalidCertificate(cert) => match cert {
-            C::UnknownIssuer | C::BadSignature | C::InvalidPurpose => match &target.ca_file {
-                Some(file) => format!(
-                    "the certificate of {at} is not trusted by store.url's {ca} ({file}): that \
-                     file does not hold the CA that signed it; set {ca} to the server's CA"
-                ),
-                None => format!(
-                    "the certificate of {at} is not trusted by the system's CA certificates: \
-                     set {ca} in store.url to the CA that signed it"
-                ),
-            },
-            C::NotValidForNameContext {
-                expected,
-                presented,
-            } => format!(
-                "the certificate of {at} is for {}, not for {} (the host of store.url): connect \
-                 by a name the certificate holds, or have it reissued for this host",
-                presented
-                    .iter()
-                    .map(|name| san(name))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                expected.to_str(),
-            ),
-            C::NotValidForName => format!(
-                "the certificate of {at} is not for the host of store.url: connect by a name \
-                 the certificate holds, or have it reissued for this host"
-            ),
-            C::ExpiredContext { not_after, .. } => format!(
-                "the certificate of {at} expired on {} (store.url): renew the server's \
-                 certificate (docs/OPERATIONS.md, certificate rotation)",
-                day(*not_after)
-            ),
-            C::Expired => format!(
-                "the certificate of {at} has expired (store.url): renew the server's certificate \
-                 (docs/OPERATIONS.md, certificate rotation)"
-            ),
-            C::NotValidYetContext { not_before, .. } => format!(
-                "the certificate of {at} is not valid before {} (store.url): check the clocks of \
-                 this machine and of the server",
-                day(*not_before)
-            ),
-            other => format!(
-                "the certificate of {at} was refused (store.url, {}): {other:?}",
-                D::TLS_OPTION
-            ),
+    let ca_key = format!("store.url's {}", D::CA_OPTION);
+    let ca_setting = format!("{} in store.url", D::CA_OPTION);
+    let tls_key = format!("store.url, {}", D::TLS_OPTION);
+    let client_cert = format!("store.url: {}", D::CLIENT_CERT_OPTIONS);
+    outboxkit_core::tls::certificate_error(
+        error,
+        &outboxkit_core::tls::TlsSettings {
+            at: &at,
+            url_key: "store.url",
+            tls_key: &tls_key,
+            ca_key: &ca_key,
+            ca_setting: &ca_setting,
+            ca_file: target.ca_file.as_deref(),
+            client_cert: &client_cert,
         },
-        rustls::Error::AlertReceived(alert) => format!(
-            "{at} refused the TLS handshake ({alert:?}): it may require a client certificate \
-             signed by a CA it trusts (store.url: {})",
-            D::CLIENT_CERT_OPTIONS
-        ),
-        other => format!(
-            "TLS with {at} failed (store.url, {}): {other}",
-            D::TLS_OPTION
-        ),
-    };
-    Error::config(text)
+    )
 }
 
 /// The error of a connection attempt that got no answer within `store.connect_timeout`.

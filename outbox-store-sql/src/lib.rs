@@ -12,18 +12,9 @@ pub use classify::{classify, Dialect, Target};
 pub use config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig};
 pub use session::Fence;
 
-/// Make ring the process's default TLS crypto provider, unless one is installed already.
-///
-/// sqlx hands ring to rustls itself for the handshake, but checking a server against the
-/// system's CA certificates asks rustls for the process default, and rustls has none when a
-/// build enables two providers (ring here, aws-lc-rs through other crates such as an AWS or
-/// AMQP client): it would panic. Each store calls this before connecting.
-pub fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another thread installing one is fine: there is one now.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
+/// Make ring the process's default TLS crypto provider unless one is set (each store calls
+/// it before connecting; see `outboxkit_core::tls`).
+pub use outboxkit_core::tls::install_ring_provider as ensure_crypto_provider;
 
 /// `1m 30s` style, as the settings are written.
 pub fn format_duration(duration: std::time::Duration) -> String {

@@ -8,8 +8,7 @@
 //! because it needs no C toolchain beyond what `cc` builds, and the SQL stores' sqlx
 //! (`tls-rustls-ring-native-roots`) uses it too: one provider for the whole process.
 
-use std::io;
-
+use outboxkit_core::tls::TlsSettings;
 use outboxkit_core::Error;
 use redis::RedisError;
 
@@ -17,46 +16,12 @@ use crate::config::RedisStreamsConfig;
 use crate::config::CONFIG_SECTION;
 
 /// Install ring as rustls' process-default crypto provider unless one is installed already.
-pub(crate) fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing the race to another thread that installed one is as good as winning it.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
+pub(crate) use outboxkit_core::tls::install_ring_provider as install_crypto_provider;
 
-/// The rustls error of a failed TLS handshake inside a Redis error: the handshake's
-/// `io::Error` (from tokio-rustls) holds it, and the Redis error holds that I/O error behind an
-/// `Arc`, which is what its `source()` returns.
+/// The rustls error of a failed TLS handshake inside a Redis error (behind the `Arc` its
+/// `source()` returns, inside the handshake's `io::Error`).
 pub(crate) fn rustls_error(error: &RedisError) -> Option<&rustls::Error> {
-    let source = std::error::Error::source(error)?;
-    let inner: &(dyn std::error::Error + 'static) =
-        match source.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>() {
-            Some(arc) => arc.as_ref(),
-            None => source,
-        };
-    if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-        return Some(tls);
-    }
-    inner
-        .downcast_ref::<io::Error>()
-        .and_then(|e| e.get_ref())
-        .and_then(|e| e.downcast_ref::<rustls::Error>())
-}
-
-/// A name the certificate presents, as rustls writes it (`DnsName("cache.example")`), bare.
-fn san(name: &str) -> &str {
-    match (name.find('"'), name.rfind('"')) {
-        (Some(start), Some(end)) if end > start => &name[start + 1..end],
-        _ => name,
-    }
-}
-
-/// `YYYY-MM-DD` of a certificate time.
-fn day(time: rustls::pki_types::UnixTime) -> String {
-    let secs = i64::try_from(time.as_secs()).unwrap_or(i64::MAX);
-    chrono::DateTime::from_timestamp(secs, 0)
-        .map(|t| t.format("%Y-%m-%d").to_string())
-        .unwrap_or_else(|| format!("{secs} s after 1970"))
+    outboxkit_core::tls::rustls_error(error)
 }
 
 /// A failed TLS handshake with Redis at `host_port`: a configuration error (not retried as if
@@ -66,66 +31,29 @@ pub(crate) fn certificate_error(
     config: &RedisStreamsConfig,
     host_port: &str,
 ) -> Error {
-    use rustls::CertificateError as C;
     let at = format!("Redis at {host_port}");
     let ca = format!("{CONFIG_SECTION}.tls.ca_file");
-    let url = format!("{CONFIG_SECTION}.url");
-    let text = match error {
-        rustls::Error::InvalidCertificate(cert) => match cert {
-            C::UnknownIssuer | C::BadSignature | C::InvalidPurpose => match &config.tls.ca_file {
-                Some(file) => format!(
-                    "the certificate of {at} is not trusted by {ca} ({}): that file does not \
-                     hold the CA that signed it; set {ca} to the server's CA",
-                    file.display()
-                ),
-                None => format!(
-                    "the certificate of {at} is not trusted by the system's CA certificates: \
-                     set {ca} to the CA that signed it"
-                ),
-            },
-            C::NotValidForNameContext {
-                expected,
-                presented,
-            } => format!(
-                "the certificate of {at} is for {}, not for {} (the host of {url}): connect by a \
-                 name the certificate holds",
-                presented
-                    .iter()
-                    .map(|name| san(name))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                expected.to_str(),
+    let ca_file = config.tls.ca_file.as_ref().map(|f| f.display().to_string());
+    outboxkit_core::tls::certificate_error(
+        error,
+        &TlsSettings {
+            at: &at,
+            url_key: &format!("{CONFIG_SECTION}.url"),
+            tls_key: &format!("{CONFIG_SECTION}.tls"),
+            ca_key: &ca,
+            ca_setting: &ca,
+            ca_file: ca_file.as_deref(),
+            client_cert: &format!(
+                "{CONFIG_SECTION}.tls.client_cert_file and {CONFIG_SECTION}.tls.client_key_file"
             ),
-            C::NotValidForName => format!(
-                "the certificate of {at} is not for the host of {url}: connect by a name the \
-                 certificate holds"
-            ),
-            C::ExpiredContext { not_after, .. } => format!(
-                "the certificate of {at} expired on {} ({url}): renew the server's certificate",
-                day(*not_after)
-            ),
-            C::Expired => format!(
-                "the certificate of {at} has expired ({url}): renew the server's certificate"
-            ),
-            C::NotValidYetContext { not_before, .. } => format!(
-                "the certificate of {at} is not valid before {} ({url}): check the clocks of \
-                 this machine and of the server",
-                day(*not_before)
-            ),
-            other => format!("the certificate of {at} was refused ({ca}): {other:?}"),
         },
-        rustls::Error::AlertReceived(alert) => format!(
-            "{at} refused the TLS handshake ({alert:?}): it may require a client certificate \
-             signed by a CA it trusts ({CONFIG_SECTION}.tls.client_cert_file and \
-             {CONFIG_SECTION}.tls.client_key_file)"
-        ),
-        other => format!("TLS with {at} failed ({CONFIG_SECTION}.tls): {other}"),
-    };
-    Error::config(text)
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io;
+
     use rustls::pki_types::{ServerName, UnixTime};
 
     use super::*;
