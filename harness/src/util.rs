@@ -132,6 +132,15 @@ pub(crate) fn signal_group(pgid: u32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Whether this process runs as root (the database servers refuse root, or need to be told).
+pub fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

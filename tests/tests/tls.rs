@@ -126,6 +126,13 @@ async fn deliver(scenario: &mut Scenario, redis: &RedisSide, tls: &str) {
     );
 }
 
+/// A scenario from `store` to the machine's Redis.
+async fn to_redis(store: Arc<dyn StoreSide>) -> (Scenario, Arc<RedisSide>) {
+    let redis = Arc::new(RedisSide::open(store.table()).await);
+    let scenario = Scenario::prepare(store, redis.clone(), Settings::default()).await;
+    (scenario, redis)
+}
+
 fn path(p: &Path) -> String {
     p.display().to_string()
 }
@@ -139,13 +146,7 @@ async fn postgres_tls_only_verify_full_delivers_and_bad_certificates_fail_at_sta
     let verified = format!("sslmode=verify-full&sslrootcert={ca}");
     let user = format!("postgres:{PASSWORD}");
     let url = pg.url(&user, &verified);
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open_at(&url, &name).await),
-        redis.clone(),
-        Settings::default(),
-    )
-    .await;
+    let (mut scenario, redis) = to_redis(Arc::new(PostgresSide::open_at(&url, &name).await)).await;
     deliver(&mut scenario, &redis, "TLS TLSv1.3 (sslmode=verify-full)").await;
 
     // The server refuses a connection without TLS.
@@ -204,13 +205,7 @@ async fn postgres_requires_and_accepts_a_client_certificate() {
         path(&pki.client.key)
     );
     let url = pg.url(CLIENT_NAME, &with_cert);
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open_at(&url, &name).await),
-        redis.clone(),
-        Settings::default(),
-    )
-    .await;
+    let (mut scenario, redis) = to_redis(Arc::new(PostgresSide::open_at(&url, &name).await)).await;
     deliver(&mut scenario, &redis, "TLS TLSv1.3 (sslmode=verify-full)").await;
     // Without the certificate the server refuses the user.
     assert_refused(
@@ -231,13 +226,7 @@ async fn mariadb_tls_only_verify_identity_delivers_and_bad_certificates_fail_at_
     let base = db.url("test");
     let at = |query: &str| format!("{base}?{query}");
     let url = at(&format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"));
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(MySqlSide::open_at(&url, &name).await),
-        redis.clone(),
-        Settings::default(),
-    )
-    .await;
+    let (mut scenario, redis) = to_redis(Arc::new(MySqlSide::open_at(&url, &name).await)).await;
     deliver(&mut scenario, &redis, "(ssl-mode=VERIFY_IDENTITY)").await;
 
     assert_refused(

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::{DeadRow, StoreSide};
 use crate::scenario::{Fault, WriteError};
+use crate::util::running_as_root;
 use crate::util::{free_port, scratch_dir};
 
 /// MySQL / MariaDB for tests: `OUTBOX_TEST_MYSQL_URL`, default the machine's local MariaDB.
@@ -308,14 +309,6 @@ fn tool(name: &str) -> PathBuf {
         "{name} is required for this test and was not found: install mariadb-server \
          (scripts/services.sh does)"
     );
-}
-
-fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 impl PrivateMariaDb {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::tls::TestPki;
+use crate::util::running_as_root;
 use crate::util::{free_port, scratch_dir};
 
 /// What the server asks of clients besides TLS.
@@ -45,14 +46,6 @@ fn tool(name: &str) -> PathBuf {
         }
     }
     panic!("{name} is required for this test and was not found: install postgresql (scripts/services.sh does)")
-}
-
-fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 /// A PostgreSQL tool, run as the `postgres` user when we are root (the server refuses root).
