@@ -19,15 +19,51 @@ use outboxkit_store_postgres::{
 type Tx = sqlx::Transaction<'static, Postgres>;
 
 /// Each store on a new random table; the tables are dropped when a case passes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PostgresFactory {
+    /// The database the stores under test connect to.
+    url: String,
     tables: Mutex<Vec<TableName>>,
+}
+
+impl Default for PostgresFactory {
+    fn default() -> Self {
+        Self {
+            url: common::test_url(),
+            tables: Mutex::default(),
+        }
+    }
+}
+
+impl PostgresFactory {
+    /// The same database over TLS (`sslmode=require`: the connection fails unless encrypted).
+    /// The machine's PostgreSQL has `ssl = on`; certificate verification is tested against
+    /// private TLS-only servers in tests/tests/tls.rs.
+    fn over_tls() -> Self {
+        let url = common::test_url();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        Self {
+            url: format!("{url}{sep}sslmode=require"),
+            ..Self::default()
+        }
+    }
+
+    fn fresh_config(&self) -> PostgresStoreConfig {
+        PostgresStoreConfig::new(&self.url).table(common::random_name("outbox_t"))
+    }
 }
 
 #[async_trait]
 impl StoreFactory for PostgresFactory {
     async fn fresh_store(&self) -> Box<dyn Store> {
-        let store = common::connect(common::fresh_config()).await;
+        let store = common::connect(PostgresFactory::fresh_config(self)).await;
+        if self.url.contains("sslmode=require") {
+            assert!(
+                store.describe().contains(", TLS TLS"),
+                "{}",
+                store.describe()
+            );
+        }
         self.tables
             .lock()
             .expect("tables lock")
@@ -79,11 +115,11 @@ impl LiveHarness for PostgresFactory {
     ];
 
     fn test_url(&self) -> String {
-        common::test_url()
+        self.url.clone()
     }
 
     fn fresh_config(&self) -> PostgresStoreConfig {
-        common::fresh_config()
+        PostgresFactory::fresh_config(self)
     }
 
     fn table(&self, store: &PostgresStore) -> String {
@@ -248,7 +284,7 @@ impl LiveHarness for PostgresFactory {
     }
 
     async fn pool_in(&self, namespace: &str) -> PgPool {
-        let options = PgConnectOptions::from_str(&common::test_url())
+        let options = PgConnectOptions::from_str(&self.url)
             .unwrap()
             .options([("search_path", namespace)]);
         let pool = PgPoolOptions::new()
@@ -323,3 +359,10 @@ impl LiveHarness for PostgresFactory {
 }
 
 outboxkit_core::store_suite!(PostgresFactory::default(), live);
+
+/// The whole suite once more, every connection of the stores under test encrypted.
+mod over_tls {
+    use super::*;
+
+    outboxkit_core::store_suite!(PostgresFactory::over_tls(), live);
+}

@@ -16,6 +16,8 @@ pub enum ClientAuth {
     /// TLS and a client certificate signed by the test CA whose common name is the user
     /// (`clientcert=verify-full`); the user is [`crate::tls::CLIENT_NAME`].
     VerifyFull,
+    /// TLS and a password (`scram-sha-256`); see [`PrivatePostgres::set_password`].
+    Password,
 }
 
 /// See the module's documentation. Stopped (immediate shutdown) and deleted on drop.
@@ -120,6 +122,7 @@ impl PrivatePostgres {
         let tls_rule = match auth {
             ClientAuth::TlsOnly => "hostssl all all 127.0.0.1/32 trust",
             ClientAuth::VerifyFull => "hostssl all all 127.0.0.1/32 trust clientcert=verify-full",
+            ClientAuth::Password => "hostssl all all 127.0.0.1/32 scram-sha-256",
         };
         std::fs::write(
             data.join("pg_hba.conf"),
@@ -170,6 +173,11 @@ impl PrivatePostgres {
                 sql,
             ],
         );
+    }
+
+    /// Give `user` this password (for [`ClientAuth::Password`]).
+    pub fn set_password(&self, user: &str, password: &str) {
+        self.psql(&format!("ALTER ROLE \"{user}\" PASSWORD '{password}'"));
     }
 
     /// The TCP port.
