@@ -81,8 +81,18 @@ struct Args {
     /// Broker URL or address (default: the local server of the chosen sink).
     #[arg(long)]
     broker_url: Option<String>,
+    /// With a `rediss://` --broker-url: the CA certificates (PEM) that verify Redis, for the
+    /// relays and the demo's reader alike.
+    #[arg(long, value_name = "FILE")]
+    broker_ca_file: Option<PathBuf>,
+    /// With a `rediss://` --broker-url: a client certificate (PEM), with --broker-client-key.
+    #[arg(long, value_name = "FILE", requires = "broker_client_key")]
+    broker_client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "broker_client_cert")]
+    broker_client_key: Option<PathBuf>,
     /// The `outbox-relay` binary the relays run (default: the one next to this program).
-    #[arg(long, env = "OUTBOX_RELAY_BIN", value_name = "FILE")]
+    #[arg(long, value_name = "FILE")]
     relay_bin: Option<PathBuf>,
 }
 
@@ -252,7 +262,18 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, bool),
         #[cfg(feature = "redis-streams")]
         "redis-streams" => {
             let url = url.unwrap_or_else(outboxkit_harness::redis_url);
-            let side = outboxkit_harness::RedisSide::open_at(&url, DESTINATION).await;
+            let side = if url.starts_with("rediss://") {
+                let ca = args.broker_ca_file.as_deref().ok_or_else(|| {
+                    Failure::config("demo --broker-url rediss://...: give --broker-ca-file too")
+                })?;
+                let client = args
+                    .broker_client_cert
+                    .as_deref()
+                    .zip(args.broker_client_key.as_deref());
+                outboxkit_harness::RedisSide::open_tls(&url, DESTINATION, ca, client).await
+            } else {
+                outboxkit_harness::RedisSide::open_at(&url, DESTINATION).await
+            };
             side.cleanup().await;
             let describe = format!("Redis stream {}", side.destination("order"));
             (Arc::new(side), describe, false)
