@@ -41,6 +41,10 @@ pub struct RabbitMqConfig {
     /// `amqps://...` (TLS). Without user info: `guest`/`guest`. The vhost is URL-encoded
     /// (`%2f` is `/`, the default).
     pub url: String,
+    /// The password, replacing the URL's (which may then leave it out); the URL's user stays,
+    /// and a URL without a user logs in as `guest` (lapin's default). Never logged; usually
+    /// given as `password_file` (read by the relay at start).
+    pub password: Option<String>,
     /// The exchange every event is published to; `""` is the default exchange (routing key =
     /// queue name).
     pub exchange: String,
@@ -117,6 +121,7 @@ impl Default for RabbitMqConfig {
     fn default() -> Self {
         Self {
             url: "amqp://127.0.0.1:5672/%2f".to_owned(),
+            password: None,
             exchange: String::new(),
             routing_key: "{aggregate_type}.{event_type}".to_owned(),
             mandatory: true,
@@ -138,6 +143,7 @@ impl fmt::Debug for RabbitMqConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitMqConfig")
             .field("url", &self.redacted_url())
+            .field("password", &self.password.as_ref().map(|_| "***"))
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("mandatory", &self.mandatory)
@@ -170,6 +176,16 @@ impl RabbitMqConfig {
         redact_url(&self.url)
     }
 
+    /// The keys the login comes from, for error messages: `sink.rabbitmq.url`, and
+    /// `sink.rabbitmq.password` when that is set.
+    pub fn credential_keys(&self) -> String {
+        if self.password.is_some() {
+            format!("{CONFIG_SECTION}.url, {CONFIG_SECTION}.password")
+        } else {
+            format!("{CONFIG_SECTION}.url")
+        }
+    }
+
     /// `host:port` of the URL, as named in connection errors.
     pub fn host_port(&self) -> String {
         match self.amqp_uri() {
@@ -198,6 +214,12 @@ impl RabbitMqConfig {
     /// (`sink.rabbitmq.url: ...`).
     pub fn validate(&self) -> Result<()> {
         let uri = self.amqp_uri()?;
+        if self.password.as_deref() == Some("") {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.password: must not be empty (RabbitMQ refuses blank \
+                 passwords); leave it out to use the password of {CONFIG_SECTION}.url"
+            )));
+        }
         self.template()?;
         if self.exchange.len() > MAX_SHORT_STRING_BYTES {
             return Err(Error::config(format!(
@@ -304,7 +326,8 @@ impl RabbitMqConfig {
     }
 
     /// The URL parsed for lapin. The host is taken from the URL as written (IP addresses
-    /// included), the password is kept but never printed.
+    /// included); `password`, when set, replaces the URL's. The password is kept but never
+    /// printed.
     pub(crate) fn amqp_uri(&self) -> Result<AMQPUri> {
         let url = url::Url::parse(&self.url).map_err(|e| {
             Error::config(format!(
@@ -347,6 +370,9 @@ impl RabbitMqConfig {
             ))
         })?;
         uri.authority.host = host;
+        if let Some(password) = &self.password {
+            uri.authority.userinfo.password.clone_from(password);
+        }
         Ok(uri)
     }
 
@@ -437,6 +463,7 @@ mod tests {
         let config = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, RabbitMqConfig::default());
         assert_eq!(config.url, "amqp://127.0.0.1:5672/%2f");
+        assert_eq!(config.password, None);
         assert_eq!(config.exchange, "");
         assert_eq!(config.routing_key, "{aggregate_type}.{event_type}");
         assert!(config.mandatory);
@@ -554,6 +581,74 @@ mod tests {
         assert_eq!(
             RabbitMqConfig::new("amqp://mq:5672", "").redacted_url(),
             "amqp://mq:5672"
+        );
+    }
+
+    #[test]
+    fn the_password_key_replaces_the_urls_and_never_shows() {
+        // The URL's user stays; the URL's password, if any, is replaced.
+        let config = from_json(serde_json::json!({
+            "url": "amqp://relay:in-url@mq:5672/%2f",
+            "password": "s3cr3t-key",
+        }))
+        .unwrap();
+        assert_eq!(config.password.as_deref(), Some("s3cr3t-key"));
+        config.validate().unwrap();
+        let uri = config.amqp_uri().unwrap();
+        assert_eq!(uri.authority.userinfo.username, "relay");
+        assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
+        assert_eq!(
+            config.credential_keys(),
+            "sink.rabbitmq.url, sink.rabbitmq.password"
+        );
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cr3t-key"), "{debug}");
+        assert!(!debug.contains("in-url"), "{debug}");
+        assert!(debug.contains("password: Some(\"***\")"), "{debug}");
+
+        // A URL with a user and no password.
+        let config = RabbitMqConfig {
+            password: Some("s3cr3t-key".into()),
+            ..RabbitMqConfig::new("amqp://relay@mq/%2f", "")
+        };
+        let uri = config.amqp_uri().unwrap();
+        assert_eq!(uri.authority.userinfo.username, "relay");
+        assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
+        assert_eq!(config.redacted_url(), "amqp://relay@mq/%2f");
+
+        // Without a user, lapin logs in as `guest`, now with this password.
+        let config = RabbitMqConfig {
+            password: Some("s3cr3t-key".into()),
+            ..RabbitMqConfig::new("amqp://mq/%2f", "")
+        };
+        let uri = config.amqp_uri().unwrap();
+        assert_eq!(uri.authority.userinfo.username, "guest");
+        assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
+
+        // Without the key: the URL's password, or lapin's default `guest`.
+        let config = RabbitMqConfig::new("amqp://relay:in-url@mq/%2f", "");
+        assert_eq!(
+            config.amqp_uri().unwrap().authority.userinfo.password,
+            "in-url"
+        );
+        assert_eq!(config.credential_keys(), "sink.rabbitmq.url");
+        assert!(format!("{config:?}").contains("password: None"));
+        let config = RabbitMqConfig::new("amqp://relay@mq/%2f", "");
+        assert_eq!(
+            config.amqp_uri().unwrap().authority.userinfo.password,
+            "guest"
+        );
+
+        // Non-string values are refused by serde, an empty one by validation.
+        let e = from_json(serde_json::json!({ "password": 123 })).unwrap_err();
+        assert!(e.contains("invalid type"), "{e}");
+        let e = bad(RabbitMqConfig {
+            password: Some(String::new()),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("sink.rabbitmq.password: must not be empty"),
+            "{e}"
         );
     }
 

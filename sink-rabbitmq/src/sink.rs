@@ -259,10 +259,11 @@ impl RabbitMqSink {
         let user = &self.uri.authority.userinfo.username;
         let message = match error.kind() {
             ErrorKind::Unauthorized => format!(
-                "RabbitMQ at {} refused user `{user}` on vhost `{}` ({CONFIG_SECTION}.url): {} \
+                "RabbitMQ at {} refused user `{user}` on vhost `{}` ({}): {} \
                  (check the user name, password and the user's permissions on the vhost)",
                 self.host_port,
                 self.vhost(),
+                self.config.credential_keys(),
                 error.full_message()
             ),
             ErrorKind::Config => format!(
