@@ -463,6 +463,138 @@ async fn refused_credentials_are_unauthorized_and_the_password_never_shows() {
     assert!(!e.to_string().contains("n0t-the-s3cr3t"), "{e}");
 }
 
+/// A broker user of the test's own (a unique name), with `password` and every permission on
+/// vhost `/`; deleted when dropped, also when the test fails.
+struct TestUser {
+    name: String,
+}
+
+impl TestUser {
+    fn add(password: &str) -> Self {
+        let user = Self {
+            name: unique("outbox_pw_user"),
+        };
+        ctl(&["add_user", &user.name, password]);
+        ctl(&["set_permissions", "-p", "/", &user.name, ".*", ".*", ".*"]);
+        user
+    }
+
+    /// The test broker's URL with this user and `password` in the user info (`None`: no
+    /// password in the URL).
+    fn url(&self, password: Option<&str>) -> String {
+        let mut url = url::Url::parse(&rabbitmq_url()).expect("a URL");
+        url.set_username(&self.name).expect("a URL with a host");
+        url.set_password(password).expect("a URL with a host");
+        url.to_string()
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        if let Err(e) = rabbitmqctl(&["delete_user", &self.name]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_key_alone_logs_in_and_publishes() {
+    let password = format!("pw-{}", unique("key"));
+    let user = TestUser::add(&password);
+    let (prefix, broker, queue) = order_queue(&[]).await;
+    let routing_key = format!("{prefix}.{{aggregate_type}}");
+
+    // The URL names the user only; the password comes from its own key.
+    let config = RabbitMqConfig {
+        password: Some(password.clone()),
+        connection_name: format!("{prefix}-relay"),
+        ..RabbitMqConfig::new(user.url(None), TEST_EXCHANGE)
+    };
+    let sink = connect(RabbitMqConfig {
+        routing_key: routing_key.clone(),
+        ..config
+    })
+    .await;
+    assert!(!format!("{sink:?}").contains(&password), "{sink:?}");
+    let batch = sample_batch(1, 5, "order", 2);
+    assert_all_published(&sink.publish(&batch).await.expect("publish"));
+    let listing = ctl(&["list_connections", "user", "client_properties", "-s"]);
+    assert!(
+        listing
+            .lines()
+            .any(|line| line.contains(&format!("{prefix}-relay")) && line.starts_with(&user.name)),
+        "no connection of {} named {prefix}-relay:\n{listing}",
+        user.name
+    );
+    drop(sink);
+
+    // The key replaces a password the URL has (a stale one here), it is not a fallback.
+    let sink = connect(RabbitMqConfig {
+        password: Some(password.clone()),
+        routing_key,
+        ..RabbitMqConfig::new(user.url(Some("stale-url-password")), TEST_EXCHANGE)
+    })
+    .await;
+    let more = sample_batch(6, 5, "order", 2);
+    assert_all_published(&sink.publish(&more).await.expect("publish"));
+    let sent: Vec<&OutboxEvent> = batch.iter().chain(&more).collect();
+    assert_arrived(&broker, &queue, &sent).await;
+    broker.delete_queue(&queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_key_is_unauthorized_and_never_shows() {
+    let user = TestUser::add(&format!("pw-{}", unique("right")));
+    let wrong = format!("n0t-the-s3cr3t-{}", unique("wrong"));
+    let config = RabbitMqConfig {
+        password: Some(wrong.clone()),
+        ..RabbitMqConfig::new(user.url(None), "")
+    };
+    let debug = format!("{config:?}");
+    assert!(!debug.contains(&wrong), "{debug}");
+    assert!(debug.contains("password: Some(\"***\")"), "{debug}");
+
+    let e = RabbitMqSink::connect(config.clone()).await.unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{text}");
+    assert!(!e.is_retryable(), "{text}");
+    assert!(
+        text.contains(&format!("refused user `{}`", user.name)),
+        "{text}"
+    );
+    assert!(
+        text.contains("(sink.rabbitmq.url, sink.rabbitmq.password)"),
+        "{text}"
+    );
+    assert!(!text.contains(&wrong), "{text}");
+    assert!(!format!("{e:?}").contains(&wrong), "{e:?}");
+
+    // A lazily built sink fails its first call the same way.
+    let sink = RabbitMqSink::connect_lazy(config).unwrap();
+    assert!(!format!("{sink:?}").contains(&wrong));
+    let e = sink
+        .publish(&sample_batch(1, 1, "order", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
+    assert!(!e.to_string().contains(&wrong), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_key_with_a_url_without_user_logs_in_as_guest() {
+    let host = rabbitmq_address();
+    let wrong = format!("n0t-guests-{}", unique("pw"));
+    let config = RabbitMqConfig {
+        password: Some(wrong.clone()),
+        ..RabbitMqConfig::new(format!("amqp://{host}/%2f"), "")
+    };
+    let e = RabbitMqSink::connect(config).await.unwrap_err();
+    let text = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{text}");
+    assert!(text.contains("refused user `guest`"), "{text}");
+    assert!(!text.contains(&wrong), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_vhost_is_refused_and_named() {
     let url = url::Url::parse(&rabbitmq_url()).unwrap();
