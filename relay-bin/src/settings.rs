@@ -390,7 +390,8 @@ pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
 /// content (without a final line break) is the value, read at start, as Kubernetes mounts
 /// secrets. Anywhere in `[store]` and `[sink.*]`, for every store and sink, also a third
 /// party's: `store.password_file`, `sink.redis_streams.password_file`,
-/// `sink.rabbitmq.tls.pkcs12_password_file`, `sink.kafka."sasl.password_file"`.
+/// `sink.rabbitmq.password_file`, `sink.rabbitmq.tls.pkcs12_password_file`,
+/// `sink.kafka."sasl.password_file"`.
 pub const SECRET_KEYS: &[&str] = &[
     "password",
     "pkcs12_password",

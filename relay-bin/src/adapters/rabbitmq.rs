@@ -89,6 +89,68 @@ kind = "rabbitmq"
     }
 
     #[test]
+    fn the_password_comes_from_password_file_and_never_shows() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("amqp-password", "s3cr3t-from-file\n")?;
+            jail.create_file(
+                "relay.toml",
+                &format!(
+                    "{BASE}\n[sink.rabbitmq]\nurl = \"amqp://relay@mq:5672/%2f\"\n\
+                     password_file = \"amqp-password\"\n"
+                ),
+            )?;
+            let path = PathBuf::from("relay.toml");
+            let (settings, figment) = crate::settings::load(Some(path.as_path())).unwrap();
+            let ctx = FactoryContext {
+                settings: &settings,
+                figment: &figment,
+                file: Some(&path),
+            };
+            let config =
+                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
+                    .unwrap();
+            assert_eq!(config.password.as_deref(), Some("s3cr3t-from-file"));
+            assert_eq!(config.url, "amqp://relay@mq:5672/%2f");
+            let debug = format!("{config:?}");
+            assert!(
+                !debug.contains("s3cr3t") && debug.contains("***"),
+                "{debug}"
+            );
+
+            // The key and its file together are refused, naming both.
+            jail.create_file(
+                "relay.toml",
+                &format!(
+                    "{BASE}\n[sink.rabbitmq]\npassword = \"inline-s3cr3t\"\n\
+                     password_file = \"amqp-password\"\n"
+                ),
+            )?;
+            let e = check().unwrap_err();
+            assert!(
+                e.contains("sink.rabbitmq.password") && e.contains("sink.rabbitmq.password_file"),
+                "{e}"
+            );
+            assert!(!e.contains("s3cr3t"), "{e}");
+
+            // And from the environment.
+            jail.create_file("relay.toml", BASE)?;
+            jail.set_env("OUTBOX_SINK__RABBITMQ__PASSWORD", "env-s3cr3t");
+            let (settings, figment) = crate::settings::load(Some(path.as_path())).unwrap();
+            let ctx = FactoryContext {
+                settings: &settings,
+                figment: &figment,
+                file: Some(&path),
+            };
+            let config =
+                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
+                    .unwrap();
+            assert_eq!(config.password.as_deref(), Some("env-s3cr3t"));
+            Ok(())
+        });
+    }
+
+    #[test]
     fn the_environment_overrides_and_keeps_passwords_as_text() {
         Jail::expect_with(|jail| {
             jail.clear_env();
