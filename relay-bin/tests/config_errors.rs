@@ -362,7 +362,10 @@ fn unknown_key_in_sink_section() {
         &config,
         "run",
         &[],
-        &["sink.redis_streams.ulr: unknown key", "url, stream"],
+        &[
+            "sink.redis_streams.ulr: unknown key",
+            "url, password, stream",
+        ],
     );
     assert!(
         line.ends_with(&format!("(in {})", config.display())),
