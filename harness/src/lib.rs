@@ -60,5 +60,6 @@ pub use store::postgres::{postgres_url, PostgresSide};
 pub use store::private_postgres::{ClientAuth, PrivatePostgres};
 pub use store::{DeadRow, StoreSide, PENDING};
 pub use util::{
-    free_port, http_get, metric_value, scratch_dir, unique, wait_for, wait_for_ready, write_file,
+    free_port, http_get, metric_value, running_as_root, scratch_dir, unique, wait_for,
+    wait_for_ready, write_file,
 };

@@ -6,12 +6,8 @@
 #[cfg(test)]
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
-    use std::path::Path;
 
     use figment::Jail;
-
-    use crate::registry::FactoryContext;
-    use crate::settings::load;
 
     const BASE: &str = r#"
 [store]
@@ -23,15 +19,7 @@ kind = "kafka"
 "#;
 
     fn config_from(jail_file: &str) -> Result<outboxkit_sink_kafka::KafkaSinkConfig, String> {
-        let file = Path::new(jail_file).to_path_buf();
-        let (settings, figment) = load(Some(&file)).map_err(|e| e.to_string())?;
-        let ctx = FactoryContext {
-            settings: &settings,
-            figment: &figment,
-            file: Some(&file),
-        };
-        crate::registry::sink_config::<outboxkit_sink_kafka::KafkaSinkConfig>(ctx)
-            .map_err(|e| e.to_string())
+        super::super::read_sink(jail_file).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -7,3 +7,18 @@ mod kafka;
 mod rabbitmq;
 #[cfg(feature = "sink-sqs")]
 mod sqs;
+
+/// Read `file` (written by the test in its figment jail) and `[sink.<kind>]` of it as the
+/// registry does for `C`: defaults, `sink.destination`, validation, errors that say where.
+#[cfg(test)]
+fn read_sink<C: outboxkit_core::SinkConfig>(file: &str) -> outboxkit_core::Result<C> {
+    let file = std::path::PathBuf::from(file);
+    let (settings, figment) = crate::settings::load(Some(&file))
+        .map_err(|e| outboxkit_core::Error::config(e.to_string()))?;
+    let ctx = crate::registry::FactoryContext {
+        settings: &settings,
+        figment: &figment,
+        file: Some(&file),
+    };
+    crate::registry::sink_config::<C>(ctx)
+}

@@ -4,11 +4,7 @@
 // `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
 #[allow(clippy::result_large_err)]
 mod tests {
-    use std::path::PathBuf;
-
     use figment::Jail;
-
-    use crate::registry::FactoryContext;
 
     const BASE: &str = r#"
 [store]
@@ -19,17 +15,14 @@ url = "postgres://localhost/app"
 kind = "rabbitmq"
 "#;
 
+    /// `relay.toml` of the jail read as the registry reads `[sink.rabbitmq]`.
+    fn read() -> outboxkit_sink_rabbitmq::RabbitMqConfig {
+        super::super::read_sink("relay.toml").unwrap()
+    }
+
     /// Load `relay.toml` from the jail and read `[sink.rabbitmq]` as the registry does.
     fn check() -> Result<(), String> {
-        let path = PathBuf::from("relay.toml");
-        let (settings, figment) =
-            crate::settings::load(Some(path.as_path())).map_err(|e| e.to_string())?;
-        let ctx = FactoryContext {
-            settings: &settings,
-            figment: &figment,
-            file: Some(&path),
-        };
-        crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
+        super::super::read_sink::<outboxkit_sink_rabbitmq::RabbitMqConfig>("relay.toml")
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -100,16 +93,7 @@ kind = "rabbitmq"
                      password_file = \"amqp-password\"\n"
                 ),
             )?;
-            let path = PathBuf::from("relay.toml");
-            let (settings, figment) = crate::settings::load(Some(path.as_path())).unwrap();
-            let ctx = FactoryContext {
-                settings: &settings,
-                figment: &figment,
-                file: Some(&path),
-            };
-            let config =
-                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
-                    .unwrap();
+            let config = read();
             assert_eq!(config.password.as_deref(), Some("s3cr3t-from-file"));
             assert_eq!(config.url, "amqp://relay@mq:5672/%2f");
             let debug = format!("{config:?}");
@@ -136,15 +120,7 @@ kind = "rabbitmq"
             // And from the environment.
             jail.create_file("relay.toml", BASE)?;
             jail.set_env("OUTBOX_SINK__RABBITMQ__PASSWORD", "env-s3cr3t");
-            let (settings, figment) = crate::settings::load(Some(path.as_path())).unwrap();
-            let ctx = FactoryContext {
-                settings: &settings,
-                figment: &figment,
-                file: Some(&path),
-            };
-            let config =
-                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
-                    .unwrap();
+            let config = read();
             assert_eq!(config.password.as_deref(), Some("env-s3cr3t"));
             Ok(())
         });
@@ -159,16 +135,7 @@ kind = "rabbitmq"
             jail.set_env("OUTBOX_SINK__RABBITMQ__EXCHANGE", "123");
             jail.set_env("OUTBOX_SINK__RABBITMQ__MANDATORY", "false");
             jail.set_env("OUTBOX_SINK__DESTINATION", "app.{aggregate_type}");
-            let path = PathBuf::from("relay.toml");
-            let (settings, figment) = crate::settings::load(Some(path.as_path())).unwrap();
-            let ctx = FactoryContext {
-                settings: &settings,
-                figment: &figment,
-                file: Some(&path),
-            };
-            let config =
-                crate::registry::sink_config::<outboxkit_sink_rabbitmq::RabbitMqConfig>(ctx)
-                    .unwrap();
+            let config = read();
             assert_eq!(config.url, "amqp://relay:007@mq:5672/%2f");
             assert_eq!(config.exchange, "123");
             assert!(!config.mandatory);

@@ -4,11 +4,8 @@
 // `Jail` closures return `figment::Result`, whose error is large; nothing to do about it here.
 #[allow(clippy::result_large_err)]
 mod tests {
-    use std::path::{Path, PathBuf};
 
     use figment::Jail;
-
-    use crate::registry::FactoryContext;
 
     const BASE: &str = r#"
         [store]
@@ -26,15 +23,7 @@ mod tests {
     ) -> outboxkit_core::Result<outboxkit_sink_sqs::SqsConfig> {
         jail.create_file("relay.toml", toml)
             .expect("writing the test configuration");
-        let file = PathBuf::from("relay.toml");
-        let (settings, figment) =
-            crate::settings::load(Some(Path::new("relay.toml"))).expect("loading");
-        let ctx = FactoryContext {
-            settings: &settings,
-            figment: &figment,
-            file: Some(&file),
-        };
-        crate::registry::sink_config::<outboxkit_sink_sqs::SqsConfig>(ctx)
+        super::super::read_sink("relay.toml")
     }
 
     #[test]
