@@ -171,6 +171,7 @@ impl MySqlStore {
             user: Some(options.get_username().to_owned()),
             table: table.to_string(),
             ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
+            tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
         };
 
         let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())

@@ -80,6 +80,7 @@ impl PostgresStore {
             user: Some(options.get_username().to_owned()),
             table: configured.to_string(),
             ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
+            tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
         };
 
         let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())

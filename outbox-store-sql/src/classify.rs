@@ -47,6 +47,9 @@ pub struct Target {
     pub table: String,
     /// The CA file the URL names ([`Dialect::CA_OPTION`]), if any.
     pub ca_file: Option<String>,
+    /// The TLS mode the URL sets ([`Dialect::TLS_OPTION`]), if it sets one: connection errors
+    /// then say it (`store.url, sslmode=verify-full`).
+    pub tls_mode: Option<String>,
 }
 
 impl Target {
@@ -55,6 +58,14 @@ impl Target {
         Self {
             table: table.into(),
             ..Self::default()
+        }
+    }
+
+    /// `store.url`, with the URL's TLS mode when it sets one: `store.url, sslmode=require`.
+    pub fn url_key<D: Dialect>(&self) -> String {
+        match &self.tls_mode {
+            Some(mode) => format!("store.url, {}={mode}", D::TLS_OPTION),
+            None => "store.url".to_owned(),
         }
     }
 
@@ -101,7 +112,11 @@ pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
     match error {
         sqlx::Error::Io(e) => Error::new(
             ErrorKind::Connection,
-            format!("cannot reach {at} (store.url): {}", describe_io(&e)),
+            format!(
+                "cannot reach {at} ({}): {}",
+                target.url_key::<D>(),
+                describe_io(&e)
+            ),
         ),
         sqlx::Error::Tls(e) => Error::new(
             ErrorKind::Connection,
@@ -173,9 +188,10 @@ pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) 
     Error::new(
         ErrorKind::Connection,
         format!(
-            "cannot reach {} at {} (store.url): no answer within {} (store.connect_timeout)",
+            "cannot reach {} at {} ({}): no answer within {} (store.connect_timeout)",
             D::PRODUCT,
             target.endpoint.as_deref().unwrap_or("?"),
+            target.url_key::<D>(),
             format_duration(connect_timeout)
         ),
     )
@@ -205,6 +221,24 @@ mod tests {
         assert_eq!(
             e.message(),
             "cannot reach SomeSQL at db:1234 (store.url): connection reset"
+        );
+        // A URL that sets a TLS mode: connection errors say it.
+        let tls = Target {
+            tls_mode: Some("require".to_owned()),
+            ..target()
+        };
+        let e = classify::<Plain>(
+            sqlx::Error::Io(io::Error::from(io::ErrorKind::ConnectionReset)),
+            &tls,
+        );
+        assert_eq!(
+            e.message(),
+            "cannot reach SomeSQL at db:1234 (store.url, tls=require): connection reset"
+        );
+        let e = no_answer_within::<Plain>(&tls, Duration::from_secs(1));
+        assert!(
+            e.message().contains("(store.url, tls=require): no answer"),
+            "{e}"
         );
         let e = classify::<Plain>(sqlx::Error::Tls("bad".into()), &target());
         assert_eq!(
