@@ -9,14 +9,7 @@ mod tests {
 
     use figment::Jail;
 
-    const BASE: &str = r#"
-[store]
-kind = "postgres"
-url = "postgres://app@db:5432/app"
-
-[sink]
-kind = "kafka"
-"#;
+    const BASE: &str = base!("kafka");
 
     fn config_from(jail_file: &str) -> Result<outboxkit_sink_kafka::KafkaSinkConfig, String> {
         super::super::read_sink(jail_file).map_err(|e| e.to_string())

@@ -1,6 +1,20 @@
 //! Tests of the shipped adapters' settings as the registry reads them: defaults, the
 //! environment, `sink.destination`, and errors that name the key and where it was set.
 
+/// A configuration with a PostgreSQL `[store]` and `[sink] kind = $kind`, ahead of a test's
+/// own lines.
+#[cfg(test)]
+macro_rules! base {
+    ($kind:literal) => {
+        concat!(
+            "[store]\nkind = \"postgres\"\nurl = \"postgres://app@db:5432/app\"\n\n",
+            "[sink]\nkind = \"",
+            $kind,
+            "\"\n"
+        )
+    };
+}
+
 #[cfg(feature = "sink-kafka")]
 mod kafka;
 #[cfg(feature = "sink-rabbitmq")]

@@ -6,14 +6,7 @@
 mod tests {
     use figment::Jail;
 
-    const BASE: &str = r#"
-[store]
-kind = "postgres"
-url = "postgres://localhost/app"
-
-[sink]
-kind = "rabbitmq"
-"#;
+    const BASE: &str = base!("rabbitmq");
 
     /// `relay.toml` of the jail read as the registry reads `[sink.rabbitmq]`.
     fn read() -> outboxkit_sink_rabbitmq::RabbitMqConfig {

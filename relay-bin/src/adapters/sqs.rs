@@ -7,14 +7,7 @@ mod tests {
 
     use figment::Jail;
 
-    const BASE: &str = r#"
-        [store]
-        kind = "postgres"
-        url = "postgres://app@db:5432/app"
-
-        [sink]
-        kind = "sqs"
-    "#;
+    const BASE: &str = base!("sqs");
 
     /// Load `relay.toml` (written by the test) and run the `[sink.sqs]` check on it.
     fn checked(
