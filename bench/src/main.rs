@@ -63,8 +63,13 @@ pub struct Args {
     /// The release `outbox-relay` binary.
     #[arg(long, default_value = "target/release/outbox-relay")]
     pub relay_bin: PathBuf,
-    /// PostgreSQL.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    /// PostgreSQL. Plain TCP by default, as the figures in docs/BENCHMARKS.md were measured:
+    /// the relay (built with TLS) would otherwise encrypt its connections to a server that
+    /// offers TLS (`sslmode=prefer`), which costs about a tenth of the drain here.
+    #[arg(
+        long,
+        default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+    )]
     pub postgres_url: String,
     /// MySQL / MariaDB.
     #[arg(long, default_value = "mysql://root@127.0.0.1:3306/test")]
