@@ -87,3 +87,28 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     /// Drop the outbox table (with its bookkeeping) and the business table.
     async fn drop_tables(&self);
 }
+
+/// A store on `table` of the SQL database at `url`, built as the relay builds it (the
+/// configuration's own `build`) and migrated; fails the test with the store's error.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn connect_migrated<S: outboxkit_store_sql::SqlStore>(
+    url: &str,
+    table: &str,
+    shards: u32,
+    connections: u32,
+) -> Arc<dyn Store> {
+    use outboxkit_core::StoreConfig;
+    let mut config = outboxkit_store_sql::SqlStoreConfig::<S>::new(url)
+        .table(table)
+        .shards(shards);
+    config.pool_size = connections;
+    let store = config
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("{} store at {url}: {e}", S::KIND));
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| panic!("migrating {table}: {e}"));
+    Arc::new(store)
+}

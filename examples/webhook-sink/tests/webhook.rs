@@ -21,13 +21,8 @@ fn sink(config: WebhookSinkConfig) -> WebhookSink {
     WebhookSink::new(config).unwrap_or_else(|e| panic!("building the sink: {e}"))
 }
 
-fn describe(outcomes: &[Outcome]) -> String {
-    outcomes
-        .iter()
-        .map(|o| format!("{o:?}"))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
+/// Every outcome, for assertion messages.
+use outboxkit_core::testkit::sink_suite::describe_outcomes as describe;
 
 /// Every outcome a failure of `kind`, retried (`retry`) or rejected.
 fn all_failed(outcomes: &[Outcome], kind: ErrorKind, retry: bool) -> bool {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use outboxkit_core::{NewEvent, Store};
-use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig, Outbox};
+use outboxkit_store_mysql::Outbox;
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 
@@ -101,18 +101,13 @@ impl StoreSide for MySqlSide {
     }
 
     async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
-        let mut config = MySqlStoreConfig::new(&self.url);
-        config.table = self.table.clone();
-        config.shards = shards;
-        config.pool_size = connections;
-        let store = MySqlStore::connect(config)
-            .await
-            .unwrap_or_else(|e| panic!("MySQL at {}: {e}", self.url));
-        store
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("migrating {}: {e}", self.table));
-        Arc::new(store)
+        super::connect_migrated::<outboxkit_store_mysql::MySql>(
+            &self.url,
+            &self.table,
+            shards,
+            connections,
+        )
+        .await
     }
 
     async fn truncate(&self) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use outboxkit_core::{NewEvent, Store};
-use outboxkit_store_postgres::{Outbox, PostgresStore, PostgresStoreConfig};
+use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
 
 use super::{DeadRow, StoreSide, PENDING};
@@ -96,18 +96,13 @@ impl StoreSide for PostgresSide {
     }
 
     async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
-        let mut config = PostgresStoreConfig::new(&self.url)
-            .table(&self.table)
-            .shards(shards);
-        config.pool_size = connections;
-        let store = PostgresStore::connect(config)
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL at {}: {e}", self.url));
-        store
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("migrating {}: {e}", self.table));
-        Arc::new(store)
+        super::connect_migrated::<outboxkit_store_postgres::Postgres>(
+            &self.url,
+            &self.table,
+            shards,
+            connections,
+        )
+        .await
     }
 
     async fn truncate(&self) {
