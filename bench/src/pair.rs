@@ -171,7 +171,9 @@ fn sample_event(n: u64, aggregates: u64) -> OutboxEvent {
         aggregate_id: order.to_string(),
         event_type: "OrderChanged".into(),
         payload: serde_json::json!({ "n": n, "order_id": order, "pad": "x".repeat(PAD) })
-            .to_string(),
+            .to_string()
+            .into_bytes(),
+        payload_type: Default::default(),
         headers: Default::default(),
         destination: None,
         created_at: Utc::now(),

@@ -14,7 +14,8 @@ pub struct Delivered {
     pub aggregate_id: String,
     /// Where it was read: the stream, topic or queue.
     pub destination: String,
-    pub payload: String,
+    /// The message body, byte for byte (decoded where the broker needs text: SQS `base64`).
+    pub payload: Vec<u8>,
     /// What the broker carries beside the payload: stream entry fields, Kafka or AMQP headers,
     /// SQS message attributes.
     pub headers: HashMap<String, String>,

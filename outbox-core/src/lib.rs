@@ -22,7 +22,7 @@ pub use engine::{Relay, RelayHandle, Shutdown, ShutdownTrigger};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
-    Outcome, ShardOwner,
+    Outcome, Payload, PayloadType, ShardOwner, CONTENT_TYPE_HEADER,
 };
 pub use plugin::{SinkConfig, StoreConfig};
 pub use sink::{whole_call_failure, Sink, SinkCapabilities};

@@ -14,7 +14,7 @@ use chrono::Utc;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent, Outcome,
-    ShardOwner,
+    Payload, PayloadType, ShardOwner,
 };
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
@@ -49,6 +49,7 @@ struct StoreState {
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     shards: u32,
+    payload_type: PayloadType,
     state: Arc<Mutex<StoreState>>,
 }
 
@@ -65,11 +66,37 @@ impl MemoryStore {
     pub fn unmigrated(shards: u32) -> Self {
         Self {
             shards,
+            payload_type: PayloadType::Json,
             state: Arc::new(Mutex::new(StoreState {
                 next_id: 1,
                 ..StoreState::default()
             })),
         }
+    }
+
+    /// The same store holding `payload_type` payloads (default `json`): it refuses what such a
+    /// database column would refuse (text that is not UTF-8, JSON that does not parse).
+    pub fn with_payload_type(mut self, payload_type: PayloadType) -> Self {
+        self.payload_type = payload_type;
+        self
+    }
+
+    /// The payload as this store's table holds it, or the error the database would give.
+    fn stored_payload(&self, payload: &Payload) -> Result<Vec<u8>> {
+        const TABLE: &str = "the in-memory outbox";
+        if self.payload_type == PayloadType::Binary {
+            return Ok(payload.as_bytes().to_vec());
+        }
+        let text = payload.text_for(TABLE, self.payload_type)?;
+        if self.payload_type == PayloadType::Json {
+            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| {
+                Error::new(
+                    ErrorKind::InvalidMessage,
+                    format!("{TABLE} stores `json` payloads and this one is not JSON: {e}"),
+                )
+            })?;
+        }
+        Ok(text.as_bytes().to_vec())
     }
 
     fn lock(&self) -> MutexGuard<'_, StoreState> {
@@ -163,8 +190,12 @@ impl Store for MemoryStore {
     async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
         let mut ids = Vec::with_capacity(events.len());
         // One lock for the whole insert: a transaction of its own.
+        let payloads = events
+            .iter()
+            .map(|e| self.stored_payload(&e.payload))
+            .collect::<Result<Vec<_>>>()?;
         let mut st = self.table()?;
-        for e in events {
+        for (e, payload) in events.iter().zip(payloads) {
             let shard = self.shard_of(&e.aggregate_id);
             let id = st.next_id;
             st.next_id += 1;
@@ -174,7 +205,8 @@ impl Store for MemoryStore {
                 aggregate_type: e.aggregate_type.clone(),
                 aggregate_id: e.aggregate_id.clone(),
                 event_type: e.event_type.clone(),
-                payload: e.payload.to_string(),
+                payload,
+                payload_type: self.payload_type,
                 headers: e.headers.clone(),
                 destination: e.destination.clone(),
                 created_at: Utc::now(),

@@ -11,6 +11,169 @@ use crate::error::Error;
 /// Extra message headers of an event (trace context, tenant...), string to string.
 pub type Headers = BTreeMap<String, String>;
 
+/// The reserved header naming an event's content type (e.g. `application/avro`). Sinks send
+/// it as the broker's native content type where the broker has one (AMQP `content_type`) and
+/// as this header everywhere; without it, an event's content type is its table's
+/// [`PayloadType::default_content_type`].
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
+/// How an outbox table stores payloads, chosen when `migrate` creates it (`store.payload_type`)
+/// and read back from the database's catalog when a store opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadType {
+    /// A JSON document (PostgreSQL `jsonb`, MySQL `JSON`): the database validates it and
+    /// normalizes it (key order, whitespace, number formats), so brokers receive the
+    /// database's rendering of the document, not the writer's bytes.
+    #[default]
+    Json,
+    /// Exact UTF-8 text (PostgreSQL `text`, MySQL `LONGTEXT` utf8mb4), delivered byte for
+    /// byte: pre-serialized JSON, XML, CSV...
+    Text,
+    /// Any bytes (PostgreSQL `bytea`, MySQL `LONGBLOB`), delivered byte for byte: Avro,
+    /// Protobuf, compressed data...
+    Binary,
+}
+
+impl PayloadType {
+    /// Every payload type, in the order the documentation lists them.
+    pub const ALL: [PayloadType; 3] = [PayloadType::Json, PayloadType::Text, PayloadType::Binary];
+
+    /// Its name in settings: `json`, `text` or `binary`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PayloadType::Json => "json",
+            PayloadType::Text => "text",
+            PayloadType::Binary => "binary",
+        }
+    }
+
+    /// The content type of an event that does not name one in its [`CONTENT_TYPE_HEADER`].
+    pub fn default_content_type(self) -> &'static str {
+        match self {
+            PayloadType::Json => "application/json",
+            PayloadType::Text => "text/plain; charset=utf-8",
+            PayloadType::Binary => "application/octet-stream",
+        }
+    }
+}
+
+impl std::fmt::Display for PayloadType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PayloadType {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        PayloadType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not a payload type: use json, text or binary"))
+    }
+}
+
+/// What a writer enqueues as an event's payload: a serialized JSON document, text, or bytes.
+/// A `json` or `text` table takes any of them whose bytes are valid UTF-8 (a `json` table also
+/// requires a JSON document); a `binary` table takes any.
+///
+/// `From` conversions: `serde_json::Value` → [`Payload::Json`], `&str`/`String` →
+/// [`Payload::Text`], `&[u8]`/`Vec<u8>` → [`Payload::Binary`]; [`Payload::json`] serializes any
+/// `serde::Serialize`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Payload {
+    /// A JSON document, serialized once, at write time.
+    Json(String),
+    /// Text, stored as given.
+    Text(String),
+    /// Bytes, stored as given.
+    Binary(Vec<u8>),
+}
+
+impl Payload {
+    /// `value` serialized as JSON now, at write time.
+    pub fn json(value: &impl Serialize) -> Result<Self, Error> {
+        serde_json::to_string(value)
+            .map(Payload::Json)
+            .map_err(|e| {
+                Error::new(
+                    crate::ErrorKind::InvalidMessage,
+                    format!("event payload cannot be serialized as JSON: {e}"),
+                )
+            })
+    }
+
+    /// The payload's bytes, as a `binary` table stores them.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Payload::Json(text) | Payload::Text(text) => text.as_bytes(),
+            Payload::Binary(bytes) => bytes,
+        }
+    }
+
+    /// The payload as text, as a `json` or `text` table stores it; `None` for bytes that are
+    /// not valid UTF-8.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Payload::Json(text) | Payload::Text(text) => Some(text),
+            Payload::Binary(bytes) => std::str::from_utf8(bytes).ok(),
+        }
+    }
+
+    /// The payload as text for a table of type `table_type` named `table`, or the error the
+    /// writer gets for bytes that are not UTF-8 (nothing is written).
+    pub fn text_for(&self, table: &str, table_type: PayloadType) -> Result<&str, Error> {
+        self.as_text().ok_or_else(|| {
+            Error::new(
+                crate::ErrorKind::InvalidMessage,
+                format!(
+                    "the payload is not valid UTF-8 and {table} stores `{table_type}` payloads; \
+                     write it to a table created with store.payload_type = \"binary\""
+                ),
+            )
+        })
+    }
+}
+
+impl From<serde_json::Value> for Payload {
+    fn from(value: serde_json::Value) -> Self {
+        Payload::Json(value.to_string())
+    }
+}
+
+impl From<&serde_json::Value> for Payload {
+    fn from(value: &serde_json::Value) -> Self {
+        Payload::Json(value.to_string())
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Self {
+        Payload::Text(text)
+    }
+}
+
+impl From<&str> for Payload {
+    fn from(text: &str) -> Self {
+        Payload::Text(text.to_owned())
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Self {
+        Payload::Binary(bytes)
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(bytes: &[u8]) -> Self {
+        Payload::Binary(bytes.to_vec())
+    }
+}
+
 /// One committed outbox row, as claimed by the relay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxEvent {
@@ -24,8 +187,11 @@ pub struct OutboxEvent {
     pub aggregate_id: String,
     /// E.g. `OrderConfirmed`.
     pub event_type: String,
-    /// The JSON document the writer serialized, as text, byte for byte what sinks send.
-    pub payload: String,
+    /// The payload as the table holds it, byte for byte what sinks send (for a `json` table,
+    /// the database's rendering of the document).
+    pub payload: Vec<u8>,
+    /// How the event's table stores payloads.
+    pub payload_type: PayloadType,
     /// Extra headers given by the writer.
     pub headers: Headers,
     /// Per-row override of the sink's destination template.
@@ -41,7 +207,21 @@ pub struct OutboxEvent {
 impl OutboxEvent {
     /// Payload bytes as sent to brokers.
     pub fn payload_bytes(&self) -> &[u8] {
-        self.payload.as_bytes()
+        &self.payload
+    }
+
+    /// The payload as text; `None` when it is not valid UTF-8 (only possible in a `binary`
+    /// table).
+    pub fn payload_text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.payload).ok()
+    }
+
+    /// The event's content type: its [`CONTENT_TYPE_HEADER`], else its table's default.
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get(CONTENT_TYPE_HEADER)
+            .map(String::as_str)
+            .unwrap_or_else(|| self.payload_type.default_content_type())
     }
 }
 
@@ -54,28 +234,51 @@ pub struct NewEvent {
     pub aggregate_id: String,
     pub event_type: String,
     /// Serialized now, at write time — never re-read business state later.
-    pub payload: serde_json::Value,
+    pub payload: Payload,
     pub headers: Headers,
     pub destination: Option<String>,
 }
 
 impl NewEvent {
-    /// An event with empty headers, no destination override and a fresh event id.
+    /// An event with empty headers, no destination override and a fresh event id. `payload` is
+    /// a `serde_json::Value`, text (`&str`, `String`) or bytes (`&[u8]`, `Vec<u8>`); see
+    /// [`Payload`], and [`NewEvent::json`] for any `serde::Serialize`.
     pub fn new(
         aggregate_type: impl Into<String>,
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
-        payload: serde_json::Value,
+        payload: impl Into<Payload>,
     ) -> Self {
         Self {
             event_id: None,
             aggregate_type: aggregate_type.into(),
             aggregate_id: aggregate_id.into(),
             event_type: event_type.into(),
-            payload,
+            payload: payload.into(),
             headers: Headers::new(),
             destination: None,
         }
+    }
+
+    /// An event whose payload is `payload` serialized as JSON now.
+    pub fn json(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: &impl Serialize,
+    ) -> Result<Self, Error> {
+        Ok(Self::new(
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            Payload::json(payload)?,
+        ))
+    }
+
+    /// Set the event's content type (the [`CONTENT_TYPE_HEADER`] header), e.g.
+    /// `application/vnd.apache.avro+binary`.
+    pub fn content_type(self, content_type: impl Into<String>) -> Self {
+        self.header(CONTENT_TYPE_HEADER, content_type)
     }
 
     /// Set a header (e.g. `traceparent`).

@@ -130,6 +130,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "OrderConfirmed".into(),
             payload: "{}".into(),
+            payload_type: Default::default(),
             headers: Default::default(),
             destination: destination.map(Into::into),
             created_at: Utc::now(),

@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use sqlx::MySqlConnection;
 
-use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
+use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;
@@ -77,7 +77,7 @@ impl Outbox {
     /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
     /// event commits (or rolls back) with the business change. Returns the row id.
     pub async fn enqueue(&self, conn: &mut MySqlConnection, event: &NewEvent) -> Result<i64> {
-        let row = Values::of(event)?;
+        let row = Values::of(event, self.table())?;
         let done = row
             .bind(sqlx::query(&self.insert_one))
             .execute(conn)
@@ -102,7 +102,10 @@ impl Outbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = events.iter().map(Values::of).collect::<Result<Vec<_>>>()?;
+        let rows = events
+            .iter()
+            .map(|e| Values::of(e, self.table()))
+            .collect::<Result<Vec<_>>>()?;
         let step = self.id_step(conn).await?;
         let mut ids = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(ROWS_PER_INSERT) {
@@ -171,7 +174,7 @@ struct Values<'e> {
 }
 
 impl<'e> Values<'e> {
-    fn of(event: &'e NewEvent) -> Result<Self> {
+    fn of(event: &'e NewEvent, table: &str) -> Result<Self> {
         for (field, value) in [
             ("aggregate_type", &event.aggregate_type),
             ("aggregate_id", &event.aggregate_id),
@@ -185,7 +188,7 @@ impl<'e> Values<'e> {
         Ok(Self {
             event_id: event.event_id_or_new().hyphenated().to_string(),
             event,
-            payload: to_json(&event.payload, "payload")?,
+            payload: event.payload.text_for(table, PayloadType::Json)?.to_owned(),
             headers: to_json(&event.headers, "headers")?,
         })
     }
@@ -247,9 +250,9 @@ mod tests {
     #[test]
     fn values_are_checked_before_sending() {
         let ok = NewEvent::new("order", "é".repeat(255), "Placed", serde_json::json!({}));
-        assert!(Values::of(&ok).is_ok());
+        assert!(Values::of(&ok, "outbox").is_ok());
         let long = NewEvent::new("order", "é".repeat(256), "Placed", serde_json::json!({}));
-        let e = Values::of(&long).err().unwrap();
+        let e = Values::of(&long, "outbox").err().unwrap();
         assert_eq!(e.kind(), ErrorKind::InvalidMessage);
         assert!(!e.is_retryable());
         assert!(
@@ -258,7 +261,7 @@ mod tests {
         );
         let long = NewEvent::new("order", "1", "Placed", serde_json::json!({}))
             .destination("d".repeat(1025));
-        assert!(Values::of(&long)
+        assert!(Values::of(&long, "outbox")
             .err()
             .unwrap()
             .message()
@@ -269,7 +272,7 @@ mod tests {
     fn event_ids_are_hyphenated_text_and_kept_when_given() {
         let id = uuid::Uuid::new_v4();
         let event = NewEvent::new("order", "1", "Placed", serde_json::json!(null)).event_id(id);
-        let values = Values::of(&event).unwrap();
+        let values = Values::of(&event, "outbox").unwrap();
         assert_eq!(values.event_id, id.hyphenated().to_string());
         assert_eq!(values.payload, "null");
         assert_eq!(values.headers, "{}");

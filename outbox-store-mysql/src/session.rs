@@ -13,8 +13,8 @@ use sqlx::{ConnectOptions, Executor, MySqlConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
-    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, Result,
-    ShardSession,
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
+    Result, ShardSession,
 };
 
 use outboxkit_store_sql::classify::no_answer_within;
@@ -317,7 +317,8 @@ fn decode_event(row: &MySqlRow) -> std::result::Result<OutboxEvent, sqlx::Error>
         aggregate_type: text(row, 2)?,
         aggregate_id: text(row, 3)?,
         event_type: text(row, 4)?,
-        payload: text(row, 5)?,
+        payload: text(row, 5)?.into_bytes(),
+        payload_type: PayloadType::Json,
         headers: parse_headers(&headers).map_err(|e| decode_error("headers", e.into()))?,
         destination,
         created_at: row.try_get::<NaiveDateTime, _>(8)?.and_utc(),

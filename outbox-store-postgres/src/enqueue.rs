@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
+use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
 use crate::classify::{classify, Target};
 use crate::config::TableName;
@@ -75,7 +75,7 @@ impl Outbox {
     /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
     /// event commits (or rolls back) with the business change. Returns the row id.
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
-        let payload = to_json(&event.payload, "payload")?;
+        let payload = event.payload.text_for(self.table(), PayloadType::Json)?;
         let headers = to_json(&event.headers, "headers")?;
         sqlx::query_scalar(&self.insert_one)
             .bind(event.event_id_or_new())
@@ -113,7 +113,7 @@ impl Outbox {
             aggregate_types.push(event.aggregate_type.as_str());
             aggregate_ids.push(event.aggregate_id.as_str());
             event_types.push(event.event_type.as_str());
-            payloads.push(to_json(&event.payload, "payload")?);
+            payloads.push(event.payload.text_for(self.table(), PayloadType::Json)?);
             headers.push(to_json(&event.headers, "headers")?);
             destinations.push(event.destination.as_deref());
         }

@@ -13,8 +13,8 @@ use sqlx::{ConnectOptions, PgConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
-    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, Result,
-    ShardSession,
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
+    Result, ShardSession,
 };
 
 use outboxkit_store_sql::classify::no_answer_within;
@@ -184,7 +184,8 @@ fn decode_event(row: &PgRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
         aggregate_type: row.try_get(2)?,
         aggregate_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
+        payload: row.try_get::<String, _>(5)?.into_bytes(),
+        payload_type: PayloadType::Json,
         headers: parse_headers(&headers).map_err(|e| sqlx::Error::ColumnDecode {
             index: "headers".to_owned(),
             source: e.into(),

@@ -61,7 +61,7 @@ async fn messages_carry_key_value_and_headers() {
     .await;
 
     let mut event = sample_event(7, "order", "42", "OrderConfirmed");
-    event.payload = "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"q\\\" \u{2713}\"}\n".to_owned();
+    event.payload = "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"q\\\" \u{2713}\"}\n".into();
     event
         .headers
         .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
@@ -93,7 +93,7 @@ async fn messages_carry_key_value_and_headers() {
     assert_eq!(m.key_text(), "42", "key = aggregate_id");
     assert_eq!(
         m.payload,
-        event.payload.as_bytes(),
+        event.payload_bytes(),
         "value = the payload, byte for byte"
     );
     let names: Vec<&str> = m.headers.iter().map(|(n, _)| n.as_str()).collect();
@@ -171,7 +171,7 @@ async fn an_oversized_event_is_rejected_and_the_rest_published() {
     )
     .await;
     let mut batch = sample_batch(1, 4, "order", 3); // agg-0, agg-1, agg-2, agg-0
-    batch[0].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(20_000));
+    batch[0].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(20_000)).into_bytes();
     let outcomes = sink.publish(&batch).await.expect("publish");
     match &outcomes[0] {
         Outcome::Reject(e) => {

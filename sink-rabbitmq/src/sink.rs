@@ -15,6 +15,7 @@ use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
+    CONTENT_TYPE_HEADER,
 };
 use tracing::{debug, info, warn};
 
@@ -351,7 +352,12 @@ impl RabbitMqSink {
         )?;
         let message_id = event.event_id.to_string();
         let mut headers = FieldTable::default();
-        for (name, value) in &event.headers {
+        // The content type travels as the `content_type` property, not as a header.
+        for (name, value) in event
+            .headers
+            .iter()
+            .filter(|(n, _)| *n != CONTENT_TYPE_HEADER)
+        {
             let name = short(&format_args!("header name `{name:.40}...`"), name)?;
             headers.insert(name, AMQPValue::LongString(value.as_str().into()));
         }
@@ -376,7 +382,7 @@ impl RabbitMqSink {
             .with_message_id(message_id.as_str().into())
             .with_type(short(&"event_type", &event.event_type)?)
             .with_timestamp(u64::try_from(event.created_at.timestamp()).unwrap_or(0))
-            .with_content_type("application/json".into())
+            .with_content_type(short(&"content type", event.content_type())?)
             .with_delivery_mode(PERSISTENT)
             .with_app_id("outbox-relay".into())
             .with_headers(headers);

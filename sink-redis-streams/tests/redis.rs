@@ -34,7 +34,7 @@ async fn entries_carry_exactly_the_specified_fields() {
 
     let mut with_headers = sample_event(1, "order", "42", "OrderConfirmed");
     with_headers.payload =
-        "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".to_owned();
+        "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".into();
     with_headers
         .headers
         .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
@@ -73,7 +73,7 @@ async fn entries_carry_exactly_the_specified_fields() {
         assert_eq!(entry.text("aggregate_type"), "order");
         assert_eq!(entry.text("aggregate_id"), event.aggregate_id);
         assert_eq!(entry.text("event_type"), event.event_type);
-        assert_eq!(entry.field("payload").unwrap(), event.payload.as_bytes());
+        assert_eq!(entry.field("payload").unwrap(), event.payload_bytes());
         let headers: BTreeMap<String, String> =
             serde_json::from_str(&entry.text("headers")).expect("headers is a JSON object");
         assert_eq!(headers, event.headers);

@@ -10,10 +10,16 @@
 //! - otherwise the first five such headers in name order travel as attributes and **every
 //!   other header** travels in one more attribute, `headers`, a JSON object of strings. A
 //!   consumer reads the attributes, then merges `headers` when present. Nothing is dropped.
+//!
+//! SQS bodies must be text. Payloads of `json` and `text` tables are the body as they are;
+//! payloads of `binary` tables are the body base64-encoded (RFC 4648, with padding), and the
+//! message has one more attribute, `body_encoding` = `base64`, leaving five for headers.
 
 use std::collections::BTreeMap;
 
-use outboxkit_core::OutboxEvent;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use outboxkit_core::{OutboxEvent, PayloadType};
 use sha2::{Digest, Sha256};
 
 /// Most message attributes SQS accepts on one message.
@@ -25,6 +31,9 @@ pub const OVERFLOW_ATTRIBUTE: &str = "headers";
 /// Attribute names the sink sets from the event's fields.
 pub const EVENT_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
+
+/// The attribute saying the body is the payload base64-encoded (`binary` tables).
+pub const BODY_ENCODING_ATTRIBUTE: &str = "body_encoding";
 
 /// SQS's data type name of string attributes, counted in the message size.
 const STRING_TYPE: &str = "String";
@@ -60,6 +69,14 @@ pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -
             attributes.push((name.to_owned(), value.to_owned()));
         }
     }
+    let body = match event.payload_text() {
+        Some(text) if event.payload_type != PayloadType::Binary => text.to_owned(),
+        // Bytes (or, never from a `json` or `text` table, text that is not UTF-8).
+        _ => {
+            attributes.push((BODY_ENCODING_ATTRIBUTE.to_owned(), "base64".to_owned()));
+            BASE64.encode(event.payload_bytes())
+        }
+    };
     let free = MAX_ATTRIBUTES - attributes.len();
     let (own, overflow): (Vec<_>, Vec<_>) = event
         .headers
@@ -84,14 +101,14 @@ pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -
         let json = serde_json::to_string(&rest).unwrap_or_else(|_| "{}".to_owned());
         attributes.push((OVERFLOW_ATTRIBUTE.to_owned(), json));
     }
-    let size = event.payload.len()
+    let size = body.len()
         + attributes
             .iter()
             .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
             .sum::<usize>();
     let group_id = (fifo || fair_queue_group).then(|| group_id(&event.aggregate_id));
     PreparedMessage {
-        body: event.payload.clone(),
+        body,
         attributes,
         group_id,
         deduplication_id: fifo.then_some(event_id),
@@ -132,6 +149,7 @@ fn is_attribute_name(name: &str) -> bool {
         && !lower.starts_with("aws.")
         && !lower.starts_with("amazon.")
         && name != OVERFLOW_ATTRIBUTE
+        && name != BODY_ENCODING_ATTRIBUTE
         && !EVENT_ATTRIBUTES.contains(&name)
 }
 
@@ -157,6 +175,7 @@ mod tests {
             aggregate_id: "42".into(),
             event_type: "OrderPlaced".into(),
             payload: r#"{"total": 12.5}"#.into(),
+            payload_type: PayloadType::Json,
             headers: headers
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -273,6 +292,46 @@ mod tests {
             message.attributes[0].1,
             "0190a4c2-0000-7000-8000-000000000001"
         );
+    }
+
+    #[test]
+    fn binary_payloads_are_base64_bodies_with_an_attribute_saying_so() {
+        let mut e = event(&[]);
+        e.payload = (0..=255u8).collect();
+        e.payload_type = PayloadType::Binary;
+        let message = prepare(&e, false, false);
+        assert_eq!(BASE64.decode(&message.body).unwrap(), e.payload);
+        assert!(message
+            .attributes
+            .contains(&(BODY_ENCODING_ATTRIBUTE.to_owned(), "base64".to_owned())));
+        assert_eq!(message.size, message.body.len() + attributes_size(&message));
+
+        // Text, even of a binary table, still goes base64: consumers of a binary table
+        // decode every body. Text and JSON tables send their text as it is.
+        e.payload = b"plain".to_vec();
+        assert_eq!(prepare(&e, false, false).body, "cGxhaW4=");
+        e.payload_type = PayloadType::Text;
+        let text = prepare(&e, false, false);
+        assert_eq!(text.body, "plain");
+        assert!(!names(&text).contains(&BODY_ENCODING_ATTRIBUTE));
+
+        // Taking a slot, the encoding leaves five for headers before they overflow.
+        e.payload_type = PayloadType::Binary;
+        let six: Vec<(String, String)> = (1..=6)
+            .map(|i| (format!("h{i}"), format!("v{i}")))
+            .collect();
+        e.headers = six.into_iter().collect();
+        let message = prepare(&e, false, false);
+        assert_eq!(message.attributes.len(), MAX_ATTRIBUTES);
+        assert!(names(&message).contains(&OVERFLOW_ATTRIBUTE));
+    }
+
+    fn attributes_size(message: &PreparedMessage) -> usize {
+        message
+            .attributes
+            .iter()
+            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+            .sum()
     }
 
     #[test]

@@ -78,7 +78,7 @@ async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
             message.deduplication_id.as_deref(),
             Some(event.event_id.to_string().as_str())
         );
-        assert_eq!(message.body, event.payload);
+        assert_eq!(message.body.as_bytes(), event.payload_bytes());
         assert_eq!(message.attribute("aggregate_type"), "order");
         assert_eq!(
             message.attribute("traceparent"),
@@ -133,7 +133,7 @@ async fn an_oversized_event_is_rejected_with_sqs_error_while_the_others_publish(
         .await;
     let sink = sink(common::config(&queue));
     let mut batch = sample_batch(1, 6, "order", 6);
-    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(300 * 1024));
+    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(300 * 1024)).into_bytes();
     let outcomes = publish(&sink, &batch).await;
     for (i, outcome) in outcomes.iter().enumerate() {
         if i == 2 {
@@ -229,7 +229,7 @@ async fn large_calls_are_split_into_requests_sqs_accepts() {
     // 60 events of 60 KiB: 3.6 MiB, far beyond one request (10 entries, 256 KiB).
     let mut batch = sample_batch(1, 60, "order", 60);
     for event in &mut batch {
-        event.payload = format!("{{\"blob\": \"{}\"}}", "y".repeat(60 * 1024));
+        event.payload = format!("{{\"blob\": \"{}\"}}", "y".repeat(60 * 1024)).into_bytes();
     }
     assert_all_published(&publish(&sink, &batch).await);
     assert_eq!(sqs.receive_all(&url, 60, READ_TIMEOUT).await.len(), 60);

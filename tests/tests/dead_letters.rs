@@ -9,7 +9,7 @@ use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
 fn n_of(m: &Delivered) -> i64 {
-    serde_json::from_str::<serde_json::Value>(&m.payload).unwrap()["n"]
+    serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]
         .as_i64()
         .unwrap()
 }

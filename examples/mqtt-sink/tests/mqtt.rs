@@ -62,7 +62,7 @@ async fn sends_qos1_with_event_fields_and_headers_as_user_properties() {
         );
         assert_eq!(message.qos, QoS::AtLeastOnce);
         assert!(!message.retain);
-        assert_eq!(message.payload, event.payload.as_bytes(), "payload as is");
+        assert_eq!(message.payload, event.payload_bytes(), "payload as is");
         let mut expected = vec![
             ("event_id".to_owned(), event.event_id.to_string()),
             ("aggregate_type".to_owned(), event.aggregate_type.clone()),

@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use futures_util::stream::{self, StreamExt};
 use outboxkit_core::{
-    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
+    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, PayloadType, Result, Sink,
+    SinkCapabilities,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use serde_json::value::RawValue;
@@ -44,8 +47,16 @@ struct Document<'a> {
     event_type: &'a str,
     created_at: String,
     headers: &'a BTreeMap<String, String>,
-    /// The writer's JSON, embedded byte for byte.
-    payload: &'a RawValue,
+    /// The event's content type (its `content-type` header, else its table's default).
+    content_type: &'a str,
+    /// A JSON payload (from a `json` table, or a `text` one holding JSON), embedded byte for
+    /// byte; other text goes in `payload_text`, bytes in `payload_base64`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
 }
 
 impl WebhookSink {
@@ -98,12 +109,22 @@ impl WebhookSink {
             Err(e) => return Outcome::from_error(e),
         };
         let request = format!("POST {}", redact(url.as_str()));
-        let Ok(payload) = serde_json::from_str::<&RawValue>(&event.payload) else {
-            let e = Error::new(
-                ErrorKind::InvalidMessage,
-                "the payload is not a JSON document",
-            );
-            return Outcome::from_error(e.context(request));
+        let text = event.payload_text();
+        // Embedded only when the JSON is the whole text: RawValue drops surrounding whitespace.
+        let json = text
+            .and_then(|t| serde_json::from_str::<&RawValue>(t).ok())
+            .filter(|raw| Some(raw.get()) == text);
+        let (payload, payload_text, payload_base64) = match event.payload_type {
+            PayloadType::Json if json.is_none() => {
+                let e = Error::new(
+                    ErrorKind::InvalidMessage,
+                    "the payload is not a JSON document",
+                );
+                return Outcome::from_error(e.context(request));
+            }
+            PayloadType::Json | PayloadType::Text if json.is_some() => (json, None, None),
+            PayloadType::Text if text.is_some() => (None, text, None),
+            _ => (None, None, Some(BASE64.encode(event.payload_bytes()))),
         };
         let document = Document {
             event_id: event.event_id.to_string(),
@@ -114,7 +135,10 @@ impl WebhookSink {
                 .created_at
                 .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             headers: &event.headers,
+            content_type: event.content_type(),
             payload,
+            payload_text,
+            payload_base64,
         };
         let body =
             serde_json::to_string(&document).expect("a document of strings and JSON serializes");

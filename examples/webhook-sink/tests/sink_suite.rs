@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use common::TestServer;
 use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
 use outboxkit_core::Sink;
@@ -35,8 +37,11 @@ fn received(request: &common::Recorded) -> ReceivedMessage {
         event_id: Uuid,
         aggregate_id: String,
         event_type: String,
+        content_type: String,
         #[serde(borrow)]
-        payload: &'a RawValue,
+        payload: Option<&'a RawValue>,
+        payload_text: Option<String>,
+        payload_base64: Option<String>,
     }
     let body: Body<'_> = serde_json::from_slice(&request.body).unwrap_or_else(|e| {
         panic!(
@@ -52,12 +57,20 @@ fn received(request: &common::Recorded) -> ReceivedMessage {
         request.path
     );
     assert_eq!(request.header("content-type"), Some("application/json"));
-    let headers: BTreeMap<String, String> = request.headers.clone();
+    let mut headers: BTreeMap<String, String> = request.headers.clone();
+    // The event's content type travels in the document (the request's is the document's).
+    headers.insert("content-type".to_owned(), body.content_type);
+    let payload = match (body.payload, body.payload_text, body.payload_base64) {
+        (Some(json), None, None) => json.get().as_bytes().to_vec(),
+        (None, Some(text), None) => text.into_bytes(),
+        (None, None, Some(base64)) => BASE64.decode(base64).expect("payload_base64 is base64"),
+        _ => panic!("{}: not exactly one payload field", request.path),
+    };
     ReceivedMessage {
         event_id: body.event_id,
         aggregate_id: body.aggregate_id,
         event_type: body.event_type,
-        payload: body.payload.get().as_bytes().to_vec(),
+        payload,
         headers,
     }
 }

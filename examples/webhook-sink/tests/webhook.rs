@@ -95,7 +95,10 @@ async fn each_event_is_one_post_of_its_json_document() {
     assert_eq!(body["payload"]["lines"][1], 2);
     let text = String::from_utf8(request.body.clone()).unwrap();
     assert!(
-        text.ends_with(&format!("\"payload\":{}}}", event.payload)),
+        text.ends_with(&format!(
+            "\"payload\":{}}}",
+            String::from_utf8_lossy(&event.payload)
+        )),
         "{text}"
     );
 }

@@ -402,7 +402,7 @@ impl KafkaRecord {
             event_id: self.event_id(),
             aggregate_id: String::from_utf8_lossy(&self.key.unwrap_or_default()).into_owned(),
             destination: self.topic,
-            payload: String::from_utf8_lossy(&self.payload).into_owned(),
+            payload: self.payload,
             headers: self.headers.into_iter().collect(),
             meta: HashMap::from([
                 ("partition".to_owned(), self.partition.to_string()),

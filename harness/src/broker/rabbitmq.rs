@@ -409,7 +409,7 @@ async fn consume_queue(channel: &lapin::Channel, queue: &str) -> Vec<Delivered> 
                 event_id: message_id(&delivery.properties).unwrap_or_default(),
                 aggregate_id: headers.get("aggregate_id").cloned().unwrap_or_default(),
                 destination: queue.to_owned(),
-                payload: String::from_utf8_lossy(&delivery.data).into_owned(),
+                payload: delivery.data.clone(),
                 headers,
                 meta: HashMap::from([("routing_key".to_owned(), delivery.routing_key.to_string())]),
             }
@@ -491,7 +491,11 @@ impl Drop for RabbitMqApp {
 impl outboxkit_core::testkit::sink_suite::SuiteConsumer for RabbitMqSide {
     async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
         let received = |delivery: &Delivery| {
-            let headers = amqp_headers(delivery);
+            let mut headers = amqp_headers(delivery);
+            // The sink sends an event's `content-type` header as the `content_type` property.
+            if let Some(content_type) = delivery.properties.content_type() {
+                headers.insert("content-type".to_owned(), content_type.to_string());
+            }
             let message_id = delivery.properties.message_id().as_ref();
             let event_type = delivery.properties.kind().as_ref().expect("type property");
             ReceivedMessage {

@@ -140,12 +140,13 @@ impl RedisSide {
     pub async fn read_stream(&self, stream: &str) -> Vec<Delivered> {
         let entries = self.entries(stream).await;
         let to_delivered = |entry: StreamEntry| {
-            let mut headers: HashMap<String, String> = entry
+            let payload = entry.field("payload").unwrap_or_default().to_vec();
+            let headers: HashMap<String, String> = entry
                 .fields
                 .into_iter()
+                .filter(|(k, _)| k != "payload")
                 .filter_map(|(k, v)| Some((k, String::from_utf8(v).ok()?)))
                 .collect();
-            let payload = headers.remove("payload").unwrap_or_default();
             Delivered {
                 event_id: headers
                     .get("event_id")

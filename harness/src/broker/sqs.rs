@@ -526,7 +526,7 @@ async fn consume_once(
                     .cloned()
                     .unwrap_or_default(),
                 destination: queue.to_owned(),
-                payload: m.body,
+                payload: m.payload(),
                 headers: m.attributes.into_iter().collect(),
                 meta: m
                     .group_id
@@ -590,6 +590,21 @@ impl SqsMessage {
             attribute_count: wire.map_or(0, HashMap::len),
             group_id: system(MessageSystemAttributeName::MessageGroupId),
             deduplication_id: system(MessageSystemAttributeName::MessageDeduplicationId),
+        }
+    }
+
+    /// The payload the body carries: the body itself, or the body base64-decoded when the
+    /// `body_encoding` attribute says `base64` (payloads of `binary` tables).
+    pub fn payload(&self) -> Vec<u8> {
+        match self.attributes.get("body_encoding").map(String::as_str) {
+            Some("base64") => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(&self.body)
+                    .unwrap_or_else(|e| panic!("body_encoding = base64, but {e}: {self:?}"))
+            }
+            Some(other) => panic!("unknown body_encoding `{other}`: {self:?}"),
+            None => self.body.clone().into_bytes(),
         }
     }
 
@@ -746,13 +761,15 @@ impl outboxkit_core::testkit::sink_suite::SuiteConsumer for SqsSide {
             self.delete_queue(&url).await;
         }
         let message = |m: SqsMessage| {
+            let payload = m.payload();
             let mut headers = m.attributes;
+            headers.remove("body_encoding");
             let mut take = |name| headers.remove(name).expect(name);
             ReceivedMessage {
                 event_id: Uuid::parse_str(&take("event_id")).expect("event_id is a UUID"),
                 aggregate_id: take("aggregate_id"),
                 event_type: take("event_type"),
-                payload: m.body.into_bytes(),
+                payload,
                 headers,
             }
         };

@@ -219,7 +219,8 @@ mod tests {
             aggregate_type: "order".to_owned(),
             aggregate_id: aggregate.to_owned(),
             event_type: "OrderChanged".to_owned(),
-            payload: "{}".to_owned(),
+            payload: b"{}".to_vec(),
+            payload_type: Default::default(),
             headers: Default::default(),
             destination: None,
             created_at: Utc::now(),
@@ -317,7 +318,7 @@ mod tests {
     #[test]
     fn an_oversized_payload_is_rejected_without_a_call_and_holds_its_aggregate() {
         let mut batch = batch(&["A", "A", "B"]);
-        batch[0].payload = "x".repeat(11);
+        batch[0].payload = vec![b'x'; 11];
         let capabilities = SinkCapabilities {
             max_payload_bytes: Some(10),
             ..caps(100, false)

@@ -25,7 +25,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{Headers, OutboxEvent, Outcome};
+use crate::model::{Headers, OutboxEvent, Outcome, PayloadType, CONTENT_TYPE_HEADER};
 use crate::plugin::SinkConfig;
 use crate::sink::{whole_call_failure, Sink};
 
@@ -203,7 +203,8 @@ pub fn sample_event(
         aggregate_type: aggregate_type.to_owned(),
         aggregate_id: aggregate_id.to_owned(),
         event_type: event_type.to_owned(),
-        payload,
+        payload: payload.into_bytes(),
+        payload_type: PayloadType::Json,
         headers,
         destination: None,
         created_at: Utc::now(),
@@ -373,6 +374,32 @@ pub async fn publishes_a_batch_and_reads_it_back(harness: &dyn SinkHarness) {
     let template = unique_template();
     let sink = harness.sink(&template).await;
     let batch = sample_batch(1, 50, "order", 5);
+    let destination = sink.destination(&batch[0]);
+    harness.prepare_destination(&destination).await;
+    publish_all(sink.as_ref(), &batch).await;
+    let sent: Vec<&OutboxEvent> = batch.iter().collect();
+    let ordered = sink.capabilities().ordered_per_key;
+    assert_received(harness, &destination, &sent, ordered).await;
+}
+
+/// The payloads that only `text` and `binary` tables hold arrive byte for byte: every byte value
+/// 0–255 (not valid UTF-8) from a `binary` table, with and without a content type of its own,
+/// and JSON no database rendered (key order, spaces, `1.0`, a trailing newline) from a `text`
+/// table. An event's `content-type` header arrives like any header.
+pub async fn payloads_arrive_byte_for_byte(harness: &dyn SinkHarness) {
+    let template = unique_template();
+    let sink = harness.sink(&template).await;
+    let mut batch = sample_batch(1, 3, "order", 1);
+    batch[0].payload = (0..=255u8).collect();
+    batch[0].payload_type = PayloadType::Binary;
+    batch[1].payload = (0..=255u8).rev().collect();
+    batch[1].payload_type = PayloadType::Binary;
+    batch[1].headers.insert(
+        CONTENT_TYPE_HEADER.to_owned(),
+        "application/vnd.apache.avro+binary".to_owned(),
+    );
+    batch[2].payload = b"{\"z\": 1.0,   \"a\" : [ 1 ,2 ],\"caf\xc3\xa9\": null}\n".to_vec();
+    batch[2].payload_type = PayloadType::Text;
     let destination = sink.destination(&batch[0]);
     harness.prepare_destination(&destination).await;
     publish_all(sink.as_ref(), &batch).await;
@@ -606,6 +633,7 @@ macro_rules! sink_suite {
     ($harness:expr) => {
         $crate::sink_suite!(@cases $harness;
             publishes_a_batch_and_reads_it_back,
+            payloads_arrive_byte_for_byte,
             per_aggregate_order_across_calls,
             routes_by_template,
             empty_batch_returns_no_outcomes,
