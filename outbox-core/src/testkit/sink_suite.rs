@@ -371,12 +371,16 @@ pub async fn assert_received(
 /// order when the sink claims `ordered_per_key` (otherwise see
 /// [`per_aggregate_order_across_calls`]).
 pub async fn publishes_a_batch_and_reads_it_back(harness: &dyn SinkHarness) {
-    let template = unique_template();
-    let sink = harness.sink(&template).await;
-    let batch = sample_batch(1, 50, "order", 5);
+    publish_and_read_back(harness, &sample_batch(1, 50, "order", 5)).await;
+}
+
+/// Publish `batch` (of one destination) in one call with a sink of a fresh template, then read
+/// it back with [`assert_received`], in order when the sink claims `ordered_per_key`.
+async fn publish_and_read_back(harness: &dyn SinkHarness, batch: &[OutboxEvent]) {
+    let sink = harness.sink(&unique_template()).await;
     let destination = sink.destination(&batch[0]);
     harness.prepare_destination(&destination).await;
-    publish_all(sink.as_ref(), &batch).await;
+    publish_all(sink.as_ref(), batch).await;
     let sent: Vec<&OutboxEvent> = batch.iter().collect();
     let ordered = sink.capabilities().ordered_per_key;
     assert_received(harness, &destination, &sent, ordered).await;
@@ -387,8 +391,6 @@ pub async fn publishes_a_batch_and_reads_it_back(harness: &dyn SinkHarness) {
 /// and JSON no database rendered (key order, spaces, `1.0`, a trailing newline) from a `text`
 /// table. An event's `content-type` header arrives like any header.
 pub async fn payloads_arrive_byte_for_byte(harness: &dyn SinkHarness) {
-    let template = unique_template();
-    let sink = harness.sink(&template).await;
     let mut batch = sample_batch(1, 3, "order", 1);
     batch[0].payload = (0..=255u8).collect();
     batch[0].payload_type = PayloadType::Binary;
@@ -400,12 +402,7 @@ pub async fn payloads_arrive_byte_for_byte(harness: &dyn SinkHarness) {
     );
     batch[2].payload = b"{\"z\": 1.0,   \"a\" : [ 1 ,2 ],\"caf\xc3\xa9\": null}\n".to_vec();
     batch[2].payload_type = PayloadType::Text;
-    let destination = sink.destination(&batch[0]);
-    harness.prepare_destination(&destination).await;
-    publish_all(sink.as_ref(), &batch).await;
-    let sent: Vec<&OutboxEvent> = batch.iter().collect();
-    let ordered = sink.capabilities().ordered_per_key;
-    assert_received(harness, &destination, &sent, ordered).await;
+    publish_and_read_back(harness, &batch).await;
 }
 
 /// Events sent the way the engine sends them to a sink without `ordered_per_key` — one event
