@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod cloudevents;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -96,13 +96,19 @@ impl DestinationTemplate {
         if let Some(dest) = event.destination.as_deref().filter(|d| !d.is_empty()) {
             return dest.to_owned();
         }
+        self.render_fields(event, |value, out| out.push_str(value))
+    }
+
+    /// The template filled with `event`'s fields, each written by `write` (which may escape
+    /// it); the event's own `destination` plays no part.
+    pub fn render_fields(&self, event: &OutboxEvent, write: impl Fn(&str, &mut String)) -> String {
         let mut out = String::with_capacity(self.source.len() + 16);
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
-                Part::AggregateType => out.push_str(&event.aggregate_type),
-                Part::AggregateId => out.push_str(&event.aggregate_id),
-                Part::EventType => out.push_str(&event.event_type),
+                Part::AggregateType => write(&event.aggregate_type, &mut out),
+                Part::AggregateId => write(&event.aggregate_id, &mut out),
+                Part::EventType => write(&event.event_type, &mut out),
             }
         }
         out
