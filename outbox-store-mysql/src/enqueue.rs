@@ -7,7 +7,9 @@ use sqlx::MySqlConnection;
 
 use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
-use crate::classify::{classify, Target};
+use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
+
+use crate::classify::{MySql, Target};
 use crate::config::TableName;
 
 /// Longest `aggregate_type`, `aggregate_id` and `event_type`, in characters (`VARCHAR(255)`).
@@ -20,9 +22,6 @@ const ROWS_PER_INSERT: usize = 1000;
 
 /// Multi-row inserts of at most this many rows keep a prepared statement per size.
 const CACHED_INSERT_ROWS: usize = 16;
-
-const INSERT_COLUMNS: &str =
-    "event_id, aggregate_type, aggregate_id, event_type, payload, headers, destination";
 
 /// A handle on one outbox table with its insert statements prepared as text; cheap to clone.
 ///
@@ -59,10 +58,7 @@ impl Outbox {
     pub(crate) fn for_table(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
-            target: Target {
-                table: table.to_string(),
-                ..Target::default()
-            },
+            target: Target::table(table.to_string()),
             insert_one: format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"),
             table: t,
             id_step: Arc::new(AtomicI64::new(0)),
@@ -161,7 +157,7 @@ impl Outbox {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        classify(error, &self.target).context(format!("enqueueing into {}", self.target.table))
+        insert_error::<MySql>(error, &self.target)
     }
 }
 
@@ -217,15 +213,6 @@ fn check_length(field: &str, value: &str, max: usize) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn to_json(value: &impl serde::Serialize, what: &str) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidMessage,
-            format!("event {what} cannot be serialized as JSON: {e}"),
-        )
-    })
 }
 
 static DEFAULT_OUTBOX: LazyLock<Outbox> = LazyLock::new(|| {

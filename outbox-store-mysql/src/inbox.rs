@@ -48,10 +48,7 @@ impl Inbox {
         let name = TableName::parse(table)?;
         let t = name.quoted();
         Ok(Self {
-            target: Target {
-                table: name.to_string(),
-                ..Target::default()
-            },
+            target: Target::table(name.to_string()),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                    consumer VARCHAR(255) NOT NULL, \

@@ -11,24 +11,21 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
 
-use crate::classify::{classify, Target};
+use crate::classify::{classify, MySql, Target};
 use crate::config::{quote_ident, TableName, MEMBERS_TABLE, SCHEMA_TABLE};
 
 /// Schema version this crate creates and expects.
 pub const SCHEMA_VERSION: i32 = 1;
-
-struct Migration {
-    version: i32,
-    description: &'static str,
-    sql: &'static str,
-}
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "create the outbox table and its indexes",
     sql: include_str!("../migrations/0001_create_outbox.sql"),
 }];
+// Numbered 1, 2, ... up to SCHEMA_VERSION: checked when the crate compiles.
+const _: () = outboxkit_store_sql::migrate::assert_numbered(MIGRATIONS, SCHEMA_VERSION);
 
 /// Server-wide named lock held while migrating any outbox table.
 const MIGRATION_LOCK: &str = "outbox-relay:migrate";
@@ -58,17 +55,12 @@ pub(crate) async fn schema_row(
     table: &TableName,
     target: &Target,
 ) -> Result<Option<(i32, i32)>> {
-    let row = sqlx::query(&format!(
+    let statement = format!(
         "SELECT version, shard_count FROM {} WHERE table_name = ?",
         table.quoted_sibling(SCHEMA_TABLE)
-    ))
-    .bind(table.name())
-    .fetch_optional(conn)
-    .await
-    .map_err(|e| classify(e, target))?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .transpose()
-        .map_err(|e: sqlx::Error| classify(e, target))
+    );
+    outboxkit_store_sql::migrate::schema_row::<MySql, _, _>(conn, &statement, table.name(), target)
+        .await
 }
 
 /// Which of the outbox table, `outbox_relay_schema` and `outbox_relay_members` exist, and the
@@ -223,53 +215,20 @@ async fn migrate_on(
                     tracing::info!(table = %table, version, "recorded an interrupted migration");
                     (version, shard_count)
                 }
-                None => {
-                    return Err(Error::new(
-                        ErrorKind::Schema,
-                        format!(
-                            "table {table} exists but was not created by outbox-relay (it has no \
-                             row in {SCHEMA_TABLE}): rename it or set store.table to another name"
-                        ),
-                    ));
-                }
+                None => return Err(not_ours(table, SCHEMA_TABLE)),
             },
         },
     };
-    if current > SCHEMA_VERSION {
-        return Err(outboxkit_store_sql::migrate::newer_schema(
-            table,
-            current,
-            SCHEMA_VERSION,
-        ));
-    }
-    if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
-        tracing::info!(
-            table = %table,
-            shard_count,
-            configured = shards,
-            "the table keeps the shard count it was created with; store.shards is ignored"
-        );
-    }
+    check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
         conn.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
             .await
-            .map_err(|e| {
-                err(e).context(format!(
-                    "schema version {} ({})",
-                    migration.version, migration.description
-                ))
-            })?;
+            .map_err(|e| err(e).context(migration.context()))?;
         record_version(conn, &schema_table, table, migration.version, shard_count)
             .await
             .map_err(err)?;
-        tracing::info!(
-            table = %table,
-            version = migration.version,
-            shards = shard_count,
-            "{}",
-            migration.description
-        );
+        migration.applied(table, shard_count);
     }
     sqlx::query("DO RELEASE_LOCK(?)")
         .bind(MIGRATION_LOCK)
@@ -309,22 +268,14 @@ async fn record_version(
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;
 
-/// `Ok` when `table` is at [`SCHEMA_VERSION`].
-pub(crate) fn check_version(table: &TableName, version: i32) -> Result<()> {
-    outboxkit_store_sql::migrate::check_version(table, version, SCHEMA_VERSION)
+/// The shard count of `table` from what [`schema_row`] read, when it is at [`SCHEMA_VERSION`].
+pub(crate) fn migrated_shards(table: &TableName, row: Result<Option<(i32, i32)>>) -> Result<u32> {
+    outboxkit_store_sql::migrate::migrated_shards(table, row, SCHEMA_VERSION)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn migrations_are_numbered_in_order_and_end_at_the_schema_version() {
-        for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(m.version, i as i32 + 1);
-        }
-        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
-    }
 
     #[test]
     fn render_substitutes_the_table_and_shards() {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::NaiveDateTime;
 use sqlx::mysql::{MySqlConnectOptions, MySqlRow};
-use sqlx::{ConnectOptions, Executor, MySqlConnection, Row};
+use sqlx::{Executor, MySqlConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
@@ -17,7 +17,7 @@ use outboxkit_core::{
     Result, ShardSession,
 };
 
-use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence, CLIENT_TIMEOUT_MARGIN};
 
 use crate::classify::{classify, MySql, Target};
@@ -132,15 +132,11 @@ pub struct MySqlShardSession {
 
 impl fmt::Debug for MySqlShardSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlShardSession")
-            .field("table", &self.context.target.table)
-            .field("relay_id", &self.fence.relay_id())
-            .field("connection_id", &self.connection_id)
-            .field("slot", &self.slot)
-            .field("shard_count", &self.fence.shard_count())
-            .field("owned", self.fence.owned())
-            .field("poisoned", &self.fence.poisoned())
-            .finish()
+        self.fence.debug_session(
+            f,
+            "MySqlShardSession",
+            &[("connection_id", &self.connection_id), ("slot", &self.slot)],
+        )
     }
 }
 
@@ -155,9 +151,8 @@ impl MySqlShardSession {
         session_timeout: Duration,
     ) -> Result<Self> {
         let target = &context.target;
-        let mut conn = tokio::time::timeout(connect_timeout, options.connect())
-            .await
-            .map_err(|_| no_answer_within::<MySql>(target, connect_timeout))?
+        let mut conn = connect_within::<MySql, _>(options, target, connect_timeout)
+            .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let timeout = session_timeout + CLIENT_TIMEOUT_MARGIN;
         let joined = tokio::time::timeout(timeout, join(&mut conn, &context, relay_id))
@@ -214,6 +209,23 @@ impl MySqlShardSession {
         self.fence.is_poisoned()
     }
 
+    /// Run a lock statement (`TRY_LOCK`, `UNLOCK`) on the named lock `name`.
+    async fn lock(
+        &mut self,
+        statement: &'static str,
+        name: &str,
+        action: &str,
+    ) -> Result<Option<i64>> {
+        self.fence
+            .run(action, async |conn| {
+                sqlx::query_scalar::<_, Option<i64>>(statement)
+                    .bind(name)
+                    .fetch_one(conn)
+                    .await
+            })
+            .await
+    }
+
     async fn claim_rows(
         &mut self,
         shards: &[i32],
@@ -224,7 +236,6 @@ impl MySqlShardSession {
         let shards = sql::padded(shards);
         let excluded = sql::padded(excluded);
         let statement = self.context.sql.claim(shards.len(), excluded.len());
-        let (conn, timeout) = self.fence.connection()?;
         let mut query = sqlx::query(&statement);
         for shard in &shards {
             query = query.bind(*shard);
@@ -233,8 +244,9 @@ impl MySqlShardSession {
             query = query.bind(*id);
         }
         let query = query.bind(dead_holds_aggregate).bind(limit);
-        let outcome = tokio::time::timeout(timeout, query.fetch_all(conn)).await;
-        self.fence.settle(outcome, "claiming rows")
+        self.fence
+            .run("claiming rows", async |conn| query.fetch_all(conn).await)
+            .await
     }
 
     /// Run `statement` (one per chunk of padded ids) on the session.
@@ -245,13 +257,15 @@ impl MySqlShardSession {
                 MarkMode::Delete => self.context.sql.mark_delete(chunk.len()),
                 MarkMode::Keep => self.context.sql.mark_keep(chunk.len()),
             };
-            let (conn, timeout) = self.fence.connection()?;
             let mut query = sqlx::query(&statement);
             for id in &chunk {
                 query = query.bind(*id);
             }
-            let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
-            self.fence.settle(outcome, "marking rows published")?;
+            self.fence
+                .run("marking rows published", async |conn| {
+                    query.execute(conn).await
+                })
+                .await?;
         }
         Ok(())
     }
@@ -338,9 +352,13 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn cluster(&mut self) -> Result<ClusterView> {
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(timeout, lock_holders(conn, &self.all_locks)).await;
-        let holders = self.fence.settle(outcome, "reading the relays' locks")?;
+        let all_locks = &self.all_locks;
+        let holders = self
+            .fence
+            .run("reading the relays' locks", async |conn| {
+                lock_holders(conn, all_locks).await
+            })
+            .await?;
         let shards = self.fence.shard_count() as usize;
         let mut view = ClusterView::default();
         for (shard, holder) in holders.iter().take(shards).enumerate() {
@@ -362,15 +380,7 @@ impl ShardSession for MySqlShardSession {
             return Ok(true);
         }
         let name = self.context.locks.shard(shard);
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query_scalar::<_, Option<i64>>(TRY_LOCK)
-                .bind(&name)
-                .fetch_one(conn),
-        )
-        .await;
-        match self.fence.settle(outcome, "taking a shard lock")? {
+        match self.lock(TRY_LOCK, &name, "taking a shard lock").await? {
             Some(1) => {
                 self.fence.acquired(shard);
                 Ok(true)
@@ -390,15 +400,7 @@ impl ShardSession for MySqlShardSession {
             return Ok(());
         }
         let name = self.context.locks.shard(shard);
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query_scalar::<_, Option<i64>>(UNLOCK)
-                .bind(&name)
-                .fetch_one(conn),
-        )
-        .await;
-        let released = self.fence.settle(outcome, "releasing a shard lock")?;
+        let released = self.lock(UNLOCK, &name, "releasing a shard lock").await?;
         self.fence.released(shard);
         if released != Some(1) {
             tracing::warn!(shard, lock = %name, "released a shard lock this session did not hold");
@@ -440,10 +442,7 @@ impl ShardSession for MySqlShardSession {
             rows.truncate(request.limit);
             rows
         };
-        rows.iter()
-            .map(decode_event)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| self.fence.classify(e).context("claiming rows"))
+        self.fence.decode(&rows, decode_event, "claiming rows")
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
@@ -459,7 +458,6 @@ impl ShardSession for MySqlShardSession {
         for chunk in failures.chunks(FAILURES_PER_STATEMENT) {
             let chunk = sql::padded(&chunk.iter().collect::<Vec<_>>());
             let statement = self.context.sql.record_failures(chunk.len());
-            let (conn, timeout) = self.fence.connection()?;
             let mut query = sqlx::query(&statement);
             for failure in &chunk {
                 let delay_ms = failure.retry_in.map(|d| {
@@ -472,8 +470,9 @@ impl ShardSession for MySqlShardSession {
                     .bind(truncate_error(&failure.error))
                     .bind(delay_ms);
             }
-            let outcome = tokio::time::timeout(timeout, query.execute(conn)).await;
-            self.fence.settle(outcome, "recording failures")?;
+            self.fence
+                .run("recording failures", async |conn| query.execute(conn).await)
+                .await?;
         }
         Ok(())
     }
@@ -490,23 +489,19 @@ impl ShardSession for MySqlShardSession {
         }
         // Leave and unlock explicitly, so that other relays see the shards free as soon as this
         // returns.
-        let left = match fence.connection() {
-            Ok((conn, timeout)) => {
-                let work = async {
-                    if let Some(slot) = slot {
-                        sqlx::query(&context.sql.leave_members)
-                            .bind(&context.table_name)
-                            .bind(slot)
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    sqlx::query(UNLOCK_ALL).execute(&mut *conn).await
-                };
-                let outcome = tokio::time::timeout(timeout, work).await;
-                fence.settle(outcome, "releasing shard locks").map(drop)
-            }
-            Err(e) => Err(e),
-        };
+        let left = fence
+            .run("releasing shard locks", async |conn| {
+                if let Some(slot) = slot {
+                    sqlx::query(&context.sql.leave_members)
+                        .bind(&context.table_name)
+                        .bind(slot)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                sqlx::query(UNLOCK_ALL).execute(&mut *conn).await
+            })
+            .await
+            .map(drop);
         fence.close(left).await
     }
 }

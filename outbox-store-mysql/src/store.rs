@@ -2,17 +2,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Connection, Executor, MySqlPool, Row};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
-    Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, Result,
+    ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
@@ -21,9 +20,9 @@ use crate::enqueue::Outbox;
 use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
-use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::rows::backlog_status;
+use outboxkit_store_sql::rows::read_backlog;
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,15 +139,7 @@ impl MySqlStore {
     pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
-        let mut options = MySqlConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::config(format!(
-                "store.url: \"{}\" is not a valid MySQL URL: {e}",
-                config.redacted_url()
-            ))
-        })?;
-        if let Some(password) = &config.password {
-            options = options.password(password);
-        }
+        let options = config.connect_options(MySqlConnectOptions::password)?;
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
         let table = match (configured.database(), options.get_database()) {
             (Some(_), _) => configured,
@@ -174,9 +165,8 @@ impl MySqlStore {
             tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
         };
 
-        let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
-            .await
-            .map_err(|_| no_answer_within::<MySql>(&target, config.connect_timeout))?
+        let mut conn = connect_within::<MySql, _>(&options, &target, config.connect_timeout)
+            .await?
             .map_err(|e| classify(e, &target))?;
         let row = sqlx::query(
             "SELECT VERSION(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
@@ -207,10 +197,8 @@ impl MySqlStore {
         server.check_supported(&endpoint)?;
 
         let read_committed = server.read_committed;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(config.pool_size)
-            .min_connections(0)
-            .acquire_timeout(config.connect_timeout)
+        let pool = config
+            .pool_options::<sqlx::MySql>()
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if read_committed {
@@ -292,17 +280,28 @@ impl MySqlStore {
     /// The table's shard count, checking its schema version.
     async fn shard_count(&self) -> Result<u32> {
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        match migrate::schema_row(&mut conn, &self.inner.table, self.target()).await {
-            Ok(Some((version, shards))) => {
-                self.check_version(version)?;
-                Ok(u32::try_from(shards).unwrap_or(0))
+        let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+        migrate::migrated_shards(&self.inner.table, row)
+    }
+
+    /// Run `statement` (of `n` ids) on the pool for each chunk of `ids`, padded (see the `sql`
+    /// module); the rows affected in all.
+    async fn execute_by_ids(
+        &self,
+        ids: &[i64],
+        statement: fn(&Sql, usize) -> String,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let mut total = 0;
+        for chunk in ids.chunks(crate::sql::MAX_LIST) {
+            let padded = crate::sql::padded(chunk);
+            let statement = statement(self.sql(), padded.len());
+            let mut query = sqlx::query(&statement);
+            for id in &padded {
+                query = query.bind(*id);
             }
-            Ok(None) => Err(migrate::not_migrated(&self.inner.table)),
-            Err(e) if e.kind() == ErrorKind::Schema => {
-                Err(migrate::not_migrated(&self.inner.table))
-            }
-            Err(e) => Err(e),
+            total += query.execute(&self.inner.pool).await?.rows_affected();
         }
+        Ok(total)
     }
 
     fn target(&self) -> &Target {
@@ -315,10 +314,6 @@ impl MySqlStore {
 
     fn error(&self, error: sqlx::Error) -> Error {
         classify(error, self.target())
-    }
-
-    fn check_version(&self, version: i32) -> Result<()> {
-        migrate::check_version(&self.inner.table, version)
     }
 }
 
@@ -334,12 +329,8 @@ impl Store for MySqlStore {
         } else {
             "MySQL"
         };
-        format!(
-            "{product} {}, table {}, {}",
-            self.inner.config.redacted_url(),
-            self.inner.table,
-            self.inner.tls
-        )
+        let inner = &self.inner;
+        inner.config.describe(product, &inner.table, &inner.tls)
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -359,10 +350,8 @@ impl Store for MySqlStore {
         if existing.outbox.is_none() || !existing.schema_table || !existing.members_table {
             return Err(migrate::not_migrated(table));
         }
-        match migrate::schema_row(&mut conn, table, self.target()).await? {
-            Some((version, _)) => self.check_version(version),
-            None => Err(migrate::not_migrated(table)),
-        }
+        let row = migrate::schema_row(&mut conn, table, self.target()).await?;
+        migrate::migrated_shards(table, Ok(row)).map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
@@ -390,11 +379,9 @@ impl Store for MySqlStore {
     }
 
     async fn status(&self) -> Result<BacklogStatus> {
-        let row = sqlx::query(&self.sql().status)
-            .fetch_one(&self.inner.pool)
+        read_backlog(&self.inner.pool, &self.sql().status)
             .await
-            .map_err(|e| self.error(e).context("reading the backlog"))?;
-        backlog_status(&row).map_err(|e| self.error(e).context("reading the backlog"))
+            .map_err(|e| self.error(e).context("reading the backlog"))
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
@@ -498,43 +485,17 @@ impl Store for MySqlStore {
                     .map_err(err)?;
                 Ok(done.rows_affected())
             }
-            DeadSelection::Ids(ids) => {
-                let mut total = 0;
-                for chunk in ids.chunks(crate::sql::MAX_LIST) {
-                    let padded = crate::sql::padded(chunk);
-                    let statement = self.sql().dead_retry_ids(padded.len());
-                    let mut query = sqlx::query(&statement);
-                    for id in &padded {
-                        query = query.bind(*id);
-                    }
-                    total += query
-                        .execute(&self.inner.pool)
-                        .await
-                        .map_err(err)?
-                        .rows_affected();
-                }
-                Ok(total)
-            }
+            DeadSelection::Ids(ids) => self
+                .execute_by_ids(ids, Sql::dead_retry_ids)
+                .await
+                .map_err(err),
         }
     }
 
     async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
-        let err = |e: sqlx::Error| self.error(e).context("discarding dead rows");
-        let mut total = 0;
-        for chunk in ids.chunks(crate::sql::MAX_LIST) {
-            let padded = crate::sql::padded(chunk);
-            let statement = self.sql().dead_discard(padded.len());
-            let mut query = sqlx::query(&statement);
-            for id in &padded {
-                query = query.bind(*id);
-            }
-            total += query
-                .execute(&self.inner.pool)
-                .await
-                .map_err(err)?
-                .rows_affected();
-        }
-        Ok(total)
+        self.execute_by_ids(ids, Sql::dead_discard)
+            .await
+            .map_err(|e| self.error(e).context("discarding dead rows"))
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
@@ -565,6 +526,8 @@ impl Store for MySqlStore {
 
 #[cfg(test)]
 mod tests {
+    use outboxkit_core::ErrorKind;
+
     use super::*;
 
     #[test]
@@ -573,12 +536,14 @@ mod tests {
         assert!(maria.mariadb && maria.read_committed);
         assert_eq!(maria.numbers(), (10, 11, 6));
         maria.check_supported("db:3306").unwrap();
-        ServerInfo::parse("10.6.0-MariaDB", true, "ROW")
-            .check_supported("db:3306")
-            .unwrap();
-        ServerInfo::parse("11.4.2-MariaDB", true, "MIXED")
-            .check_supported("db:3306")
-            .unwrap();
+        for (version, format) in [
+            ("10.6.0-MariaDB", "ROW"),
+            ("11.4.2-MariaDB", "MIXED"),
+            ("8.4.0-commercial", "ROW"),
+        ] {
+            let server = ServerInfo::parse(version, true, format);
+            server.check_supported("db:3306").unwrap();
+        }
         let e = ServerInfo::parse("10.5.23-MariaDB", false, "")
             .check_supported("db:3306")
             .unwrap_err();
@@ -592,9 +557,6 @@ mod tests {
         let mysql = ServerInfo::parse("8.0.36", true, "ROW");
         assert!(!mysql.mariadb && mysql.read_committed);
         mysql.check_supported("db:3306").unwrap();
-        ServerInfo::parse("8.4.0-commercial", true, "ROW")
-            .check_supported("db:3306")
-            .unwrap();
         for old in ["5.7.44-log", "8.0.13"] {
             assert!(ServerInfo::parse(old, true, "ROW")
                 .check_supported("db:3306")
@@ -614,21 +576,33 @@ mod tests {
 
     #[test]
     fn session_setup_sets_the_statement_limit_of_each_server() {
-        let maria = ServerInfo::parse("10.11.6-MariaDB", false, "MIXED");
-        let setup = maria.session_setup(Duration::from_millis(1500));
-        assert!(
-            setup.starts_with("SET SESSION max_statement_time = 1.500, "),
-            "{setup}"
-        );
-        assert!(setup.contains("innodb_lock_wait_timeout = 2"), "{setup}");
-        assert!(setup.contains("wait_timeout = 120"), "{setup}");
-        assert!(setup.ends_with("; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"));
-        let mysql = ServerInfo::parse("8.0.36", true, "ROW");
-        let setup = mysql.session_setup(Duration::from_secs(60));
-        assert!(
-            setup.starts_with("SET SESSION max_execution_time = 60000, "),
-            "{setup}"
-        );
-        assert!(setup.contains("wait_timeout = 240"), "{setup}");
+        for (server, timeout, statement_limit, lock_wait, idle) in [
+            (
+                ServerInfo::parse("10.11.6-MariaDB", false, "MIXED"),
+                Duration::from_millis(1500),
+                "max_statement_time = 1.500",
+                2,
+                120,
+            ),
+            (
+                ServerInfo::parse("8.0.36", true, "ROW"),
+                Duration::from_secs(60),
+                "max_execution_time = 60000",
+                60,
+                240,
+            ),
+        ] {
+            let setup = server.session_setup(timeout);
+            assert!(
+                setup.starts_with(&format!("SET SESSION {statement_limit}, ")),
+                "{setup}"
+            );
+            assert!(
+                setup.contains(&format!("innodb_lock_wait_timeout = {lock_wait}")),
+                "{setup}"
+            );
+            assert!(setup.contains(&format!("wait_timeout = {idle}")), "{setup}");
+            assert!(setup.ends_with("; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"));
+        }
     }
 }

@@ -8,7 +8,9 @@ use uuid::Uuid;
 
 use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
-use crate::classify::{classify, Target};
+use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
+
+use crate::classify::{Postgres, Target};
 use crate::config::TableName;
 
 /// A handle on one outbox table with its insert statements prepared as text; cheap to clone.
@@ -34,9 +36,6 @@ pub struct Outbox {
     insert_many: String,
 }
 
-const INSERT_COLUMNS: &str =
-    "event_id, aggregate_type, aggregate_id, event_type, payload, headers, destination";
-
 impl Outbox {
     /// The table `table` or `schema.table`. Unqualified names resolve through the writer's
     /// `search_path`, as plain SQL would.
@@ -47,10 +46,7 @@ impl Outbox {
     pub(crate) fn for_table(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
-            target: Target {
-                table: table.to_string(),
-                ..Target::default()
-            },
+            target: Target::table(table.to_string()),
             insert_one: format!(
                 "INSERT INTO {t} ({INSERT_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb, $7) RETURNING id"
@@ -151,17 +147,8 @@ impl Outbox {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        classify(error, &self.target).context(format!("enqueueing into {}", self.target.table))
+        insert_error::<Postgres>(error, &self.target)
     }
-}
-
-fn to_json(value: &impl serde::Serialize, what: &str) -> Result<String> {
-    serde_json::to_string(value).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidMessage,
-            format!("event {what} cannot be serialized as JSON: {e}"),
-        )
-    })
 }
 
 static DEFAULT_OUTBOX: LazyLock<Outbox> = LazyLock::new(|| {

@@ -48,10 +48,7 @@ impl Inbox {
         let t = name.quoted();
         let index = format!("\"{}_processed_at_idx\"", name.name());
         Ok(Self {
-            target: Target {
-                table: name.to_string(),
-                ..Target::default()
-            },
+            target: Target::table(name.to_string()),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                    consumer text NOT NULL, \

@@ -5,27 +5,24 @@
 //! relays starting at the same time migrate one after the other and all but the first find
 //! nothing to do.
 
-use sqlx::{Executor, PgPool, Row};
+use sqlx::{Executor, PgPool};
 
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_core::Result;
+use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
 
-use crate::classify::{classify, Target};
+use crate::classify::{classify, Postgres, Target};
 use crate::config::{TableName, SCHEMA_TABLE};
 
 /// Schema version this crate creates and expects.
 pub const SCHEMA_VERSION: i32 = 1;
-
-struct Migration {
-    version: i32,
-    description: &'static str,
-    sql: &'static str,
-}
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
     description: "create the outbox table and its partial indexes",
     sql: include_str!("../migrations/0001_create_outbox.sql"),
 }];
+// Numbered 1, 2, ... up to SCHEMA_VERSION: checked when the crate compiles.
+const _: () = outboxkit_store_sql::migrate::assert_numbered(MIGRATIONS, SCHEMA_VERSION);
 
 /// Lock held (per database) while migrating any outbox table: creating the shared bookkeeping
 /// table must not race either. FNV-1a of `outbox-relay:migrate`.
@@ -52,17 +49,17 @@ pub(crate) async fn schema_row(
     table: &TableName,
     target: &Target,
 ) -> Result<Option<(i32, i32)>> {
-    let row = sqlx::query(&format!(
+    let statement = format!(
         "SELECT version, shard_count FROM {} WHERE table_name = $1",
         table.quoted_sibling(SCHEMA_TABLE)
-    ))
-    .bind(table.name())
-    .fetch_optional(conn)
+    );
+    outboxkit_store_sql::migrate::schema_row::<Postgres, _, _>(
+        conn,
+        &statement,
+        table.name(),
+        target,
+    )
     .await
-    .map_err(|e| classify(e, target))?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .transpose()
-        .map_err(|e: sqlx::Error| classify(e, target))
 }
 
 /// Create or upgrade `table` (fully qualified) to [`SCHEMA_VERSION`]. Idempotent.
@@ -118,42 +115,15 @@ pub(crate) async fn migrate(
 
     let (current, shard_count) = match schema_row(&mut tx, table, target).await? {
         Some(row) => row,
-        None if outbox_exists => {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!(
-                    "table {table} exists but was not created by outbox-relay (it has no row in \
-                     {SCHEMA_TABLE}): rename it or set store.table to another name"
-                ),
-            ));
-        }
+        None if outbox_exists => return Err(not_ours(table, SCHEMA_TABLE)),
         None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
     };
-    if current > SCHEMA_VERSION {
-        return Err(outboxkit_store_sql::migrate::newer_schema(
-            table,
-            current,
-            SCHEMA_VERSION,
-        ));
-    }
-    if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
-        tracing::info!(
-            table = %table,
-            shard_count,
-            configured = shards,
-            "the table keeps the shard count it was created with; store.shards is ignored"
-        );
-    }
+    check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
         tx.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
             .await
-            .map_err(|e| {
-                err(e).context(format!(
-                    "schema version {} ({})",
-                    migration.version, migration.description
-                ))
-            })?;
+            .map_err(|e| err(e).context(migration.context()))?;
         sqlx::query(&format!(
             "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
              VALUES ($1, $2, $3, now()) \
@@ -166,13 +136,7 @@ pub(crate) async fn migrate(
         .execute(&mut *tx)
         .await
         .map_err(err)?;
-        tracing::info!(
-            table = %table,
-            version = migration.version,
-            shards = shard_count,
-            "{}",
-            migration.description
-        );
+        migration.applied(table, shard_count);
     }
     tx.commit().await.map_err(err)?;
     Ok(())
@@ -180,22 +144,14 @@ pub(crate) async fn migrate(
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;
 
-/// `Ok` when `table` is at [`SCHEMA_VERSION`].
-pub(crate) fn check_version(table: &TableName, version: i32) -> Result<()> {
-    outboxkit_store_sql::migrate::check_version(table, version, SCHEMA_VERSION)
+/// The shard count of `table` from what [`schema_row`] read, when it is at [`SCHEMA_VERSION`].
+pub(crate) fn migrated_shards(table: &TableName, row: Result<Option<(i32, i32)>>) -> Result<u32> {
+    outboxkit_store_sql::migrate::migrated_shards(table, row, SCHEMA_VERSION)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn migrations_are_numbered_in_order_and_end_at_the_schema_version() {
-        for (i, m) in MIGRATIONS.iter().enumerate() {
-            assert_eq!(m.version, i as i32 + 1);
-        }
-        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
-    }
 
     #[test]
     fn render_substitutes_the_table_and_shards() {

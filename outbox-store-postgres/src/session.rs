@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgRow};
-use sqlx::{ConnectOptions, PgConnection, Row};
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
@@ -17,7 +17,7 @@ use outboxkit_core::{
     Result, ShardSession,
 };
 
-use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence};
 
 use crate::classify::{classify, Postgres, Target};
@@ -89,14 +89,11 @@ pub struct PostgresShardSession {
 
 impl fmt::Debug for PostgresShardSession {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresShardSession")
-            .field("table", &self.context.target.table)
-            .field("relay_id", &self.fence.relay_id())
-            .field("backend_pid", &self.backend_pid)
-            .field("shard_count", &self.fence.shard_count())
-            .field("owned", self.fence.owned())
-            .field("poisoned", &self.fence.poisoned())
-            .finish()
+        self.fence.debug_session(
+            f,
+            "PostgresShardSession",
+            &[("backend_pid", &self.backend_pid)],
+        )
     }
 }
 
@@ -136,9 +133,8 @@ impl PostgresShardSession {
                 ("tcp_keepalives_count", "3"),
             ]);
         let target = &context.target;
-        let mut conn = tokio::time::timeout(connect_timeout, options.connect())
-            .await
-            .map_err(|_| no_answer_within::<Postgres>(target, connect_timeout))?
+        let mut conn = connect_within::<Postgres, _>(&options, target, connect_timeout)
+            .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let (joined, backend_pid): (bool, i32) = sqlx::query_as(JOIN_MEMBERS)
             .bind(context.keys.member_key)
@@ -173,6 +169,20 @@ impl PostgresShardSession {
     /// Whether the connection was lost: the session owns nothing and every call fails.
     pub fn is_poisoned(&self) -> bool {
         self.fence.is_poisoned()
+    }
+
+    /// Run a lock statement (`TRY_LOCK`, `UNLOCK`) on the advisory lock of `shard`.
+    async fn lock(&mut self, statement: &'static str, shard: i32, action: &str) -> Result<bool> {
+        let key = self.context.keys.shard_key;
+        self.fence
+            .run(action, async |conn| {
+                sqlx::query_scalar::<_, bool>(statement)
+                    .bind(key)
+                    .bind(shard)
+                    .fetch_one(conn)
+                    .await
+            })
+            .await
     }
 }
 
@@ -209,16 +219,17 @@ impl ShardSession for PostgresShardSession {
 
     async fn cluster(&mut self) -> Result<ClusterView> {
         let keys = self.context.keys;
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query_as::<_, (i64, i64)>(&self.context.sql.cluster)
-                .bind(i64::from(keys.shard_key))
-                .bind(i64::from(keys.member_key))
-                .fetch_all(conn),
-        )
-        .await;
-        let rows = self.fence.settle(outcome, "reading the relays' locks")?;
+        let statement = &self.context.sql.cluster;
+        let rows = self
+            .fence
+            .run("reading the relays' locks", async |conn| {
+                sqlx::query_as::<_, (i64, i64)>(statement)
+                    .bind(i64::from(keys.shard_key))
+                    .bind(i64::from(keys.member_key))
+                    .fetch_all(conn)
+                    .await
+            })
+            .await?;
         let mut relays = BTreeSet::new();
         let mut view = ClusterView::default();
         for (key, value) in rows {
@@ -239,17 +250,7 @@ impl ShardSession for PostgresShardSession {
             // Advisory locks stack: never take one twice, one release must free it.
             return Ok(true);
         }
-        let key = self.context.keys.shard_key;
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query_scalar::<_, bool>(TRY_LOCK)
-                .bind(key)
-                .bind(shard)
-                .fetch_one(conn),
-        )
-        .await;
-        let acquired = self.fence.settle(outcome, "taking a shard lock")?;
+        let acquired = self.lock(TRY_LOCK, shard, "taking a shard lock").await?;
         if acquired {
             self.fence.acquired(shard);
         }
@@ -261,17 +262,7 @@ impl ShardSession for PostgresShardSession {
         if !self.fence.owned().contains(&shard) {
             return Ok(());
         }
-        let key = self.context.keys.shard_key;
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query_scalar::<_, bool>(UNLOCK)
-                .bind(key)
-                .bind(shard)
-                .fetch_one(conn),
-        )
-        .await;
-        let released = self.fence.settle(outcome, "releasing a shard lock")?;
+        let released = self.lock(UNLOCK, shard, "releasing a shard lock").await?;
         self.fence.released(shard);
         if !released {
             tracing::warn!(shard, "released a shard lock this session did not hold");
@@ -291,22 +282,20 @@ impl ShardSession for PostgresShardSession {
             .filter_map(|&s| i16::try_from(s).ok())
             .collect();
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query(&self.context.sql.claim)
-                .bind(&shards)
-                .bind(request.exclude_ids)
-                .bind(request.dead_holds_aggregate)
-                .bind(limit)
-                .fetch_all(conn),
-        )
-        .await;
-        let rows = self.fence.settle(outcome, "claiming rows")?;
-        rows.iter()
-            .map(decode_event)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| self.fence.classify(e).context("claiming rows"))
+        let statement = &self.context.sql.claim;
+        let rows = self
+            .fence
+            .run("claiming rows", async |conn| {
+                sqlx::query(statement)
+                    .bind(&shards)
+                    .bind(request.exclude_ids)
+                    .bind(request.dead_holds_aggregate)
+                    .bind(limit)
+                    .fetch_all(conn)
+                    .await
+            })
+            .await?;
+        self.fence.decode(&rows, decode_event, "claiming rows")
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
@@ -318,9 +307,11 @@ impl ShardSession for PostgresShardSession {
             MarkMode::Delete => &self.context.sql.mark_delete,
             MarkMode::Keep => &self.context.sql.mark_keep,
         };
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(timeout, sqlx::query(sql).bind(ids).execute(conn)).await;
-        self.fence.settle(outcome, "marking rows published")?;
+        self.fence
+            .run("marking rows published", async |conn| {
+                sqlx::query(sql).bind(ids).execute(conn).await
+            })
+            .await?;
         Ok(())
     }
 
@@ -338,17 +329,17 @@ impl ShardSession for PostgresShardSession {
                     .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             })
             .collect();
-        let (conn, timeout) = self.fence.connection()?;
-        let outcome = tokio::time::timeout(
-            timeout,
-            sqlx::query(&self.context.sql.record_failures)
-                .bind(&ids)
-                .bind(&errors)
-                .bind(&delays)
-                .execute(conn),
-        )
-        .await;
-        self.fence.settle(outcome, "recording failures")?;
+        let statement = &self.context.sql.record_failures;
+        self.fence
+            .run("recording failures", async |conn| {
+                sqlx::query(statement)
+                    .bind(&ids)
+                    .bind(&errors)
+                    .bind(&delays)
+                    .execute(conn)
+                    .await
+            })
+            .await?;
         Ok(())
     }
 
@@ -359,14 +350,12 @@ impl ShardSession for PostgresShardSession {
         }
         // Unlock explicitly: the backend may take a moment to exit after the connection closes,
         // and other relays should see the shards free as soon as this returns.
-        let unlocked = match fence.connection() {
-            Ok((conn, timeout)) => {
-                let outcome =
-                    tokio::time::timeout(timeout, sqlx::query(UNLOCK_ALL).execute(conn)).await;
-                fence.settle(outcome, "releasing shard locks").map(drop)
-            }
-            Err(e) => Err(e),
-        };
+        let unlocked = fence
+            .run("releasing shard locks", async |conn| {
+                sqlx::query(UNLOCK_ALL).execute(conn).await
+            })
+            .await
+            .map(drop);
         fence.close(unlocked).await
     }
 }

@@ -1,17 +1,16 @@
 //! `PostgresStore`: the `Store` implementation.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool, Row};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
-    Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, Result,
+    ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Postgres, Target};
@@ -20,9 +19,9 @@ use crate::enqueue::Outbox;
 use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
-use outboxkit_store_sql::classify::no_answer_within;
+use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::rows::backlog_status;
+use outboxkit_store_sql::rows::read_backlog;
 
 /// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.
 /// Cheap to clone.
@@ -59,15 +58,7 @@ impl PostgresStore {
     pub async fn connect(config: PostgresStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
-        let mut options = PgConnectOptions::from_str(&config.url).map_err(|e| {
-            Error::config(format!(
-                "store.url: \"{}\" is not a valid PostgreSQL URL: {e}",
-                config.redacted_url()
-            ))
-        })?;
-        if let Some(password) = &config.password {
-            options = options.password(password);
-        }
+        let options = config.connect_options(PgConnectOptions::password)?;
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
         let mut target = Target {
             endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),
@@ -83,9 +74,8 @@ impl PostgresStore {
             tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
         };
 
-        let mut conn = tokio::time::timeout(config.connect_timeout, options.connect())
-            .await
-            .map_err(|_| no_answer_within::<Postgres>(&target, config.connect_timeout))?
+        let mut conn = connect_within::<Postgres, _>(&options, &target, config.connect_timeout)
+            .await?
             .map_err(|e| classify(e, &target))?;
         let table = match configured.schema() {
             Some(_) => configured,
@@ -117,10 +107,8 @@ impl PostgresStore {
         }
         target.table = table.to_string();
 
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size)
-            .min_connections(0)
-            .acquire_timeout(config.connect_timeout)
+        let pool = config
+            .pool_options()
             .connect_lazy_with(options.clone().application_name("outbox-relay"));
         let context = Arc::new(SessionContext {
             sql: Sql::new(&table),
@@ -164,17 +152,8 @@ impl PostgresStore {
     pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
         let shard_count = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            match migrate::schema_row(&mut conn, &self.inner.table, self.target()).await {
-                Ok(Some((version, shards))) => {
-                    self.check_version(version)?;
-                    u32::try_from(shards).unwrap_or(0)
-                }
-                Ok(None) => return Err(migrate::not_migrated(&self.inner.table)),
-                Err(e) if e.kind() == ErrorKind::Schema => {
-                    return Err(migrate::not_migrated(&self.inner.table))
-                }
-                Err(e) => return Err(e),
-            }
+            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+            migrate::migrated_shards(&self.inner.table, row)?
         };
         PostgresShardSession::open(
             &self.inner.options,
@@ -198,10 +177,6 @@ impl PostgresStore {
     fn error(&self, error: sqlx::Error) -> Error {
         classify(error, self.target())
     }
-
-    fn check_version(&self, version: i32) -> Result<()> {
-        migrate::check_version(&self.inner.table, version)
-    }
 }
 
 #[async_trait]
@@ -211,12 +186,10 @@ impl Store for PostgresStore {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "PostgreSQL {}, table {}, {}",
-            self.inner.config.redacted_url(),
-            self.inner.table,
-            self.inner.tls
-        )
+        let inner = &self.inner;
+        inner
+            .config
+            .describe("PostgreSQL", &inner.table, &inner.tls)
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -243,10 +216,8 @@ impl Store for PostgresStore {
         if !outbox_exists || !schema_table_exists {
             return Err(migrate::not_migrated(table));
         }
-        match migrate::schema_row(&mut conn, table, self.target()).await? {
-            Some((version, _)) => self.check_version(version),
-            None => Err(migrate::not_migrated(table)),
-        }
+        let row = migrate::schema_row(&mut conn, table, self.target()).await?;
+        migrate::migrated_shards(table, Ok(row)).map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
@@ -271,11 +242,9 @@ impl Store for PostgresStore {
     }
 
     async fn status(&self) -> Result<BacklogStatus> {
-        let row = sqlx::query(&self.sql().status)
-            .fetch_one(&self.inner.pool)
+        read_backlog(&self.inner.pool, &self.sql().status)
             .await
-            .map_err(|e| self.error(e).context("reading the backlog"))?;
-        backlog_status(&row).map_err(|e| self.error(e).context("reading the backlog"))
+            .map_err(|e| self.error(e).context("reading the backlog"))
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use sqlx::error::DatabaseError;
 
-use outboxkit_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind, Result};
 
 use crate::format_duration;
 
@@ -181,6 +181,21 @@ fn certificate_error<D: Dialect>(error: &rustls::Error, target: &Target) -> Erro
             client_cert: &client_cert,
         },
     )
+}
+
+/// Connect within `connect_timeout`. `Err` when the server gave no answer in time
+/// ([`no_answer_within`]); else the driver's outcome, for the caller to classify.
+pub async fn connect_within<D: Dialect, O: sqlx::ConnectOptions>(
+    options: &O,
+    target: &Target,
+    connect_timeout: Duration,
+) -> Result<std::result::Result<O::Connection, sqlx::Error>>
+where
+    O::Connection: Sized,
+{
+    tokio::time::timeout(connect_timeout, options.connect())
+        .await
+        .map_err(|_| no_answer_within::<D>(target, connect_timeout))
 }
 
 /// The error of a connection attempt that got no answer within `store.connect_timeout`.

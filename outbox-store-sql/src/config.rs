@@ -9,6 +9,8 @@ use std::time::Duration;
 use outboxkit_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::classify::Dialect;
+
 /// What a SQL store fills in of the shared `[store]` settings: its kind, the URLs it takes, the
 /// rules of its table names, and how it connects.
 pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
@@ -97,6 +99,21 @@ impl<S: SqlStore> SqlStoreConfig<S> {
         self
     }
 
+    /// The options of the store's pool: at most `pool_size` connections, opened when needed,
+    /// waited for at most `connect_timeout`.
+    pub fn pool_options<DB: sqlx::Database>(&self) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new()
+            .max_connections(self.pool_size)
+            .min_connections(0)
+            .acquire_timeout(self.connect_timeout)
+    }
+
+    /// The store as `status` describes it: `PostgreSQL <URL without password>, table
+    /// public.outbox, TLS TLSv1.3 (sslmode=verify-full)`.
+    pub fn describe(&self, product: &str, table: &dyn fmt::Display, tls: &str) -> String {
+        format!("{product} {}, table {table}, {tls}", self.redacted_url())
+    }
+
     /// The URL with its password replaced by `***`, for logs.
     pub fn redacted_url(&self) -> String {
         redact_url(&self.url)
@@ -112,6 +129,27 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             self.connect_timeout,
             self.session_timeout,
         )
+    }
+}
+
+impl<S: SqlStore + Dialect> SqlStoreConfig<S> {
+    /// The driver's options of `url`, given `password` (through `with_password`) when it is
+    /// set; a URL the driver refuses is a `store.url` error.
+    pub fn connect_options<O: sqlx::ConnectOptions>(
+        &self,
+        with_password: impl FnOnce(O, &str) -> O,
+    ) -> Result<O> {
+        let options = O::from_str(&self.url).map_err(|e| {
+            Error::config(format!(
+                "store.url: \"{}\" is not a valid {} URL: {e}",
+                self.redacted_url(),
+                S::PRODUCT
+            ))
+        })?;
+        Ok(match &self.password {
+            Some(password) => with_password(options, password),
+            None => options,
+        })
     }
 }
 
@@ -140,6 +178,37 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
 
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send {
         S::connect(self)
+    }
+}
+
+/// What every SQL store checks of its settings in its tests (feature `testkit`): `config`, whose
+/// URL has the password `s3cr3t`, is valid and its `Debug` names the store's settings type
+/// without the password; a URL of each of the store's schemes is valid; a URL of another store
+/// (`other_url`), a table name that is not valid and the relay's bookkeeping table are refused,
+/// each under its key.
+#[cfg(feature = "testkit")]
+pub fn check_store_settings<S: SqlStore>(config: &SqlStoreConfig<S>, other_url: &str) {
+    config.validate().unwrap();
+    let debug = format!("{config:?}");
+    assert!(
+        debug.starts_with(&format!("{} {{", S::CONFIG_TYPE)) && !debug.contains("s3cr3t"),
+        "{debug}"
+    );
+    let in_scheme = |scheme: &str| SqlStoreConfig::<S>::new(format!("{scheme}db/app"));
+    for scheme in S::SCHEMES {
+        in_scheme(scheme).table("app.events").validate().unwrap();
+    }
+    let base = || in_scheme(S::SCHEMES[0]);
+    let bad = [
+        (SqlStoreConfig::<S>::new(other_url), "store.url"),
+        (base().table("Outbox"), "store.table"),
+        (base().table("a.b.c"), "store.table"),
+        (base().table("outbox_relay_schema"), "store.table"),
+    ];
+    for (config, key) in bad {
+        let e = config.validate().unwrap_err();
+        assert_eq!(e.kind(), outboxkit_core::ErrorKind::Config);
+        assert!(e.message().starts_with(key), "{key}: {e}");
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod classify;
 pub mod config;
+pub mod enqueue;
 pub mod migrate;
 pub mod rows;
 pub mod session;

@@ -1,9 +1,127 @@
 //! What the stores' migrations share: the checks of a table's schema version and their
-//! messages, and the rendering of a migration's SQL.
+//! messages, the reading of its schema row, and the rendering and logging of a migration.
 
 use std::fmt;
 
 use outboxkit_core::{Error, ErrorKind, Result};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use crate::classify::{classify, Dialect, Target};
+
+/// One version of a store's schema.
+#[derive(Debug)]
+pub struct Migration {
+    pub version: i32,
+    /// What it does, as the log says it.
+    pub description: &'static str,
+    /// Its SQL, before [`render`].
+    pub sql: &'static str,
+}
+
+/// Panics (at compile time, in a `const`) unless `migrations` are numbered 1, 2, ... in order
+/// and end at `schema_version`.
+pub const fn assert_numbered(migrations: &[Migration], schema_version: i32) {
+    let mut i = 0;
+    while i < migrations.len() {
+        assert!(
+            migrations[i].version == i as i32 + 1,
+            "migrations are numbered 1, 2, ... in order"
+        );
+        i += 1;
+    }
+    assert!(
+        i > 0 && migrations[i - 1].version == schema_version,
+        "the last migration is at the schema version"
+    );
+}
+
+impl Migration {
+    /// What an error of this migration's SQL was doing: `schema version 1 (...)`.
+    pub fn context(&self) -> String {
+        format!("schema version {} ({})", self.version, self.description)
+    }
+
+    /// Log that this migration was applied to `table`.
+    pub fn applied(&self, table: &dyn fmt::Display, shard_count: i32) {
+        tracing::info!(
+            table = %table,
+            version = self.version,
+            shards = shard_count,
+            "{}",
+            self.description
+        );
+    }
+}
+
+/// Before migrating `table`, at version `current` (0: new) with `shard_count` shards: `Err` when
+/// it is newer than this relay knows (`known`). A migrated table keeps the shard count it was
+/// created with, whatever `store.shards` (`shards`) says now.
+pub fn check_current(
+    table: &dyn fmt::Display,
+    current: i32,
+    known: i32,
+    shard_count: i32,
+    shards: u32,
+) -> Result<()> {
+    if current > known {
+        return Err(newer_schema(table, current, known));
+    }
+    if current > 0 && u32::try_from(shard_count).ok() != Some(shards) {
+        tracing::info!(
+            table = %table,
+            shard_count,
+            configured = shards,
+            "the table keeps the shard count it was created with; store.shards is ignored"
+        );
+    }
+    Ok(())
+}
+
+/// The `(version, shard_count)` row that `statement` reads of the store's bookkeeping table for
+/// the table `name` (its one placeholder), or `None` when it was never migrated.
+pub async fn schema_row<'q, 'c, D, E, DB>(
+    conn: E,
+    statement: &'q str,
+    name: &'q str,
+    target: &Target,
+) -> Result<Option<(i32, i32)>>
+where
+    D: Dialect,
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    DB::Arguments<'q>: IntoArguments<'q, DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i32: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let row = sqlx::query(statement)
+        .bind(name)
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| classify::<D>(e, target))?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
+        .map_err(|e: sqlx::Error| classify::<D>(e, target))
+}
+
+/// The shard count of `table` from what [`schema_row`] read: `Schema` errors when it has no row
+/// (or there is no bookkeeping table) or it is at another version than `expected`.
+pub fn migrated_shards(
+    table: &dyn fmt::Display,
+    row: Result<Option<(i32, i32)>>,
+    expected: i32,
+) -> Result<u32> {
+    let row = match row {
+        // No bookkeeping table: not migrated either.
+        Err(e) if e.kind() == ErrorKind::Schema => None,
+        row => row?,
+    };
+    let Some((version, shards)) = row else {
+        return Err(not_migrated(table));
+    };
+    check_version(table, version, expected)?;
+    Ok(u32::try_from(shards).unwrap_or(0))
+}
 
 /// A migration's SQL for one table: `{table}` becomes the quoted (qualified) table, `{name}` its
 /// bare name, `{shards}` the shard count.
@@ -18,6 +136,18 @@ pub fn not_migrated(table: &dyn fmt::Display) -> Error {
     Error::new(
         ErrorKind::Schema,
         format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
+    )
+}
+
+/// A table of the configured name exists, but the relay did not create it: it has no row in
+/// the bookkeeping table `schema_table`.
+pub fn not_ours(table: &dyn fmt::Display, schema_table: &str) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "table {table} exists but was not created by outbox-relay (it has no row in \
+             {schema_table}): rename it or set store.table to another name"
+        ),
     )
 }
 
@@ -73,6 +203,31 @@ mod tests {
             not_migrated(&"t").message(),
             "table t does not exist (or is not migrated): run `outbox-relay migrate`"
         );
+    }
+
+    const fn migration(version: i32) -> Migration {
+        Migration {
+            version,
+            description: "",
+            sql: "",
+        }
+    }
+
+    #[test]
+    fn migrations_numbered_in_order_up_to_the_schema_version_pass() {
+        assert_numbered(&[migration(1), migration(2)], 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "numbered 1, 2, ... in order")]
+    fn a_gap_in_the_numbers_is_refused() {
+        assert_numbered(&[migration(1), migration(3)], 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "at the schema version")]
+    fn migrations_ending_below_the_schema_version_are_refused() {
+        assert_numbered(&[migration(1)], 2);
     }
 
     #[test]

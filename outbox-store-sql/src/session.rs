@@ -8,13 +8,12 @@
 //! call fails with [`ErrorKind::LeaseLost`], so a relay never marks rows of a shard another relay
 //! may hold by now.
 //!
-//! The statements themselves (lock, unlock, claim, mark) stay in each store:
+//! The statements themselves (lock, unlock, claim, mark) stay in each store, and run through
+//! [`Fence::run`]:
 //!
 //! ```text
 //! fence.ensure_live()?;
-//! let (conn, timeout) = fence.connection()?;
-//! let outcome = tokio::time::timeout(timeout, query.fetch_all(conn)).await;
-//! let rows = fence.settle(outcome, "claiming rows")?;
+//! let rows = fence.run("claiming rows", async |conn| query.fetch_all(conn).await).await?;
 //! ```
 
 use std::collections::BTreeSet;
@@ -86,6 +85,28 @@ impl<C, D: Dialect> Fence<C, D> {
         }
     }
 
+    /// The `Debug` of a store's shard session `name`: its table and relay, the server's own
+    /// `fields` (`backend_pid`), then its shards and whether it was lost.
+    pub fn debug_session(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        fields: &[(&str, &dyn fmt::Debug)],
+    ) -> fmt::Result {
+        let mut session = f.debug_struct(name);
+        session
+            .field("table", &self.target.table)
+            .field("relay_id", &self.relay_id);
+        for (field, value) in fields {
+            session.field(field, value);
+        }
+        session
+            .field("shard_count", &self.shard_count)
+            .field("owned", &self.owned)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+
     /// The relay this session belongs to.
     pub fn relay_id(&self) -> &str {
         &self.relay_id
@@ -144,6 +165,19 @@ impl<C, D: Dialect> Fence<C, D> {
         }
     }
 
+    /// Run `statement` on the session's connection within the timeout of a call and
+    /// [`settle`](Self::settle) its outcome as `action` (`claiming rows`); `LeaseLost` once
+    /// poisoned.
+    pub async fn run<T>(
+        &mut self,
+        action: &str,
+        statement: impl AsyncFnOnce(&mut C) -> std::result::Result<T, sqlx::Error>,
+    ) -> Result<T> {
+        let (conn, timeout) = self.connection()?;
+        let outcome = tokio::time::timeout(timeout, statement(conn)).await;
+        self.settle(outcome, action)
+    }
+
     /// Classify the outcome of a statement; a broken connection or no answer in time poisons the
     /// session.
     pub fn settle<T>(&mut self, outcome: Outcome<T>, action: &str) -> Result<T> {
@@ -162,6 +196,19 @@ impl<C, D: Dialect> Fence<C, D> {
             return Err(self.poison(error.full_message()));
         }
         Err(error)
+    }
+
+    /// The rows of `action` decoded by `decode`; a row that does not decode fails `action`.
+    pub fn decode<R, T>(
+        &self,
+        rows: &[R],
+        decode: impl FnMut(&R) -> std::result::Result<T, sqlx::Error>,
+        action: &str,
+    ) -> Result<Vec<T>> {
+        rows.iter()
+            .map(decode)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| self.classify(e).context(action))
     }
 
     /// The relay's error for a sqlx error of this session (rows that do not decode, ...).
