@@ -9,14 +9,14 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
 use outboxkit_core::{NewEvent, Result, Store};
-use outboxkit_store_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use outboxkit_store_mysql::sqlx::mysql::MySqlConnectOptions;
 use outboxkit_store_mysql::sqlx::{
     self, Connection, Executor, MySql, MySqlConnection, MySqlPool, Row,
 };
 use outboxkit_store_mysql::{
-    enqueue, enqueue_many, MySqlShardSession, MySqlStore, MySqlStoreConfig, TableName,
-    MAX_NAME_CHARS, SCHEMA_VERSION,
+    MySqlShardSession, MySqlStore, MySqlStoreConfig, TableName, MAX_NAME_CHARS, SCHEMA_VERSION,
 };
+use outboxkit_store_sql::testkit;
 
 type Tx = sqlx::Transaction<'static, MySql>;
 
@@ -48,6 +48,17 @@ impl StoreFactory for MySqlFactory {
 /// Text columns of `information_schema`, whatever their collation.
 fn text(row: &sqlx::mysql::MySqlRow, index: usize) -> String {
     row.try_get_unchecked(index).unwrap()
+}
+
+/// The rows of `sql`, a query of `information_schema` about the store's table (its database
+/// and name bound in that order).
+async fn about_table(store: &MySqlStore, sql: &str) -> Vec<sqlx::mysql::MySqlRow> {
+    sqlx::query(sql)
+        .bind(store.table().database().unwrap())
+        .bind(store.table().name())
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
 }
 
 #[async_trait]
@@ -88,7 +99,7 @@ impl LiveHarness for MySqlFactory {
     ];
 
     fn test_url(&self) -> String {
-        common::test_url()
+        common::SERVER.url()
     }
 
     fn fresh_config(&self) -> MySqlStoreConfig {
@@ -140,9 +151,7 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn execute(&self, sql: &str) {
-        let mut conn = common::raw_connection().await;
-        conn.execute(sqlx::raw_sql(sql)).await.unwrap();
-        let _ = conn.close().await;
+        common::SERVER.execute::<MySqlConnection>(sql).await;
     }
 
     async fn drop_table(&self, store: &MySqlStore) {
@@ -171,19 +180,17 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn columns(&self, store: &MySqlStore) -> Vec<(String, String)> {
-        let columns: Vec<(String, String, String)> = sqlx::query(
+        let rows = about_table(
+            store,
             "SELECT CAST(COLUMN_NAME AS CHAR), CAST(DATA_TYPE AS CHAR), CAST(EXTRA AS CHAR) \
              FROM information_schema.COLUMNS \
              WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
         )
-        .bind(store.table().database().unwrap())
-        .bind(store.table().name())
-        .fetch_all(store.pool())
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (text(r, 0), text(r, 1), text(r, 2)))
-        .collect();
+        .await;
+        let columns: Vec<(String, String, String)> = rows
+            .iter()
+            .map(|r| (text(r, 0), text(r, 1), text(r, 2)))
+            .collect();
         assert!(columns[0].2.contains("auto_increment"));
         for generated in &columns[14..] {
             assert!(
@@ -203,20 +210,16 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn check_indexes(&self, store: &MySqlStore) {
-        let mut indexes: Vec<(String, String)> = sqlx::query(
+        let rows = about_table(
+            store,
             "SELECT CAST(INDEX_NAME AS CHAR), \
                     CAST(GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) AS CHAR) \
              FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
              GROUP BY INDEX_NAME ORDER BY INDEX_NAME",
         )
-        .bind(store.table().database().unwrap())
-        .bind(store.table().name())
-        .fetch_all(store.pool())
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (text(r, 0), text(r, 1)))
-        .collect();
+        .await;
+        let mut indexes: Vec<(String, String)> =
+            rows.iter().map(|r| (text(r, 0), text(r, 1))).collect();
         let mut expected: Vec<(String, String)> = [
             ("PRIMARY", "id"),
             ("dead_idx", "dead_at"),
@@ -284,20 +287,10 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn pool_in(&self, namespace: &str) -> MySqlPool {
-        let options = MySqlConnectOptions::from_str(&common::test_url())
+        let options = MySqlConnectOptions::from_str(&common::SERVER.url())
             .unwrap()
             .database(namespace);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await
-            .unwrap_or_else(|e| panic!("MySQL or MariaDB is required for this test: {e}"));
-        pool.execute(
-            "CREATE TABLE orders (id VARCHAR(20) PRIMARY KEY, status VARCHAR(20) NOT NULL)",
-        )
-        .await
-        .unwrap();
-        pool
+        common::SERVER.orders_pool(options).await
     }
 
     async fn begin(&self, pool: &MySqlPool) -> Tx {
@@ -313,17 +306,11 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn insert_order(&self, tx: &mut Tx, id: &str) {
-        sqlx::query(&format!("INSERT INTO orders VALUES ('{id}', 'confirmed')"))
-            .execute(&mut **tx)
-            .await
-            .unwrap();
+        testkit::insert_order(&mut **tx, id).await;
     }
 
     async fn count_orders(&self, pool: &MySqlPool) -> i64 {
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders")
-            .fetch_one(pool)
-            .await
-            .unwrap()
+        testkit::count_orders(pool).await
     }
 
     async fn enqueue(
@@ -333,13 +320,7 @@ impl LiveHarness for MySqlFactory {
         writer: Writer,
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
-        let outbox = store.outbox();
-        match writer {
-            Writer::Outbox => Ok(vec![outbox.enqueue(tx, &events[0]).await?]),
-            Writer::OutboxMany => outbox.enqueue_many(tx, events).await,
-            Writer::Free => Ok(vec![enqueue(tx, &events[0]).await?]),
-            Writer::FreeMany => enqueue_many(tx, events).await,
-        }
+        outboxkit_store_sql::enqueue_with!(outboxkit_store_mysql, store, tx, writer, events)
     }
 
     async fn enqueue_autocommit(
@@ -350,13 +331,7 @@ impl LiveHarness for MySqlFactory {
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
         let mut conn = pool.acquire().await.unwrap();
-        let outbox = store.outbox();
-        match writer {
-            Writer::Outbox => Ok(vec![outbox.enqueue(&mut conn, &events[0]).await?]),
-            Writer::OutboxMany => outbox.enqueue_many(&mut conn, events).await,
-            Writer::Free => Ok(vec![enqueue(&mut conn, &events[0]).await?]),
-            Writer::FreeMany => enqueue_many(&mut conn, events).await,
-        }
+        outboxkit_store_sql::enqueue_with!(outboxkit_store_mysql, store, &mut conn, writer, events)
     }
 }
 

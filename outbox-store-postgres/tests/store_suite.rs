@@ -9,12 +9,14 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
 use outboxkit_core::{NewEvent, Result, Store};
-use outboxkit_store_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use outboxkit_store_postgres::sqlx::{self, Connection, Executor, PgPool, Postgres, Row};
-use outboxkit_store_postgres::{
-    enqueue, enqueue_many, PostgresShardSession, PostgresStore, PostgresStoreConfig, TableName,
-    SCHEMA_VERSION,
+use outboxkit_store_postgres::sqlx::postgres::PgConnectOptions;
+use outboxkit_store_postgres::sqlx::{
+    self, Connection, Executor, PgConnection, PgPool, Postgres, Row,
 };
+use outboxkit_store_postgres::{
+    PostgresShardSession, PostgresStore, PostgresStoreConfig, TableName, SCHEMA_VERSION,
+};
+use outboxkit_store_sql::testkit;
 
 type Tx = sqlx::Transaction<'static, Postgres>;
 
@@ -29,7 +31,7 @@ struct PostgresFactory {
 impl Default for PostgresFactory {
     fn default() -> Self {
         Self {
-            url: common::test_url(),
+            url: common::SERVER.url(),
             tables: Mutex::default(),
         }
     }
@@ -40,7 +42,7 @@ impl PostgresFactory {
     /// The machine's PostgreSQL has `ssl = on`; certificate verification is tested against
     /// private TLS-only servers in tests/tests/tls.rs.
     fn over_tls() -> Self {
-        let url = common::test_url();
+        let url = common::SERVER.url();
         let sep = if url.contains('?') { '&' } else { '?' };
         Self {
             url: format!("{url}{sep}sslmode=require"),
@@ -49,7 +51,7 @@ impl PostgresFactory {
     }
 
     fn fresh_config(&self) -> PostgresStoreConfig {
-        PostgresStoreConfig::new(&self.url).table(common::random_name("outbox_t"))
+        testkit::fresh_config(&self.url)
     }
 }
 
@@ -174,9 +176,7 @@ impl LiveHarness for PostgresFactory {
     }
 
     async fn execute(&self, sql: &str) {
-        let mut conn = common::raw_connection().await;
-        conn.execute(sqlx::raw_sql(sql)).await.unwrap();
-        let _ = conn.close().await;
+        common::SERVER.execute::<PgConnection>(sql).await;
     }
 
     async fn drop_table(&self, store: &PostgresStore) {
@@ -287,15 +287,7 @@ impl LiveHarness for PostgresFactory {
         let options = PgConnectOptions::from_str(&self.url)
             .unwrap()
             .options([("search_path", namespace)]);
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(options)
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL is required for this test: {e}"));
-        pool.execute("CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL)")
-            .await
-            .unwrap();
-        pool
+        common::SERVER.orders_pool(options).await
     }
 
     async fn begin(&self, pool: &PgPool) -> Tx {
@@ -311,17 +303,11 @@ impl LiveHarness for PostgresFactory {
     }
 
     async fn insert_order(&self, tx: &mut Tx, id: &str) {
-        sqlx::query(&format!("INSERT INTO orders VALUES ('{id}', 'confirmed')"))
-            .execute(&mut **tx)
-            .await
-            .unwrap();
+        testkit::insert_order(&mut **tx, id).await;
     }
 
     async fn count_orders(&self, pool: &PgPool) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM orders")
-            .fetch_one(pool)
-            .await
-            .unwrap()
+        testkit::count_orders(pool).await
     }
 
     async fn enqueue(
@@ -331,13 +317,7 @@ impl LiveHarness for PostgresFactory {
         writer: Writer,
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
-        let outbox = store.outbox();
-        match writer {
-            Writer::Outbox => Ok(vec![outbox.enqueue(tx, &events[0]).await?]),
-            Writer::OutboxMany => outbox.enqueue_many(tx, events).await,
-            Writer::Free => Ok(vec![enqueue(tx, &events[0]).await?]),
-            Writer::FreeMany => enqueue_many(tx, events).await,
-        }
+        outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, tx, writer, events)
     }
 
     async fn enqueue_autocommit(
@@ -348,13 +328,13 @@ impl LiveHarness for PostgresFactory {
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
         let mut conn = pool.acquire().await.unwrap();
-        let outbox = store.outbox();
-        match writer {
-            Writer::Outbox => Ok(vec![outbox.enqueue(&mut conn, &events[0]).await?]),
-            Writer::OutboxMany => outbox.enqueue_many(&mut conn, events).await,
-            Writer::Free => Ok(vec![enqueue(&mut conn, &events[0]).await?]),
-            Writer::FreeMany => enqueue_many(&mut conn, events).await,
-        }
+        outboxkit_store_sql::enqueue_with!(
+            outboxkit_store_postgres,
+            store,
+            &mut conn,
+            writer,
+            events
+        )
     }
 }
 

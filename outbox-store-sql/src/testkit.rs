@@ -1,16 +1,31 @@
-//! What every SQL store checks of its [`Dialect`] in its tests (feature `testkit`): the errors
-//! all servers share, classified with the store's wording.
+//! What every SQL store checks in its tests (feature `testkit`): the errors all servers share,
+//! classified with the store's wording ([`check_shared_errors`]); the test server of the live
+//! tests ([`TestServer`]); the steps of the store suite's live cases that are the same SQL on
+//! every server ([`insert_order`], [`count_orders`], [`enqueue_with!`](crate::enqueue_with));
+//! and the inbox cases on the store's `Inbox` ([`sql_inbox_suite!`](crate::sql_inbox_suite)).
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 
 use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
+use sqlx::pool::PoolOptions;
+use sqlx::{ColumnIndex, Connection, Database, Decode, Executor, Pool, Type};
 
 use outboxkit_core::ErrorKind;
 
 use crate::classify::{classify, Dialect, Target};
+use crate::config::{SqlStore, SqlStoreConfig};
+
+/// What [`sql_inbox_suite!`](crate::sql_inbox_suite) expands to needs.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait::async_trait;
+    pub use outboxkit_core;
+}
 
 /// A database error with a given SQLSTATE and nothing driver-specific (no MySQL error number),
 /// as the server would send it through another driver layer.
@@ -137,4 +152,245 @@ impl<S: crate::SqlStore> outboxkit_core::testkit::store_suite::SuiteConfig
     fn table_setting(&self) -> String {
         self.table.clone()
     }
+}
+
+/// The server a SQL store's live tests run on: what messages call it, the variable that gives
+/// its URL (`OUTBOX_TEST_POSTGRES_URL`) and the URL otherwise. The tests fail, never skip, when
+/// it is unreachable.
+#[derive(Debug, Clone, Copy)]
+pub struct TestServer {
+    /// `PostgreSQL`, `MySQL or MariaDB`.
+    pub product: &'static str,
+    /// The environment variable that overrides [`Self::default_url`].
+    pub url_env: &'static str,
+    /// The local test database.
+    pub default_url: &'static str,
+}
+
+impl TestServer {
+    /// `$url_env`, or the local test database.
+    pub fn url(&self) -> String {
+        std::env::var(self.url_env).unwrap_or_else(|_| self.default_url.to_owned())
+    }
+
+    /// Fail the test: it needs the server, which `error` says is unreachable.
+    #[track_caller]
+    pub fn required(&self, error: impl fmt::Display) -> ! {
+        panic!(
+            "{} is required for this test (set {}, default {}; scripts/services.sh starts it): \
+             {error}",
+            self.product, self.url_env, self.default_url
+        )
+    }
+
+    /// Connect a store (not migrated), failing the test when the server is unreachable.
+    pub async fn connect<S: SqlStore>(&self, config: SqlStoreConfig<S>) -> S::Store {
+        S::connect(config)
+            .await
+            .unwrap_or_else(|e| self.required(e))
+    }
+
+    /// A plain connection to the test database.
+    pub async fn raw_connection<C: Connection>(&self) -> C {
+        C::connect(&self.url())
+            .await
+            .unwrap_or_else(|e| self.required(e))
+    }
+
+    /// Run `sql` (one statement or more) on a new plain connection `C` to the test database.
+    pub async fn execute<C>(&self, sql: &str)
+    where
+        C: Connection,
+        for<'c> &'c mut C: Executor<'c, Database = C::Database>,
+    {
+        let mut conn: C = self.raw_connection().await;
+        conn.execute(sqlx::raw_sql(sql))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let _ = conn.close().await;
+    }
+
+    /// A pool of one connection with `options` (which name the schema or database it uses by
+    /// default), where a table `orders (id, status)` of 20 characters each is created: the
+    /// writers' pool of the store suite's `LiveHarness::pool_in`.
+    pub async fn orders_pool<DB>(
+        &self,
+        options: <DB::Connection as Connection>::Options,
+    ) -> Pool<DB>
+    where
+        DB: Database,
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    {
+        let pool = PoolOptions::<DB>::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| self.required(e));
+        pool.execute(sqlx::raw_sql(
+            "CREATE TABLE orders (id VARCHAR(20) PRIMARY KEY, status VARCHAR(20) NOT NULL)",
+        ))
+        .await
+        .unwrap();
+        pool
+    }
+}
+
+/// Settings for a new, random table (`outbox_t_<16 hex digits>`) of the database at `url`.
+pub fn fresh_config<S: SqlStore>(url: &str) -> SqlStoreConfig<S> {
+    SqlStoreConfig::new(url).table(outboxkit_core::testkit::store_suite::random_name(
+        "outbox_t",
+    ))
+}
+
+/// `INSERT INTO orders VALUES ('<id>', 'confirmed')` on `conn`, a writer's transaction
+/// (`LiveHarness::insert_order`: `insert_order(&mut **tx, id)`). A boxed future: the future of
+/// an `async fn` with this bound cannot be awaited in an `#[async_trait]` method (the compiler
+/// does not prove it `Send` for every lifetime).
+pub fn insert_order<'c, C>(
+    conn: &'c mut C,
+    id: &str,
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'c>>
+where
+    &'c mut C: Executor<'c>,
+{
+    let sql = format!("INSERT INTO orders VALUES ('{id}', 'confirmed')");
+    Box::pin(async move {
+        conn.execute(sqlx::raw_sql(&sql)).await.unwrap();
+    })
+}
+
+/// `SELECT COUNT(*) FROM orders` (`LiveHarness::count_orders`).
+pub async fn count_orders<DB>(pool: &Pool<DB>) -> i64
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    i64: Type<DB> + for<'r> Decode<'r, DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Enqueue `events` through `writer` (an `outboxkit_core::testkit::store_suite::Writer`) on
+/// `conn`, with the writers' API of the SQL store crate `krate`: `store.outbox()`'s `enqueue` and
+/// `enqueue_many`, and the crate's free functions `enqueue` and `enqueue_many`. `conn` is a
+/// writer's transaction or a plain connection; for one-event writers, `events` is one event.
+/// Evaluates to the `Result<Vec<i64>>` of `LiveHarness::enqueue`:
+///
+/// ```text
+/// async fn enqueue(&self, store: &PostgresStore, tx: &mut Tx, writer: Writer, events: &[NewEvent])
+///     -> Result<Vec<i64>> {
+///     outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, tx, writer, events)
+/// }
+/// ```
+#[macro_export]
+macro_rules! enqueue_with {
+    ($krate:ident, $store:expr, $conn:expr, $writer:expr, $events:expr) => {{
+        use $crate::testkit::__private::outboxkit_core::testkit::store_suite::Writer;
+        let (outbox, events) = ($store.outbox(), $events);
+        match $writer {
+            Writer::Outbox => outbox.enqueue($conn, &events[0]).await.map(|id| vec![id]),
+            Writer::OutboxMany => outbox.enqueue_many($conn, events).await,
+            Writer::Free => $krate::enqueue($conn, &events[0]).await.map(|id| vec![id]),
+            Writer::FreeMany => $krate::enqueue_many($conn, events).await,
+        }
+    }};
+}
+
+/// The inbox cases of the store suite ([`outboxkit_core::inbox_suite!`]) on the `Inbox` of the
+/// SQL store crate `krate`, whose sqlx database is `krate::sqlx::$db`, at the [`TestServer`]
+/// `server`: each case on a new table `inbox_t_<10 hex digits>` of a pool of 4 connections. The
+/// calling crate needs `tokio` (macros, rt).
+///
+/// ```text
+/// outboxkit_store_sql::sql_inbox_suite!(outboxkit_store_postgres, Postgres, common::SERVER);
+/// ```
+#[macro_export]
+macro_rules! sql_inbox_suite {
+    ($krate:ident, $db:ident, $server:expr) => {
+        /// An inbox on a new table, and its pool.
+        #[derive(Debug, Clone)]
+        struct SqlInbox {
+            pool: $krate::sqlx::Pool<$krate::sqlx::$db>,
+            inbox: $krate::Inbox,
+            table: String,
+        }
+
+        #[$crate::testkit::__private::async_trait]
+        impl $crate::testkit::__private::outboxkit_core::testkit::store_suite::inbox::InboxHarness
+            for SqlInbox
+        {
+            type Tx = $krate::sqlx::Transaction<'static, $krate::sqlx::$db>;
+
+            async fn fresh() -> Self {
+                let server = $server;
+                let pool = $krate::sqlx::pool::PoolOptions::new()
+                    .max_connections(4)
+                    .connect(&server.url())
+                    .await
+                    .unwrap_or_else(|e| server.required(e));
+                let id = $krate::sqlx::types::Uuid::new_v4().simple().to_string();
+                let table = format!("inbox_t_{}", &id[..10]);
+                let inbox = $krate::Inbox::new(&table).unwrap();
+                inbox.migrate(&pool).await.unwrap();
+                inbox.migrate(&pool).await.expect("migrate is idempotent");
+                Self { pool, inbox, table }
+            }
+
+            async fn begin(&self) -> Self::Tx {
+                self.pool.begin().await.unwrap()
+            }
+
+            async fn commit(&self, tx: Self::Tx) {
+                tx.commit().await.unwrap();
+            }
+
+            async fn rollback(&self, tx: Self::Tx) {
+                tx.rollback().await.unwrap();
+            }
+
+            async fn try_mark_processed(
+                &self,
+                tx: &mut Self::Tx,
+                consumer: &str,
+                event: $krate::sqlx::types::Uuid,
+            ) -> bool {
+                self.inbox
+                    .try_mark_processed(tx, consumer, event)
+                    .await
+                    .unwrap()
+            }
+
+            async fn mark_processed_now(
+                &self,
+                consumer: &str,
+                event: $krate::sqlx::types::Uuid,
+            ) -> bool {
+                let mut conn = self.pool.acquire().await.unwrap();
+                self.inbox
+                    .try_mark_processed(&mut conn, consumer, event)
+                    .await
+                    .unwrap()
+            }
+
+            async fn purge_processed(&self, older_than: ::std::time::Duration, limit: u32) -> u64 {
+                self.inbox
+                    .purge_processed(&self.pool, older_than, limit)
+                    .await
+                    .unwrap()
+            }
+
+            async fn drop_table(&self) {
+                $krate::sqlx::query(&format!("DROP TABLE {}", self.table))
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+
+        $crate::testkit::__private::outboxkit_core::inbox_suite!(SqlInbox);
+    };
 }

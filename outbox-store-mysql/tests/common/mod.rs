@@ -1,4 +1,4 @@
-//! Shared by the live tests: the server URL, fresh table names, clean-up.
+//! Shared by the live tests: the test server, fresh table names, clean-up.
 //!
 //! The tests need MySQL or MariaDB: they fail (never skip) when it is unreachable.
 
@@ -6,40 +6,28 @@
 
 use outboxkit_store_mysql::sqlx::{self, Connection, Executor, MySqlConnection};
 use outboxkit_store_mysql::{MySqlStore, MySqlStoreConfig, TableName};
+use outboxkit_store_sql::testkit::{self, TestServer};
 
 /// `OUTBOX_TEST_MYSQL_URL`, or the local test database.
-pub fn test_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
-
-/// A random name such as `outbox_t_1f2e3d4c5b6a7980`.
-pub fn random_name(prefix: &str) -> String {
-    let hex = uuid::Uuid::new_v4().simple().to_string();
-    format!("{prefix}_{}", &hex[..16])
-}
+pub const SERVER: TestServer = TestServer {
+    product: "MySQL or MariaDB",
+    url_env: "OUTBOX_TEST_MYSQL_URL",
+    default_url: "mysql://root@127.0.0.1:3306/test",
+};
 
 /// A configuration for a new, random table.
 pub fn fresh_config() -> MySqlStoreConfig {
-    MySqlStoreConfig::new(test_url()).table(random_name("outbox_t"))
+    testkit::fresh_config(&SERVER.url())
 }
 
 /// Connect a store, failing the test with a clear message when the server is unreachable.
 pub async fn connect(config: MySqlStoreConfig) -> MySqlStore {
-    match MySqlStore::connect(config).await {
-        Ok(store) => store,
-        Err(e) => panic!(
-            "MySQL or MariaDB is required for this test (set OUTBOX_TEST_MYSQL_URL, default \
-             mysql://root@127.0.0.1:3306/test; scripts/services.sh starts it): {e}"
-        ),
-    }
+    SERVER.connect(config).await
 }
 
 /// A plain connection to the test database.
 pub async fn raw_connection() -> MySqlConnection {
-    MySqlConnection::connect(&test_url())
-        .await
-        .unwrap_or_else(|e| panic!("MySQL or MariaDB is required for this test: {e}"))
+    SERVER.raw_connection().await
 }
 
 /// Drop an outbox table and forget its migrations and members.
@@ -79,11 +67,7 @@ pub async fn drop_table(table: &TableName) {
 
 /// Drop a whole database.
 pub async fn drop_database(database: &str) {
-    let mut conn = raw_connection().await;
-    conn.execute(sqlx::raw_sql(&format!(
-        "DROP DATABASE IF EXISTS `{database}`"
-    )))
-    .await
-    .expect("drop database");
-    let _ = conn.close().await;
+    SERVER
+        .execute::<MySqlConnection>(&format!("DROP DATABASE IF EXISTS `{database}`"))
+        .await;
 }

@@ -1,4 +1,4 @@
-//! Shared by the live tests: the database URL, fresh table names, clean-up.
+//! Shared by the live tests: the test server, fresh table names, clean-up.
 //!
 //! The tests need PostgreSQL: they fail (never skip) when it is unreachable.
 
@@ -6,40 +6,28 @@
 
 use outboxkit_store_postgres::sqlx::{self, Connection, Executor, PgConnection};
 use outboxkit_store_postgres::{PostgresStore, PostgresStoreConfig, TableName};
+use outboxkit_store_sql::testkit::{self, TestServer};
 
 /// `OUTBOX_TEST_POSTGRES_URL`, or the local test database.
-pub fn test_url() -> String {
-    std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A random name such as `outbox_t_1f2e3d4c5b6a7980`.
-pub fn random_name(prefix: &str) -> String {
-    let hex = uuid::Uuid::new_v4().simple().to_string();
-    format!("{prefix}_{}", &hex[..16])
-}
+pub const SERVER: TestServer = TestServer {
+    product: "PostgreSQL",
+    url_env: "OUTBOX_TEST_POSTGRES_URL",
+    default_url: "postgres://postgres@127.0.0.1:5432/test",
+};
 
 /// A configuration for a new, random table.
 pub fn fresh_config() -> PostgresStoreConfig {
-    PostgresStoreConfig::new(test_url()).table(random_name("outbox_t"))
+    testkit::fresh_config(&SERVER.url())
 }
 
 /// Connect a store, failing the test with a clear message when PostgreSQL is unreachable.
 pub async fn connect(config: PostgresStoreConfig) -> PostgresStore {
-    match PostgresStore::connect(config).await {
-        Ok(store) => store,
-        Err(e) => panic!(
-            "PostgreSQL is required for this test (set OUTBOX_TEST_POSTGRES_URL, default \
-             postgres://postgres@127.0.0.1:5432/test): {e}"
-        ),
-    }
+    SERVER.connect(config).await
 }
 
 /// A plain connection to the test database.
 pub async fn raw_connection() -> PgConnection {
-    PgConnection::connect(&test_url())
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test: {e}"))
+    SERVER.raw_connection().await
 }
 
 /// Drop an outbox table and forget its migrations.
@@ -70,11 +58,7 @@ pub async fn drop_table(table: &TableName) {
 
 /// Drop a whole schema.
 pub async fn drop_schema(schema: &str) {
-    let mut conn = raw_connection().await;
-    conn.execute(sqlx::raw_sql(&format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .await
-    .expect("drop schema");
-    let _ = conn.close().await;
+    SERVER
+        .execute::<PgConnection>(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .await;
 }
