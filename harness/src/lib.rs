@@ -59,6 +59,8 @@ pub use store::postgres::{postgres_url, PostgresSide};
 #[cfg(feature = "postgres")]
 pub use store::private_postgres::{ClientAuth, PrivatePostgres};
 pub use store::{DeadRow, StoreSide, PENDING};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use store::{SqlOutbox, SqlSide};
 pub use util::{
     free_port, http_get, metric_value, running_as_root, scratch_dir, unique, wait_for,
     wait_for_ready, write_file,

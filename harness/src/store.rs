@@ -88,27 +88,155 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     async fn drop_tables(&self);
 }
 
-/// A store on `table` of the SQL database at `url`, built as the relay builds it (the
-/// configuration's own `build`) and migrated; fails the test with the store's error.
+/// A SQL store crate's writers' handle on an outbox table (its `Outbox`), as a [`SqlSide`]
+/// opens it: the crate's store and sqlx database, the server and its test URL.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn connect_migrated<S: outboxkit_store_sql::SqlStore>(
-    url: &str,
-    table: &str,
-    shards: u32,
-    connections: u32,
-) -> Arc<dyn Store> {
-    use outboxkit_core::StoreConfig;
-    let mut config = outboxkit_store_sql::SqlStoreConfig::<S>::new(url)
-        .table(table)
-        .shards(shards);
-    config.pool_size = connections;
-    let store = config
-        .build()
+pub trait SqlOutbox: Sized {
+    /// The store, as the shared SQL code names it (`outboxkit_store_postgres::Postgres`).
+    type Store: outboxkit_store_sql::SqlStore;
+    /// The store's sqlx database.
+    type Db: sqlx::Database;
+    /// The server, for messages ("PostgreSQL").
+    const SERVER: &'static str;
+    /// The test server: `OUTBOX_TEST_*_URL`, default the machine's local server.
+    fn test_url() -> String;
+    /// The handle on `table`.
+    fn on_table(table: &str) -> Self;
+}
+
+/// A SQL database and one test's tables in it: the outbox table and the business table
+/// `<table>_orders`, with a pool and the store crate's writers' handle `O` on the outbox table.
+/// [`PostgresSide`](postgres::PostgresSide) and [`MySqlSide`](mysql::MySqlSide) are this with
+/// their store's `Outbox`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+pub struct SqlSide<O: SqlOutbox> {
+    url: String,
+    table: String,
+    orders: String,
+    pool: sqlx::Pool<O::Db>,
+    outbox: O,
+}
+
+/// Not derived: the derive would ask the sqlx database type to be `Clone` too.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<O: SqlOutbox + Clone> Clone for SqlSide<O> {
+    fn clone(&self) -> Self {
+        Self {
+            url: self.url.clone(),
+            table: self.table.clone(),
+            orders: self.orders.clone(),
+            pool: self.pool.clone(),
+            outbox: self.outbox.clone(),
+        }
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<O: SqlOutbox> SqlSide<O>
+where
+    for<'c> &'c mut <O::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = O::Db>,
+{
+    /// The test server ([`SqlOutbox::test_url`]) with outbox table `table`; fails the test,
+    /// saying what to start, when the server is unreachable.
+    pub async fn open(table: &str) -> Self {
+        Self::open_at(&O::test_url(), table).await
+    }
+
+    /// The server at `url`.
+    pub async fn open_at(url: &str, table: &str) -> Self {
+        Self::open_with_pool(url, table, 12).await
+    }
+
+    /// The server at `url`, with a pool of `connections` (the most transactions in flight).
+    pub async fn open_with_pool(url: &str, table: &str, connections: u32) -> Self {
+        let pool = sqlx::pool::PoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} at {url} is unreachable ({e}): start it (scripts/services.sh)",
+                    O::SERVER
+                )
+            });
+        Self {
+            url: url.to_owned(),
+            table: table.to_owned(),
+            orders: format!("{table}_orders"),
+            pool,
+            outbox: O::on_table(table),
+        }
+    }
+
+    /// Its connection pool, for a test's own queries.
+    pub fn pool(&self) -> &sqlx::Pool<O::Db> {
+        &self.pool
+    }
+
+    /// [`StoreSide::store_toml`]: the same keys on both servers.
+    fn relay_toml(&self) -> String {
+        format!(
+            "[store]\nkind = \"{}\"\nurl = \"{}\"\ntable = \"{}\"\n",
+            <O::Store as outboxkit_store_sql::SqlStore>::KIND,
+            self.url,
+            self.table
+        )
+    }
+
+    /// [`StoreSide::connect_store`]: the store built as the relay builds it (the
+    /// configuration's own `build`) and migrated; fails the test with the store's error.
+    async fn connect_migrated(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
+        use outboxkit_core::StoreConfig;
+        let (url, table) = (&self.url, &self.table);
+        let mut config = outboxkit_store_sql::SqlStoreConfig::<O::Store>::new(url)
+            .table(table)
+            .shards(shards);
+        config.pool_size = connections;
+        let kind = <O::Store as outboxkit_store_sql::SqlStore>::KIND;
+        let store = config
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("{kind} store at {url}: {e}"));
+        store
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("migrating {table}: {e}"));
+        Arc::new(store)
+    }
+
+    /// Run `sql` (one statement or more) on the pool; fails the test with the server's error.
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// [`StoreSide::count_rows`]: the same SQL on both servers.
+    async fn count_where(&self, condition: &str) -> i64
+    where
+        for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
+        i64: sqlx::Type<O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
+        usize: sqlx::ColumnIndex<<O::Db as sqlx::Database>::Row>,
+    {
+        sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {} WHERE {condition}",
+            self.table
+        ))
+        .fetch_one(&self.pool)
         .await
-        .unwrap_or_else(|e| panic!("{} store at {url}: {e}", S::KIND));
-    store
-        .migrate()
-        .await
-        .unwrap_or_else(|e| panic!("migrating {table}: {e}"));
-    Arc::new(store)
+        .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+    }
+
+    /// [`StoreSide::drop_tables`] up to the store's bookkeeping rows: the outbox table and the
+    /// business table.
+    async fn drop_both_tables(&self) {
+        self.exec(&format!(
+            "DROP TABLE IF EXISTS {}, {}",
+            self.orders, self.table
+        ))
+        .await;
+    }
 }

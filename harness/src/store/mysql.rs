@@ -11,7 +11,7 @@ use outboxkit_store_mysql::Outbox;
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 
-use super::{DeadRow, StoreSide};
+use super::{DeadRow, SqlOutbox, SqlSide, StoreSide};
 use crate::scenario::{Fault, WriteError};
 use crate::util::running_as_root;
 use crate::util::{free_port, scratch_dir};
@@ -22,57 +22,20 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
-/// The MySQL / MariaDB side.
-#[derive(Debug, Clone)]
-pub struct MySqlSide {
-    url: String,
-    table: String,
-    orders: String,
-    pool: sqlx::MySqlPool,
-    outbox: Outbox,
-}
+/// The MySQL / MariaDB side: [`MySqlSide::open`] and the rest of [`SqlSide`].
+pub type MySqlSide = SqlSide<Outbox>;
 
-impl MySqlSide {
-    /// The test server ([`mysql_url`]) with outbox table `table`; fails the test, saying what to
-    /// start, when the server is unreachable.
-    pub async fn open(table: &str) -> Self {
-        Self::open_at(&mysql_url(), table).await
+impl SqlOutbox for Outbox {
+    type Store = outboxkit_store_mysql::MySql;
+    type Db = sqlx::MySql;
+    const SERVER: &'static str = "MySQL";
+
+    fn test_url() -> String {
+        mysql_url()
     }
 
-    /// The server at `url`.
-    pub async fn open_at(url: &str, table: &str) -> Self {
-        Self::open_with_pool(url, table, 12).await
-    }
-
-    /// The server at `url`, with a pool of `connections` (the most transactions in flight).
-    pub async fn open_with_pool(url: &str, table: &str, connections: u32) -> Self {
-        let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("MySQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
-            });
-        Self {
-            url: url.to_owned(),
-            table: table.to_owned(),
-            orders: format!("{table}_orders"),
-            pool,
-            outbox: Outbox::new(table).expect("a valid outbox table name"),
-        }
-    }
-
-    /// Its connection pool, for a test's own queries.
-    pub fn pool(&self) -> &sqlx::MySqlPool {
-        &self.pool
-    }
-
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    fn on_table(table: &str) -> Self {
+        Outbox::new(table).expect("a valid outbox table name")
     }
 }
 
@@ -87,10 +50,7 @@ impl StoreSide for MySqlSide {
     }
 
     fn store_toml(&self) -> String {
-        format!(
-            "[store]\nkind = \"mysql\"\nurl = \"{}\"\ntable = \"{}\"\n",
-            self.url, self.table
-        )
+        self.relay_toml()
     }
 
     async fn server_version(&self) -> String {
@@ -101,13 +61,7 @@ impl StoreSide for MySqlSide {
     }
 
     async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
-        super::connect_migrated::<outboxkit_store_mysql::MySql>(
-            &self.url,
-            &self.table,
-            shards,
-            connections,
-        )
-        .await
+        self.connect_migrated(shards, connections).await
     }
 
     async fn truncate(&self) {
@@ -211,13 +165,7 @@ impl StoreSide for MySqlSide {
     }
 
     async fn count_rows(&self, condition: &str) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM {} WHERE {condition}",
-            self.table
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+        self.count_where(condition).await
     }
 
     async fn publish_latencies(&self) -> Vec<Duration> {
@@ -263,13 +211,7 @@ impl StoreSide for MySqlSide {
     }
 
     async fn drop_tables(&self) {
-        sqlx::query(&format!(
-            "DROP TABLE IF EXISTS {}, {}",
-            self.orders, self.table
-        ))
-        .execute(&self.pool)
-        .await
-        .expect("dropping the tables");
+        self.drop_both_tables().await;
         for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
             sqlx::query(&format!("DELETE FROM {bookkeeping} WHERE table_name = ?"))
                 .bind(&self.table)

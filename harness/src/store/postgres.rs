@@ -8,7 +8,7 @@ use outboxkit_core::{NewEvent, Store};
 use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
 
-use super::{DeadRow, StoreSide, PENDING};
+use super::{DeadRow, SqlOutbox, SqlSide, StoreSide, PENDING};
 use crate::scenario::WriteError;
 
 /// PostgreSQL for tests: `OUTBOX_TEST_POSTGRES_URL`, default the machine's local server.
@@ -17,57 +17,20 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// The PostgreSQL side.
-#[derive(Debug, Clone)]
-pub struct PostgresSide {
-    url: String,
-    table: String,
-    orders: String,
-    pool: sqlx::PgPool,
-    outbox: Outbox,
-}
+/// The PostgreSQL side: [`PostgresSide::open`] and the rest of [`SqlSide`].
+pub type PostgresSide = SqlSide<Outbox>;
 
-impl PostgresSide {
-    /// The test server ([`postgres_url`]) with outbox table `table`; fails the test, saying what
-    /// to start, when the server is unreachable.
-    pub async fn open(table: &str) -> Self {
-        Self::open_at(&postgres_url(), table).await
+impl SqlOutbox for Outbox {
+    type Store = outboxkit_store_postgres::Postgres;
+    type Db = sqlx::Postgres;
+    const SERVER: &'static str = "PostgreSQL";
+
+    fn test_url() -> String {
+        postgres_url()
     }
 
-    /// The server at `url`.
-    pub async fn open_at(url: &str, table: &str) -> Self {
-        Self::open_with_pool(url, table, 12).await
-    }
-
-    /// The server at `url`, with a pool of `connections` (the most transactions in flight).
-    pub async fn open_with_pool(url: &str, table: &str, connections: u32) -> Self {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("PostgreSQL at {url} is unreachable ({e}): start it (scripts/services.sh)")
-            });
-        Self {
-            url: url.to_owned(),
-            table: table.to_owned(),
-            orders: format!("{table}_orders"),
-            pool,
-            outbox: Outbox::new(table).expect("a valid outbox table name"),
-        }
-    }
-
-    /// Its connection pool, for a test's own queries.
-    pub fn pool(&self) -> &sqlx::PgPool {
-        &self.pool
-    }
-
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    fn on_table(table: &str) -> Self {
+        Outbox::new(table).expect("a valid outbox table name")
     }
 }
 
@@ -82,10 +45,7 @@ impl StoreSide for PostgresSide {
     }
 
     fn store_toml(&self) -> String {
-        format!(
-            "[store]\nkind = \"postgres\"\nurl = \"{}\"\ntable = \"{}\"\n",
-            self.url, self.table
-        )
+        self.relay_toml()
     }
 
     async fn server_version(&self) -> String {
@@ -96,13 +56,7 @@ impl StoreSide for PostgresSide {
     }
 
     async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
-        super::connect_migrated::<outboxkit_store_postgres::Postgres>(
-            &self.url,
-            &self.table,
-            shards,
-            connections,
-        )
-        .await
+        self.connect_migrated(shards, connections).await
     }
 
     async fn truncate(&self) {
@@ -189,13 +143,7 @@ impl StoreSide for PostgresSide {
     }
 
     async fn count_rows(&self, condition: &str) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM {} WHERE {condition}",
-            self.table
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+        self.count_where(condition).await
     }
 
     async fn publish_latencies(&self) -> Vec<Duration> {
@@ -244,13 +192,7 @@ impl StoreSide for PostgresSide {
     }
 
     async fn drop_tables(&self) {
-        sqlx::raw_sql(&format!(
-            "DROP TABLE IF EXISTS {}, {}",
-            self.orders, self.table
-        ))
-        .execute(&self.pool)
-        .await
-        .expect("dropping the tables");
+        self.drop_both_tables().await;
         // The schema row, or `migrate` of a table of the same name would take it for migrated.
         let bookkeeping: bool =
             sqlx::query_scalar("SELECT to_regclass('outbox_relay_schema') IS NOT NULL")
