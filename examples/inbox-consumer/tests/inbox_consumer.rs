@@ -20,6 +20,24 @@ async fn services() -> (redis::aio::MultiplexedConnection, sqlx::PgPool) {
     (redis, pool)
 }
 
+/// Delete the test's streams and drop its tables.
+async fn clean_up(
+    redis: &mut redis::aio::MultiplexedConnection,
+    pool: &sqlx::PgPool,
+    streams: &[&str],
+    suffix: &str,
+) {
+    let _: () = redis::cmd("DEL")
+        .arg(streams)
+        .query_async(redis)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE inbox_{suffix}, totals_{suffix}"))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 async fn xadd(
     redis: &mut redis::aio::MultiplexedConnection,
     stream: &str,
@@ -80,15 +98,7 @@ async fn an_event_delivered_twice_is_applied_once() {
     .unwrap();
     assert_eq!(total, 15);
 
-    let _: () = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP TABLE inbox_{suffix}, totals_{suffix}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    clean_up(&mut redis, &pool, &[&stream], &suffix).await;
 }
 
 #[tokio::test]
@@ -132,14 +142,5 @@ async fn two_concurrent_consumers_apply_each_event_once() {
         .unwrap();
     assert_eq!(total, 200);
 
-    let _: () = redis::cmd("DEL")
-        .arg(&s1)
-        .arg(&s2)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP TABLE inbox_{suffix}, totals_{suffix}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    clean_up(&mut redis, &pool, &[&s1, &s2], &suffix).await;
 }

@@ -204,25 +204,23 @@ async fn pipe(
     }
 }
 
-fn via(proxy: &Proxy, topic: &str, publish_timeout: Duration) -> MqttConfig {
-    MqttConfig {
+/// A sink connected through `proxy`, publishing to `<prefix>/<aggregate_type>`.
+async fn sink_via(proxy: &Proxy, prefix: &str, publish_timeout: Duration) -> MqttSink {
+    let sink = sink(MqttConfig {
         url: format!("mqtt://127.0.0.1:{}", proxy.port),
         publish_timeout,
-        ..common::config(topic)
-    }
+        ..common::config(&format!("{prefix}/{{aggregate_type}}"))
+    })
+    .await;
+    sink.check().await.expect("connected through the proxy");
+    sink
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_puback_is_a_retryable_timeout() {
     let proxy = Proxy::start().await;
     let prefix = unique_prefix();
-    let sink = sink(via(
-        &proxy,
-        &format!("{prefix}/{{aggregate_type}}"),
-        Duration::from_secs(1),
-    ))
-    .await;
-    sink.check().await.expect("connected through the proxy");
+    let sink = sink_via(&proxy, &prefix, Duration::from_secs(1)).await;
 
     proxy.set(Gate::HoldReplies);
     let outcomes = sink
@@ -249,13 +247,7 @@ async fn a_cut_connection_fails_the_waiting_events_then_the_sink_reconnects() {
     let prefix = unique_prefix();
     subscriber.subscribe(&format!("{prefix}/#")).await;
     let proxy = Proxy::start().await;
-    let sink = sink(via(
-        &proxy,
-        &format!("{prefix}/{{aggregate_type}}"),
-        Duration::from_secs(10),
-    ))
-    .await;
-    sink.check().await.expect("connected through the proxy");
+    let sink = sink_via(&proxy, &prefix, Duration::from_secs(10)).await;
 
     // PUBACKs held, then the connection cut: every waiting event fails as a connection error
     // (retryable; the engine then fails the call as a whole), well before publish_timeout.

@@ -6,10 +6,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use common::Subscriber;
+use outboxkit_core::testkit::relay_process::{self, RelayProcess};
 use outboxkit_core::NewEvent;
 use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
@@ -82,14 +83,8 @@ listen = ""
 
 /// `outbox-mqtt-relay --config FILE <args>` to completion: (exit status, stdout + stderr).
 fn run_cli(config: &Path, args: &[&str]) -> (ExitStatus, String) {
-    let out = Command::new(binary())
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .output()
-        .expect("running outbox-mqtt-relay");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (out.status, text + &String::from_utf8_lossy(&out.stderr))
+    let (status, out, err) = relay_process::run_cli(binary(), config, args, &[]);
+    (status, out + &err)
 }
 
 async fn drop_table(table: &str) {
@@ -99,65 +94,10 @@ async fn drop_table(table: &str) {
         .expect("dropping the test table");
 }
 
-/// A running `outbox-mqtt-relay run`; SIGKILLed when dropped if still running.
-struct Relay {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Relay {
-    fn start(config: &Path, dir: &Path) -> Self {
-        let log = dir.join("relay.log");
-        let out = std::fs::File::create(&log).expect("creating the relay log");
-        let err = out.try_clone().expect("cloning the log handle");
-        let child = Command::new(binary())
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("OUTBOX_SINK__MQTT__PASSWORD", "e2e-s3cr3t")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("starting outbox-mqtt-relay");
-        Self { child, log }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, then the exit status (within 20 s).
-    fn terminate(&mut self) -> ExitStatus {
-        let sent = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("running kill");
-        assert!(sent.success(), "kill -TERM failed");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting for the relay") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the relay did not exit within 20s of SIGTERM; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `outbox-mqtt-relay run` with the broker password set in its environment.
+fn start_relay(config: &Path, dir: &Path) -> RelayProcess {
+    let env = [("OUTBOX_SINK__MQTT__PASSWORD", "e2e-s3cr3t")];
+    RelayProcess::start(binary(), config, &env, dir.join("relay.log"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +119,7 @@ async fn relays_postgres_to_mosquitto_in_order_per_aggregate() {
     let (status, out) = run_cli(&config, &["--version"]);
     assert!(status.success() && out.contains("mqtt"), "--version: {out}");
 
-    let mut relay = Relay::start(&config, &dir);
+    let mut relay = start_relay(&config, &dir);
     let pool = postgres_pool().await;
     let outbox = Outbox::new(&table).unwrap();
     let mut committed: HashMap<Uuid, (i64, String)> = HashMap::new();
@@ -211,7 +151,7 @@ async fn relays_postgres_to_mosquitto_in_order_per_aggregate() {
     let received = subscriber
         .wait_for(|t| t == topic, EVENTS, Duration::from_secs(60))
         .await;
-    let exit = relay.terminate();
+    let exit = relay.terminate(Duration::from_secs(20));
     let log = relay.log_text();
     assert!(exit.success(), "exit status {exit} on SIGTERM; log:\n{log}");
     assert!(

@@ -6,11 +6,12 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Recorded, Reply, TestServer};
+use outboxkit_core::testkit::relay_process::{self, RelayProcess};
 use outboxkit_core::NewEvent;
 use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
@@ -93,83 +94,13 @@ listen = ""
 
 /// `outbox-webhook-relay --config FILE <args>` to completion: (exit status, stdout, stderr).
 fn run_cli(config: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String, String) {
-    let out = Command::new(binary())
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("running outbox-webhook-relay");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    relay_process::run_cli(binary(), config, args, env)
 }
 
-/// A running `outbox-webhook-relay run`; SIGKILLed when dropped if still running.
-struct Relay {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Relay {
-    fn start(config: &Path, dir: &Path) -> Self {
-        let log = dir.join("relay.log");
-        let out = std::fs::File::create(&log).expect("creating the relay log");
-        let err = out.try_clone().expect("cloning the log handle");
-        let child = Command::new(binary())
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("OUTBOX_SINK__WEBHOOK__HEADERS__AUTHORIZATION", SECRET)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("starting outbox-webhook-relay");
-        Self { child, log }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().expect("waiting for the relay")
-    }
-
-    /// SIGTERM, then the exit status (within `timeout`).
-    fn terminate(&mut self, timeout: Duration) -> ExitStatus {
-        let sent = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("running kill");
-        assert!(sent.success(), "kill -TERM failed");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.exited() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the relay did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `outbox-webhook-relay run` with the webhook's secret header set in its environment.
+fn start_relay(config: &Path, dir: &Path) -> RelayProcess {
+    let env = [("OUTBOX_SINK__WEBHOOK__HEADERS__AUTHORIZATION", SECRET)];
+    RelayProcess::start(binary(), config, &env, dir.join("relay.log"))
 }
 
 async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
@@ -225,7 +156,7 @@ async fn relays_postgres_to_the_webhook_in_order_per_aggregate() {
         assert!(status.success(), "migrate failed: {out}{err}");
     }
     let pool = postgres_pool().await;
-    let mut relay = Relay::start(&config, &dir);
+    let mut relay = start_relay(&config, &dir);
 
     // Write while the relay runs: 100 transactions of 5 events over 20 aggregates.
     let outbox = Outbox::new(&table).unwrap();

@@ -11,23 +11,25 @@ use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use common::TestServer;
-use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outboxkit_core::Sink;
+use outboxkit_core::testkit::sink_suite::{ConfigHarness, ReceivedMessage, SuiteConsumer};
 use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-struct WebhookHarness {
-    server: TestServer,
+/// The sink under test posting to a new local server, which the suite reads back.
+async fn harness() -> ConfigHarness<WebhookSinkConfig, Accepted> {
+    let server = TestServer::start().await;
+    let config = WebhookSinkConfig::new(format!("{}/hooks", server.url()));
+    let unreachable = WebhookSinkConfig {
+        connect_timeout: Duration::from_secs(2),
+        timeout: Duration::from_secs(5),
+        ..WebhookSinkConfig::new(format!("http://127.0.0.1:{}/hooks", common::free_port()))
+    };
+    ConfigHarness::new(config, unreachable, WebhookSink::new, Accepted(server))
 }
 
-impl WebhookHarness {
-    async fn start() -> Self {
-        Self {
-            server: TestServer::start().await,
-        }
-    }
-}
+/// The requests the server accepted, as a consumer of the webhook reads them.
+struct Accepted(TestServer);
 
 /// What a consumer reads from one accepted request: the event's fields from the JSON body, the
 /// payload's exact bytes, and the HTTP headers (where the event's headers travel).
@@ -76,34 +78,12 @@ fn received(request: &common::Recorded) -> ReceivedMessage {
 }
 
 #[async_trait]
-impl SinkHarness for WebhookHarness {
-    async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
-        let config = WebhookSinkConfig {
-            path: destination_template.to_owned(),
-            ..WebhookSinkConfig::new(format!("{}/hooks", self.server.url()))
-        };
-        Box::new(WebhookSink::new(config).unwrap_or_else(|e| panic!("building the sink: {e}")))
-    }
-
-    async fn unreachable_sink(&self) -> Box<dyn Sink> {
-        let config = WebhookSinkConfig {
-            connect_timeout: Duration::from_secs(2),
-            timeout: Duration::from_secs(5),
-            ..WebhookSinkConfig::new(format!("http://127.0.0.1:{}/hooks", common::free_port()))
-        };
-        Box::new(WebhookSink::new(config).expect("a valid configuration"))
-    }
-
-    async fn read_back(
-        &self,
-        destination: &str,
-        expected: usize,
-        timeout: Duration,
-    ) -> Vec<ReceivedMessage> {
-        let path = format!("/hooks/{destination}");
-        let deadline = Instant::now() + timeout;
+impl SuiteConsumer for Accepted {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let path = format!("/hooks/{to}");
+        let deadline = Instant::now() + wait;
         let accepted = loop {
-            let accepted = self.server.accepted_at(&path);
+            let accepted = self.0.accepted_at(&path);
             if accepted.len() >= expected || Instant::now() >= deadline {
                 break accepted;
             }
@@ -113,4 +93,4 @@ impl SinkHarness for WebhookHarness {
     }
 }
 
-outboxkit_core::sink_suite!(WebhookHarness::start().await);
+outboxkit_core::sink_suite!(harness().await);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{Reply, TestServer};
-use outboxkit_core::testkit::sink_suite::{sample_batch, sample_event};
+use outboxkit_core::testkit::sink_suite::{assert_all_failed, sample_batch, sample_event};
 use outboxkit_core::{whole_call_failure, ErrorKind, OutboxEvent, Outcome, Result, Sink};
 use outboxkit_relay::FactoryContext;
 use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
@@ -24,13 +24,18 @@ fn sink(config: WebhookSinkConfig) -> WebhookSink {
 /// Every outcome, for assertion messages.
 use outboxkit_core::testkit::sink_suite::describe_outcomes as describe;
 
-/// Every outcome a failure of `kind`, retried (`retry`) or rejected.
-fn all_failed(outcomes: &[Outcome], kind: ErrorKind, retry: bool) -> bool {
-    outcomes.iter().all(|o| match o {
-        Outcome::Retry(e) => retry && e.kind() == kind,
-        Outcome::Reject(e) => !retry && e.kind() == kind,
-        Outcome::Published => false,
-    })
+/// A server answering every request with `reply`, and a sink posting to it.
+async fn answering(reply: Reply) -> (TestServer, WebhookSink) {
+    let server = TestServer::start().await;
+    server.respond_with(move |_| reply.clone());
+    let sink = sink(config(&server));
+    (server, sink)
+}
+
+/// The outcomes of publishing `events` events, each of its own aggregate.
+async fn publish_batch(sink: &WebhookSink, events: usize) -> Vec<Outcome> {
+    let batch = sample_batch(1, events, "order", events);
+    sink.publish(&batch).await.expect("outcomes")
 }
 
 #[tokio::test]
@@ -232,16 +237,9 @@ async fn every_status_has_its_kind() {
 
 #[tokio::test]
 async fn throttling_on_every_request_fails_the_call_in_the_engine() {
-    let server = TestServer::start().await;
-    server.respond_with(|_| Reply::status(429).header("Retry-After", "2"));
-    let sink = sink(config(&server));
-    let batch = sample_batch(1, 4, "order", 4);
-    let outcomes = sink.publish(&batch).await.expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Unavailable, true),
-        "{}",
-        describe(&outcomes)
-    );
+    let (server, sink) = answering(Reply::status(429).header("Retry-After", "2")).await;
+    let outcomes = publish_batch(&sink, 4).await;
+    assert_all_failed(&outcomes, ErrorKind::Unavailable, true);
     assert_eq!(server.requests().len(), 4);
     let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
@@ -253,15 +251,8 @@ async fn unreachable_endpoint_fails_every_event_as_a_connection_error() {
     let sink = sink(WebhookSinkConfig::new(format!(
         "http://127.0.0.1:{port}/hooks?token=s3cr3t"
     )));
-    let outcomes = sink
-        .publish(&sample_batch(1, 3, "order", 3))
-        .await
-        .expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Connection, true),
-        "{}",
-        describe(&outcomes)
-    );
+    let outcomes = publish_batch(&sink, 3).await;
+    assert_all_failed(&outcomes, ErrorKind::Connection, true);
     let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert!(
         e.message().contains(&format!(
@@ -286,11 +277,7 @@ async fn connection_closed_without_an_answer_is_a_connection_error() {
     let outcomes = sink.publish(&sample_batch(1, 2, "order", 2)).await;
     closer.abort();
     let outcomes = outcomes.expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Connection, true),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_failed(&outcomes, ErrorKind::Connection, true);
     let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert!(
         e.message()
@@ -301,18 +288,9 @@ async fn connection_closed_without_an_answer_is_a_connection_error() {
 
 #[tokio::test]
 async fn server_errors_on_every_request_are_retried_per_event() {
-    let server = TestServer::start().await;
-    server.respond_with(|_| Reply::status(500));
-    let sink = sink(config(&server));
-    let outcomes = sink
-        .publish(&sample_batch(1, 3, "order", 3))
-        .await
-        .expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Other, true),
-        "{}",
-        describe(&outcomes)
-    );
+    let (_server, sink) = answering(Reply::status(500)).await;
+    let outcomes = publish_batch(&sink, 3).await;
+    assert_all_failed(&outcomes, ErrorKind::Other, true);
     // A 500 is what a consumer that chokes on these very events answers: they must be able
     // to be parked eventually, so the engine counts an attempt against each.
     assert!(whole_call_failure(&outcomes).is_none());
@@ -320,18 +298,9 @@ async fn server_errors_on_every_request_are_retried_per_event() {
 
 #[tokio::test]
 async fn refused_credentials_fail_the_call_in_the_engine() {
-    let server = TestServer::start().await;
-    server.respond_with(|_| Reply::status(401).body("invalid token"));
-    let sink = sink(config(&server));
-    let outcomes = sink
-        .publish(&sample_batch(1, 3, "order", 3))
-        .await
-        .expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Unauthorized, false),
-        "{}",
-        describe(&outcomes)
-    );
+    let (_server, sink) = answering(Reply::status(401).body("invalid token")).await;
+    let outcomes = publish_batch(&sink, 3).await;
+    assert_all_failed(&outcomes, ErrorKind::Unauthorized, false);
     let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert!(
         e.message()
@@ -342,18 +311,9 @@ async fn refused_credentials_fail_the_call_in_the_engine() {
 
 #[tokio::test]
 async fn missing_endpoint_rejects_the_events() {
-    let server = TestServer::start().await;
-    server.respond_with(|_| Reply::status(404));
-    let sink = sink(config(&server));
-    let outcomes = sink
-        .publish(&sample_batch(1, 2, "order", 2))
-        .await
-        .expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Unroutable, false),
-        "{}",
-        describe(&outcomes)
-    );
+    let (_server, sink) = answering(Reply::status(404)).await;
+    let outcomes = publish_batch(&sink, 2).await;
+    assert_all_failed(&outcomes, ErrorKind::Unroutable, false);
     assert!(whole_call_failure(&outcomes).is_none(), "parked one by one");
 }
 
@@ -366,20 +326,13 @@ async fn slow_endpoint_times_out() {
         ..config(&server)
     });
     let started = Instant::now();
-    let outcomes = sink
-        .publish(&sample_batch(1, 3, "order", 3))
-        .await
-        .expect("outcomes");
+    let outcomes = publish_batch(&sink, 3).await;
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
-    assert!(
-        all_failed(&outcomes, ErrorKind::Timeout, true),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_all_failed(&outcomes, ErrorKind::Timeout, true);
     let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert!(
         e.message()
@@ -399,15 +352,8 @@ async fn redirects_are_not_followed() {
         }
     });
     let sink = sink(config(&server));
-    let outcomes = sink
-        .publish(&sample_batch(1, 2, "order", 2))
-        .await
-        .expect("outcomes");
-    assert!(
-        all_failed(&outcomes, ErrorKind::Config, false),
-        "{}",
-        describe(&outcomes)
-    );
+    let outcomes = publish_batch(&sink, 2).await;
+    assert_all_failed(&outcomes, ErrorKind::Config, false);
     let e = whole_call_failure(&outcomes).expect("a configuration problem fails the call");
     assert!(e.message().contains("point sink.webhook.url"), "{e}");
     assert!(

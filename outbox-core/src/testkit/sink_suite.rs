@@ -281,6 +281,22 @@ pub fn assert_all_published(outcomes: &[Outcome]) {
     );
 }
 
+/// Assert that every outcome is a failure of `kind`, retried (`Retry`, with `retried`) or
+/// rejected (`Reject`), listing them all when one is not.
+pub fn assert_all_failed(outcomes: &[Outcome], kind: ErrorKind, retried: bool) {
+    let as_expected = |outcome: &Outcome| match outcome {
+        Outcome::Retry(e) => retried && e.kind() == kind,
+        Outcome::Reject(e) => !retried && e.kind() == kind,
+        Outcome::Published => false,
+    };
+    assert!(
+        outcomes.iter().all(as_expected),
+        "expected every outcome {} with {kind:?}: {}",
+        if retried { "retried" } else { "rejected" },
+        describe_outcomes(outcomes)
+    );
+}
+
 /// The error a `publish` result fails the whole call with, as the engine decides it: the `Err`
 /// itself, or [`whole_call_failure`] of the outcomes; `None` when the outcomes stand event by
 /// event.
