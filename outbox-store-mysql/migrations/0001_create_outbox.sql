@@ -1,6 +1,7 @@
 -- outbox relay, schema version 1: the outbox table (DESIGN.md section 2), MySQL 8.0.16+ and
 -- MariaDB 10.6+. Placeholders, replaced by the relay: {table} the quoted table, {name} the bare
--- table name (for constraint names, unique per database), {shards} the shard count.
+-- table name (for constraint names, unique per database), {shards} the shard count, {payload}
+-- the payload column's type (JSON, LONGTEXT or LONGBLOB, from store.payload_type).
 --
 -- MySQL has no partial index. The relay's scans still stay constant-time as history grows:
 -- `pending` is 1 for pending rows and NULL otherwise, so pending_idx keeps every pending row at
@@ -13,7 +14,7 @@ CREATE TABLE {table} (
     aggregate_type     VARCHAR(255) NOT NULL,
     aggregate_id       VARCHAR(255) NOT NULL,
     event_type         VARCHAR(255) NOT NULL,
-    payload            JSON NOT NULL,
+    payload            {payload} NOT NULL,
     headers            JSON NOT NULL DEFAULT ('{}'),
     destination        VARCHAR(1024) NULL,
     created_at         DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),

@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use sqlx::MySqlConnection;
 
-use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
+use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
 
 use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
 
@@ -73,7 +73,7 @@ impl Outbox {
     /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
     /// event commits (or rolls back) with the business change. Returns the row id.
     pub async fn enqueue(&self, conn: &mut MySqlConnection, event: &NewEvent) -> Result<i64> {
-        let row = Values::of(event, self.table())?;
+        let row = Values::of(event)?;
         let done = row
             .bind(sqlx::query(&self.insert_one))
             .execute(conn)
@@ -98,10 +98,7 @@ impl Outbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = events
-            .iter()
-            .map(|e| Values::of(e, self.table()))
-            .collect::<Result<Vec<_>>>()?;
+        let rows = events.iter().map(Values::of).collect::<Result<Vec<_>>>()?;
         let step = self.id_step(conn).await?;
         let mut ids = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(ROWS_PER_INSERT) {
@@ -165,12 +162,11 @@ impl Outbox {
 struct Values<'e> {
     event_id: String,
     event: &'e NewEvent,
-    payload: String,
     headers: String,
 }
 
 impl<'e> Values<'e> {
-    fn of(event: &'e NewEvent, table: &str) -> Result<Self> {
+    fn of(event: &'e NewEvent) -> Result<Self> {
         for (field, value) in [
             ("aggregate_type", &event.aggregate_type),
             ("aggregate_id", &event.aggregate_id),
@@ -184,7 +180,6 @@ impl<'e> Values<'e> {
         Ok(Self {
             event_id: event.event_id_or_new().hyphenated().to_string(),
             event,
-            payload: event.payload.text_for(table, PayloadType::Json)?.to_owned(),
             headers: to_json(&event.headers, "headers")?,
         })
     }
@@ -193,12 +188,18 @@ impl<'e> Values<'e> {
         &'q self,
         query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-        query
+        let query = query
             .bind(&self.event_id)
             .bind(&self.event.aggregate_type)
             .bind(&self.event.aggregate_id)
-            .bind(&self.event.event_type)
-            .bind(&self.payload)
+            .bind(&self.event.event_type);
+        // Text as text, whatever the column; bytes that are not UTF-8 as bytes, which a `json`
+        // or `text` column refuses ("Incorrect string value", "Cannot create a JSON value").
+        let query = match self.event.payload.as_text() {
+            Some(text) => query.bind(text),
+            None => query.bind(self.event.payload.as_bytes()),
+        };
+        query
             .bind(&self.headers)
             .bind(self.event.destination.as_deref())
     }
@@ -237,9 +238,9 @@ mod tests {
     #[test]
     fn values_are_checked_before_sending() {
         let ok = NewEvent::new("order", "é".repeat(255), "Placed", serde_json::json!({}));
-        assert!(Values::of(&ok, "outbox").is_ok());
+        assert!(Values::of(&ok).is_ok());
         let long = NewEvent::new("order", "é".repeat(256), "Placed", serde_json::json!({}));
-        let e = Values::of(&long, "outbox").err().unwrap();
+        let e = Values::of(&long).err().unwrap();
         assert_eq!(e.kind(), ErrorKind::InvalidMessage);
         assert!(!e.is_retryable());
         assert!(
@@ -248,7 +249,7 @@ mod tests {
         );
         let long = NewEvent::new("order", "1", "Placed", serde_json::json!({}))
             .destination("d".repeat(1025));
-        assert!(Values::of(&long, "outbox")
+        assert!(Values::of(&long)
             .err()
             .unwrap()
             .message()
@@ -259,9 +260,9 @@ mod tests {
     fn event_ids_are_hyphenated_text_and_kept_when_given() {
         let id = uuid::Uuid::new_v4();
         let event = NewEvent::new("order", "1", "Placed", serde_json::json!(null)).event_id(id);
-        let values = Values::of(&event, "outbox").unwrap();
+        let values = Values::of(&event).unwrap();
         assert_eq!(values.event_id, id.hyphenated().to_string());
-        assert_eq!(values.payload, "null");
+        assert_eq!(values.event.payload.as_text(), Some("null"));
         assert_eq!(values.headers, "{}");
     }
 

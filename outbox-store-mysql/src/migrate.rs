@@ -10,8 +10,9 @@
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
+use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, MySql, Target};
 use crate::config::{quote_ident, TableName, MEMBERS_TABLE, SCHEMA_TABLE};
@@ -36,8 +37,75 @@ const MIGRATION_LOCK_WAIT_SECS: i64 = 120;
 /// The table comment of a table created by the relay starts with this.
 const COMMENT_MARK: &str = "outbox-relay schema=";
 
-fn render(sql: &str, table: &TableName, shards: i32) -> String {
-    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards)
+fn render(sql: &str, table: &TableName, shards: i32, payload_type: PayloadType) -> String {
+    let payload = MySql::column_type(payload_type);
+    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards, payload)
+}
+
+impl PayloadColumn for MySql {
+    // LONGTEXT takes the table's character set and collation: utf8mb4, utf8mb4_bin.
+    const COLUMN_TYPES: [&'static str; 3] = ["JSON", "LONGTEXT", "LONGBLOB"];
+
+    fn convert(table: &str, _from: PayloadType, to: PayloadType) -> String {
+        format!(
+            "ALTER TABLE {table} MODIFY payload {} NOT NULL",
+            Self::column_type(to)
+        )
+    }
+}
+
+/// The payload type of `table`, read from `information_schema`. MariaDB's `JSON` is a
+/// `LONGTEXT` with a `json_valid` check, which tells it from a `text` table.
+pub(crate) async fn payload_type(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<PayloadType> {
+    let err = |e| classify(e, target).context(format!("reading the payload type of {table}"));
+    let database = table.database().unwrap_or_default();
+    let column: Option<String> = sqlx::query_scalar(
+        "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = 'payload'",
+    )
+    .bind(database)
+    .bind(table.name())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(err)?;
+    let column = column.map(|c| c.to_ascii_lowercase());
+    if column.as_deref() == Some("longtext") {
+        // Only MariaDB has TABLE_NAME here; on MySQL (whose JSON is `json`) this fails: text.
+        let checked: std::result::Result<i64, _> = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS \
+             WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ? \
+             AND CHECK_CLAUSE LIKE '%json\\_valid(`payload`)%'",
+        )
+        .bind(database)
+        .bind(table.name())
+        .fetch_one(&mut *conn)
+        .await;
+        if checked.is_ok_and(|n| n > 0) {
+            return Ok(PayloadType::Json);
+        }
+    }
+    payload::from_catalog(table, column.as_deref(), |column| match column {
+        "json" => Some(PayloadType::Json),
+        "longtext" | "mediumtext" | "text" | "varchar" => Some(PayloadType::Text),
+        "longblob" | "mediumblob" | "blob" | "varbinary" => Some(PayloadType::Binary),
+        _ => None,
+    })
+}
+
+/// The payload type of `table`, checked against `store.payload_type` when it is set.
+pub(crate) async fn checked_payload_type(
+    conn: &mut MySqlConnection,
+    table: &TableName,
+    configured: Option<PayloadType>,
+    target: &Target,
+) -> Result<PayloadType> {
+    let actual = payload_type(conn, table, target).await?;
+    payload::check_configured::<MySql>(configured, actual, table, &table.quoted())?;
+    Ok(actual)
 }
 
 /// `(version, shards)` read back from a table comment written by a migration.
@@ -111,17 +179,20 @@ pub(crate) async fn existing_tables(
 }
 
 /// Create or upgrade `table` (qualified by its database) to [`SCHEMA_VERSION`]. Idempotent.
+/// A new table stores `payload_type` payloads (`json` when unset); an existing one must already
+/// (see [`checked_payload_type`]).
 pub(crate) async fn migrate(
     options: &MySqlConnectOptions,
     table: &TableName,
     shards: u32,
+    payload_type: Option<PayloadType>,
     target: &Target,
 ) -> Result<()> {
     let mut conn = options
         .connect()
         .await
         .map_err(|e| classify(e, target).context(format!("migrating table {table}")))?;
-    let outcome = migrate_on(&mut conn, table, shards, target).await;
+    let outcome = migrate_on(&mut conn, table, shards, payload_type, target).await;
     // Closing the connection releases the migration lock whatever happened.
     if let Err(e) = conn.close().await {
         tracing::debug!("closing the migration connection: {e}");
@@ -133,6 +204,7 @@ async fn migrate_on(
     conn: &mut MySqlConnection,
     table: &TableName,
     shards: u32,
+    payload_type: Option<PayloadType>,
     target: &Target,
 ) -> Result<()> {
     let err = |e: sqlx::Error| classify(e, target).context(format!("migrating table {table}"));
@@ -222,14 +294,21 @@ async fn migrate_on(
     check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        conn.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
-            .await
-            .map_err(|e| err(e).context(migration.context()))?;
+        let payload = payload_type.unwrap_or_default();
+        conn.execute(sqlx::raw_sql(&render(
+            migration.sql,
+            table,
+            shard_count,
+            payload,
+        )))
+        .await
+        .map_err(|e| err(e).context(migration.context()))?;
         record_version(conn, &schema_table, table, migration.version, shard_count)
             .await
             .map_err(err)?;
         migration.applied(table, shard_count);
     }
+    checked_payload_type(conn, table, payload_type, target).await?;
     sqlx::query("DO RELEASE_LOCK(?)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *conn)
@@ -280,8 +359,16 @@ mod tests {
     #[test]
     fn render_substitutes_the_table_and_shards() {
         let table = TableName::parse("app.events").unwrap();
-        let sql = render(MIGRATIONS[0].sql, &table, 16);
+        let sql = render(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
         assert!(sql.contains("CREATE TABLE `app`.`events` ("), "{sql}");
+        assert!(sql.contains("payload            JSON NOT NULL,"), "{sql}");
+        for (payload_type, column) in [
+            (PayloadType::Text, "LONGTEXT"),
+            (PayloadType::Binary, "LONGBLOB"),
+        ] {
+            let sql = render(MIGRATIONS[0].sql, &table, 16, payload_type);
+            assert!(sql.contains(&format!("payload            {column} NOT NULL,")));
+        }
         assert!(sql.contains("CONSTRAINT events_headers_object CHECK"));
         assert!(sql.contains("CRC32(aggregate_id) % 16)"));
         assert!(sql.contains("DEFAULT ('{}')"));

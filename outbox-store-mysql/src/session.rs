@@ -124,6 +124,8 @@ pub(crate) async fn lock_holders(
 pub struct MySqlShardSession {
     fence: Fence<MySqlConnection, MySql>,
     context: Arc<SessionContext>,
+    /// The table's, read from the catalog as the session opened.
+    payload_type: PayloadType,
     connection_id: i64,
     slot: Option<u16>,
     /// Every shard lock name then every slot lock name, bound by `cluster()`.
@@ -147,6 +149,7 @@ impl MySqlShardSession {
         context: Arc<SessionContext>,
         relay_id: &str,
         shard_count: u32,
+        payload_type: PayloadType,
         connect_timeout: Duration,
         session_timeout: Duration,
     ) -> Result<Self> {
@@ -188,6 +191,7 @@ impl MySqlShardSession {
             ),
             all_locks: context.locks.all(shard_count),
             context,
+            payload_type,
             connection_id,
             slot,
         })
@@ -235,7 +239,7 @@ impl MySqlShardSession {
     ) -> Result<Vec<MySqlRow>> {
         let shards = sql::padded(shards);
         let excluded = sql::padded(excluded);
-        let statement = self.context.sql.claim(shards.len(), excluded.len());
+        let statement = (self.context.sql).claim(self.payload_type, shards.len(), excluded.len());
         let mut query = sqlx::query(&statement);
         for shard in &shards {
             query = query.bind(*shard);
@@ -315,7 +319,10 @@ fn text(row: &MySqlRow, index: usize) -> std::result::Result<String, sqlx::Error
     row.try_get_unchecked::<String, _>(index)
 }
 
-fn decode_event(row: &MySqlRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
+fn decode_event(
+    row: &MySqlRow,
+    payload_type: PayloadType,
+) -> std::result::Result<OutboxEvent, sqlx::Error> {
     let decode_error = |column: &str, source: Box<dyn std::error::Error + Send + Sync>| {
         sqlx::Error::ColumnDecode {
             index: column.to_owned(),
@@ -331,8 +338,9 @@ fn decode_event(row: &MySqlRow) -> std::result::Result<OutboxEvent, sqlx::Error>
         aggregate_type: text(row, 2)?,
         aggregate_id: text(row, 3)?,
         event_type: text(row, 4)?,
-        payload: text(row, 5)?.into_bytes(),
-        payload_type: PayloadType::Json,
+        // The bytes as stored: JSON cast to text, text and blobs as they are.
+        payload: row.try_get_unchecked::<Vec<u8>, _>(5)?,
+        payload_type,
         headers: parse_headers(&headers).map_err(|e| decode_error("headers", e.into()))?,
         destination,
         created_at: row.try_get::<NaiveDateTime, _>(8)?.and_utc(),
@@ -442,7 +450,12 @@ impl ShardSession for MySqlShardSession {
             rows.truncate(request.limit);
             rows
         };
-        self.fence.decode(&rows, decode_event, "claiming rows")
+        let payload_type = self.payload_type;
+        self.fence.decode(
+            &rows,
+            |row| decode_event(row, payload_type),
+            "claiming rows",
+        )
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {

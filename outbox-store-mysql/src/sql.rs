@@ -7,6 +7,8 @@
 //! lists are cut into chunks of at most [`MAX_LIST`] values (so the range optimizer never gives
 //! up on them and falls back to a table scan).
 
+use outboxkit_core::PayloadType;
+
 use crate::config::{TableName, MEMBERS_TABLE};
 
 /// Longest `IN (...)` list of one statement.
@@ -15,11 +17,20 @@ pub(crate) const MAX_LIST: usize = 4096;
 /// Smallest padded list.
 const MIN_LIST: usize = 4;
 
-/// Columns of a claimed row, in the order `session::decode_event` reads them. JSON columns are
-/// read as text: MySQL's JSON type has no text representation on the wire otherwise.
+/// Columns of a claimed row, in the order `session::decode_event` reads them; `{payload}` is
+/// the payload as [`payload_column`] reads it. JSON columns are read as text: MySQL's JSON type
+/// has no text representation on the wire otherwise.
 const EVENT_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, \
-     CAST(o.payload AS CHAR) AS payload, CAST(o.headers AS CHAR) AS headers, o.destination, \
+     {payload}, CAST(o.headers AS CHAR) AS headers, o.destination, \
      o.created_at, o.attempts, o.shard";
+
+/// How a claim reads the payload of a table of `payload_type`.
+fn payload_column(payload_type: PayloadType) -> &'static str {
+    match payload_type {
+        PayloadType::Json => "CAST(o.payload AS CHAR) AS payload",
+        PayloadType::Text | PayloadType::Binary => "o.payload",
+    }
+}
 
 /// The padded length of a list of `n` values (`n` ≤ [`MAX_LIST`]).
 pub(crate) fn padded_len(n: usize) -> usize {
@@ -164,15 +175,16 @@ impl Sql {
     /// table", and MariaDB then scans the table once per candidate row (measured: 0.8 s for a
     /// 500-row claim over 5,000 rows instead of 17 ms). No row locks: the shard locks give
     /// this session exclusivity.
-    pub fn claim(&self, shards: usize, excluded: usize) -> String {
+    pub fn claim(&self, payload_type: PayloadType, shards: usize, excluded: usize) -> String {
         let t = &self.table;
+        let columns = EVENT_COLUMNS.replace("{payload}", payload_column(payload_type));
         let exclude = if excluded == 0 {
             String::new()
         } else {
             format!("AND o.id NOT IN ({}) ", placeholders(excluded))
         };
         format!(
-            "SELECT {EVENT_COLUMNS} FROM {t} o FORCE INDEX (pending_idx) \
+            "SELECT {columns} FROM {t} o FORCE INDEX (pending_idx) \
              WHERE o.pending = 1 AND o.shard IN ({}) \
              AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= UTC_TIMESTAMP(6)) \
              {exclude}\
@@ -266,11 +278,14 @@ mod tests {
     #[test]
     fn statements_name_the_quoted_table_and_have_one_placeholder_per_bind() {
         let sql = Sql::new(&TableName::parse("shop.outbox").unwrap());
-        let claim = sql.claim(8, 4);
+        let claim = sql.claim(PayloadType::Json, 8, 4);
         assert!(claim.contains("FROM `shop`.`outbox` o FORCE INDEX (pending_idx)"));
         assert_eq!(claim.matches('?').count(), 8 + 4 + 2);
-        assert_eq!(sql.claim(4, 0).matches('?').count(), 4 + 2);
-        assert!(!sql.claim(4, 0).contains("NOT IN"));
+        assert_eq!(
+            sql.claim(PayloadType::Json, 4, 0).matches('?').count(),
+            4 + 2
+        );
+        assert!(!sql.claim(PayloadType::Json, 4, 0).contains("NOT IN"));
         assert_eq!(sql.mark_delete(16).matches('?').count(), 16);
         assert_eq!(sql.mark_keep(4).matches('?').count(), 4);
         assert_eq!(sql.record_failures(4).matches('?').count(), 12);

@@ -10,8 +10,8 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, Result,
-    ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, PayloadType,
+    Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
@@ -260,17 +260,24 @@ impl MySqlStore {
     /// shards, the excluded ids, whether dead rows hold their aggregate, the limit.
     #[doc(hidden)]
     pub fn claim_statement(&self, shards: usize, excluded: usize) -> String {
-        self.sql().claim(shards, excluded)
+        self.sql().claim(PayloadType::Json, shards, excluded)
     }
 
     /// Like [`Store::open_session`], with the concrete session type.
     pub async fn open_mysql_session(&self, relay_id: &str) -> Result<MySqlShardSession> {
         let shard_count = self.shard_count().await?;
+        let payload_type = {
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+            let configured = self.inner.config.payload_type;
+            migrate::checked_payload_type(&mut conn, &self.inner.table, configured, self.target())
+                .await?
+        };
         MySqlShardSession::open(
             &self.inner.options,
             Arc::clone(&self.inner.context),
             relay_id,
             shard_count,
+            payload_type,
             self.inner.config.connect_timeout,
             self.inner.config.session_timeout,
         )
@@ -338,6 +345,7 @@ impl Store for MySqlStore {
             &self.inner.options,
             &self.inner.table,
             self.inner.config.shards,
+            self.inner.config.payload_type,
             self.target(),
         )
         .await
@@ -351,7 +359,11 @@ impl Store for MySqlStore {
             return Err(migrate::not_migrated(table));
         }
         let row = migrate::schema_row(&mut conn, table, self.target()).await?;
-        migrate::migrated_shards(table, Ok(row)).map(drop)
+        migrate::migrated_shards(table, Ok(row))?;
+        let configured = self.inner.config.payload_type;
+        migrate::checked_payload_type(&mut conn, table, configured, self.target())
+            .await
+            .map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

@@ -1,6 +1,7 @@
 -- outbox relay, schema version 1: the outbox table (DESIGN.md section 2).
 -- Placeholders, replaced by the relay: {table} the quoted table, {name} the bare table name
--- (for index names), {shards} the shard count.
+-- (for index names), {shards} the shard count, {payload} the payload column's type (jsonb,
+-- text or bytea, from store.payload_type).
 
 CREATE TABLE {table} (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -8,7 +9,7 @@ CREATE TABLE {table} (
     aggregate_type  text NOT NULL,
     aggregate_id    text NOT NULL,
     event_type      text NOT NULL,
-    payload         jsonb NOT NULL,
+    payload         {payload} NOT NULL,
     headers         jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(headers) = 'object'),
     destination     text NULL,
     created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),

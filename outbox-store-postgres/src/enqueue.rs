@@ -1,7 +1,7 @@
 //! The writers' API: insert events inside the caller's own transaction.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
@@ -14,6 +14,12 @@ use crate::classify::{Postgres, Target};
 use crate::config::TableName;
 
 /// A handle on one outbox table with its insert statements prepared as text; cheap to clone.
+///
+/// The first insert reads the table's payload type (`json`, `text` or `binary`, see
+/// `store.payload_type`) from the catalog, on the caller's connection, and the handle (and its
+/// clones) keeps it. A `json` or `text` table takes a [`Payload`](outboxkit_core::Payload)
+/// whose bytes are UTF-8 (a `json` table also requires a JSON document; PostgreSQL refuses
+/// others); a `binary` table takes any bytes.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -31,9 +37,23 @@ use crate::config::TableName;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Outbox {
+    table: TableName,
     target: Target,
-    insert_one: String,
-    insert_many: String,
+    /// The table's payload type, read on first use.
+    payload_type: Arc<OnceLock<PayloadType>>,
+    /// The inserts of a table of each payload type, in [`PayloadType::ALL`] order.
+    insert_one: [String; 3],
+    insert_many: [String; 3],
+}
+
+/// How an insert turns the bound payload (text, or bytes for `binary`) into the column's type.
+fn payload_casts(payload_type: PayloadType) -> (&'static str, &'static str, &'static str) {
+    // (the one-row value, the array's element type, the value of an UNNEST element `p`)
+    match payload_type {
+        PayloadType::Json => ("$5::text::jsonb", "text", "p::jsonb"),
+        PayloadType::Text => ("$5::text", "text", "p"),
+        PayloadType::Binary => ("$5::bytea", "bytea", "p"),
+    }
 }
 
 impl Outbox {
@@ -46,21 +66,38 @@ impl Outbox {
     pub(crate) fn for_table(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
+            table: table.clone(),
             target: Target::table(table.to_string()),
-            insert_one: format!(
-                "INSERT INTO {t} ({INSERT_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5::text::jsonb, $6::text::jsonb, $7) RETURNING id"
-            ),
+            payload_type: Arc::default(),
+            insert_one: PayloadType::ALL.map(|payload_type| {
+                let (value, _, _) = payload_casts(payload_type);
+                format!(
+                    "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                     VALUES ($1, $2, $3, $4, {value}, $6::text::jsonb, $7) RETURNING id"
+                )
+            }),
             // ORDER BY ord: identities are assigned in the order of the slice.
-            insert_many: format!(
-                "INSERT INTO {t} ({INSERT_COLUMNS}) \
-                 SELECT e, at, ai, et, p::jsonb, h::jsonb, d \
-                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
-                             $6::text[], $7::text[]) \
-                      WITH ORDINALITY AS u(e, at, ai, et, p, h, d, ord) \
-                 ORDER BY ord RETURNING id, event_id"
-            ),
+            insert_many: PayloadType::ALL.map(|payload_type| {
+                let (_, element, value) = payload_casts(payload_type);
+                format!(
+                    "INSERT INTO {t} ({INSERT_COLUMNS}) \
+                     SELECT e, at, ai, et, {value}, h::jsonb, d \
+                     FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::{element}[], \
+                                 $6::text[], $7::text[]) \
+                          WITH ORDINALITY AS u(e, at, ai, et, p, h, d, ord) \
+                     ORDER BY ord RETURNING id, event_id"
+                )
+            }),
         }
+    }
+
+    /// The table's payload type: read from the catalog on `conn` the first time.
+    pub async fn payload_type(&self, conn: &mut PgConnection) -> Result<PayloadType> {
+        if let Some(payload_type) = self.payload_type.get() {
+            return Ok(*payload_type);
+        }
+        let read = crate::migrate::payload_type(conn, &self.table, &self.target).await?;
+        Ok(*self.payload_type.get_or_init(|| read))
     }
 
     /// The table this handle writes to.
@@ -71,14 +108,18 @@ impl Outbox {
     /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
     /// event commits (or rolls back) with the business change. Returns the row id.
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
-        let payload = event.payload.text_for(self.table(), PayloadType::Json)?;
+        let payload_type = self.payload_type(&mut *conn).await?;
         let headers = to_json(&event.headers, "headers")?;
-        sqlx::query_scalar(&self.insert_one)
+        let query = sqlx::query_scalar(&self.insert_one[payload_type as usize])
             .bind(event.event_id_or_new())
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
-            .bind(&event.event_type)
-            .bind(payload)
+            .bind(&event.event_type);
+        let query = match payload_type {
+            PayloadType::Binary => query.bind(event.payload.as_bytes()),
+            _ => query.bind(event.payload.text_for(self.table(), payload_type)?),
+        };
+        query
             .bind(headers)
             .bind(event.destination.as_deref())
             .fetch_one(conn)
@@ -96,12 +137,14 @@ impl Outbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        let payload_type = self.payload_type(&mut *conn).await?;
         let n = events.len();
         let mut event_ids = Vec::with_capacity(n);
         let mut aggregate_types = Vec::with_capacity(n);
         let mut aggregate_ids = Vec::with_capacity(n);
         let mut event_types = Vec::with_capacity(n);
-        let mut payloads = Vec::with_capacity(n);
+        let mut texts = Vec::new();
+        let mut bytes = Vec::new();
         let mut headers = Vec::with_capacity(n);
         let mut destinations = Vec::with_capacity(n);
         for event in events {
@@ -109,16 +152,23 @@ impl Outbox {
             aggregate_types.push(event.aggregate_type.as_str());
             aggregate_ids.push(event.aggregate_id.as_str());
             event_types.push(event.event_type.as_str());
-            payloads.push(event.payload.text_for(self.table(), PayloadType::Json)?);
+            match payload_type {
+                PayloadType::Binary => bytes.push(event.payload.as_bytes()),
+                _ => texts.push(event.payload.text_for(self.table(), payload_type)?),
+            }
             headers.push(to_json(&event.headers, "headers")?);
             destinations.push(event.destination.as_deref());
         }
-        let rows = sqlx::query(&self.insert_many)
+        let query = sqlx::query(&self.insert_many[payload_type as usize])
             .bind(&event_ids)
             .bind(&aggregate_types)
             .bind(&aggregate_ids)
-            .bind(&event_types)
-            .bind(&payloads)
+            .bind(&event_types);
+        let query = match payload_type {
+            PayloadType::Binary => query.bind(&bytes),
+            _ => query.bind(&texts),
+        };
+        let rows = query
             .bind(&headers)
             .bind(&destinations)
             .fetch_all(conn)
@@ -155,13 +205,23 @@ static DEFAULT_OUTBOX: LazyLock<Outbox> = LazyLock::new(|| {
     Outbox::for_table(&TableName::parse("outbox").expect("\"outbox\" is a valid table name"))
 });
 
+/// The default table's handle, forgetting the payload type: `outbox` may be a table of another
+/// type on each connection (another database, another `search_path`).
+fn default_outbox() -> Outbox {
+    Outbox {
+        payload_type: Arc::default(),
+        ..DEFAULT_OUTBOX.clone()
+    }
+}
+
 /// Insert one event into the table `outbox` on `conn` (the caller's transaction: `&mut *tx`).
-/// For another table, use [`Outbox`].
+/// Each call reads the table's payload type first; an [`Outbox`] handle reads it once.
 pub async fn enqueue(conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
-    DEFAULT_OUTBOX.enqueue(conn, event).await
+    default_outbox().enqueue(conn, event).await
 }
 
 /// Insert several events into the table `outbox` with one statement; ids in the order given.
+/// Each call reads the table's payload type first; an [`Outbox`] handle reads it once.
 pub async fn enqueue_many(conn: &mut PgConnection, events: &[NewEvent]) -> Result<Vec<i64>> {
-    DEFAULT_OUTBOX.enqueue_many(conn, events).await
+    default_outbox().enqueue_many(conn, events).await
 }

@@ -7,8 +7,9 @@
 
 use sqlx::{Executor, PgPool};
 
-use outboxkit_core::Result;
+use outboxkit_core::{PayloadType, Result};
 use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
+use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, Postgres, Target};
 use crate::config::{TableName, SCHEMA_TABLE};
@@ -39,8 +40,66 @@ const fn fnv1a64(bytes: &[u8]) -> u64 {
     hash
 }
 
-fn render(sql: &str, table: &TableName, shards: i32) -> String {
-    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards)
+fn render(sql: &str, table: &TableName, shards: i32, payload_type: PayloadType) -> String {
+    let payload = Postgres::column_type(payload_type);
+    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards, payload)
+}
+
+impl PayloadColumn for Postgres {
+    const COLUMN_TYPES: [&'static str; 3] = ["jsonb", "text", "bytea"];
+
+    fn convert(table: &str, from: PayloadType, to: PayloadType) -> String {
+        let text = match from {
+            PayloadType::Json => "payload::text",
+            PayloadType::Text => "payload",
+            PayloadType::Binary => "convert_from(payload, 'UTF8')",
+        };
+        let using = match to {
+            PayloadType::Json => format!("{text}::jsonb"),
+            PayloadType::Text => text.to_owned(),
+            PayloadType::Binary => format!("convert_to({text}, 'UTF8')"),
+        };
+        format!(
+            "ALTER TABLE {table} ALTER COLUMN payload TYPE {} USING {using}",
+            Self::column_type(to)
+        )
+    }
+}
+
+/// The payload type of `table`, read from the catalog.
+pub(crate) async fn payload_type(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<PayloadType> {
+    let column: Option<String> = sqlx::query_scalar(
+        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+         WHERE a.attrelid = to_regclass($1::text) AND a.attname = 'payload' \
+         AND NOT a.attisdropped",
+    )
+    .bind(table.quoted())
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| classify(e, target).context(format!("reading the payload type of {table}")))?;
+    payload::from_catalog(table, column.as_deref(), |column| match column {
+        "jsonb" | "json" => Some(PayloadType::Json),
+        "text" => Some(PayloadType::Text),
+        "bytea" => Some(PayloadType::Binary),
+        other if other.starts_with("character varying") => Some(PayloadType::Text),
+        _ => None,
+    })
+}
+
+/// The payload type of `table`, checked against `store.payload_type` when it is set.
+pub(crate) async fn checked_payload_type(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+    configured: Option<PayloadType>,
+    target: &Target,
+) -> Result<PayloadType> {
+    let actual = payload_type(conn, table, target).await?;
+    payload::check_configured::<Postgres>(configured, actual, table, &table.quoted())?;
+    Ok(actual)
 }
 
 /// The version and shard count of `table`, or `None` when it was never migrated.
@@ -63,10 +122,13 @@ pub(crate) async fn schema_row(
 }
 
 /// Create or upgrade `table` (fully qualified) to [`SCHEMA_VERSION`]. Idempotent.
+/// A new table stores `payload_type` payloads (`json` when unset); an existing one must already
+/// (see [`checked_payload_type`]).
 pub(crate) async fn migrate(
     pool: &PgPool,
     table: &TableName,
     shards: u32,
+    payload_type: Option<PayloadType>,
     target: &Target,
 ) -> Result<()> {
     let err = |e: sqlx::Error| classify(e, target).context(format!("migrating table {table}"));
@@ -121,7 +183,13 @@ pub(crate) async fn migrate(
     check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        tx.execute(sqlx::raw_sql(&render(migration.sql, table, shard_count)))
+        let sql = render(
+            migration.sql,
+            table,
+            shard_count,
+            payload_type.unwrap_or_default(),
+        );
+        tx.execute(sqlx::raw_sql(&sql))
             .await
             .map_err(|e| err(e).context(migration.context()))?;
         sqlx::query(&format!(
@@ -138,6 +206,7 @@ pub(crate) async fn migrate(
         .map_err(err)?;
         migration.applied(table, shard_count);
     }
+    checked_payload_type(&mut tx, table, payload_type, target).await?;
     tx.commit().await.map_err(err)?;
     Ok(())
 }
@@ -156,11 +225,17 @@ mod tests {
     #[test]
     fn render_substitutes_the_table_and_shards() {
         let table = TableName::parse("app.events").unwrap();
-        let sql = render(MIGRATIONS[0].sql, &table, 16);
+        let sql = render(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
         assert!(sql.contains("CREATE TABLE \"app\".\"events\" ("), "{sql}");
+        assert!(sql.contains("payload         jsonb NOT NULL,"), "{sql}");
         assert!(sql.contains("CREATE INDEX \"events_pending_idx\" ON \"app\".\"events\""));
         assert!(sql.contains("% 16)"));
         assert!(sql.contains("DEFAULT '{}'"));
         assert!(!sql.contains("{table}") && !sql.contains("{name}") && !sql.contains("{shards}"));
+        for (payload_type, column) in [(PayloadType::Text, "text"), (PayloadType::Binary, "bytea")]
+        {
+            let sql = render(MIGRATIONS[0].sql, &table, 16, payload_type);
+            assert!(sql.contains(&format!("payload         {column} NOT NULL,")));
+        }
     }
 }

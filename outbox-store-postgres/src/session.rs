@@ -84,6 +84,8 @@ pub(crate) fn application_name(relay_id: &str) -> String {
 pub struct PostgresShardSession {
     fence: Fence<PgConnection, Postgres>,
     context: Arc<SessionContext>,
+    /// The table's, read from the catalog as the session opened.
+    payload_type: PayloadType,
     backend_pid: i32,
 }
 
@@ -104,6 +106,7 @@ impl PostgresShardSession {
         context: Arc<SessionContext>,
         relay_id: &str,
         shard_count: u32,
+        payload_type: PayloadType,
         connect_timeout: Duration,
         session_timeout: Duration,
     ) -> Result<Self> {
@@ -157,6 +160,7 @@ impl PostgresShardSession {
                 session_timeout,
             ),
             context,
+            payload_type,
             backend_pid,
         })
     }
@@ -186,7 +190,10 @@ impl PostgresShardSession {
     }
 }
 
-fn decode_event(row: &PgRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
+fn decode_event(
+    row: &PgRow,
+    payload_type: PayloadType,
+) -> std::result::Result<OutboxEvent, sqlx::Error> {
     let headers: String = row.try_get(6)?;
     Ok(OutboxEvent {
         id: row.try_get(0)?,
@@ -194,8 +201,11 @@ fn decode_event(row: &PgRow) -> std::result::Result<OutboxEvent, sqlx::Error> {
         aggregate_type: row.try_get(2)?,
         aggregate_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
-        payload: row.try_get::<String, _>(5)?.into_bytes(),
-        payload_type: PayloadType::Json,
+        payload: match payload_type {
+            PayloadType::Json | PayloadType::Text => row.try_get::<String, _>(5)?.into_bytes(),
+            PayloadType::Binary => row.try_get(5)?,
+        },
+        payload_type,
         headers: parse_headers(&headers).map_err(|e| sqlx::Error::ColumnDecode {
             index: "headers".to_owned(),
             source: e.into(),
@@ -282,7 +292,7 @@ impl ShardSession for PostgresShardSession {
             .filter_map(|&s| i16::try_from(s).ok())
             .collect();
         let limit = i64::try_from(request.limit).unwrap_or(i64::MAX);
-        let statement = &self.context.sql.claim;
+        let statement = self.context.sql.claim(self.payload_type);
         let rows = self
             .fence
             .run("claiming rows", async |conn| {
@@ -295,7 +305,12 @@ impl ShardSession for PostgresShardSession {
                     .await
             })
             .await?;
-        self.fence.decode(&rows, decode_event, "claiming rows")
+        let payload_type = self.payload_type;
+        self.fence.decode(
+            &rows,
+            |row| decode_event(row, payload_type),
+            "claiming rows",
+        )
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {

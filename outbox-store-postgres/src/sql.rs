@@ -1,12 +1,24 @@
 //! Every statement the store runs, built once per table. Values are always bound, never
 //! formatted in; only the (validated, quoted) table name is.
 
+use outboxkit_core::PayloadType;
+
 use crate::config::TableName;
 
-/// Columns of a claimed row, in the order `session::decode_event` reads them.
+/// Columns of a claimed row, in the order `session::decode_event` reads them; `{payload}` is
+/// the payload as [`payload_column`] reads it.
 const EVENT_COLUMNS: &str = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type, \
-     o.payload::text AS payload, o.headers::text AS headers, o.destination, o.created_at, \
+     {payload}, o.headers::text AS headers, o.destination, o.created_at, \
      o.attempts, o.shard::int4 AS shard";
+
+/// How a claim reads the payload of a table of `payload_type`: `jsonb` as its text, `text` and
+/// `bytea` as they are.
+fn payload_column(payload_type: PayloadType) -> &'static str {
+    match payload_type {
+        PayloadType::Json => "o.payload::text AS payload",
+        PayloadType::Text | PayloadType::Binary => "o.payload",
+    }
+}
 
 /// Rows that are advisory locks of this database with two int4 keys.
 const ADVISORY_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
@@ -14,7 +26,8 @@ const ADVISORY_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 2 AND l.g
 
 #[derive(Debug)]
 pub(crate) struct Sql {
-    pub claim: String,
+    /// The claim of a table of each payload type, in [`PayloadType::ALL`] order.
+    claims: [String; 3],
     pub mark_delete: String,
     pub mark_keep: String,
     pub record_failures: String,
@@ -30,6 +43,11 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
+    /// The claim of a table of `payload_type`.
+    pub fn claim(&self, payload_type: PayloadType) -> &str {
+        &self.claims[payload_type as usize]
+    }
+
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
@@ -43,23 +61,26 @@ impl Sql {
             // a walk of every pending row for every candidate, 4–6 s per claim at 30,000
             // pending rows while writers kept inserting (the relay fell further behind each
             // claim). No other index can answer `held`, so no statistics can make it slow.
-            claim: format!(
-                "WITH held AS MATERIALIZED (\
-                     SELECT b.aggregate_id, \
-                            min(b.id) FILTER (WHERE b.dead_at IS NULL OR $3::bool) AS first_id \
-                     FROM {t} b \
-                     WHERE b.published_at IS NULL AND b.attempts > 0 \
-                     AND b.shard = ANY($1::int2[]) \
-                     GROUP BY b.aggregate_id) \
-                 SELECT {EVENT_COLUMNS} FROM {t} o \
-                 WHERE o.published_at IS NULL AND o.dead_at IS NULL \
-                 AND o.shard = ANY($1::int2[]) \
-                 AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
-                 AND o.id <> ALL($2::int8[]) \
-                 AND NOT EXISTS (SELECT 1 FROM held h \
-                     WHERE h.aggregate_id = o.aggregate_id AND h.first_id < o.id) \
-                 ORDER BY o.id LIMIT $4"
-            ),
+            claims: PayloadType::ALL.map(|payload_type| {
+                let columns = EVENT_COLUMNS.replace("{payload}", payload_column(payload_type));
+                format!(
+                    "WITH held AS MATERIALIZED (\
+                         SELECT b.aggregate_id, \
+                                min(b.id) FILTER (WHERE b.dead_at IS NULL OR $3::bool) AS first_id \
+                         FROM {t} b \
+                         WHERE b.published_at IS NULL AND b.attempts > 0 \
+                         AND b.shard = ANY($1::int2[]) \
+                         GROUP BY b.aggregate_id) \
+                     SELECT {columns} FROM {t} o \
+                     WHERE o.published_at IS NULL AND o.dead_at IS NULL \
+                     AND o.shard = ANY($1::int2[]) \
+                     AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
+                     AND o.id <> ALL($2::int8[]) \
+                     AND NOT EXISTS (SELECT 1 FROM held h \
+                         WHERE h.aggregate_id = o.aggregate_id AND h.first_id < o.id) \
+                     ORDER BY o.id LIMIT $4"
+                )
+            }),
             mark_delete: format!("DELETE FROM {t} WHERE id = ANY($1::int8[])"),
             mark_keep: format!(
                 "UPDATE {t} SET published_at = now() \

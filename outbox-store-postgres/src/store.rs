@@ -150,16 +150,22 @@ impl PostgresStore {
 
     /// Like [`Store::open_session`], with the concrete session type.
     pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
-        let shard_count = {
+        let (shard_count, payload_type) = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
-            migrate::migrated_shards(&self.inner.table, row)?
+            let table = &self.inner.table;
+            let row = migrate::schema_row(&mut conn, table, self.target()).await;
+            let shard_count = migrate::migrated_shards(table, row)?;
+            let configured = self.inner.config.payload_type;
+            let payload_type =
+                migrate::checked_payload_type(&mut conn, table, configured, self.target()).await?;
+            (shard_count, payload_type)
         };
         PostgresShardSession::open(
             &self.inner.options,
             Arc::clone(&self.inner.context),
             relay_id,
             shard_count,
+            payload_type,
             self.inner.config.connect_timeout,
             self.inner.config.session_timeout,
         )
@@ -197,6 +203,7 @@ impl Store for PostgresStore {
             &self.inner.pool,
             &self.inner.table,
             self.inner.config.shards,
+            self.inner.config.payload_type,
             self.target(),
         )
         .await
@@ -217,7 +224,11 @@ impl Store for PostgresStore {
             return Err(migrate::not_migrated(table));
         }
         let row = migrate::schema_row(&mut conn, table, self.target()).await?;
-        migrate::migrated_shards(table, Ok(row)).map(drop)
+        migrate::migrated_shards(table, Ok(row))?;
+        let configured = self.inner.config.payload_type;
+        migrate::checked_payload_type(&mut conn, table, configured, self.target())
+            .await
+            .map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
@@ -405,14 +416,17 @@ mod tests {
             .unwrap();
 
         let shards: Vec<i16> = (0..32).collect();
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", store.sql().claim))
-            .bind(&shards)
-            .bind(&[claimed[2].id][..])
-            .bind(false)
-            .bind(500_i64)
-            .fetch_all(store.pool())
-            .await
-            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN {}",
+            store.sql().claim(outboxkit_core::PayloadType::Json)
+        ))
+        .bind(&shards)
+        .bind(&[claimed[2].id][..])
+        .bind(false)
+        .bind(500_i64)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
         let plan = plan.join("\n");
         assert!(plan.contains(&format!("{table}_pending_idx")), "{plan}");
         assert!(plan.contains(&format!("{table}_retry_idx")), "{plan}");

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use outboxkit_core::{Error, Result};
+use outboxkit_core::{Error, PayloadType, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::classify::Dialect;
@@ -55,6 +55,12 @@ pub struct SqlStoreConfig<S: SqlStore> {
     /// Number of shards, used only when `migrate` creates the table (then read from the database).
     #[serde(default = "default_shards")]
     pub shards: u32,
+    /// How the table stores payloads: `json` (validated and normalized by the database),
+    /// `text` or `binary` (both delivered byte for byte). `migrate` creates the table with it
+    /// (`json` when unset); the relay reads the table's real type from the catalog, and when this
+    /// is set and differs, refuses to start, saying how to convert the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_type: Option<PayloadType>,
     /// Connections of the pool used for migrations, inserts, purge and status (sessions that
     /// hold shard locks have a dedicated connection each).
     #[serde(default = "default_pool_size")]
@@ -80,6 +86,7 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             password: None,
             table: default_table(),
             shards: default_shards(),
+            payload_type: None,
             pool_size: default_pool_size(),
             connect_timeout: default_connect_timeout(),
             session_timeout: default_session_timeout(),

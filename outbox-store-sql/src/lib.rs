@@ -4,6 +4,7 @@ pub mod classify;
 pub mod config;
 pub mod enqueue;
 pub mod migrate;
+pub mod payload;
 pub mod rows;
 pub mod session;
 #[cfg(feature = "testkit")]

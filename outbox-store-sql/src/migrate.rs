@@ -125,10 +125,11 @@ pub fn migrated_shards(
 
 /// A migration's SQL for one table: `{table}` becomes the quoted (qualified) table, `{name}` its
 /// bare name, `{shards}` the shard count.
-pub fn render(sql: &str, quoted_table: &str, name: &str, shards: i32) -> String {
+pub fn render(sql: &str, quoted_table: &str, name: &str, shards: i32, payload: &str) -> String {
     sql.replace("{table}", quoted_table)
         .replace("{name}", name)
         .replace("{shards}", &shards.to_string())
+        .replace("{payload}", payload)
 }
 
 /// The table does not exist or has no schema row.
@@ -233,11 +234,12 @@ mod tests {
     #[test]
     fn render_substitutes_every_placeholder() {
         let sql = render(
-            "CREATE {table} {name}_idx % {shards} '{}'",
+            "CREATE {table} {name}_idx % {shards} '{}' {payload}",
             "\"a\".\"t\"",
             "t",
             8,
+            "bytea",
         );
-        assert_eq!(sql, "CREATE \"a\".\"t\" t_idx % 8 '{}'");
+        assert_eq!(sql, "CREATE \"a\".\"t\" t_idx % 8 '{}' bytea");
     }
 }

@@ -149,6 +149,11 @@ impl<S: crate::SqlStore> outboxkit_core::testkit::store_suite::SuiteConfig
         self
     }
 
+    fn with_payload_type(mut self, payload_type: outboxkit_core::PayloadType) -> Self {
+        self.payload_type = Some(payload_type);
+        self
+    }
+
     fn table_setting(&self) -> String {
         self.table.clone()
     }

@@ -42,7 +42,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{NewEvent, OutboxEvent};
+use crate::model::{NewEvent, OutboxEvent, Payload, PayloadType};
 use crate::store::{ClaimRequest, Failure, MarkMode, ShardSession, Store};
 
 /// Gives the suite its stores.
@@ -78,6 +78,9 @@ macro_rules! store_suite {
             an_unknown_database_is_a_config_error_naming_it,
             a_bad_configuration_fails_before_connecting,
             describe_and_debug_hide_the_password,
+            text_and_binary_tables_keep_payloads_byte_for_byte,
+            a_text_table_refuses_bytes_that_are_not_utf8,
+            a_configured_payload_type_must_match_the_table,
         );
     };
     ($factory:expr) => {
@@ -682,6 +685,8 @@ pub trait SuiteConfig: crate::StoreConfig + Clone + Sync {
     fn with_shards(self, shards: u32) -> Self;
     /// The same settings with another `store.session_timeout`.
     fn with_session_timeout(self, timeout: Duration) -> Self;
+    /// The same settings with `store.payload_type` set.
+    fn with_payload_type(self, payload_type: PayloadType) -> Self;
     /// `store.table` as set.
     fn table_setting(&self) -> String;
 }
@@ -1006,6 +1011,113 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
     close_live(session).await;
     drop(pool);
     harness.drop_namespace(&namespace).await;
+}
+
+/// `text` and `binary` tables keep every payload byte for byte, whichever writer wrote it (the
+/// table's handle and the free functions, one row and many), and claimed events carry the
+/// table's payload type: every byte value 0–255 in a `binary` table, JSON no database
+/// rendered (key order, spaces, `1.0`, a trailing newline) and XML in a `text` table.
+pub async fn text_and_binary_tables_keep_payloads_byte_for_byte<H: LiveHarness>(harness: &H) {
+    let cases = [
+        (
+            PayloadType::Binary,
+            vec![
+                Payload::Binary((0..=255).collect()),
+                Payload::Binary((0..=255).rev().collect()),
+                Payload::Text("caf\u{e9}".into()),
+                Payload::Json(r#"{"b": 2, "a": 1}"#.into()),
+            ],
+        ),
+        (
+            PayloadType::Text,
+            vec![
+                Payload::Text("{\"z\": 1.0,   \"a\" : [ 1 ,2 ]}\n".into()),
+                Payload::Text("<order id='42'>caf\u{e9}</order>".into()),
+                Payload::Binary(b"plain bytes, valid UTF-8".to_vec()),
+                Payload::Json(r#"{"b":2,"a":1}"#.into()),
+            ],
+        ),
+    ];
+    for (payload_type, payloads) in cases {
+        // A table named `outbox` of its own schema or database: the free functions use it.
+        let namespace = random_name("outbox_pt");
+        let config = harness
+            .fresh_config()
+            .with_table(&format!("{namespace}.outbox"))
+            .with_payload_type(payload_type);
+        let store = live_migrated(harness, config).await;
+        ok(store.check().await, "check");
+        let pool = harness.pool_in(&namespace).await;
+        let events: Vec<NewEvent> = payloads
+            .iter()
+            .map(|payload| NewEvent::new("order", "o-1", "Changed", payload.clone()))
+            .collect();
+        let mut tx = harness.begin(&pool).await;
+        let mut expected = Vec::new();
+        for (writer, written) in [
+            (Writer::Outbox, &events[..1]),
+            (Writer::Free, &events[1..2]),
+            (Writer::OutboxMany, &events[2..]),
+            (Writer::FreeMany, &events[..]),
+        ] {
+            let result = harness.enqueue(&store, &mut tx, writer, written).await;
+            let ids = result.unwrap_or_else(|e| panic!("{payload_type} table, {writer:?}: {e}"));
+            assert_eq!(ids.len(), written.len());
+            expected.extend(written.iter().map(|e| e.payload.as_bytes().to_vec()));
+        }
+        harness.commit(tx).await;
+
+        let mut session = live_session(harness, &store, "payloads").await;
+        let claimed = claim_all(&mut session).await.unwrap();
+        let payloads: Vec<Vec<u8>> = claimed.iter().map(|e| e.payload.clone()).collect();
+        assert_eq!(payloads, expected, "{payload_type} table");
+        assert!(claimed.iter().all(|e| e.payload_type == payload_type));
+        close_live(session).await;
+        drop(pool);
+        harness.drop_namespace(&namespace).await;
+    }
+}
+
+/// A `text` or `json` table refuses bytes that are not UTF-8 when they are written: the writer
+/// gets the error and nothing is inserted.
+pub async fn a_text_table_refuses_bytes_that_are_not_utf8<H: LiveHarness>(harness: &H) {
+    for payload_type in [PayloadType::Text, PayloadType::Json] {
+        let config = harness.fresh_config().with_payload_type(payload_type);
+        let store = live_migrated(harness, config).await;
+        let bytes = NewEvent::new("order", "o-1", "Changed", (0..=255u8).collect::<Vec<_>>());
+        let fine = small_event("o-1", 1);
+        let error = store.insert(&[fine, bytes]).await.unwrap_err();
+        assert!(!error.is_retryable(), "{payload_type}: {error}");
+        assert_eq!(store.status().await.unwrap().pending, 0, "{payload_type}");
+        harness.drop_table(&store).await;
+    }
+}
+
+/// With `store.payload_type` set, a table of another type is refused by `migrate`, `check` and
+/// sessions, with an error naming the key, both types and the statement that converts it;
+/// unset, the table's type is used.
+pub async fn a_configured_payload_type_must_match_the_table<H: LiveHarness>(harness: &H) {
+    let config = harness.fresh_config();
+    let store = live_migrated(harness, config.clone()).await;
+    ok(store.check().await, "check");
+    let mismatched = connected(harness, config.with_payload_type(PayloadType::Binary)).await;
+    for (step, result) in [
+        ("check", mismatched.check().await),
+        ("migrate", mismatched.migrate().await),
+        ("open_session", mismatched.open_session("r").await.map(drop)),
+    ] {
+        let error = result.expect_err(step);
+        assert_error(&error, ErrorKind::Config);
+        let text = error.to_string();
+        for part in [
+            "store.payload_type = \"binary\"",
+            "`json` payloads",
+            "ALTER TABLE",
+        ] {
+            assert!(text.contains(part), "{step}: {text}");
+        }
+    }
+    harness.drop_table(&store).await;
 }
 
 /// A session whose connection is killed fails every later call with `LeaseLost` and owns
