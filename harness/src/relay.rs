@@ -32,6 +32,8 @@ pub fn relay_binary() -> PathBuf {
 pub struct Settings {
     /// `[server] listen` (empty: no HTTP server).
     pub listen: String,
+    /// Lines added to `[store]`.
+    pub store: String,
     /// Lines added to `[relay]`.
     pub relay: String,
     /// Lines added to the sink's own table (`[sink.kafka]`, `[sink.sqs]`...).
@@ -42,6 +44,12 @@ impl Settings {
     /// Serve `/metrics`, `/healthz` and `/readyz` on 127.0.0.1:`port`.
     pub fn listen_on(mut self, port: u16) -> Self {
         self.listen = format!("127.0.0.1:{port}");
+        self
+    }
+
+    /// Add lines to `[store]`.
+    pub fn store(mut self, lines: &str) -> Self {
+        self.store = lines.to_owned();
         self
     }
 
@@ -64,6 +72,7 @@ pub fn relay_config(store: &dyn StoreSide, broker: &dyn BrokerSide, settings: &S
     format!(
         r#"
 {store}shards = 32
+{store_extra}
 
 [relay]
 batch_size = 200
@@ -80,6 +89,7 @@ shutdown_grace = "10s"
 listen = "{listen}"
 "#,
         store = store.store_toml(),
+        store_extra = settings.store,
         relay = settings.relay,
         sink = broker.sink_toml(),
         sink_extra = settings.sink,
