@@ -97,6 +97,10 @@ pub struct Args {
     /// Where docs/BENCHMARKS.md and docs/bench/ go.
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
+    /// The outbox table's payload type for the drains (`json`, `text` or `binary`): the same
+    /// ≈300-byte JSON document, stored as `jsonb`/`JSON`, as text, or as its UTF-8 bytes.
+    #[arg(long, default_value = "json")]
+    pub payload_type: outboxkit_core::PayloadType,
     /// Rows per claim of the relay (and of the ceilings).
     #[arg(long, default_value_t = 500)]
     pub batch_size: usize,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use outboxkit_core::{ClaimRequest, MarkMode, NewEvent, OutboxEvent, Store};
+use outboxkit_core::{ClaimRequest, MarkMode, NewEvent, OutboxEvent, PayloadType, Store};
 use outboxkit_harness::{write_file, MySqlSide, PostgresSide, RelayProcess, StoreSide};
 use uuid::Uuid;
 
@@ -50,6 +50,7 @@ pub struct Latency {
 /// store crate's store for the database ceiling) and the broker of the pair.
 pub struct Pair {
     batch: usize,
+    payload_type: PayloadType,
     article_secs: u64,
     relay_bin: PathBuf,
     dir: PathBuf,
@@ -84,6 +85,7 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Pair, String> 
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     Ok(Pair {
         batch: args.batch_size,
+        payload_type: args.payload_type,
         article_secs: args.article_secs,
         relay_bin: args.relay_bin.clone(),
         broker: Broker::open(args, sink, dir.clone()).await?,
@@ -205,7 +207,9 @@ impl Pair {
 
     pub async fn drain(&self, events: u64, aggregates: u64, relays: u32) -> Result<Drain, String> {
         self.broker.reset().await?;
-        self.store.bulk_load(events, aggregates, PAD).await;
+        self.store
+            .bulk_load(events, aggregates, PAD, self.payload_type)
+            .await;
         let config = self.config();
         let started = Instant::now();
         let processes: Vec<RelayProcess> =
@@ -241,7 +245,9 @@ impl Pair {
 
     pub async fn article(&self, events: u64, aggregates: u64) -> Result<f64, String> {
         self.broker.reset().await?;
-        self.store.bulk_load(events, aggregates, PAD).await;
+        self.store
+            .bulk_load(events, aggregates, PAD, self.payload_type)
+            .await;
         let sink = self.broker.sink();
         let started = Instant::now();
         let budget = Duration::from_secs(self.article_secs);
@@ -264,7 +270,9 @@ impl Pair {
     }
 
     pub async fn database_ceiling(&self, events: u64, aggregates: u64) -> Result<f64, String> {
-        self.store.bulk_load(events, aggregates, PAD).await;
+        self.store
+            .bulk_load(events, aggregates, PAD, self.payload_type)
+            .await;
         let mut session = self
             .ceiling_store
             .open_session("bench-ceiling")

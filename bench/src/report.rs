@@ -148,6 +148,9 @@ pub struct Setup {
     pub writer_secs: u64,
     pub writer_rounds: u32,
     pub writers: u64,
+    /// The outbox table's payload type for the drains (older results: `json`).
+    #[serde(default)]
+    pub payload_type: outboxkit_core::PayloadType,
 }
 
 /// The whole report.
@@ -202,6 +205,7 @@ impl Report {
                 writer_secs: args.writer_secs,
                 writer_rounds: args.writer_rounds,
                 writers: args.writers,
+                payload_type: args.payload_type,
             },
             pairs: Vec::new(),
         }
@@ -368,8 +372,8 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "- **drain**: {} pending events (fewer where a pair's section says so) over {} aggregates (JSON payload ≈ 300 bytes) loaded with the relay stopped, then N `outbox-relay run` processes (release build, default settings, batch 500) start; timed from their start until no row is pending — a row leaves the pending set only after the broker acknowledged it — then (untimed) the broker is checked to hold every event",
-            s.events, s.aggregates
+            "- **drain**: {} pending events (fewer where a pair's section says so) over {} aggregates (a JSON payload ≈ 300 bytes in a `{}` table) loaded with the relay stopped, then N `outbox-relay run` processes (release build, default settings, batch 500) start; timed from their start until no row is pending — a row leaves the pending set only after the broker acknowledged it — then (untimed) the broker is checked to hold every event",
+            s.events, s.aggregates, s.payload_type
         );
         let _ = writeln!(
             md,

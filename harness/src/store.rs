@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::{NewEvent, Store};
+use outboxkit_core::{NewEvent, PayloadType, Store};
 use uuid::Uuid;
 
 use crate::scenario::WriteError;
@@ -59,7 +59,9 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     /// `id` order: row `n` (from 1) is event `OrderChanged` of aggregate `order`
     /// `(n - 1) % aggregates`, payload `{"n", "order_id", "pad": <pad times "x">}`; then
     /// refresh the outbox table's statistics. Much faster than writers for a large backlog.
-    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize);
+    /// The emptied table's payload column is made `payload_type` first (the payloads are then
+    /// that JSON as text, or as its UTF-8 bytes).
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType);
     /// (Re)create the business table with rows `0` .. `aggregates - 1`.
     async fn create_orders(&self, aggregates: u64);
     /// One business transaction: update the row of `event`'s aggregate in the business table,

@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outboxkit_core::{NewEvent, Store};
+use outboxkit_core::{NewEvent, PayloadType, Store};
+use outboxkit_store_mysql::MySql;
 use outboxkit_store_mysql::Outbox;
+use outboxkit_store_sql::payload::PayloadColumn;
 use sqlx::{Connection, Executor};
 use uuid::Uuid;
 
@@ -74,12 +76,25 @@ impl StoreSide for MySqlSide {
     }
 
     /// At most 1,000,000 events (the generated sequence's size).
-    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize) {
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
         assert!(
             events <= 1_000_000,
             "the MySQL side loads at most 1,000,000 events"
         );
         self.truncate().await;
+        let column = MySql::column_type(payload_type);
+        self.exec(&format!(
+            "ALTER TABLE {} MODIFY payload {column} NOT NULL",
+            self.table
+        ))
+        .await;
+        let json =
+            format!("JSON_OBJECT('n', n + 1, 'order_id', n MOD ?, 'pad', REPEAT('x', {pad}))");
+        let payload = match payload_type {
+            PayloadType::Json => json,
+            PayloadType::Text => format!("CAST({json} AS CHAR)"),
+            PayloadType::Binary => format!("CAST({json} AS BINARY)"),
+        };
         // One INSERT ... SELECT over a generated sequence (digits cross-joined: MySQL 8 and
         // MariaDB alike), in id order.
         let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
@@ -87,8 +102,7 @@ impl StoreSide for MySqlSide {
                       UNION ALL SELECT 8 UNION ALL SELECT 9)";
         sqlx::query(&format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
-             SELECT 'order', CAST(n MOD ? AS CHAR), 'OrderChanged', \
-                    JSON_OBJECT('n', n + 1, 'order_id', n MOD ?, 'pad', REPEAT('x', {pad})) \
+             SELECT 'order', CAST(n MOD ? AS CHAR), 'OrderChanged', {payload} \
              FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
                    FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) nums \
              WHERE n < ? ORDER BY n",

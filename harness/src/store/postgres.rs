@@ -4,8 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::{NewEvent, Store};
+use outboxkit_core::{NewEvent, PayloadType, Store};
 use outboxkit_store_postgres::Outbox;
+use outboxkit_store_postgres::Postgres;
+use outboxkit_store_sql::payload::PayloadColumn;
 use uuid::Uuid;
 
 use super::{DeadRow, SqlOutbox, SqlSide, StoreSide, PENDING};
@@ -68,12 +70,25 @@ impl StoreSide for PostgresSide {
         self.exec(&format!("VACUUM ANALYZE {}", self.orders)).await;
     }
 
-    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize) {
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
         self.truncate().await;
+        let column = Postgres::column_type(payload_type);
+        self.exec(&format!(
+            "ALTER TABLE {} ALTER COLUMN payload TYPE {column} USING NULL::{column}",
+            self.table
+        ))
+        .await;
+        let json = format!(
+            "jsonb_build_object('n', g, 'order_id', (g - 1) % $2, 'pad', repeat('x', {pad}))"
+        );
+        let payload = match payload_type {
+            PayloadType::Json => json,
+            PayloadType::Text => format!("{json}::text"),
+            PayloadType::Binary => format!("convert_to({json}::text, 'UTF8')"),
+        };
         sqlx::query(&format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
-             SELECT 'order', ((g - 1) % $2)::text, 'OrderChanged', \
-                    jsonb_build_object('n', g, 'order_id', (g - 1) % $2, 'pad', repeat('x', {pad})) \
+             SELECT 'order', ((g - 1) % $2)::text, 'OrderChanged', {payload} \
              FROM generate_series(1, $1) g",
             self.table
         ))
