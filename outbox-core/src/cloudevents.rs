@@ -24,7 +24,7 @@ use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::{OutboxEvent, PayloadType};
+use crate::model::{OutboxEvent, PayloadType, CONTENT_TYPE_HEADER};
 use crate::template::DestinationTemplate;
 
 /// The CloudEvents specification version the relay produces.
@@ -91,6 +91,15 @@ impl CloudEvents {
         Ok(mapping)
     }
 
+    /// The mapping a sink configured with `format` and `source_template` uses: `None` for
+    /// [`Format::Raw`]; for [`Format::CloudEvents`], [`CloudEvents::new`] (errors name `key`).
+    pub fn for_format(format: Format, source_template: &str, key: &str) -> Result<Option<Self>> {
+        match format {
+            Format::Raw => Ok(None),
+            Format::CloudEvents => Self::new(source_template, key).map(Some),
+        }
+    }
+
     /// The event's `source`: the template with its fields percent-encoded.
     pub fn source(&self, event: &OutboxEvent) -> String {
         self.source.render_fields(event, percent_encode)
@@ -124,6 +133,23 @@ impl CloudEvents {
             }
         }
         out
+    }
+
+    /// The attributes of binary content mode, in [`attributes`](Self::attributes) order: every
+    /// attribute but `datacontenttype` (which travels as the protocol's own content type, see
+    /// [`content_type`](Self::content_type)), named `prefix` + name (`ce_` for Kafka,
+    /// `cloudEvents:` for AMQP).
+    pub fn binary_headers(&self, event: &OutboxEvent, prefix: &str) -> Vec<(String, String)> {
+        self.attributes(event)
+            .into_iter()
+            .filter(|(name, _)| name != "datacontenttype")
+            .map(|(name, value)| (format!("{prefix}{name}"), value))
+            .collect()
+    }
+
+    /// The event's `datacontenttype`: its [`OutboxEvent::content_type`].
+    pub fn content_type<'e>(&self, event: &'e OutboxEvent) -> &'e str {
+        event.content_type()
     }
 
     /// The event in structured content mode: one JSON document (JSON event format), with the
@@ -197,6 +223,13 @@ pub fn is_extension_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && !RESERVED_NAMES.contains(&name)
+}
+
+/// Whether binary content mode carries the event header `name` as part of the CloudEvent
+/// (an extension attribute, or the content type): such a header is not sent again as a
+/// header of its own.
+pub fn is_mapped_header(name: &str) -> bool {
+    name == CONTENT_TYPE_HEADER || is_extension_name(name)
 }
 
 /// Why `text` is not a URI-reference (RFC 3986 §4.1), if it is not one.
@@ -342,6 +375,37 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn binary_headers_are_the_attributes_but_the_content_type_with_a_prefix() {
+        let e = event();
+        let headers = mapping().binary_headers(&e, "ce_");
+        let names: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ce_specversion",
+                "ce_id",
+                "ce_source",
+                "ce_type",
+                "ce_subject",
+                "ce_time",
+                "ce_traceparent"
+            ]
+        );
+        assert_eq!(headers[2].1, "/shop/order/42%2Fa%20b");
+        assert_eq!(mapping().content_type(&e), "application/json");
+        assert!(is_mapped_header("traceparent") && is_mapped_header(CONTENT_TYPE_HEADER));
+        assert!(!is_mapped_header("Tenant") && !is_mapped_header("type"));
+        assert!(CloudEvents::for_format(Format::Raw, "/a b", "k")
+            .unwrap()
+            .is_none());
+        let e = CloudEvents::for_format(Format::CloudEvents, "/a b", "sink.x.cloudevents_source");
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("sink.x.cloudevents_source"));
     }
 
     #[test]
