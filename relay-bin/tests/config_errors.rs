@@ -352,6 +352,41 @@ fn unknown_sink_sub_table() {
 }
 
 #[test]
+fn cloudevents_keys_flow_from_the_file_and_the_environment() {
+    // Checked before connecting: the store is unreachable here and is never tried.
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis_streams]\nformat = \"cloudevents\"\ncloudevents_source = \"/orders here\"\n",
+        valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
+    ));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["sink.redis_streams.cloudevents_source = `/orders here` does not render to a URI-reference"],
+    );
+    let config =
+        TempConfig::new(&valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test"));
+    config_error(
+        &config,
+        "run",
+        &[
+            ("OUTBOX_SINK__REDIS_STREAMS__FORMAT", "cloudevents"),
+            ("OUTBOX_SINK__REDIS_STREAMS__CLOUDEVENTS_SOURCE", "a%2"),
+        ],
+        &[
+            "sink.redis_streams.cloudevents_source = `a%2`",
+            "not followed by two hex digits",
+        ],
+    );
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_SINK__REDIS_STREAMS__FORMAT", "xml")],
+        &["sink.redis_streams.format", "raw", "cloudevents"],
+    );
+}
+
+#[test]
 fn unknown_key_in_sink_section() {
     // Reported before connecting: the store is unreachable here and is never tried.
     let config = TempConfig::new(&format!(

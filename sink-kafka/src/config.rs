@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -28,6 +29,8 @@ pub const OWN_KEYS: &[&str] = &[
     "delivery_timeout",
     "check_timeout",
     "max_batch_len",
+    "format",
+    "cloudevents_source",
 ];
 
 /// Default topic template, as in the article: one topic per aggregate type and event type.
@@ -77,6 +80,11 @@ pub struct KafkaSinkConfig {
     pub check_timeout: Duration,
     /// Most events in one `publish` call.
     pub max_batch_len: usize,
+    /// `raw` (the payload as the value, the event's fields as headers) or `cloudevents`
+    /// (CloudEvents 1.0, Kafka protocol binding, binary content mode).
+    pub format: Format,
+    /// The CloudEvents `source` template (`format = "cloudevents"` only).
+    pub cloudevents_source: String,
     /// librdkafka properties, passed through as they are (values as strings).
     pub properties: BTreeMap<String, String>,
 }
@@ -89,6 +97,8 @@ impl Default for KafkaSinkConfig {
             delivery_timeout: Duration::from_secs(30),
             check_timeout: Duration::from_secs(10),
             max_batch_len: 1000,
+            format: Format::Raw,
+            cloudevents_source: DEFAULT_SOURCE.to_owned(),
             properties: BTreeMap::new(),
         }
     }
@@ -115,6 +125,8 @@ impl fmt::Debug for KafkaSinkConfig {
             .field("delivery_timeout", &self.delivery_timeout)
             .field("check_timeout", &self.check_timeout)
             .field("max_batch_len", &self.max_batch_len)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .field("properties", &self.redacted_properties())
             .finish()
     }
@@ -170,11 +182,22 @@ impl KafkaSinkConfig {
             .map_err(|e| e.context(format!("{CONFIG_SECTION}.topic")))
     }
 
+    /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
+    /// not a URI-reference is refused naming `sink.kafka.cloudevents_source`.
+    pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
+        CloudEvents::for_format(
+            self.format,
+            &self.cloudevents_source,
+            &format!("{CONFIG_SECTION}.cloudevents_source"),
+        )
+    }
+
     /// Check every key without connecting: the relay's own keys, then every property through
     /// librdkafka itself (unknown names and invalid values are refused). Errors name the key
     /// (`sink.kafka."linger.ms": ...`) and never show a secret value.
     pub fn validate(&self) -> Result<()> {
         self.template()?;
+        self.cloudevents()?;
         if self.max_batch_len == 0 {
             return Err(Error::config(format!(
                 "{CONFIG_SECTION}.max_batch_len: must be at least 1"
@@ -372,6 +395,8 @@ impl<'de> Deserialize<'de> for KafkaSinkConfig {
                             config.check_timeout = map.next_value::<HumanDuration>()?.0;
                         }
                         "max_batch_len" => config.max_batch_len = map.next_value()?,
+                        "format" => config.format = map.next_value()?,
+                        "cloudevents_source" => config.cloudevents_source = map.next_value()?,
                         _ => {
                             map.next_value::<PropertyValue>()?
                                 .flatten(key, 0, &mut flat);
@@ -586,6 +611,27 @@ mod tests {
         let text = property_error("ssl.key.password", "hunter2", &err);
         assert!(!text.contains("hunter2"), "{text}");
         assert!(text.starts_with("sink.kafka.\"ssl.key.password\": Invalid value \"***\""));
+    }
+
+    #[test]
+    fn format_and_cloudevents_source() {
+        let config = from_json(serde_json::json!({ "bootstrap.servers": "k:9092" })).unwrap();
+        assert_eq!(config.format, Format::Raw);
+        assert_eq!(config.cloudevents_source, DEFAULT_SOURCE);
+        assert!(config.cloudevents().unwrap().is_none());
+        let config = from_json(serde_json::json!({
+            "bootstrap.servers": "k:9092",
+            "format": "cloudevents",
+            "cloudevents_source": "urn:shop:{aggregate_type}",
+        }))
+        .unwrap();
+        assert_eq!(config.format, Format::CloudEvents);
+        config.validate().unwrap();
+        assert!(config.cloudevents().unwrap().is_some());
+        assert!(!config.properties.contains_key("format"));
+        let e = from_json(serde_json::json!({ "bootstrap.servers": "k:9092", "format": "xml" }))
+            .unwrap_err();
+        assert!(e.contains("raw") && e.contains("cloudevents"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
+use outboxkit_core::cloudevents::{is_mapped_header, CloudEvents};
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
@@ -126,12 +127,18 @@ type RelayProducer = FutureProducer<KafkaContext>;
 /// value = the payload bytes; headers = the event's own headers, then `event_id`,
 /// `event_type`, `aggregate_type`, `aggregate_id`, `created_at`.
 ///
+/// With `format = "cloudevents"` (CloudEvents 1.0, Kafka protocol binding, binary content
+/// mode): value = the payload bytes; headers = every attribute but `datacontenttype` as
+/// `ce_<name>`, `datacontenttype` as `content-type`, the event's headers that are not
+/// attributes, then the relay's headers as above.
+///
 /// The producer reconnects by itself. When its idempotence state breaks (fatal error,
 /// out-of-order sequence, fenced producer id) the sink drops it and makes a new one before
 /// the next call.
 pub struct KafkaSink {
     config: KafkaSinkConfig,
     template: DestinationTemplate,
+    cloudevents: Option<CloudEvents>,
     client_config: ClientConfig,
     state: Arc<ClientState>,
     producer: Mutex<Arc<RelayProducer>>,
@@ -162,12 +169,14 @@ impl KafkaSink {
     pub fn new(config: KafkaSinkConfig) -> Result<Self> {
         config.validate()?;
         let template = config.template()?;
+        let cloudevents = config.cloudevents()?;
         let client_config = config.client_config();
         let state = Arc::new(ClientState::default());
         let producer = create_producer(&client_config, &state, &config)?;
         Ok(Self {
             config,
             template,
+            cloudevents,
             client_config,
             state,
             producer: Mutex::new(Arc::new(producer)),
@@ -264,26 +273,33 @@ impl KafkaSink {
         }
     }
 
-    fn headers(event: &OutboxEvent) -> OwnedHeaders {
+    /// The message's headers: in raw format the event's own headers; with CloudEvents the
+    /// attributes (`ce_<name>`, `content-type`) and the event's headers that are not
+    /// attributes. Then the relay's headers.
+    fn headers(event: &OutboxEvent, cloudevents: Option<&CloudEvents>) -> OwnedHeaders {
         let event_id = event.event_id.to_string();
         let created_at = event
             .created_at
             .to_rfc3339_opts(SecondsFormat::Micros, true);
-        let mut headers =
-            OwnedHeaders::new_with_capacity(event.headers.len() + RELAY_HEADERS.len());
-        for (name, value) in &event.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: Some(value.as_str()),
-            });
+        let mut own: Vec<(String, &str)> = Vec::new();
+        let attributes = cloudevents.map(|ce| ce.binary_headers(event, "ce_"));
+        if let (Some(ce), Some(attributes)) = (cloudevents, &attributes) {
+            own.extend(attributes.iter().map(|(n, v)| (n.clone(), v.as_str())));
+            own.push(("content-type".to_owned(), ce.content_type(event)));
         }
-        for (key, value) in [
+        for (name, value) in &event.headers {
+            if cloudevents.is_none() || !is_mapped_header(name) {
+                own.push((name.clone(), value.as_str()));
+            }
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(own.len() + RELAY_HEADERS.len());
+        for (key, value) in own.iter().map(|(n, v)| (n.as_str(), *v)).chain([
             ("event_id", event_id.as_str()),
             ("event_type", event.event_type.as_str()),
             ("aggregate_type", event.aggregate_type.as_str()),
             ("aggregate_id", event.aggregate_id.as_str()),
             ("created_at", created_at.as_str()),
-        ] {
+        ]) {
             headers = headers.insert(Header {
                 key,
                 value: Some(value),
@@ -293,17 +309,18 @@ impl KafkaSink {
     }
 
     /// The error of an event librdkafka refused to queue.
-    fn enqueue_error(&self, error: &KafkaError, event: &OutboxEvent, topic: &str) -> Error {
+    /// `headers_size`: the bytes of the message's header names and values.
+    fn enqueue_error(
+        &self,
+        error: &KafkaError,
+        event: &OutboxEvent,
+        headers_size: usize,
+        topic: &str,
+    ) -> Error {
         let classified = classify(error);
         match error_code(error) {
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => {
-                let size = event.payload.len()
-                    + event.aggregate_id.len()
-                    + event
-                        .headers
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len())
-                        .sum::<usize>();
+                let size = event.payload.len() + event.aggregate_id.len() + headers_size;
                 classified.context(format!(
                     "event of about {size} bytes (payload {} bytes) is larger than the \
                      producer's message.max.bytes ({} bytes) for topic `{topic}`; to send it, \
@@ -489,6 +506,15 @@ impl KafkaSink {
     }
 }
 
+/// The bytes of the header names and values of a message.
+fn headers_size(headers: &OwnedHeaders) -> usize {
+    use rdkafka::message::Headers;
+    headers
+        .iter()
+        .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
+        .sum()
+}
+
 fn create_producer(
     client_config: &ClientConfig,
     state: &Arc<ClientState>,
@@ -616,17 +642,19 @@ impl Sink for KafkaSink {
                 ))));
                 continue;
             }
+            let headers = Self::headers(event, self.cloudevents.as_ref());
+            let headers_size = headers_size(&headers);
             let record = FutureRecord::to(&topic)
                 .key(event.aggregate_id.as_bytes())
                 .payload(event.payload_bytes())
-                .headers(Self::headers(event));
+                .headers(headers);
             match producer.send_result(record) {
                 Ok(future) => slots.push(Slot::Waiting(topic, future)),
                 Err((error, _record)) => {
                     failed_keys.insert(event.aggregate_id.as_str());
                     broken_state =
                         broken_state.or(error_code(&error).filter(|c| needs_new_producer(*c)));
-                    let error = self.enqueue_error(&error, event, &topic);
+                    let error = self.enqueue_error(&error, event, headers_size, &topic);
                     debug!(id = event.id, error = %error, "Kafka producer refused to queue an event");
                     slots.push(Slot::Done(Outcome::from_error(error)));
                 }
@@ -753,7 +781,7 @@ mod tests {
         let mut event =
             outboxkit_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
         event.headers.insert("tenant".into(), "acme".into());
-        let headers = KafkaSink::headers(&event);
+        let headers = KafkaSink::headers(&event, None);
         let names: Vec<&str> = headers.iter().map(|h| h.key).collect();
         assert_eq!(
             names,
@@ -767,5 +795,35 @@ mod tests {
                 "created_at"
             ]
         );
+    }
+
+    #[test]
+    fn cloudevents_headers_are_the_attributes_then_the_other_headers_then_the_relays() {
+        use outboxkit_core::cloudevents::Format;
+        use rdkafka::message::Headers;
+        let mut event =
+            outboxkit_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
+        event.headers.insert("Tenant".into(), "acme".into());
+        event
+            .headers
+            .insert("content-type".into(), "application/avro".into());
+        let ce = CloudEvents::for_format(Format::CloudEvents, "/shop", "k")
+            .unwrap()
+            .unwrap();
+        let headers = KafkaSink::headers(&event, Some(&ce));
+        let names: Vec<&str> = headers.iter().map(|h| h.key).collect();
+        let attributes = ce.binary_headers(&event, "ce_");
+        assert_eq!(attributes.len(), 7, "up to ce_traceparent");
+        let mut expected: Vec<&str> = attributes.iter().map(|(n, _)| n.as_str()).collect();
+        expected.extend(["content-type", "Tenant"]);
+        expected.extend(RELAY_HEADERS);
+        assert_eq!(names, expected);
+        assert_eq!(headers.get(7).value, Some(&b"application/avro"[..]));
+        let expected: usize = names.iter().map(|n| n.len()).sum::<usize>()
+            + headers
+                .iter()
+                .map(|h| h.value.unwrap().len())
+                .sum::<usize>();
+        assert_eq!(headers_size(&headers), expected);
     }
 }

@@ -6,6 +6,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
+use outboxkit_core::cloudevents::Format;
+use outboxkit_core::testkit::cloudevents::{
+    assert_bad_source_refused, check_binary, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
+};
 use outboxkit_core::testkit::sink_suite::{
     assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
 };
@@ -126,6 +130,52 @@ async fn messages_carry_key_value_and_headers() {
         m.header("traceparent"),
         event.headers.get("traceparent").map(String::as_str)
     );
+}
+
+/// `format = "cloudevents"`: binary content mode of the Kafka binding, read back by a plain
+/// consumer — every attribute a `ce_` header, the content type the `content-type` header, the
+/// value the payload byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_binary_mode_maps_every_attribute_to_a_header() {
+    let (prefix, kafka, topic) = order_topic(&[]).await;
+    let sink = connect(KafkaSinkConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+        ..config(&format!("{prefix}_{{aggregate_type}}"))
+    })
+    .await;
+    let events = sample_events(1, "order");
+    let outcomes = sink.publish(&events).await.expect("publish");
+    assert_all_published(&outcomes);
+    let got = kafka.read_topic(&topic, 3, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 3);
+    for event in &events {
+        let id = event.event_id.to_string();
+        let m = got
+            .iter()
+            .find(|m| m.header("ce_id") == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no message with ce_id {id}"));
+        assert_eq!(m.key_text(), event.aggregate_id, "key = aggregate_id");
+        let content_type = m.header("content-type").expect("content-type header");
+        let headers = m.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        check_binary(event, headers, "ce_", content_type, &m.payload);
+        // Each header once: an extension is not repeated as a plain header.
+        let names: Vec<&str> = m.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(!names.contains(&"traceparent"), "{names:?}");
+        assert_eq!(names.iter().filter(|n| **n == "content-type").count(), 1);
+        assert_eq!(&names[names.len() - RELAY_HEADERS.len()..], RELAY_HEADERS);
+    }
+}
+
+/// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
+#[test]
+fn a_bad_cloudevents_source_is_refused_naming_the_key() {
+    let config = KafkaSinkConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: BAD_SOURCE.to_owned(),
+        ..config("orders")
+    };
+    assert_bad_source_refused(KafkaSink::new(config), "sink.kafka.cloudevents_source");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::ExchangeKind;
+use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -77,6 +78,11 @@ pub struct RabbitMqConfig {
     pub max_message_bytes: usize,
     /// TLS settings for `amqps://` URLs.
     pub tls: TlsConfig,
+    /// `raw` (the payload as the body, the event's fields as properties and headers) or
+    /// `cloudevents` (CloudEvents 1.0, AMQP protocol binding, binary content mode).
+    pub format: Format,
+    /// The CloudEvents `source` template (`format = "cloudevents"` only).
+    pub cloudevents_source: String,
 }
 
 /// TLS settings (`[sink.rabbitmq.tls]`), for `amqps://` URLs only. The server certificate is
@@ -135,6 +141,8 @@ impl Default for RabbitMqConfig {
             max_batch_len: 1000,
             max_message_bytes: 16 * 1024 * 1024,
             tls: TlsConfig::default(),
+            format: Format::Raw,
+            cloudevents_source: DEFAULT_SOURCE.to_owned(),
         }
     }
 }
@@ -157,11 +165,23 @@ impl fmt::Debug for RabbitMqConfig {
             .field("max_batch_len", &self.max_batch_len)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("tls", &self.tls)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
 
 impl RabbitMqConfig {
+    /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
+    /// not a URI-reference is refused naming `sink.rabbitmq.cloudevents_source`.
+    pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
+        CloudEvents::for_format(
+            self.format,
+            &self.cloudevents_source,
+            &format!("{CONFIG_SECTION}.cloudevents_source"),
+        )
+    }
+
     /// A configuration for `url` and `exchange` with every other key at its default.
     pub fn new(url: impl Into<String>, exchange: impl Into<String>) -> Self {
         Self {
@@ -213,6 +233,7 @@ impl RabbitMqConfig {
     /// Check every key without touching the network or the file system; errors name the key
     /// (`sink.rabbitmq.url: ...`).
     pub fn validate(&self) -> Result<()> {
+        self.cloudevents()?;
         let uri = self.amqp_uri()?;
         if self.password.as_deref() == Some("") {
             return Err(Error::config(format!(

@@ -13,6 +13,7 @@ use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use outboxkit_core::cloudevents::{is_mapped_header, CloudEvents};
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
     CONTENT_TYPE_HEADER,
@@ -27,6 +28,12 @@ const PERSISTENT: u8 = 2;
 
 /// Publishes outbox events to a RabbitMQ exchange with publisher confirms.
 ///
+/// With `format = "cloudevents"` (CloudEvents 1.0, AMQP protocol binding, binary content
+/// mode) the body is still the payload and the properties are unchanged; the headers are every
+/// attribute but `datacontenttype` as `cloudEvents:<name>` (the content type is the
+/// `content_type` property), the event's headers that are not attributes, then the event's
+/// fields.
+///
 /// Holds one connection with one dedicated confirm-mode channel. Calls are serialized on that
 /// channel (so each call's confirms and returns belong to it). A call that finds the connection
 /// broken before any answer fails with `Err`; the next call reconnects, re-enables confirms and
@@ -36,6 +43,7 @@ const PERSISTENT: u8 = 2;
 pub struct RabbitMqSink {
     config: RabbitMqConfig,
     template: DestinationTemplate,
+    cloudevents: Option<CloudEvents>,
     uri: AMQPUri,
     tls: OwnedTLSConfig,
     host_port: String,
@@ -96,12 +104,14 @@ impl RabbitMqSink {
     pub fn connect_lazy(config: RabbitMqConfig) -> Result<Self> {
         config.validate()?;
         let template = config.template()?;
+        let cloudevents = config.cloudevents()?;
         let uri = config.amqp_uri()?;
         let tls = config.tls_config()?;
         Ok(Self {
             host_port: config.host_port(),
             exchange_display: config.exchange_display(),
             template,
+            cloudevents,
             uri,
             tls,
             config,
@@ -352,12 +362,18 @@ impl RabbitMqSink {
         )?;
         let message_id = event.event_id.to_string();
         let mut headers = FieldTable::default();
+        // With CloudEvents, every attribute but the content type is a `cloudEvents:` header,
+        // and the event's headers that are attributes are not sent again.
+        let attributes = self
+            .cloudevents
+            .as_ref()
+            .map(|ce| ce.binary_headers(event, "cloudEvents:"));
         // The content type travels as the `content_type` property, not as a header.
-        for (name, value) in event
-            .headers
-            .iter()
-            .filter(|(n, _)| *n != CONTENT_TYPE_HEADER)
-        {
+        let own = event.headers.iter().filter(|(n, _)| match &attributes {
+            None => *n != CONTENT_TYPE_HEADER,
+            Some(_) => !is_mapped_header(n),
+        });
+        for (name, value) in attributes.iter().flatten().map(|(n, v)| (n, v)).chain(own) {
             let name = short(&format_args!("header name `{name:.40}...`"), name)?;
             headers.insert(name, AMQPValue::LongString(value.as_str().into()));
         }

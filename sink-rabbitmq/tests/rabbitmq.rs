@@ -5,6 +5,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
 use lapin::types::AMQPValue;
+use outboxkit_core::cloudevents::Format;
+use outboxkit_core::testkit::cloudevents::{
+    assert_bad_source_refused, check_binary, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
+};
 use outboxkit_core::testkit::sink_suite::{
     assert_all_published, describe_outcomes, sample_batch, sample_event,
 };
@@ -53,6 +57,20 @@ async fn assert_arrived(broker: &RabbitMqSide, queue: &str, events: &[&OutboxEve
             event.id
         );
     }
+}
+
+/// The properties every message of `event` has: `message_id` = `event_id`, `type` =
+/// `event_type`, persistent.
+fn assert_event_properties(p: &lapin::BasicProperties, event: &OutboxEvent) {
+    assert_eq!(
+        p.message_id().as_ref().map(|s| s.to_string()),
+        Some(event.event_id.to_string())
+    );
+    assert_eq!(
+        p.kind().as_ref().map(|s| s.to_string()),
+        Some(event.event_type.clone())
+    );
+    assert_eq!(*p.delivery_mode(), Some(2), "persistent");
 }
 
 /// `rabbitmqctl` on the local broker; fails the test when it fails.
@@ -120,19 +138,11 @@ async fn messages_carry_the_specified_properties_and_headers() {
         assert_eq!(delivery.exchange.as_str(), TEST_EXCHANGE);
         assert_eq!(delivery.routing_key.as_str(), key);
         assert_eq!(delivery.data, event.payload_bytes(), "payload bytes");
-        assert_eq!(
-            p.message_id().as_ref().map(|s| s.to_string()),
-            Some(event.event_id.to_string())
-        );
-        assert_eq!(
-            p.kind().as_ref().map(|s| s.to_string()),
-            Some(event.event_type.clone())
-        );
+        assert_event_properties(p, event);
         assert_eq!(
             p.content_type().as_ref().map(|s| s.to_string()),
             Some("application/json".to_owned())
         );
-        assert_eq!(*p.delivery_mode(), Some(2), "persistent");
         assert_eq!(
             *p.timestamp(),
             Some(event.created_at.timestamp() as u64),
@@ -163,6 +173,57 @@ async fn messages_carry_the_specified_properties_and_headers() {
             "event_id",
             "event_type"
         ]
+    );
+}
+
+/// `format = "cloudevents"`: binary content mode of the AMQP binding, read back by a plain
+/// consumer — every attribute a `cloudEvents:` header, the content type the `content_type`
+/// property, the body the payload byte for byte, the other properties as in raw format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_binary_mode_maps_every_attribute_to_a_header() {
+    let (prefix, broker, queue) = order_queue(&[]).await;
+    let sink = connect(RabbitMqConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+        ..config(&format!("{prefix}.{{aggregate_type}}"))
+    })
+    .await;
+    let events = sample_events(1, "order");
+    let outcomes = sink.publish(&events).await.expect("publish");
+    assert_all_published(&outcomes);
+    let deliveries = broker.drain(&queue, 3, Duration::from_secs(10)).await;
+    broker.delete_queue(&queue).await;
+    assert_eq!(deliveries.len(), 3);
+    for (delivery, event) in deliveries.iter().zip(&events) {
+        let p = &delivery.properties;
+        let headers = amqp_headers(delivery);
+        let content_type = p.content_type().as_ref().expect("content_type").to_string();
+        let pairs = headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        check_binary(event, pairs, "cloudEvents:", &content_type, &delivery.data);
+        // Each header once: an extension is not repeated as a plain header.
+        assert!(!headers.contains_key("traceparent"), "{headers:?}");
+        assert!(!headers.contains_key("content-type"), "{headers:?}");
+        // The properties and the event's fields as in raw format.
+        assert_event_properties(p, event);
+        assert_eq!(
+            p.app_id().as_ref().map(|s| s.to_string()).as_deref(),
+            Some("outbox-relay")
+        );
+        assert_eq!(headers["event_id"], event.event_id.to_string());
+    }
+}
+
+/// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
+#[test]
+fn a_bad_cloudevents_source_is_refused_naming_the_key() {
+    let config = RabbitMqConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: BAD_SOURCE.to_owned(),
+        ..config("orders")
+    };
+    assert_bad_source_refused(
+        RabbitMqSink::connect_lazy(config),
+        "sink.rabbitmq.cloudevents_source",
     );
 }
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -35,6 +36,11 @@ pub struct RedisStreamsConfig {
     pub max_batch_len: usize,
     /// TLS settings for `rediss://` URLs.
     pub tls: TlsConfig,
+    /// `raw` (the payload and the event's fields as the entry's fields) or `cloudevents`
+    /// (CloudEvents 1.0 JSON event format, structured content mode, in the `payload` field).
+    pub format: Format,
+    /// The CloudEvents `source` template (`format = "cloudevents"` only).
+    pub cloudevents_source: String,
 }
 
 /// TLS settings (`[sink.redis_streams.tls]`), for `rediss://` URLs only. The server certificate
@@ -68,6 +74,8 @@ impl Default for RedisStreamsConfig {
             response_timeout: Duration::from_secs(10),
             max_batch_len: 1000,
             tls: TlsConfig::default(),
+            format: Format::Raw,
+            cloudevents_source: DEFAULT_SOURCE.to_owned(),
         }
     }
 }
@@ -83,11 +91,23 @@ impl fmt::Debug for RedisStreamsConfig {
             .field("response_timeout", &self.response_timeout)
             .field("max_batch_len", &self.max_batch_len)
             .field("tls", &self.tls)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
 
 impl RedisStreamsConfig {
+    /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
+    /// not a URI-reference is refused naming `sink.redis_streams.cloudevents_source`.
+    pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
+        CloudEvents::for_format(
+            self.format,
+            &self.cloudevents_source,
+            &format!("{CONFIG_SECTION}.cloudevents_source"),
+        )
+    }
+
     /// A configuration for `url` with every other key at its default.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
@@ -115,6 +135,7 @@ impl RedisStreamsConfig {
 
     /// Check every key; errors name the key (`sink.redis_streams.url: ...`).
     pub fn validate(&self) -> Result<()> {
+        self.cloudevents()?;
         let url = self.parse_url()?;
         self.validate_tls(&url)?;
         self.template()?;

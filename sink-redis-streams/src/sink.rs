@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
+use outboxkit_core::cloudevents::{CloudEvents, STRUCTURED_CONTENT_TYPE};
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
@@ -22,9 +23,16 @@ const MAX_PAYLOAD_BYTES: usize = 512 * 1024 * 1024;
 /// Holds one multiplexed connection that reconnects by itself (after a Redis restart, a
 /// killed client...): a call that hits a broken connection fails as a whole and a later call
 /// goes through the new connection.
+///
+/// Entry fields: `event_id`, `aggregate_type`, `aggregate_id`, `event_type`, then in raw
+/// format `payload` (the payload bytes), `headers` (JSON object) and `created_at`; with
+/// `format = "cloudevents"` (CloudEvents 1.0, JSON event format, structured content mode)
+/// `payload` (the event as one JSON document, which holds the headers and the time) and
+/// `content_type` = `application/cloudevents+json`.
 pub struct RedisStreamsSink {
     config: RedisStreamsConfig,
     template: DestinationTemplate,
+    cloudevents: Option<CloudEvents>,
     host_port: String,
     connection: ConnectionManager,
 }
@@ -83,6 +91,7 @@ impl RedisStreamsSink {
     pub fn connect_lazy(config: RedisStreamsConfig) -> Result<Self> {
         config.validate()?;
         let template = config.template()?;
+        let cloudevents = config.cloudevents()?;
         let url = config.parse_url()?;
         let url_error = |e: RedisError| {
             Error::config(format!(
@@ -117,6 +126,7 @@ impl RedisStreamsSink {
         Ok(Self {
             host_port: config.host_port(),
             template,
+            cloudevents,
             config,
             connection,
         })
@@ -182,7 +192,7 @@ impl RedisStreamsSink {
         }
     }
 
-    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str, event: &OutboxEvent, headers: &str) {
+    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str, event: &OutboxEvent, body: &Body) {
         pipe.cmd("XADD").arg(stream);
         if let Some(maxlen) = self.config.maxlen {
             pipe.arg("MAXLEN").arg("~").arg(maxlen);
@@ -195,18 +205,56 @@ impl RedisStreamsSink {
             .arg("aggregate_id")
             .arg(&event.aggregate_id)
             .arg("event_type")
-            .arg(&event.event_type)
-            .arg("payload")
-            .arg(event.payload_bytes())
-            .arg("headers")
-            .arg(headers)
-            .arg("created_at")
-            .arg(
-                event
-                    .created_at
-                    .to_rfc3339_opts(SecondsFormat::Micros, true),
-            );
+            .arg(&event.event_type);
+        match body {
+            Body::Raw { headers } => {
+                pipe.arg("payload")
+                    .arg(event.payload_bytes())
+                    .arg("headers")
+                    .arg(headers)
+                    .arg("created_at")
+                    .arg(
+                        event
+                            .created_at
+                            .to_rfc3339_opts(SecondsFormat::Micros, true),
+                    );
+            }
+            Body::CloudEvents(document) => {
+                pipe.arg("payload")
+                    .arg(document.as_slice())
+                    .arg("content_type")
+                    .arg(STRUCTURED_CONTENT_TYPE);
+            }
+        }
     }
+
+    /// What goes into the entry after the event's fields, or why the event cannot be sent.
+    fn body(&self, event: &OutboxEvent) -> Result<Body> {
+        let Some(cloudevents) = &self.cloudevents else {
+            let headers = serde_json::to_string(&event.headers).map_err(|e| {
+                Error::new(ErrorKind::InvalidMessage, "headers are not serializable").with_source(e)
+            })?;
+            return Ok(Body::Raw { headers });
+        };
+        let document = cloudevents.structured(event);
+        if document.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::new(
+                ErrorKind::MessageTooLarge,
+                format!(
+                    "the CloudEvents document of {} bytes is larger than Redis's largest \
+                     string ({MAX_PAYLOAD_BYTES} bytes)",
+                    document.len()
+                ),
+            ));
+        }
+        Ok(Body::CloudEvents(document))
+    }
+}
+
+/// The entry's fields after the event's: the raw format's, or the CloudEvents document.
+enum Body {
+    Raw { headers: String },
+    CloudEvents(Vec<u8>),
 }
 
 #[async_trait]
@@ -247,16 +295,14 @@ impl Sink for RedisStreamsSink {
         pipe.ignore_errors();
         for (index, event) in batch.iter().enumerate() {
             let stream = self.destination(event);
-            match serde_json::to_string(&event.headers) {
-                Ok(headers) => {
-                    self.xadd(&mut pipe, &stream, event, &headers);
+            match self.body(event) {
+                Ok(body) => {
+                    self.xadd(&mut pipe, &stream, event, &body);
                     sent.push(index);
                 }
                 Err(e) => {
                     outcomes[index] = Some(Outcome::Reject(
-                        Error::new(ErrorKind::InvalidMessage, "headers are not serializable")
-                            .with_source(e)
-                            .context(format!("XADD to stream `{stream}`")),
+                        e.context(format!("XADD to stream `{stream}`")),
                     ));
                 }
             }

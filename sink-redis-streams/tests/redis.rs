@@ -5,11 +5,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
+use outboxkit_core::cloudevents::{Format, STRUCTURED_CONTENT_TYPE};
+use outboxkit_core::testkit::cloudevents::{
+    assert_bad_source_refused, check_structured, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
+};
 use outboxkit_core::testkit::sink_suite::{
     assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
-use outboxkit_harness::{redis_url, unique, RedisSide};
+use outboxkit_harness::{redis_url, unique, RedisSide, StreamEntry};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 
 fn config(stream: &str) -> RedisStreamsConfig {
@@ -23,6 +27,79 @@ async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
     RedisStreamsSink::connect(config)
         .await
         .unwrap_or_else(|e| panic!("connecting to the test Redis: {e}"))
+}
+
+/// `format = "cloudevents"`: structured content mode, read back with a plain `XRANGE` — the
+/// event's fields, `payload` the JSON event format document (every attribute, `data` or
+/// `data_base64`) and `content_type`; no `headers` or `created_at` (they are in the document).
+#[tokio::test]
+async fn cloudevents_structured_mode_puts_the_document_in_payload() {
+    let prefix = unique("redis");
+    let stream = format!("{prefix}_order");
+    let sink = connect(RedisStreamsConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+        ..config(&format!("{prefix}_{{aggregate_type}}"))
+    })
+    .await;
+    let redis = RedisSide::open(&prefix).await;
+    let events = sample_events(1, "order");
+    let entries = publish_and_read(
+        &sink,
+        &redis,
+        &stream,
+        &events,
+        &["payload", "content_type"],
+    )
+    .await;
+    for (entry, event) in entries.iter().zip(&events) {
+        assert_eq!(entry.text("content_type"), STRUCTURED_CONTENT_TYPE);
+        check_structured(event, entry.field("payload").expect("payload"));
+    }
+}
+
+/// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
+#[test]
+fn a_bad_cloudevents_source_is_refused_naming_the_key() {
+    let config = RedisStreamsConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: BAD_SOURCE.to_owned(),
+        ..config("orders")
+    };
+    assert_bad_source_refused(
+        RedisStreamsSink::connect_lazy(config),
+        "sink.redis_streams.cloudevents_source",
+    );
+}
+
+/// Publish `events` (all published), read `stream` back, and check each entry's field names
+/// (the event's fields, then `more`, in entry order) and the event's fields; the entries, in
+/// batch order.
+async fn publish_and_read(
+    sink: &RedisStreamsSink,
+    redis: &RedisSide,
+    stream: &str,
+    events: &[OutboxEvent],
+    more: &[&str],
+) -> Vec<StreamEntry> {
+    let event_fields = ["event_id", "aggregate_type", "aggregate_id", "event_type"];
+    let fields = [&event_fields[..], more].concat();
+    let outcomes = sink.publish(events).await.expect("publish");
+    assert_all_published(&outcomes);
+
+    let entries = redis.entries(stream).await;
+    redis.expire(stream, 600).await;
+    assert_eq!(entries.len(), events.len());
+    for (entry, event) in entries.iter().zip(events) {
+        let names: Vec<&str> = entry.fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, fields);
+        // Entries are in batch order: the pipeline keeps it.
+        assert_eq!(entry.text("event_id"), event.event_id.to_string());
+        assert_eq!(entry.text("aggregate_type"), "order");
+        assert_eq!(entry.text("aggregate_id"), event.aggregate_id);
+        assert_eq!(entry.text("event_type"), event.event_type);
+    }
+    entries
 }
 
 #[tokio::test]
@@ -48,31 +125,9 @@ async fn entries_carry_exactly_the_specified_fields() {
     let third = sample_event(3, "order", "42", "OrderShipped");
     let batch = vec![with_headers, without_headers, third];
 
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
-
-    let entries = redis.entries(&stream).await;
-    redis.expire(&stream, 600).await;
-    assert_eq!(entries.len(), 3);
+    let fields = ["payload", "headers", "created_at"];
+    let entries = publish_and_read(&sink, &redis, &stream, &batch, &fields).await;
     for (entry, event) in entries.iter().zip(&batch) {
-        let names: Vec<&str> = entry.fields.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "event_id",
-                "aggregate_type",
-                "aggregate_id",
-                "event_type",
-                "payload",
-                "headers",
-                "created_at"
-            ]
-        );
-        // Entries are in batch order: the pipeline keeps it.
-        assert_eq!(entry.text("event_id"), event.event_id.to_string());
-        assert_eq!(entry.text("aggregate_type"), "order");
-        assert_eq!(entry.text("aggregate_id"), event.aggregate_id);
-        assert_eq!(entry.text("event_type"), event.event_type);
         assert_eq!(entry.field("payload").unwrap(), event.payload_bytes());
         let headers: BTreeMap<String, String> =
             serde_json::from_str(&entry.text("headers")).expect("headers is a JSON object");

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -62,6 +63,11 @@ pub struct SqsConfig {
     /// Attempts the AWS SDK makes per request (first try included) on throttling and transient
     /// errors, before the relay's own backoff takes over.
     pub retry_attempts: u32,
+    /// `raw` (the payload as the body, the event's fields and headers as message attributes) or
+    /// `cloudevents` (CloudEvents 1.0 JSON event format, structured content mode, as the body).
+    pub format: Format,
+    /// The CloudEvents `source` template (`format = "cloudevents"` only).
+    pub cloudevents_source: String,
 }
 
 impl Default for SqsConfig {
@@ -79,6 +85,8 @@ impl Default for SqsConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             retry_attempts: 3,
+            format: Format::Raw,
+            cloudevents_source: DEFAULT_SOURCE.to_owned(),
         }
     }
 }
@@ -98,11 +106,23 @@ impl fmt::Debug for SqsConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("retry_attempts", &self.retry_attempts)
+            .field("format", &self.format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
 
 impl SqsConfig {
+    /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
+    /// not a URI-reference is refused naming `sink.sqs.cloudevents_source`.
+    pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
+        CloudEvents::for_format(
+            self.format,
+            &self.cloudevents_source,
+            &format!("{CONFIG_SECTION}.cloudevents_source"),
+        )
+    }
+
     /// A configuration routing to `queue` (a template) with every other key at its default.
     pub fn new(queue: impl Into<String>) -> Self {
         Self {
@@ -118,6 +138,7 @@ impl SqsConfig {
 
     /// Check every key; errors name the key (`sink.sqs.endpoint: ...`).
     pub fn validate(&self) -> Result<()> {
+        self.cloudevents()?;
         self.template()?;
         if let Some(endpoint) = &self.endpoint {
             let shown = redact_url(endpoint);

@@ -14,11 +14,18 @@
 //! SQS bodies must be text. Payloads of `json` and `text` tables are the body as they are;
 //! payloads of `binary` tables are the body base64-encoded (RFC 4648, with padding), and the
 //! message has one more attribute, `body_encoding` = `base64`, leaving five for headers.
+//!
+//! With `format = "cloudevents"` (CloudEvents 1.0, JSON event format, structured content mode)
+//! the body is the event as one JSON document — always text (a `binary` payload is its
+//! `data_base64`), so there is no `body_encoding` — and the attributes are the event's fields
+//! and `content_type` = `application/cloudevents+json`; the headers travel only inside the
+//! document (extension attributes such as `traceparent`), not as attributes.
 
 use std::collections::BTreeMap;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
+use outboxkit_core::cloudevents::{CloudEvents, STRUCTURED_CONTENT_TYPE};
 use outboxkit_core::{OutboxEvent, PayloadType};
 use sha2::{Digest, Sha256};
 
@@ -34,6 +41,9 @@ pub const EVENT_ATTRIBUTES: [&str; 4] =
 
 /// The attribute saying the body is the payload base64-encoded (`binary` tables).
 pub const BODY_ENCODING_ATTRIBUTE: &str = "body_encoding";
+
+/// The attribute naming the body's content type with CloudEvents (`application/cloudevents+json`).
+pub const CONTENT_TYPE_ATTRIBUTE: &str = "content_type";
 
 /// SQS's data type name of string attributes, counted in the message size.
 const STRING_TYPE: &str = "String";
@@ -54,8 +64,14 @@ pub(crate) struct PreparedMessage {
 }
 
 /// Build the message of `event` for a FIFO queue (`fifo`) or a standard one (with
-/// `fair_queue_group`, standard queues get a `MessageGroupId` too).
-pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -> PreparedMessage {
+/// `fair_queue_group`, standard queues get a `MessageGroupId` too), in raw format or, with
+/// `cloudevents`, as a structured CloudEvent.
+pub(crate) fn prepare(
+    event: &OutboxEvent,
+    fifo: bool,
+    fair_queue_group: bool,
+    cloudevents: Option<&CloudEvents>,
+) -> PreparedMessage {
     let event_id = event.event_id.to_string();
     let mut attributes: Vec<(String, String)> = Vec::with_capacity(MAX_ATTRIBUTES);
     for (name, value) in [
@@ -69,14 +85,52 @@ pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -
             attributes.push((name.to_owned(), value.to_owned()));
         }
     }
-    let body = match event.payload_text() {
+    let body = match cloudevents {
+        // The headers are in the document (as extension attributes).
+        Some(cloudevents) => {
+            attributes.push((
+                CONTENT_TYPE_ATTRIBUTE.to_owned(),
+                STRUCTURED_CONTENT_TYPE.to_owned(),
+            ));
+            String::from_utf8(cloudevents.structured(event))
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        }
+        None => {
+            let body = raw_body(event, &mut attributes);
+            push_headers(event, &mut attributes);
+            body
+        }
+    };
+    let size = body.len()
+        + attributes
+            .iter()
+            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+            .sum::<usize>();
+    let group_id = (fifo || fair_queue_group).then(|| group_id(&event.aggregate_id));
+    PreparedMessage {
+        body,
+        attributes,
+        group_id,
+        deduplication_id: fifo.then_some(event_id),
+        size,
+    }
+}
+
+/// The raw format's body: the payload as text, or base64 (with the attribute saying so).
+fn raw_body(event: &OutboxEvent, attributes: &mut Vec<(String, String)>) -> String {
+    match event.payload_text() {
         Some(text) if event.payload_type != PayloadType::Binary => text.to_owned(),
         // Bytes (or, never from a `json` or `text` table, text that is not UTF-8).
         _ => {
             attributes.push((BODY_ENCODING_ATTRIBUTE.to_owned(), "base64".to_owned()));
             BASE64.encode(event.payload_bytes())
         }
-    };
+    }
+}
+
+/// The raw format's headers: attributes of their own while they fit, else partly in the
+/// `headers` attribute.
+fn push_headers(event: &OutboxEvent, attributes: &mut Vec<(String, String)>) {
     let free = MAX_ATTRIBUTES - attributes.len();
     let (own, overflow): (Vec<_>, Vec<_>) = event
         .headers
@@ -100,19 +154,6 @@ pub(crate) fn prepare(event: &OutboxEvent, fifo: bool, fair_queue_group: bool) -
         }
         let json = serde_json::to_string(&rest).unwrap_or_else(|_| "{}".to_owned());
         attributes.push((OVERFLOW_ATTRIBUTE.to_owned(), json));
-    }
-    let size = body.len()
-        + attributes
-            .iter()
-            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
-            .sum::<usize>();
-    let group_id = (fifo || fair_queue_group).then(|| group_id(&event.aggregate_id));
-    PreparedMessage {
-        body,
-        attributes,
-        group_id,
-        deduplication_id: fifo.then_some(event_id),
-        size,
     }
 }
 
@@ -193,7 +234,7 @@ mod tests {
 
     #[test]
     fn fields_and_a_few_headers_are_attributes() {
-        let message = prepare(&event(&[("traceparent", "00-abc-01")]), false, false);
+        let message = prepare(&event(&[("traceparent", "00-abc-01")]), false, false, None);
         assert_eq!(
             names(&message),
             [
@@ -222,13 +263,13 @@ mod tests {
 
     #[test]
     fn fifo_messages_get_group_and_deduplication_ids() {
-        let message = prepare(&event(&[]), true, false);
+        let message = prepare(&event(&[]), true, false, None);
         assert_eq!(message.group_id.as_deref(), Some("42"));
         assert_eq!(
             message.deduplication_id.as_deref(),
             Some("0190a4c2-0000-7000-8000-000000000001")
         );
-        let fair = prepare(&event(&[]), false, true);
+        let fair = prepare(&event(&[]), false, true, None);
         assert_eq!(fair.group_id.as_deref(), Some("42"));
         assert_eq!(fair.deduplication_id, None);
     }
@@ -240,7 +281,7 @@ mod tests {
             .collect();
         let six_refs: Vec<(&str, &str)> =
             six.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let message = prepare(&event(&six_refs), false, false);
+        let message = prepare(&event(&six_refs), false, false, None);
         assert_eq!(message.attributes.len(), 10);
         assert!(!names(&message).contains(&OVERFLOW_ATTRIBUTE));
 
@@ -251,7 +292,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let message = prepare(&event(&seven_refs), false, false);
+        let message = prepare(&event(&seven_refs), false, false, None);
         assert_eq!(message.attributes.len(), 10);
         assert_eq!(
             &names(&message)[4..],
@@ -278,6 +319,7 @@ mod tests {
             ]),
             false,
             false,
+            None,
         );
         assert_eq!(&names(&message)[4..], ["traceparent", OVERFLOW_ATTRIBUTE]);
         let json: BTreeMap<String, String> =
@@ -299,7 +341,7 @@ mod tests {
         let mut e = event(&[]);
         e.payload = (0..=255u8).collect();
         e.payload_type = PayloadType::Binary;
-        let message = prepare(&e, false, false);
+        let message = prepare(&e, false, false, None);
         assert_eq!(BASE64.decode(&message.body).unwrap(), e.payload);
         assert!(message
             .attributes
@@ -309,9 +351,9 @@ mod tests {
         // Text, even of a binary table, still goes base64: consumers of a binary table
         // decode every body. Text and JSON tables send their text as it is.
         e.payload = b"plain".to_vec();
-        assert_eq!(prepare(&e, false, false).body, "cGxhaW4=");
+        assert_eq!(prepare(&e, false, false, None).body, "cGxhaW4=");
         e.payload_type = PayloadType::Text;
-        let text = prepare(&e, false, false);
+        let text = prepare(&e, false, false, None);
         assert_eq!(text.body, "plain");
         assert!(!names(&text).contains(&BODY_ENCODING_ATTRIBUTE));
 
@@ -321,7 +363,7 @@ mod tests {
             .map(|i| (format!("h{i}"), format!("v{i}")))
             .collect();
         e.headers = six.into_iter().collect();
-        let message = prepare(&e, false, false);
+        let message = prepare(&e, false, false, None);
         assert_eq!(message.attributes.len(), MAX_ATTRIBUTES);
         assert!(names(&message).contains(&OVERFLOW_ATTRIBUTE));
     }
@@ -335,10 +377,36 @@ mod tests {
     }
 
     #[test]
+    fn cloudevents_bodies_are_the_document_and_headers_are_not_attributes() {
+        use outboxkit_core::cloudevents::Format;
+        let ce = CloudEvents::for_format(Format::CloudEvents, "/shop", "k")
+            .unwrap()
+            .unwrap();
+        let six: Vec<(String, String)> = (1..=8)
+            .map(|i| (format!("h{i}"), format!("v{i}")))
+            .collect();
+        let mut e = event(&[]);
+        e.headers = six.into_iter().collect();
+        e.payload = (0..=255u8).collect();
+        e.payload_type = PayloadType::Binary;
+        let message = prepare(&e, true, false, Some(&ce));
+        assert_eq!(
+            names(&message),
+            [&EVENT_ATTRIBUTES[..], &[CONTENT_TYPE_ATTRIBUTE]].concat()
+        );
+        assert_eq!(message.attributes[4].1, "application/cloudevents+json");
+        assert_eq!(message.body.as_bytes(), ce.structured(&e));
+        let parsed: serde_json::Value = serde_json::from_str(&message.body).unwrap();
+        assert_eq!(parsed["h8"], "v8");
+        assert_eq!(message.size, message.body.len() + attributes_size(&message));
+        assert_eq!(message.group_id.as_deref(), Some("42"));
+    }
+
+    #[test]
     fn empty_fields_are_left_out() {
         let mut e = event(&[]);
         e.event_type.clear();
-        let message = prepare(&e, false, false);
+        let message = prepare(&e, false, false, None);
         assert_eq!(
             names(&message),
             ["event_id", "aggregate_type", "aggregate_id"]

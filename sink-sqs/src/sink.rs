@@ -13,6 +13,7 @@ use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 use futures_util::stream::{self, StreamExt};
+use outboxkit_core::cloudevents::CloudEvents;
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
@@ -46,6 +47,9 @@ struct ResolvedQueue {
 ///   whose predecessor was not published is not sent.
 /// - FIFO queues (`.fifo`): `MessageGroupId` = `aggregate_id`, `MessageDeduplicationId` =
 ///   `event_id`, so a redelivery within SQS's 5-minute window is dropped by SQS.
+/// - With `format = "cloudevents"` the body is the event as a structured CloudEvent (JSON
+///   event format), the attributes the event's fields and `content_type`; the headers are
+///   in the document only.
 /// - Per entry: `Successful` → published; `Failed` with `SenderFault` → rejected with SQS's
 ///   error; otherwise retried. See [`crate::classify`] for whole-request failures. Every event
 ///   gets its own outcome, classified by kind: whether the call failed as a whole (refused
@@ -56,6 +60,7 @@ struct ResolvedQueue {
 pub struct SqsSink {
     config: SqsConfig,
     template: DestinationTemplate,
+    cloudevents: Option<CloudEvents>,
     /// The template's destination when it does not depend on the event.
     fixed_destination: Option<String>,
     client: Client,
@@ -124,6 +129,7 @@ impl SqsSink {
     pub fn from_sdk_config(config: SqsConfig, sdk_config: &aws_config::SdkConfig) -> Result<Self> {
         config.validate()?;
         let template = config.template()?;
+        let cloudevents = config.cloudevents()?;
         let region = config
             .region
             .clone()
@@ -161,6 +167,7 @@ impl SqsSink {
         Ok(Self {
             config,
             template,
+            cloudevents,
             fixed_destination,
             client,
             location,
@@ -465,9 +472,10 @@ impl Sink for SqsSink {
             .iter()
             .zip(&queues)
             .map(|(event, queue)| {
-                queue
-                    .as_ref()
-                    .map(|q| prepare(event, q.fifo, self.config.fair_queue_group))
+                queue.as_ref().map(|q| {
+                    let fair_queue_group = self.config.fair_queue_group;
+                    prepare(event, q.fifo, fair_queue_group, self.cloudevents.as_ref())
+                })
             })
             .collect();
 

@@ -8,6 +8,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
+use outboxkit_core::cloudevents::{Format, STRUCTURED_CONTENT_TYPE};
+use outboxkit_core::testkit::cloudevents::{
+    assert_bad_source_refused, check_structured, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
+};
 use outboxkit_core::testkit::sink_suite::{
     assert_all_published, sample_batch, sample_event, unique_prefix,
 };
@@ -215,6 +219,60 @@ async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
     }
     assert_eq!(message.attribute("event_type"), "OrderPlaced");
     sqs.delete_queue(&url).await;
+}
+
+/// `format = "cloudevents"`: structured content mode, read back by a plain `ReceiveMessage` —
+/// the body the JSON event format document (every attribute, `data` or `data_base64`); the
+/// attributes the event's fields and `content_type`, no header attributes, no `body_encoding`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_structured_mode_sends_the_document_as_the_body() {
+    let sqs = common::server().await;
+    let queue = unique_prefix();
+    let url = sqs.create_queue(&queue, &[]).await;
+    let sink = sink(SqsConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+        ..common::config(&queue)
+    });
+    let events = sample_events(1, "order");
+    assert_all_published(&publish(&sink, &events).await);
+    let received = sqs.receive_all(&url, 3, READ_TIMEOUT).await;
+    sqs.delete_queue(&url).await;
+    assert_eq!(received.len(), 3);
+    for event in &events {
+        let id = event.event_id.to_string();
+        let message = received
+            .iter()
+            .find(|m| m.attribute("event_id") == id)
+            .unwrap_or_else(|| panic!("no message of event {id}"));
+        let names: Vec<&str> = message.attributes.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "aggregate_id",
+                "aggregate_type",
+                "content_type",
+                "event_id",
+                "event_type"
+            ]
+        );
+        assert_eq!(message.attribute_count, 5);
+        assert_eq!(message.attribute("content_type"), STRUCTURED_CONTENT_TYPE);
+        assert_eq!(message.attribute("aggregate_id"), event.aggregate_id);
+        assert_eq!(message.attribute("event_type"), event.event_type);
+        check_structured(event, message.body.as_bytes());
+    }
+}
+
+/// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
+#[test]
+fn a_bad_cloudevents_source_is_refused_naming_the_key() {
+    let config = SqsConfig {
+        format: Format::CloudEvents,
+        cloudevents_source: BAD_SOURCE.to_owned(),
+        ..common::config("orders")
+    };
+    assert_bad_source_refused(common::sink(config), "sink.sqs.cloudevents_source");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
