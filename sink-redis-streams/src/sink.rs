@@ -1,11 +1,12 @@
 //! The [`Sink`] implementation: one pipelined `XADD` per event, one round trip per batch.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
-use outboxkit_core::cloudevents::{CloudEvents, STRUCTURED_CONTENT_TYPE};
+use outboxkit_core::cloudevents::{is_mapped_header, CloudEvents, STRUCTURED_CONTENT_TYPE};
 use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
@@ -27,8 +28,10 @@ const MAX_PAYLOAD_BYTES: usize = 512 * 1024 * 1024;
 /// Entry fields: `event_id`, `aggregate_type`, `aggregate_id`, `event_type`, then in raw
 /// format `payload` (the payload bytes), `headers` (JSON object) and `created_at`; with
 /// `format = "cloudevents"` (CloudEvents 1.0, JSON event format, structured content mode)
-/// `payload` (the event as one JSON document, which holds the headers and the time) and
-/// `content_type` = `application/cloudevents+json`.
+/// `payload` (the event as one JSON document, which holds the time and the headers whose names
+/// are CloudEvents attribute names), `content_type` = `application/cloudevents+json`, and,
+/// when the event has other headers (`tenant-id`, `Tenant`...), `headers` (JSON object of
+/// those), so none is lost.
 pub struct RedisStreamsSink {
     config: RedisStreamsConfig,
     template: DestinationTemplate,
@@ -219,22 +222,36 @@ impl RedisStreamsSink {
                             .to_rfc3339_opts(SecondsFormat::Micros, true),
                     );
             }
-            Body::CloudEvents(document) => {
+            Body::CloudEvents { document, headers } => {
                 pipe.arg("payload")
                     .arg(document.as_slice())
                     .arg("content_type")
                     .arg(STRUCTURED_CONTENT_TYPE);
+                if let Some(headers) = headers {
+                    pipe.arg("headers").arg(headers);
+                }
             }
         }
     }
 
     /// What goes into the entry after the event's fields, or why the event cannot be sent.
     fn body(&self, event: &OutboxEvent) -> Result<Body> {
-        let Some(cloudevents) = &self.cloudevents else {
-            let headers = serde_json::to_string(&event.headers).map_err(|e| {
+        let json = |headers: &BTreeMap<&String, &String>| {
+            serde_json::to_string(headers).map_err(|e| {
                 Error::new(ErrorKind::InvalidMessage, "headers are not serializable").with_source(e)
-            })?;
+            })
+        };
+        let Some(cloudevents) = &self.cloudevents else {
+            let headers = json(&event.headers.iter().collect())?;
             return Ok(Body::Raw { headers });
+        };
+        // Headers that are not extension attributes of the document.
+        let unmapped: BTreeMap<&String, &String> = (event.headers.iter())
+            .filter(|(name, _)| !is_mapped_header(name))
+            .collect();
+        let headers = match unmapped.is_empty() {
+            true => None,
+            false => Some(json(&unmapped)?),
         };
         let document = cloudevents.structured(event);
         if document.len() > MAX_PAYLOAD_BYTES {
@@ -247,14 +264,19 @@ impl RedisStreamsSink {
                 ),
             ));
         }
-        Ok(Body::CloudEvents(document))
+        Ok(Body::CloudEvents { document, headers })
     }
 }
 
 /// The entry's fields after the event's: the raw format's, or the CloudEvents document.
 enum Body {
-    Raw { headers: String },
-    CloudEvents(Vec<u8>),
+    Raw {
+        headers: String,
+    },
+    CloudEvents {
+        document: Vec<u8>,
+        headers: Option<String>,
+    },
 }
 
 #[async_trait]

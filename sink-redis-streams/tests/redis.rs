@@ -31,7 +31,8 @@ async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
 
 /// `format = "cloudevents"`: structured content mode, read back with a plain `XRANGE` — the
 /// event's fields, `payload` the JSON event format document (every attribute, `data` or
-/// `data_base64`) and `content_type`; no `headers` or `created_at` (they are in the document).
+/// `data_base64`) and `content_type`; no `created_at` (it is in the document), and `headers`
+/// only for headers that are not extension attributes.
 #[tokio::test]
 async fn cloudevents_structured_mode_puts_the_document_in_payload() {
     let prefix = unique("redis");
@@ -56,6 +57,16 @@ async fn cloudevents_structured_mode_puts_the_document_in_payload() {
         assert_eq!(entry.text("content_type"), STRUCTURED_CONTENT_TYPE);
         check_structured(event, entry.field("payload").expect("payload"));
     }
+
+    // Headers the document cannot carry (not extension names) travel in a `headers` field.
+    let stream = format!("{prefix}_tenants");
+    let mut event = sample_events(10, "order").remove(0);
+    event.headers.insert("tenant-id".into(), "acme".into());
+    event.destination = Some(stream.clone());
+    let fields = ["payload", "content_type", "headers"];
+    let entries = publish_and_read(&sink, &redis, &stream, &[event.clone()], &fields).await;
+    check_structured(&event, entries[0].field("payload").expect("payload"));
+    assert_eq!(entries[0].text("headers"), r#"{"tenant-id":"acme"}"#);
 }
 
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.

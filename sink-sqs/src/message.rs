@@ -18,14 +18,15 @@
 //! With `format = "cloudevents"` (CloudEvents 1.0, JSON event format, structured content mode)
 //! the body is the event as one JSON document — always text (a `binary` payload is its
 //! `data_base64`), so there is no `body_encoding` — and the attributes are the event's fields
-//! and `content_type` = `application/cloudevents+json`; the headers travel only inside the
-//! document (extension attributes such as `traceparent`), not as attributes.
+//! and `content_type` = `application/cloudevents+json`. Headers whose names are CloudEvents
+//! attribute names (such as `traceparent`) travel inside the document as extensions; the
+//! others (`tenant-id`, `Tenant`...) as attributes, as in raw format, so none is lost.
 
 use std::collections::BTreeMap;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use outboxkit_core::cloudevents::{CloudEvents, STRUCTURED_CONTENT_TYPE};
+use outboxkit_core::cloudevents::{is_mapped_header, CloudEvents, STRUCTURED_CONTENT_TYPE};
 use outboxkit_core::{OutboxEvent, PayloadType};
 use sha2::{Digest, Sha256};
 
@@ -92,12 +93,14 @@ pub(crate) fn prepare(
                 CONTENT_TYPE_ATTRIBUTE.to_owned(),
                 STRUCTURED_CONTENT_TYPE.to_owned(),
             ));
+            let unmapped = event.headers.iter().filter(|(n, _)| !is_mapped_header(n));
+            push_headers(unmapped.collect(), &mut attributes);
             String::from_utf8(cloudevents.structured(event))
                 .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
         }
         None => {
             let body = raw_body(event, &mut attributes);
-            push_headers(event, &mut attributes);
+            push_headers(event.headers.iter().collect(), &mut attributes);
             body
         }
     };
@@ -130,11 +133,10 @@ fn raw_body(event: &OutboxEvent, attributes: &mut Vec<(String, String)>) -> Stri
 
 /// The raw format's headers: attributes of their own while they fit, else partly in the
 /// `headers` attribute.
-fn push_headers(event: &OutboxEvent, attributes: &mut Vec<(String, String)>) {
+fn push_headers(headers: Vec<(&String, &String)>, attributes: &mut Vec<(String, String)>) {
     let free = MAX_ATTRIBUTES - attributes.len();
-    let (own, overflow): (Vec<_>, Vec<_>) = event
-        .headers
-        .iter()
+    let (own, overflow): (Vec<_>, Vec<_>) = headers
+        .into_iter()
         .partition(|(name, value)| is_attribute_name(name) && is_attribute_value(value));
     if overflow.is_empty() && own.len() <= free {
         for (name, value) in own {
@@ -377,7 +379,7 @@ mod tests {
     }
 
     #[test]
-    fn cloudevents_bodies_are_the_document_and_headers_are_not_attributes() {
+    fn cloudevents_bodies_are_the_document_and_only_unmapped_headers_are_attributes() {
         use outboxkit_core::cloudevents::Format;
         let ce = CloudEvents::for_format(Format::CloudEvents, "/shop", "k")
             .unwrap()
@@ -400,6 +402,15 @@ mod tests {
         assert_eq!(parsed["h8"], "v8");
         assert_eq!(message.size, message.body.len() + attributes_size(&message));
         assert_eq!(message.group_id.as_deref(), Some("42"));
+
+        // Headers that are not extension names stay attributes (or overflow): none is lost.
+        e.headers.insert("tenant-id".into(), "acme".into());
+        e.headers.insert("Region".into(), "eu".into());
+        let message = prepare(&e, true, false, Some(&ce));
+        let attribute = |name: &str| message.attributes.iter().find(|(n, _)| n == name);
+        assert_eq!(attribute("tenant-id").unwrap().1, "acme");
+        assert_eq!(attribute("Region").unwrap().1, "eu");
+        assert!(attribute("h8").is_none(), "an extension, in the document only");
     }
 
     #[test]
