@@ -410,7 +410,10 @@ mod tests {
         let attribute = |name: &str| message.attributes.iter().find(|(n, _)| n == name);
         assert_eq!(attribute("tenant-id").unwrap().1, "acme");
         assert_eq!(attribute("Region").unwrap().1, "eu");
-        assert!(attribute("h8").is_none(), "an extension, in the document only");
+        assert!(
+            attribute("h8").is_none(),
+            "an extension, in the document only"
+        );
     }
 
     #[test]
