@@ -28,7 +28,9 @@ pub fn from_catalog(
     let Some(column) = column else {
         return Err(Error::new(
             ErrorKind::Schema,
-            format!("table {table} has no payload column: run `outbox-relay migrate`"),
+            format!(
+                "table {table} does not exist or has no payload column: run `outbox-relay migrate`"
+            ),
         ));
     };
     of(column).ok_or_else(|| {

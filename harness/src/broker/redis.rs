@@ -61,12 +61,9 @@ impl RedisSide {
         let url = url.to_owned();
         let client = redis::Client::open(url.as_str())
             .unwrap_or_else(|e| panic!("{url} is not a redis:// URL: {e}"));
-        let connection = client
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap_or_else(|e| {
-                panic!("Redis at {url} is unreachable ({e}): start it (scripts/services.sh)")
-            });
+        let connection = consumer_connection(&client).await.unwrap_or_else(|e| {
+            panic!("Redis at {url} is unreachable ({e}): start it (scripts/services.sh)")
+        });
         Self {
             url,
             prefix: prefix.to_owned(),
@@ -97,8 +94,7 @@ impl RedisSide {
         install_crypto_provider();
         let client_ = redis::Client::build_with_tls(url.as_str(), certificates)
             .unwrap_or_else(|e| panic!("{url} with the TLS files given: {e}"));
-        let connection = client_
-            .get_multiplexed_async_connection()
+        let connection = consumer_connection(&client_)
             .await
             .unwrap_or_else(|e| panic!("Redis at {url} is unreachable over TLS: {e}"));
         Self {
@@ -112,7 +108,8 @@ impl RedisSide {
         }
     }
 
-    /// A connection for a test's own commands.
+    /// A connection for a test's own commands (30 s per command: a large `XRANGE` on a
+    /// machine busy with other tests outlasts the client's default).
     pub fn connection(&self) -> MultiplexedConnection {
         self.connection.clone()
     }
@@ -429,4 +426,14 @@ impl outboxkit_core::testkit::sink_suite::SuiteConsumer for RedisSide {
         };
         entries.iter().map(received).collect()
     }
+}
+
+/// The consumer's connection: the client's defaults but for the response timeout, 30 s rather
+/// than redis-rs's default, which a 5,000-entry `XRANGE` can outlast on a loaded machine.
+async fn consumer_connection(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
 }
