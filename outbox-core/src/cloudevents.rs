@@ -147,11 +147,6 @@ impl CloudEvents {
             .collect()
     }
 
-    /// The event's `datacontenttype`: its [`OutboxEvent::content_type`].
-    pub fn content_type<'e>(&self, event: &'e OutboxEvent) -> &'e str {
-        event.content_type()
-    }
-
     /// The event in structured content mode: one JSON document (JSON event format), with the
     /// payload as `data` — the JSON itself when the content type is JSON and the payload is a
     /// JSON document (embedded byte for byte), a string for other text, `data_base64` for the
@@ -395,7 +390,7 @@ mod tests {
             ]
         );
         assert_eq!(headers[2].1, "/shop/order/42%2Fa%20b");
-        assert_eq!(mapping().content_type(&e), "application/json");
+        assert_eq!(e.content_type(), "application/json");
         assert!(is_mapped_header("traceparent") && is_mapped_header(CONTENT_TYPE_HEADER));
         assert!(!is_mapped_header("Tenant") && !is_mapped_header("type"));
         assert!(CloudEvents::for_format(Format::Raw, "/a b", "k")

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::MySqlConnectOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
@@ -265,12 +265,10 @@ impl MySqlStore {
 
     /// Like [`Store::open_session`], with the concrete session type.
     pub async fn open_mysql_session(&self, relay_id: &str) -> Result<MySqlShardSession> {
-        let shard_count = self.shard_count().await?;
-        let payload_type = {
+        let (shard_count, payload_type) = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let configured = self.inner.config.payload_type;
-            migrate::checked_payload_type(&mut conn, &self.inner.table, configured, self.target())
-                .await?
+            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+            self.table_facts(&mut conn, row).await?
         };
         MySqlShardSession::open(
             &self.inner.options,
@@ -282,6 +280,21 @@ impl MySqlStore {
             self.inner.config.session_timeout,
         )
         .await
+    }
+
+    /// The table's shard count, from its schema `row` (checking the version), and its payload
+    /// type, read on `conn` and checked against `store.payload_type`.
+    async fn table_facts(
+        &self,
+        conn: &mut MySqlConnection,
+        row: Result<Option<(i32, i32)>>,
+    ) -> Result<(u32, PayloadType)> {
+        let table = &self.inner.table;
+        let shard_count = migrate::migrated_shards(table, row)?;
+        let configured = self.inner.config.payload_type;
+        let payload_type =
+            migrate::checked_payload_type(conn, table, configured, self.target()).await?;
+        Ok((shard_count, payload_type))
     }
 
     /// The table's shard count, checking its schema version.
@@ -359,11 +372,7 @@ impl Store for MySqlStore {
             return Err(migrate::not_migrated(table));
         }
         let row = migrate::schema_row(&mut conn, table, self.target()).await?;
-        migrate::migrated_shards(table, Ok(row))?;
-        let configured = self.inner.config.payload_type;
-        migrate::checked_payload_type(&mut conn, table, configured, self.target())
-            .await
-            .map(drop)
+        self.table_facts(&mut conn, Ok(row)).await.map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

@@ -9,8 +9,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, Result,
-    ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, PayloadType,
+    Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Postgres, Target};
@@ -152,13 +152,8 @@ impl PostgresStore {
     pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
         let (shard_count, payload_type) = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let table = &self.inner.table;
-            let row = migrate::schema_row(&mut conn, table, self.target()).await;
-            let shard_count = migrate::migrated_shards(table, row)?;
-            let configured = self.inner.config.payload_type;
-            let payload_type =
-                migrate::checked_payload_type(&mut conn, table, configured, self.target()).await?;
-            (shard_count, payload_type)
+            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+            self.table_facts(&mut conn, row).await?
         };
         PostgresShardSession::open(
             &self.inner.options,
@@ -170,6 +165,21 @@ impl PostgresStore {
             self.inner.config.session_timeout,
         )
         .await
+    }
+
+    /// The table's shard count, from its schema `row` (checking the version), and its payload
+    /// type, read on `conn` and checked against `store.payload_type`.
+    async fn table_facts(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        row: Result<Option<(i32, i32)>>,
+    ) -> Result<(u32, PayloadType)> {
+        let table = &self.inner.table;
+        let shard_count = migrate::migrated_shards(table, row)?;
+        let configured = self.inner.config.payload_type;
+        let payload_type =
+            migrate::checked_payload_type(conn, table, configured, self.target()).await?;
+        Ok((shard_count, payload_type))
     }
 
     fn target(&self) -> &Target {
@@ -224,11 +234,7 @@ impl Store for PostgresStore {
             return Err(migrate::not_migrated(table));
         }
         let row = migrate::schema_row(&mut conn, table, self.target()).await?;
-        migrate::migrated_shards(table, Ok(row))?;
-        let configured = self.inner.config.payload_type;
-        migrate::checked_payload_type(&mut conn, table, configured, self.target())
-            .await
-            .map(drop)
+        self.table_facts(&mut conn, Ok(row)).await.map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

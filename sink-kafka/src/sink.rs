@@ -281,19 +281,20 @@ impl KafkaSink {
         let created_at = event
             .created_at
             .to_rfc3339_opts(SecondsFormat::Micros, true);
-        let mut own: Vec<(String, &str)> = Vec::new();
+        // Borrowed names and values: no copy per header on the publish path.
         let attributes = cloudevents.map(|ce| ce.binary_headers(event, "ce_"));
-        if let (Some(ce), Some(attributes)) = (cloudevents, &attributes) {
-            own.extend(attributes.iter().map(|(n, v)| (n.clone(), v.as_str())));
-            own.push(("content-type".to_owned(), ce.content_type(event)));
+        let mut own: Vec<(&str, &str)> = Vec::with_capacity(event.headers.len());
+        if let Some(attributes) = &attributes {
+            own.extend(attributes.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+            own.push(("content-type", event.content_type()));
         }
         for (name, value) in &event.headers {
             if cloudevents.is_none() || !is_mapped_header(name) {
-                own.push((name.clone(), value.as_str()));
+                own.push((name.as_str(), value.as_str()));
             }
         }
         let mut headers = OwnedHeaders::new_with_capacity(own.len() + RELAY_HEADERS.len());
-        for (key, value) in own.iter().map(|(n, v)| (n.as_str(), *v)).chain([
+        for (key, value) in own.into_iter().chain([
             ("event_id", event_id.as_str()),
             ("event_type", event.event_type.as_str()),
             ("aggregate_type", event.aggregate_type.as_str()),
