@@ -2,7 +2,7 @@
 //! with `FOR UPDATE SKIP LOCKED`, publishes them one by one awaiting each acknowledgement, marks
 //! them `published_at` and commits. Its SQL is the store's own dialect.
 
-use outboxkit_core::{OutboxEvent, Sink};
+use outboxkit_core::{OutboxEvent, Payload, Sink};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -39,18 +39,15 @@ async fn postgres_round(
     let mut ids = Vec::with_capacity(rows.len());
     for row in &rows {
         let event = OutboxEvent {
-            id: row.get(0),
             event_id: row.get(1),
-            aggregate_type: row.get(2),
-            aggregate_id: row.get(3),
-            event_type: row.get(4),
-            payload: row.get::<String, _>(5).into_bytes(),
-            payload_type: Default::default(),
-            headers: Default::default(),
-            destination: None,
             created_at: row.get(6),
-            attempts: 0,
-            shard: 0,
+            ..OutboxEvent::new(
+                row.get(0),
+                row.get::<String, _>(2),
+                row.get::<String, _>(3),
+                row.get::<String, _>(4),
+                Payload::Json(row.get(5)),
+            )
         };
         // One by one, waiting for each acknowledgement, inside the transaction.
         publish_one(sink, &event).await?;
@@ -88,18 +85,15 @@ async fn mysql_round(
         let text = |i: usize| row.try_get::<String, _>(i).map_err(|e| e.to_string());
         let created_at: chrono::NaiveDateTime = row.try_get(6).map_err(|e| e.to_string())?;
         let event = OutboxEvent {
-            id: row.try_get(0).map_err(|e| e.to_string())?,
             event_id: Uuid::parse_str(&text(1)?).map_err(|e| e.to_string())?,
-            aggregate_type: text(2)?,
-            aggregate_id: text(3)?,
-            event_type: text(4)?,
-            payload: text(5)?.into_bytes(),
-            payload_type: Default::default(),
-            headers: Default::default(),
-            destination: None,
             created_at: created_at.and_utc(),
-            attempts: 0,
-            shard: 0,
+            ..OutboxEvent::new(
+                row.try_get(0).map_err(|e| e.to_string())?,
+                text(2)?,
+                text(3)?,
+                text(4)?,
+                Payload::Json(text(5)?),
+            )
         };
         publish_one(sink, &event).await?;
         ids.push(event.id);

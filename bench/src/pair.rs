@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use outboxkit_core::{ClaimRequest, MarkMode, NewEvent, OutboxEvent, PayloadType, Store};
 use outboxkit_harness::{write_file, MySqlSide, PostgresSide, RelayProcess, StoreSide};
 use uuid::Uuid;
@@ -166,22 +165,13 @@ impl Pair {
 
 fn sample_event(n: u64, aggregates: u64) -> OutboxEvent {
     let order = (n - 1) % aggregates;
-    OutboxEvent {
-        id: n as i64,
-        event_id: Uuid::now_v7(),
-        aggregate_type: "order".into(),
-        aggregate_id: order.to_string(),
-        event_type: "OrderChanged".into(),
-        payload: serde_json::json!({ "n": n, "order_id": order, "pad": "x".repeat(PAD) })
-            .to_string()
-            .into_bytes(),
-        payload_type: Default::default(),
-        headers: Default::default(),
-        destination: None,
-        created_at: Utc::now(),
-        attempts: 0,
-        shard: 0,
-    }
+    OutboxEvent::new(
+        n as i64,
+        "order",
+        order.to_string(),
+        "OrderChanged",
+        serde_json::json!({ "n": n, "order_id": order, "pad": "x".repeat(PAD) }),
+    )
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

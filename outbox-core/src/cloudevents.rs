@@ -24,7 +24,7 @@ use chrono::SecondsFormat;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::{OutboxEvent, PayloadType, CONTENT_TYPE_HEADER};
+use crate::model::{OutboxEvent, Payload, PayloadType, CONTENT_TYPE_HEADER};
 use crate::template::DestinationTemplate;
 
 /// The CloudEvents specification version the relay produces.
@@ -291,18 +291,9 @@ fn push_json_string(out: &mut String, value: &str) {
 
 fn probe_event() -> OutboxEvent {
     OutboxEvent {
-        id: 0,
         event_id: uuid::Uuid::nil(),
-        aggregate_type: String::new(),
-        aggregate_id: String::new(),
-        event_type: String::new(),
-        payload: Vec::new(),
-        payload_type: PayloadType::Json,
-        headers: Default::default(),
-        destination: None,
         created_at: chrono::DateTime::UNIX_EPOCH,
-        attempts: 0,
-        shard: 0,
+        ..OutboxEvent::new(0, "", "", "", Payload::Json(String::new()))
     }
 }
 

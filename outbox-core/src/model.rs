@@ -205,6 +205,38 @@ pub struct OutboxEvent {
 }
 
 impl OutboxEvent {
+    /// An event as a store hands it to a sink, for a sink's own tests and tools (the relay makes
+    /// its events from claimed rows): a fresh UUID v7 `event_id`, the payload's own type, no
+    /// headers and no destination, created now, never attempted, shard 0. The fields are public:
+    /// set any other value on the result.
+    pub fn new(
+        id: i64,
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: impl Into<Payload>,
+    ) -> Self {
+        let (payload, payload_type) = match payload.into() {
+            Payload::Json(text) => (text.into_bytes(), PayloadType::Json),
+            Payload::Text(text) => (text.into_bytes(), PayloadType::Text),
+            Payload::Binary(bytes) => (bytes, PayloadType::Binary),
+        };
+        Self {
+            id,
+            event_id: Uuid::now_v7(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: event_type.into(),
+            payload,
+            payload_type,
+            headers: Headers::new(),
+            destination: None,
+            created_at: Utc::now(),
+            attempts: 0,
+            shard: 0,
+        }
+    }
+
     /// Payload bytes as sent to brokers.
     pub fn payload_bytes(&self) -> &[u8] {
         &self.payload

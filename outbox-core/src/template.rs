@@ -125,23 +125,13 @@ impl std::str::FromStr for DestinationTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Utc;
     use uuid::Uuid;
 
     fn event(destination: Option<&str>) -> OutboxEvent {
         OutboxEvent {
-            id: 1,
             event_id: Uuid::nil(),
-            aggregate_type: "order".into(),
-            aggregate_id: "42".into(),
-            event_type: "OrderConfirmed".into(),
-            payload: "{}".into(),
-            payload_type: Default::default(),
-            headers: Default::default(),
             destination: destination.map(Into::into),
-            created_at: Utc::now(),
-            attempts: 0,
-            shard: 0,
+            ..OutboxEvent::new(1, "order", "42", "OrderConfirmed", serde_json::json!({}))
         }
     }
 

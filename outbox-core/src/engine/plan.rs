@@ -208,25 +208,16 @@ pub(super) async fn publish_batch(sink: &dyn Sink, batch: &[OutboxEvent]) -> Pub
 
 #[cfg(test)]
 mod tests {
-    use chrono::Utc;
-
     use super::*;
 
     fn event(id: i64, aggregate: &str) -> OutboxEvent {
-        OutboxEvent {
+        OutboxEvent::new(
             id,
-            event_id: uuid::Uuid::now_v7(),
-            aggregate_type: "order".to_owned(),
-            aggregate_id: aggregate.to_owned(),
-            event_type: "OrderChanged".to_owned(),
-            payload: b"{}".to_vec(),
-            payload_type: Default::default(),
-            headers: Default::default(),
-            destination: None,
-            created_at: Utc::now(),
-            attempts: 0,
-            shard: 0,
-        }
+            "order",
+            aggregate,
+            "OrderChanged",
+            serde_json::json!({}),
+        )
     }
 
     /// Events with ids 1, 2, ... of the aggregates named, in order.

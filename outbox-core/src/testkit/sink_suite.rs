@@ -21,11 +21,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::Utc;
 use uuid::Uuid;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{Headers, OutboxEvent, Outcome, PayloadType, CONTENT_TYPE_HEADER};
+use crate::model::{Headers, OutboxEvent, Outcome, Payload, PayloadType, CONTENT_TYPE_HEADER};
 use crate::plugin::SinkConfig;
 use crate::sink::{whole_call_failure, Sink};
 
@@ -198,18 +197,15 @@ pub fn sample_event(
         format!("00-{}-{}-01", event_id.simple(), &span[..16]),
     );
     OutboxEvent {
-        id,
         event_id,
-        aggregate_type: aggregate_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        event_type: event_type.to_owned(),
-        payload: payload.into_bytes(),
-        payload_type: PayloadType::Json,
         headers,
-        destination: None,
-        created_at: Utc::now(),
-        attempts: 0,
-        shard: 0,
+        ..OutboxEvent::new(
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            Payload::Json(payload),
+        )
     }
 }
 
