@@ -37,165 +37,66 @@
 //! unreachable, slow or throttling) — then nothing is dead-lettered and no attempt is counted
 //! against the events.
 
-use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::BatchResultErrorEntry;
+pub use outboxkit_aws::classify::{is_access_denied, refuses_content};
+use outboxkit_aws::classify::ErrorCodes;
 use outboxkit_core::{Error, ErrorKind};
 
-const THROTTLING: &[&str] = &[
-    "RequestThrottled",
-    "RequestThrottledException",
-    "AWS.SimpleQueueService.RequestThrottled",
-    "ThrottlingException",
-    "Throttling",
-    "ThrottledException",
-    "TooManyRequestsException",
-    "RequestLimitExceeded",
-    "SlowDown",
-    "KmsThrottled",
-    "KMS.ThrottlingException",
-];
-
-const SERVER: &[&str] = &[
-    "InternalError",
-    "InternalFailure",
-    "InternalServerError",
-    "ServiceUnavailable",
-    "ServiceUnavailableException",
-    "AWS.SimpleQueueService.InternalError",
-];
-
-const CREDENTIALS: &[&str] = &[
-    "InvalidClientTokenId",
-    "InvalidAccessKeyId",
-    "UnrecognizedClientException",
-    "SignatureDoesNotMatch",
-    "IncompleteSignature",
-    "MissingAuthenticationToken",
-    "MissingAuthenticationTokenException",
-    "ExpiredToken",
-    "ExpiredTokenException",
-    "RequestExpired",
-    "InvalidSecurity",
-    "AWS.SimpleQueueService.InvalidSecurity",
-    "AccessDenied",
-    "AccessDeniedException",
-    "AuthFailure",
-    "AuthorizationError",
-    "NotAuthorized",
-    "OptInRequired",
-];
-
-const KMS: &[&str] = &[
-    "KmsAccessDenied",
-    "KMS.AccessDeniedException",
-    "KmsDisabled",
-    "KMS.DisabledException",
-    "KmsInvalidState",
-    "KMS.InvalidStateException",
-    "KmsNotFound",
-    "KMS.NotFoundException",
-    "KmsInvalidKeyUsage",
-    "KMS.InvalidKeyUsageException",
-    "KmsOptInRequired",
-    "KMS.OptInRequired",
-];
-
-const MISSING_QUEUE: &[&str] = &[
-    "QueueDoesNotExist",
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "NonExistentQueue",
-    "QueueDeletedRecently",
-    "AWS.SimpleQueueService.QueueDeletedRecently",
-];
-
-const BAD_ADDRESS: &[&str] = &["InvalidAddress", "AWS.SimpleQueueService.InvalidAddress"];
-
-const TOO_LARGE: &[&str] = &[
-    "BatchRequestTooLong",
-    "AWS.SimpleQueueService.BatchRequestTooLong",
-    "MessageTooLong",
-    "RequestEntityTooLarge",
-];
-
-const INVALID_MESSAGE: &[&str] = &[
-    "InvalidParameterValue",
-    "InvalidParameterValueException",
-    "InvalidParameterException",
-    "InvalidParameterCombination",
-    "InvalidMessageContents",
-    "InvalidAttributeName",
-    "InvalidAttributeValue",
-    "MissingParameter",
-    "ValidationError",
-    "ValidationException",
-];
-
-const SINK_BUG: &[&str] = &[
-    "TooManyEntriesInBatchRequest",
-    "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
-    "BatchEntryIdsNotDistinct",
-    "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
-    "InvalidBatchEntryId",
-    "AWS.SimpleQueueService.InvalidBatchEntryId",
-    "EmptyBatchRequest",
-    "AWS.SimpleQueueService.EmptyBatchRequest",
-];
-
-const UNSUPPORTED: &[&str] = &[
-    "UnsupportedOperation",
-    "AWS.SimpleQueueService.UnsupportedOperation",
-    "InvalidAction",
-    "UnknownOperationException",
-];
+/// SQS's own codes, on top of the ones every AWS service shares (see
+/// [`outboxkit_aws::classify`]).
+const CODES: ErrorCodes = ErrorCodes {
+    service: "SQS",
+    throttling: &[
+        "AWS.SimpleQueueService.RequestThrottled",
+        "KmsThrottled",
+        "KMS.ThrottlingException",
+    ],
+    server: &["AWS.SimpleQueueService.InternalError"],
+    unauthorized: &[
+        "AWS.SimpleQueueService.InvalidSecurity",
+        "KmsAccessDenied",
+        "KMS.AccessDeniedException",
+        "KmsDisabled",
+        "KMS.DisabledException",
+        "KmsInvalidState",
+        "KMS.InvalidStateException",
+        "KmsNotFound",
+        "KMS.NotFoundException",
+        "KmsInvalidKeyUsage",
+        "KMS.InvalidKeyUsageException",
+        "KmsOptInRequired",
+        "KMS.OptInRequired",
+    ],
+    missing_destination: &[
+        "QueueDoesNotExist",
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "NonExistentQueue",
+        "QueueDeletedRecently",
+        "AWS.SimpleQueueService.QueueDeletedRecently",
+    ],
+    bad_address: &["InvalidAddress", "AWS.SimpleQueueService.InvalidAddress"],
+    too_large: &["AWS.SimpleQueueService.BatchRequestTooLong", "MessageTooLong"],
+    invalid_message: &[
+        "InvalidMessageContents",
+        "InvalidAttributeName",
+        "InvalidAttributeValue",
+    ],
+    sink_bug: &[
+        "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+        "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+        "AWS.SimpleQueueService.InvalidBatchEntryId",
+        "AWS.SimpleQueueService.EmptyBatchRequest",
+    ],
+    unsupported: &["AWS.SimpleQueueService.UnsupportedOperation"],
+};
 
 /// The kind and retryability of an SQS error code (service error or batch entry), with the
 /// HTTP status of the answer when there was one. Unknown codes are `Other` and retryable:
 /// never dead-letter an event on an error nobody understood.
 pub fn classify_code(code: Option<&str>, status: Option<u16>) -> (ErrorKind, bool) {
-    if let Some(code) = code {
-        let is = |set: &[&str]| set.contains(&code);
-        if is(THROTTLING) || is(SERVER) {
-            return (ErrorKind::Unavailable, true);
-        }
-        if is(CREDENTIALS) || is(KMS) {
-            return (ErrorKind::Unauthorized, false);
-        }
-        if is(MISSING_QUEUE) {
-            return (ErrorKind::Unroutable, true);
-        }
-        if is(BAD_ADDRESS) {
-            return (ErrorKind::Unroutable, false);
-        }
-        if is(TOO_LARGE) {
-            return (ErrorKind::MessageTooLarge, false);
-        }
-        if is(INVALID_MESSAGE) {
-            return (ErrorKind::InvalidMessage, false);
-        }
-        if is(SINK_BUG) {
-            return (ErrorKind::Other, true);
-        }
-        if is(UNSUPPORTED) {
-            return (ErrorKind::Config, false);
-        }
-    }
-    match status {
-        Some(429) => (ErrorKind::Unavailable, true),
-        Some(401 | 403) => (ErrorKind::Unauthorized, false),
-        Some(s) if s >= 500 => (ErrorKind::Unavailable, true),
-        _ => (ErrorKind::Other, true),
-    }
-}
-
-fn error(kind: ErrorKind, retryable: bool, message: String) -> Error {
-    let error = Error::new(kind, message);
-    if retryable {
-        error.temporary()
-    } else {
-        error.permanent()
-    }
+    CODES.classify_code(code, status)
 }
 
 /// Turn an SDK error of any SQS operation into the relay's error (see the module table).
@@ -203,140 +104,13 @@ pub fn classify_sdk_error<E>(err: &SdkError<E, HttpResponse>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
-    if let Some(credentials) = find_source::<CredentialsError>(err) {
-        let reason = chain(credentials);
-        return error(
-            ErrorKind::Unauthorized,
-            false,
-            format!(
-                "no usable AWS credentials ({reason}); provide them through the AWS chain: \
-                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance/task role"
-            ),
-        );
-    }
-    match err {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status().as_u16();
-            let inner = service.err();
-            let code = inner.code();
-            let (kind, retryable) = classify_code(code, Some(status));
-            let text = match (code, inner.message()) {
-                (Some(code), Some(message)) => format!("{code}: {message}"),
-                (Some(code), None) => code.to_owned(),
-                (None, Some(message)) => message.to_owned(),
-                (None, None) => "the service refused the request".to_owned(),
-            };
-            error(kind, retryable, format!("{text} (HTTP {status})"))
-        }
-        SdkError::TimeoutError(_) => error(
-            ErrorKind::Timeout,
-            true,
-            format!("no answer in time: {}", chain(err)),
-        ),
-        SdkError::DispatchFailure(dispatch) => {
-            let (kind, retryable) = if dispatch.is_timeout() {
-                (ErrorKind::Timeout, true)
-            } else if dispatch.is_user() {
-                (ErrorKind::Config, false)
-            } else {
-                (ErrorKind::Connection, true)
-            };
-            error(kind, retryable, format!("cannot reach SQS: {}", chain(err)))
-        }
-        SdkError::ResponseError(_) => error(
-            ErrorKind::Other,
-            true,
-            format!("unreadable answer: {}", chain(err)),
-        ),
-        SdkError::ConstructionFailure(_) => error(
-            ErrorKind::Config,
-            false,
-            format!("cannot build the request: {}", chain(err)),
-        ),
-        _ => error(ErrorKind::Other, true, chain(err)),
-    }
+    CODES.classify_sdk_error(err)
 }
 
 /// Turn one `Failed` entry of a `SendMessageBatch` answer into the relay's error, with SQS's
 /// code and message as text (what is stored in `last_error`).
 pub fn classify_entry(entry: &BatchResultErrorEntry) -> Error {
-    let code = entry.code();
-    let (known, _) = classify_code(Some(code), None);
-    let text = match entry.message() {
-        Some(message) => format!("{code}: {message}"),
-        None => code.to_owned(),
-    };
-    let text = if entry.sender_fault() {
-        format!("{text} (sender fault)")
-    } else {
-        text
-    };
-    match known {
-        ErrorKind::Unauthorized | ErrorKind::Config => error(known, false, text),
-        _ if entry.sender_fault() => {
-            let kind = match known {
-                ErrorKind::MessageTooLarge | ErrorKind::Unroutable => known,
-                _ => ErrorKind::InvalidMessage,
-            };
-            error(kind, false, text)
-        }
-        ErrorKind::Unavailable => error(ErrorKind::Unavailable, true, text),
-        _ => error(ErrorKind::Other, true, text),
-    }
-}
-
-/// Whether SQS refused an operation for lack of permission (`AccessDenied`): the endpoint
-/// answered and the credentials are valid — the caller may not do this particular thing.
-pub fn is_access_denied<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool {
-    err.as_service_error()
-        .and_then(ProvideErrorMetadata::code)
-        .is_some_and(|code| {
-            matches!(
-                code,
-                "AccessDenied" | "AccessDeniedException" | "AuthorizationError" | "NotAuthorized"
-            )
-        })
-}
-
-/// Whether a whole request was refused for its content (too long, an invalid entry): each of
-/// its entries is then sent alone, so that only the bad one is rejected.
-pub fn refuses_content(error: &Error) -> bool {
-    !error.is_retryable()
-        && matches!(
-            error.kind(),
-            ErrorKind::MessageTooLarge | ErrorKind::InvalidMessage
-        )
-}
-
-/// An error and its causes on one line (`dispatch failure: io error: ...: Connection refused`),
-/// each text once.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next = Some(err);
-    while let Some(current) = next {
-        let text = current.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        next = current.source();
-    }
-    out
-}
-
-fn find_source<'a, T: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut next = Some(err);
-    while let Some(current) = next {
-        if let Some(found) = current.downcast_ref::<T>() {
-            return Some(found);
-        }
-        next = current.source();
-    }
-    None
+    CODES.classify_entry(entry.code(), entry.message(), entry.sender_fault())
 }
 
 #[cfg(test)]

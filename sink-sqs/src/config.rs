@@ -7,15 +7,15 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use outboxkit_aws::batch::MAX_ENTRIES_PER_REQUEST;
+pub(crate) use outboxkit_aws::client::redact_url;
+use outboxkit_aws::client::ClientSettings;
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
 /// Where this configuration lives in the relay's configuration file; error messages name it.
 pub const CONFIG_SECTION: &str = "sink.sqs";
-
-/// Most entries SQS takes in one `SendMessageBatch` request.
-pub const MAX_ENTRIES_PER_REQUEST: usize = 10;
 
 /// The largest request (and message) SQS accepts at all: 1 MiB.
 pub const SQS_MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -140,44 +140,7 @@ impl SqsConfig {
     pub fn validate(&self) -> Result<()> {
         self.cloudevents()?;
         self.template()?;
-        if let Some(endpoint) = &self.endpoint {
-            let shown = redact_url(endpoint);
-            let url = url::Url::parse(endpoint).map_err(|e| {
-                Error::config(format!(
-                    "{CONFIG_SECTION}.endpoint: `{shown}` is not a URL: {e} \
-                     (expected e.g. http://127.0.0.1:4566)"
-                ))
-            })?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.endpoint: unsupported scheme `{}://` (expected http:// or https://)",
-                    url.scheme()
-                )));
-            }
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.endpoint: `{shown}` has no host"
-                )));
-            }
-        }
-        if let Some(region) = &self.region {
-            let valid = !region.is_empty()
-                && region
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-            if !valid {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.region: `{region}` is not an AWS region name (e.g. us-east-1)"
-                )));
-            }
-        }
-        if let Some(profile) = &self.profile {
-            if profile.trim().is_empty() {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.profile: must not be empty (leave it out for the default chain)"
-                )));
-            }
-        }
+        self.client_settings().validate()?;
         if let Some(account) = &self.queue_owner_account_id {
             if account.len() != 12 || !account.chars().all(|c| c.is_ascii_digit()) {
                 return Err(Error::config(format!(
@@ -205,44 +168,27 @@ impl SqsConfig {
                 self.max_concurrent_requests
             )));
         }
-        if self.retry_attempts == 0 || self.retry_attempts > 10 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.retry_attempts: must be between 1 and 10, got {}",
-                self.retry_attempts
-            )));
-        }
-        for (key, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.{key}: must be longer than 0s"
-                )));
-            }
-        }
         Ok(())
+    }
+
+    /// The keys that configure the AWS client.
+    pub fn client_settings(&self) -> ClientSettings<'_> {
+        ClientSettings {
+            section: CONFIG_SECTION,
+            endpoint_env: "AWS_ENDPOINT_URL_SQS",
+            endpoint: self.endpoint.as_deref(),
+            region: self.region.as_deref(),
+            profile: self.profile.as_deref(),
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+            retry_attempts: self.retry_attempts,
+        }
     }
 
     /// The parsed queue template.
     pub fn template(&self) -> Result<DestinationTemplate> {
         DestinationTemplate::parse(&self.queue)
             .map_err(|e| e.context(format!("{CONFIG_SECTION}.queue")))
-    }
-}
-
-/// Drop the user-info part (`user:password@`) of a URL.
-pub(crate) fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if (!url.username().is_empty() || url.password().is_some())
-                && (url.set_username("").is_err() || url.set_password(None).is_err())
-            {
-                return outboxkit_core::redact::strip_userinfo(raw);
-            }
-            url.to_string().trim_end_matches('/').to_owned()
-        }
-        Err(_) => outboxkit_core::redact::strip_userinfo(raw),
     }
 }
 

@@ -1,7 +1,9 @@
-//! How an outbox event becomes an SQS message: body, message attributes, group and
-//! deduplication ids, and the size SQS counts for it.
+//! How an outbox event becomes an SQS or SNS message: body, message attributes, group and
+//! deduplication ids, and the size the service counts for it. SQS and SNS share the rules
+//! below (an SNS message delivered raw to an SQS queue keeps its attributes, so SQS's limit of
+//! 10 applies to it too).
 //!
-//! SQS allows 10 message attributes per message. The event's own fields take up to four
+//! SQS and SNS allow 10 message attributes per message. The event's own fields take up to four
 //! (`event_id`, `event_type`, `aggregate_type`, `aggregate_id`), leaving six for headers:
 //!
 //! - up to six headers, each a valid attribute (name of `A-Z a-z 0-9 _ - .`, not starting with
@@ -11,7 +13,7 @@
 //!   other header** travels in one more attribute, `headers`, a JSON object of strings. A
 //!   consumer reads the attributes, then merges `headers` when present. Nothing is dropped.
 //!
-//! SQS bodies must be text. Payloads of `json` and `text` tables are the body as they are;
+//! SQS and SNS bodies must be text. Payloads of `json` and `text` tables are the body as they are;
 //! payloads of `binary` tables are the body base64-encoded (RFC 4648, with padding), and the
 //! message has one more attribute, `body_encoding` = `base64`, leaving five for headers.
 //!
@@ -30,7 +32,7 @@ use outboxkit_core::cloudevents::{is_mapped_header, CloudEvents, STRUCTURED_CONT
 use outboxkit_core::{OutboxEvent, PayloadType};
 use sha2::{Digest, Sha256};
 
-/// Most message attributes SQS accepts on one message.
+/// Most message attributes SQS (and SNS) accepts on one message.
 pub const MAX_ATTRIBUTES: usize = 10;
 
 /// The attribute carrying headers that could not be attributes of their own (JSON object).
@@ -46,31 +48,34 @@ pub const BODY_ENCODING_ATTRIBUTE: &str = "body_encoding";
 /// The attribute naming the body's content type with CloudEvents (`application/cloudevents+json`).
 pub const CONTENT_TYPE_ATTRIBUTE: &str = "content_type";
 
-/// SQS's data type name of string attributes, counted in the message size.
-const STRING_TYPE: &str = "String";
+/// The data type name of string attributes, counted in the message size.
+pub const STRING_TYPE: &str = "String";
 
-/// Longest `MessageGroupId` SQS accepts.
+/// Longest `MessageGroupId` SQS and SNS accept.
 const MAX_GROUP_ID: usize = 128;
 
-/// One event as an SQS message, ready to be put into a `SendMessageBatch` request.
+/// One event as a message, ready to be put into a `SendMessageBatch` (SQS) or
+/// `PublishBatch` (SNS) request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PreparedMessage {
+pub struct PreparedMessage {
     pub body: String,
     /// `(name, value)` of every `String` attribute, at most [`MAX_ATTRIBUTES`].
     pub attributes: Vec<(String, String)>,
     pub group_id: Option<String>,
     pub deduplication_id: Option<String>,
-    /// Bytes SQS counts against its size limit: body plus attribute names, types and values.
+    /// Bytes SQS and SNS count against their size limit: body plus attribute names, types and
+    /// values.
     pub size: usize,
 }
 
-/// Build the message of `event` for a FIFO queue (`fifo`) or a standard one (with
-/// `fair_queue_group`, standard queues get a `MessageGroupId` too), in raw format or, with
-/// `cloudevents`, as a structured CloudEvent.
-pub(crate) fn prepare(
+/// Build the message of `event`, with a `MessageGroupId` (the aggregate's [`group_id`]) when
+/// `with_group_id` and a `MessageDeduplicationId` (the `event_id`) when `with_deduplication_id`
+/// (FIFO queues and topics: both), in raw format or, with `cloudevents`, as a structured
+/// CloudEvent.
+pub fn prepare(
     event: &OutboxEvent,
-    fifo: bool,
-    fair_queue_group: bool,
+    with_group_id: bool,
+    with_deduplication_id: bool,
     cloudevents: Option<&CloudEvents>,
 ) -> PreparedMessage {
     let event_id = event.event_id.to_string();
@@ -81,7 +86,7 @@ pub(crate) fn prepare(
         ("aggregate_type", event.aggregate_type.as_str()),
         ("aggregate_id", event.aggregate_id.as_str()),
     ] {
-        // SQS refuses empty attribute values: an empty field is an absent attribute.
+        // SQS and SNS refuse empty attribute values: an empty field is an absent attribute.
         if !value.is_empty() {
             attributes.push((name.to_owned(), value.to_owned()));
         }
@@ -109,12 +114,12 @@ pub(crate) fn prepare(
             .iter()
             .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
             .sum::<usize>();
-    let group_id = (fifo || fair_queue_group).then(|| group_id(&event.aggregate_id));
+    let group_id = with_group_id.then(|| group_id(&event.aggregate_id));
     PreparedMessage {
         body,
         attributes,
         group_id,
-        deduplication_id: fifo.then_some(event_id),
+        deduplication_id: with_deduplication_id.then_some(event_id),
         size,
     }
 }
@@ -159,7 +164,7 @@ fn push_headers(headers: Vec<(&String, &String)>, attributes: &mut Vec<(String, 
     }
 }
 
-/// The `MessageGroupId` of an aggregate: the `aggregate_id` itself when SQS accepts it (1 to
+/// The `MessageGroupId` of an aggregate: the `aggregate_id` itself when SQS and SNS accept it (1 to
 /// 128 printable ASCII characters), otherwise `sha256-` and the hex SHA-256 of it — still one
 /// group per aggregate, so the order per aggregate holds.
 pub fn group_id(aggregate_id: &str) -> String {
@@ -178,7 +183,7 @@ pub fn group_id(aggregate_id: &str) -> String {
     out
 }
 
-/// Whether SQS accepts `name` as a message attribute name of ours.
+/// Whether SQS and SNS accept `name` as a message attribute name of ours.
 fn is_attribute_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     !name.is_empty()
@@ -196,7 +201,7 @@ fn is_attribute_name(name: &str) -> bool {
         && !EVENT_ATTRIBUTES.contains(&name)
 }
 
-/// Whether SQS accepts `value` as a `String` attribute value: non-empty, XML characters only.
+/// Whether SQS and SNS accept `value` as a `String` attribute value: non-empty, XML characters only.
 fn is_attribute_value(value: &str) -> bool {
     !value.is_empty()
         && value.chars().all(|c| {
@@ -265,13 +270,13 @@ mod tests {
 
     #[test]
     fn fifo_messages_get_group_and_deduplication_ids() {
-        let message = prepare(&event(&[]), true, false, None);
+        let message = prepare(&event(&[]), true, true, None);
         assert_eq!(message.group_id.as_deref(), Some("42"));
         assert_eq!(
             message.deduplication_id.as_deref(),
             Some("0190a4c2-0000-7000-8000-000000000001")
         );
-        let fair = prepare(&event(&[]), false, true, None);
+        let fair = prepare(&event(&[]), true, false, None);
         assert_eq!(fair.group_id.as_deref(), Some("42"));
         assert_eq!(fair.deduplication_id, None);
     }
@@ -391,7 +396,7 @@ mod tests {
         e.headers = six.into_iter().collect();
         e.payload = (0..=255u8).collect();
         e.payload_type = PayloadType::Binary;
-        let message = prepare(&e, true, false, Some(&ce));
+        let message = prepare(&e, true, true, Some(&ce));
         assert_eq!(
             names(&message),
             [&EVENT_ATTRIBUTES[..], &[CONTENT_TYPE_ATTRIBUTE]].concat()
@@ -406,7 +411,7 @@ mod tests {
         // Headers that are not extension names stay attributes (or overflow): none is lost.
         e.headers.insert("tenant-id".into(), "acme".into());
         e.headers.insert("Region".into(), "eu".into());
-        let message = prepare(&e, true, false, Some(&ce));
+        let message = prepare(&e, true, true, Some(&ce));
         let attribute = |name: &str| message.attributes.iter().find(|(n, _)| n == name);
         assert_eq!(attribute("tenant-id").unwrap().1, "acme");
         assert_eq!(attribute("Region").unwrap().1, "eu");

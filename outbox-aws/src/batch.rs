@@ -1,0 +1,434 @@
+//! One `publish` call of an AWS sink as batch requests (`SendMessageBatch`, `PublishBatch`):
+//! resolve each destination once, prepare each message, cut requests of at most 10 entries and
+//! `max_request_bytes` per destination, send them concurrently, and turn the per-entry answer
+//! into one outcome per event.
+//!
+//! When a call holds several events of one aggregate (the relay's engine never does that for a
+//! sink without `ordered_per_key`) they go out in successive waves, and an event whose
+//! predecessor was not published is not sent. A request refused as a whole for its content
+//! (too long, an invalid entry) is sent again entry by entry, so only the bad event is
+//! rejected.
+
+use std::collections::{HashMap, HashSet};
+
+use async_trait::async_trait;
+use futures_util::stream::{self, StreamExt};
+use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result};
+
+use crate::classify::refuses_content;
+use crate::message::PreparedMessage;
+
+/// Most entries SQS and SNS take in one batch request.
+pub const MAX_ENTRIES_PER_REQUEST: usize = 10;
+
+/// A service's batch API, as [`publish`] drives it.
+#[async_trait]
+pub trait BatchService: Send + Sync {
+    /// A destination resolved to what requests are sent to (a queue URL, a topic ARN...).
+    type Target: Clone + Send + Sync;
+    /// The service as messages name it (`SQS`, `SNS`).
+    const SERVICE: &'static str;
+
+    /// Most bytes in one request.
+    fn max_request_bytes(&self) -> usize;
+    /// Most requests in flight at once.
+    fn max_concurrent_requests(&self) -> usize;
+    /// Resolve `destination` (cached by the service).
+    async fn resolve_target(&self, destination: &str) -> Result<Self::Target>;
+    /// Forget a cached resolution (the target answered that it does not exist).
+    fn forget_target(&self, destination: &str);
+    /// What requests are grouped by, and messages name (`orders`, `orders.fifo`).
+    fn target_name<'a>(&self, target: &'a Self::Target) -> &'a str;
+    /// The message of `event` for `target`.
+    fn prepare_message(&self, event: &OutboxEvent, target: &Self::Target) -> PreparedMessage;
+    /// Send one request of `entries` (each with its id, see [`entry_id`]); its context
+    /// (operation and target) is what errors say first.
+    async fn send_batch(
+        &self,
+        target: &Self::Target,
+        entries: Vec<(String, &PreparedMessage)>,
+    ) -> Result<BatchAnswer>;
+    /// What the errors of a request to `target` start with (`SendMessageBatch to SQS queue
+    /// `orders` (us-east-1)`).
+    fn context(&self, target: &Self::Target) -> String;
+}
+
+/// The per-entry answer of one batch request.
+#[derive(Debug, Default)]
+pub struct BatchAnswer {
+    /// Ids of the entries accepted.
+    pub successful: Vec<String>,
+    /// Ids of the entries refused, with the classified error of each.
+    pub failed: Vec<(String, Error)>,
+}
+
+/// The id of the batch entry of the event at `index` in the call (`e0`, `e1`...).
+pub fn entry_id(index: usize) -> String {
+    format!("e{index}")
+}
+
+/// One request: events (by index in the call) bound for one target.
+struct Request<T> {
+    destination: String,
+    target: T,
+    members: Vec<usize>,
+}
+
+/// What became of one event of a call so far.
+#[derive(Debug, Clone)]
+enum Slot {
+    Pending,
+    Published,
+    /// Not published: rejected, or to retry (with the error of its entry, of its request, of
+    /// its target's resolution, or because an earlier event of its aggregate was not published).
+    Failed(Outcome),
+}
+
+/// Publish `batch`, event `i` to `destinations[i]`: one outcome per event, in order.
+pub async fn publish<S: BatchService>(
+    service: &S,
+    batch: &[OutboxEvent],
+    destinations: &[String],
+) -> Vec<Outcome> {
+    let n = batch.len();
+    let concurrency = service.max_concurrent_requests();
+    let mut slots: Vec<Slot> = vec![Slot::Pending; n];
+
+    // Resolve every destination of the call (cached after the first time).
+    let mut distinct: Vec<String> = Vec::new();
+    let mut seen = HashSet::new();
+    for destination in destinations {
+        if seen.insert(destination.as_str()) {
+            distinct.push(destination.clone());
+        }
+    }
+    let resolved: HashMap<String, Result<S::Target>> = stream::iter(distinct)
+        .map(|d: String| async move {
+            let target = service.resolve_target(&d).await;
+            (d, target)
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let mut targets: Vec<Option<S::Target>> = vec![None; n];
+    for (i, destination) in destinations.iter().enumerate() {
+        match &resolved[destination] {
+            Ok(target) => targets[i] = Some(target.clone()),
+            Err(e) => slots[i] = request_failure(e),
+        }
+    }
+    let messages: Vec<Option<PreparedMessage>> = batch
+        .iter()
+        .zip(&targets)
+        .map(|(event, target)| target.as_ref().map(|t| service.prepare_message(event, t)))
+        .collect();
+
+    // Waves: the k-th event of an aggregate in this call goes in wave k.
+    let mut wave_of = vec![0usize; n];
+    let mut per_aggregate: HashMap<&str, usize> = HashMap::new();
+    for (i, event) in batch.iter().enumerate() {
+        let count = per_aggregate
+            .entry(event.aggregate_id.as_str())
+            .or_default();
+        wave_of[i] = *count;
+        *count += 1;
+    }
+    let waves = wave_of.iter().max().map_or(0, |m| m + 1);
+    let mut held: HashSet<&str> = HashSet::new();
+    for wave in 0..waves {
+        let mut members = Vec::new();
+        for i in (0..n).filter(|&i| wave_of[i] == wave) {
+            let aggregate = batch[i].aggregate_id.as_str();
+            if !matches!(slots[i], Slot::Pending) {
+                continue;
+            }
+            if held.contains(aggregate) {
+                slots[i] = Slot::Failed(Outcome::Retry(Error::new(
+                    ErrorKind::Other,
+                    format!(
+                        "not sent: an earlier event of aggregate `{aggregate}` in the same call \
+                         was not published"
+                    ),
+                )));
+                continue;
+            }
+            members.push(i);
+        }
+        let mut requests = requests(service, &members, destinations, &targets, &messages);
+        while !requests.is_empty() {
+            let results: Vec<(Request<S::Target>, Result<BatchAnswer>)> = stream::iter(requests)
+                .map(|request| {
+                    let messages = &messages;
+                    async move {
+                        let entries = request
+                            .members
+                            .iter()
+                            .filter_map(|&i| Some((entry_id(i), messages[i].as_ref()?)))
+                            .collect();
+                        let result = service.send_batch(&request.target, entries).await;
+                        (request, result)
+                    }
+                })
+                .buffer_unordered(concurrency)
+                .collect()
+                .await;
+            let mut again = Vec::new();
+            for (request, result) in results {
+                let name = service.target_name(&request.target);
+                match result {
+                    Ok(answer) => {
+                        let mut answered = HashSet::new();
+                        for id in &answer.successful {
+                            if let Some(i) = member_of(&request, id) {
+                                slots[i] = Slot::Published;
+                                answered.insert(i);
+                            }
+                        }
+                        for (id, error) in answer.failed {
+                            let Some(i) = member_of(&request, &id) else {
+                                continue;
+                            };
+                            answered.insert(i);
+                            tracing::debug!(
+                                target_name = %name,
+                                event_id = %batch[i].event_id,
+                                error = %error,
+                                "{} refused an entry",
+                                S::SERVICE
+                            );
+                            slots[i] = Slot::Failed(Outcome::from_error(error));
+                        }
+                        for &i in &request.members {
+                            if !answered.contains(&i) {
+                                slots[i] = Slot::Failed(Outcome::Retry(Error::new(
+                                    ErrorKind::Other,
+                                    format!(
+                                        "{}: {}'s answer does not mention entry {}",
+                                        service.context(&request.target),
+                                        S::SERVICE,
+                                        entry_id(i)
+                                    ),
+                                )));
+                            }
+                        }
+                    }
+                    Err(error) if refuses_content(&error) && request.members.len() > 1 => {
+                        tracing::debug!(
+                            target_name = %name,
+                            entries = request.members.len(),
+                            error = %error,
+                            "{} refused a whole request; sending its entries one by one",
+                            S::SERVICE
+                        );
+                        for &i in &request.members {
+                            again.push(Request {
+                                destination: request.destination.clone(),
+                                target: request.target.clone(),
+                                members: vec![i],
+                            });
+                        }
+                    }
+                    Err(error) => {
+                        if error.kind() == ErrorKind::Unroutable {
+                            // The target may have been deleted (and re-created elsewhere):
+                            // resolve its name again next time.
+                            service.forget_target(&request.destination);
+                        }
+                        for &i in &request.members {
+                            slots[i] = request_failure(&error);
+                        }
+                    }
+                }
+            }
+            requests = again;
+        }
+        for &i in &members {
+            if !matches!(slots[i], Slot::Published) {
+                held.insert(batch[i].aggregate_id.as_str());
+            }
+        }
+        // Events not sent in this wave (target not resolved) hold their aggregate too.
+        for i in (0..n).filter(|&i| wave_of[i] == wave) {
+            if !matches!(slots[i], Slot::Published | Slot::Pending) {
+                held.insert(batch[i].aggregate_id.as_str());
+            }
+        }
+    }
+
+    slots
+        .into_iter()
+        .map(|slot| match slot {
+            Slot::Published => Outcome::Published,
+            Slot::Failed(outcome) => outcome,
+            Slot::Pending => Outcome::Retry(Error::new(
+                ErrorKind::Other,
+                format!("not sent (the {} sink lost track of this event)", S::SERVICE),
+            )),
+        })
+        .collect()
+}
+
+/// Cut the events of one wave into requests: per target, in call order, at most 10 entries
+/// and `max_request_bytes` each (a larger message goes alone).
+fn requests<S: BatchService>(
+    service: &S,
+    members: &[usize],
+    destinations: &[String],
+    targets: &[Option<S::Target>],
+    messages: &[Option<PreparedMessage>],
+) -> Vec<Request<S::Target>> {
+    let max_bytes = service.max_request_bytes();
+    let mut requests: Vec<Request<S::Target>> = Vec::new();
+    // Open request per target, with its byte count.
+    let mut open: HashMap<&str, (usize, usize)> = HashMap::new();
+    for &i in members {
+        let (Some(target), Some(message)) = (&targets[i], &messages[i]) else {
+            continue;
+        };
+        let name = service.target_name(target);
+        if let Some((index, bytes)) = open.get_mut(name) {
+            let request = &mut requests[*index];
+            if request.members.len() < MAX_ENTRIES_PER_REQUEST
+                && *bytes + message.size <= max_bytes
+            {
+                request.members.push(i);
+                *bytes += message.size;
+                continue;
+            }
+        }
+        open.insert(name, (requests.len(), message.size));
+        requests.push(Request {
+            destination: destinations[i].clone(),
+            target: target.clone(),
+            members: vec![i],
+        });
+    }
+    requests
+}
+
+/// The slot of the events of a request (or resolution) that failed as a whole: each gets the
+/// request's error as its outcome.
+fn request_failure(error: &Error) -> Slot {
+    Slot::Failed(Outcome::from_error(error.clone()))
+}
+
+/// The event index of batch entry `id` (`e<index>`) if it belongs to `request`.
+fn member_of<T>(request: &Request<T>, id: &str) -> Option<usize> {
+    let index: usize = id.strip_prefix('e')?.parse().ok()?;
+    request.members.contains(&index).then_some(index)
+}
+
+/// The template's destination when it is the same for every event (a sink's `check` then
+/// resolves it at start).
+pub fn fixed_destination(template: &DestinationTemplate) -> Option<String> {
+    let probe = |text: &str| OutboxEvent {
+        id: 0,
+        event_id: Default::default(),
+        aggregate_type: format!("t{text}"),
+        aggregate_id: format!("i{text}"),
+        event_type: format!("e{text}"),
+        payload: Vec::new(),
+        payload_type: Default::default(),
+        headers: Default::default(),
+        destination: None,
+        created_at: Default::default(),
+        attempts: 0,
+        shard: 0,
+    };
+    let a = template.render(&probe("1"));
+    (a == template.render(&probe("2"))).then_some(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Targets are their names; nothing is sent.
+    struct Fake;
+
+    #[async_trait]
+    impl BatchService for Fake {
+        type Target = String;
+        const SERVICE: &'static str = "FAKE";
+        fn max_request_bytes(&self) -> usize {
+            256 * 1024
+        }
+        fn max_concurrent_requests(&self) -> usize {
+            1
+        }
+        async fn resolve_target(&self, destination: &str) -> Result<String> {
+            Ok(destination.to_owned())
+        }
+        fn forget_target(&self, _: &str) {}
+        fn target_name<'a>(&self, target: &'a String) -> &'a str {
+            target
+        }
+        fn prepare_message(&self, _: &OutboxEvent, _: &String) -> PreparedMessage {
+            message(0).unwrap()
+        }
+        async fn send_batch(
+            &self,
+            _: &String,
+            entries: Vec<(String, &PreparedMessage)>,
+        ) -> Result<BatchAnswer> {
+            Ok(BatchAnswer {
+                successful: entries.into_iter().map(|(id, _)| id).collect(),
+                failed: Vec::new(),
+            })
+        }
+        fn context(&self, target: &String) -> String {
+            target.clone()
+        }
+    }
+
+    fn message(size: usize) -> Option<PreparedMessage> {
+        Some(PreparedMessage {
+            body: String::new(),
+            attributes: Vec::new(),
+            group_id: None,
+            deduplication_id: None,
+            size,
+        })
+    }
+
+    #[test]
+    fn requests_hold_at_most_ten_entries_and_max_request_bytes_per_queue() {
+        let n = 25;
+        let members: Vec<usize> = (0..n).collect();
+        let destinations = vec!["a".to_owned(); n];
+        let mut targets = vec![Some("a".to_owned()); n];
+        targets[3] = Some("b".to_owned());
+        let mut messages = vec![message(1000); n];
+        messages[5] = message(200 * 1024);
+        messages[6] = message(100 * 1024);
+        messages[7] = message(400 * 1024);
+        let requests = requests(&Fake, &members, &destinations, &targets, &messages);
+        let shapes: Vec<(String, Vec<usize>)> = requests
+            .iter()
+            .map(|r| (r.target.clone(), r.members.clone()))
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                ("a".to_owned(), vec![0, 1, 2, 4, 5]),
+                ("b".to_owned(), vec![3]),
+                ("a".to_owned(), vec![6]),
+                ("a".to_owned(), vec![7]),
+                ("a".to_owned(), vec![8, 9, 10, 11, 12, 13, 14, 15, 16, 17]),
+                ("a".to_owned(), vec![18, 19, 20, 21, 22, 23, 24]),
+            ]
+        );
+    }
+
+    #[test]
+    fn fixed_destinations_are_detected() {
+        let t = |s: &str| DestinationTemplate::parse(s).unwrap();
+        assert_eq!(
+            fixed_destination(&t("orders.fifo")).as_deref(),
+            Some("orders.fifo")
+        );
+        assert_eq!(fixed_destination(&t("{aggregate_type}")), None);
+        assert_eq!(fixed_destination(&t("app-{event_type}")), None);
+        assert_eq!(fixed_destination(&t("q-{aggregate_id}")), None);
+    }
+}
