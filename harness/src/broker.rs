@@ -11,6 +11,8 @@ pub mod private_redis;
 pub mod rabbitmq;
 #[cfg(feature = "redis-streams")]
 pub mod redis;
+#[cfg(feature = "sns")]
+pub mod sns;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 

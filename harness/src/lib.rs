@@ -8,13 +8,13 @@
 //!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer (and
 //!   [`BrokerSide::held`], [`BrokerSide::watch`] for counts and arrival times), and the
 //!   broker's own checks of what arrived. [`RedisSide`], [`KafkaSide`], [`RabbitMqSide`],
-//!   [`SqsSide`]. They use the brokers' client crates, never our sink crates.
+//!   [`SqsSide`], [`SnsSide`]. They use the brokers' client crates, never our sink crates.
 //! - [`Scenario`]: real `outbox-relay run` processes between a store side and a broker side;
 //!   [`Writers`] with a deterministic PRNG and rollbacks; SIGKILL and restart of a relay; a
 //!   [`Fault`] (freeze or restart a broker or a database); drain; read back; [`check_delivery`].
 //!
 //! Each side is behind a cargo feature that brings in its client crate and nothing else
-//! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`; all on by default). The
+//! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`; all on by default). The
 //! crate's binary `outbox-demo` is the Quickstart demo (`scripts/demo.sh`), built with only the
 //! features of the pair it runs. Feature `sink-suite` makes each broker side the consumer half
 //! of `outboxkit-core`'s sink conformance suite (`SuiteConsumer`); the sink crates' own tests
@@ -43,6 +43,8 @@ pub use broker::rabbitmq::{
 };
 #[cfg(feature = "redis-streams")]
 pub use broker::redis::{redis_url, RedisSide, StreamEntry};
+#[cfg(feature = "sns")]
+pub use broker::sns::SnsSide;
 #[cfg(feature = "sqs")]
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};

@@ -262,7 +262,10 @@ pub async fn publish<S: BatchService>(
             Slot::Failed(outcome) => outcome,
             Slot::Pending => Outcome::Retry(Error::new(
                 ErrorKind::Other,
-                format!("not sent (the {} sink lost track of this event)", S::SERVICE),
+                format!(
+                    "not sent (the {} sink lost track of this event)",
+                    S::SERVICE
+                ),
             )),
         })
         .collect()
@@ -288,8 +291,7 @@ fn requests<S: BatchService>(
         let name = service.target_name(target);
         if let Some((index, bytes)) = open.get_mut(name) {
             let request = &mut requests[*index];
-            if request.members.len() < MAX_ENTRIES_PER_REQUEST
-                && *bytes + message.size <= max_bytes
+            if request.members.len() < MAX_ENTRIES_PER_REQUEST && *bytes + message.size <= max_bytes
             {
                 request.members.push(i);
                 *bytes += message.size;
@@ -316,6 +318,35 @@ fn request_failure(error: &Error) -> Slot {
 fn member_of<T>(request: &Request<T>, id: &str) -> Option<usize> {
     let index: usize = id.strip_prefix('e')?.parse().ok()?;
     request.members.contains(&index).then_some(index)
+}
+
+/// The batching keys of a sink's section, checked; errors name the key (`sink.sqs.max_batch_len:
+/// ...`). `service_limit` is the largest request the service takes.
+pub fn validate_limits(
+    section: &str,
+    service: &str,
+    max_batch_len: usize,
+    max_request_bytes: usize,
+    service_limit: usize,
+    max_concurrent_requests: usize,
+) -> Result<()> {
+    if max_batch_len == 0 || max_batch_len > 10_000 {
+        return Err(Error::config(format!(
+            "{section}.max_batch_len: must be between 1 and 10000, got {max_batch_len}"
+        )));
+    }
+    if !(1024..=service_limit).contains(&max_request_bytes) {
+        return Err(Error::config(format!(
+            "{section}.max_request_bytes: must be between 1024 and {service_limit} \
+             ({service}'s limit), got {max_request_bytes}"
+        )));
+    }
+    if max_concurrent_requests == 0 || max_concurrent_requests > 256 {
+        return Err(Error::config(format!(
+            "{section}.max_concurrent_requests: must be between 1 and 256, got {max_concurrent_requests}"
+        )));
+    }
+    Ok(())
 }
 
 /// The template's destination when it is the same for every event (a sink's `check` then

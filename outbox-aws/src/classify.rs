@@ -329,7 +329,10 @@ mod tests {
 
     fn service(code: &str, status: u16) -> SdkError<ErrorMetadata, HttpResponse> {
         SdkError::service_error(
-            ErrorMetadata::builder().code(code).message("details").build(),
+            ErrorMetadata::builder()
+                .code(code)
+                .message("details")
+                .build(),
             HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty()),
         )
     }
@@ -370,7 +373,10 @@ mod tests {
 
     #[test]
     fn hints_keep_kind_and_retryability() {
-        let e = with_hint(error(ErrorKind::Unroutable, true, "gone".into()), "create it");
+        let e = with_hint(
+            error(ErrorKind::Unroutable, true, "gone".into()),
+            "create it",
+        );
         assert_eq!(e.message(), "gone — create it");
         assert!(e.is_retryable());
         assert!(is_access_denied(&service("AuthorizationError", 403)));

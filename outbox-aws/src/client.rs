@@ -186,7 +186,10 @@ mod tests {
             endpoint: Some("ftp://h"),
             ..settings()
         });
-        assert!(e.starts_with("sink.test.endpoint: unsupported scheme"), "{e}");
+        assert!(
+            e.starts_with("sink.test.endpoint: unsupported scheme"),
+            "{e}"
+        );
         let e = bad(ClientSettings {
             region: Some("EU"),
             ..settings()
@@ -210,7 +213,10 @@ mod tests {
             endpoint: Some("http://user:pw@127.0.0.1:4566/"),
             ..settings()
         };
-        assert_eq!(s.location("eu-west-1"), "eu-west-1 at http://127.0.0.1:4566");
+        assert_eq!(
+            s.location("eu-west-1"),
+            "eu-west-1 at http://127.0.0.1:4566"
+        );
         assert_eq!(s.endpoint_url(), Some("http://user:pw@127.0.0.1:4566"));
         assert_eq!(redact_url("not a url:s3cr3t@host"), "***@host");
     }

@@ -70,6 +70,7 @@ pub const ADAPTER_FEATURES: &[&str] = &[
     "sink-rabbitmq",
     "sink-redis-streams",
     "sink-sqs",
+    "sink-sns",
 ];
 
 /// The registry of store and sink kinds.
@@ -110,6 +111,8 @@ impl Registry {
         registry.sink::<outboxkit_sink_redis_streams::RedisStreamsConfig>();
         #[cfg(feature = "sink-sqs")]
         registry.sink::<outboxkit_sink_sqs::SqsConfig>();
+        #[cfg(feature = "sink-sns")]
+        registry.sink::<outboxkit_sink_sns::SnsConfig>();
         registry
     }
 

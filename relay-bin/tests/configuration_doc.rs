@@ -182,6 +182,12 @@ fn every_key_is_documented_with_its_variable_and_default() {
         &keys_of::<outboxkit_sink_sqs::SqsConfig>(),
         &rows,
     );
+    #[cfg(feature = "sink-sns")]
+    check_section(
+        "sink.sns",
+        &keys_of::<outboxkit_sink_sns::SnsConfig>(),
+        &rows,
+    );
     #[cfg(feature = "sink-redis-streams")]
     {
         check_section(

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# An SQS-API server for the `sink-sqs` tests and `outbox-relay demo --sink sqs`: LocalStack
-# (SQS only, no Docker) on 127.0.0.1:4566. Installs it once into a venv (Python >= 3.13 from
+# An SQS- and SNS-API server for the `sink-sqs` and `sink-sns` tests and the demo's `--sink sqs`
+# and `--sink sns`: LocalStack (SQS and SNS, no Docker) on 127.0.0.1:4566. A LocalStack already
+# running without SNS (started before SNS was needed) is stopped by the pid this script wrote
+# and started again with both. Installs it once into a venv (Python >= 3.13 from
 # pyenv), starts it when nothing answers on the port, waits until it serves SQS requests.
 # Idempotent and quick when it already runs. Falls back to moto (Python 3) when LocalStack
 # cannot be installed or started; see /work/shared/services/sqs.md for the differences.
@@ -27,6 +29,13 @@ sqs_up() {
     -H 'X-Amz-Target: AmazonSQS.ListQueues' \
     -H "Authorization: AWS4-HMAC-SHA256 Credential=test/20250101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=0" \
     -d '{}' >/dev/null 2>&1
+}
+# SNS is served when LocalStack's health endpoint lists it as available or running (moto serves
+# every service, and has no such endpoint: counted as serving it).
+sns_served() {
+  local health
+  health=$(curl -sf -m 3 "http://127.0.0.1:$port/_localstack/health" 2>/dev/null) || return 0
+  printf '%s' "$health" | grep -Eq '"sns": *"(available|running)"'
 }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
@@ -64,8 +73,8 @@ install_localstack() {
 
 start_localstack() {
   mkdir -p "$state/fs"
-  log "starting LocalStack SQS on 127.0.0.1:$port"
-  GATEWAY_SERVER=hypercorn GATEWAY_LISTEN=127.0.0.1:$port SERVICES=sqs PERSISTENCE=0 \
+  log "starting LocalStack SQS and SNS on 127.0.0.1:$port"
+  GATEWAY_SERVER=hypercorn GATEWAY_LISTEN=127.0.0.1:$port SERVICES=sqs,sns PERSISTENCE=0 \
     LOCALSTACK_TELEMETRY_DISABLED=1 SKIP_SSL_CERT_DOWNLOAD=1 DNS_ADDRESS=0 \
     SQS_ENDPOINT_STRATEGY=path LOCALSTACK_HOST=127.0.0.1:$port \
     LOCALSTACK_VOLUME_DIR="$state" FILESYSTEM_ROOT="$state/fs" \
@@ -87,17 +96,35 @@ start_moto() {
   echo $! >"$home/sqs-server.pid"
 }
 
+# Stop the LocalStack this script started (its pid file), waiting until the port is free.
+stop_own_localstack() {
+  local pid
+  pid=$(cat "$home/sqs-server.pid" 2>/dev/null || true)
+  if [ -z "$pid" ] || [ "$pid" -le 1 ] || ! grep -q localstack.runtime.main "/proc/$pid/cmdline" 2>/dev/null; then
+    log "127.0.0.1:$port serves SQS without SNS, and not by a LocalStack this script started: stop it, then run this again"
+    return 1
+  fi
+  log "LocalStack on 127.0.0.1:$port (pid $pid) serves no SNS: restarting it with SERVICES=sqs,sns"
+  kill "$pid"
+  for _ in $(seq 60); do port_open || return 0; sleep 0.5; done
+  log "LocalStack (pid $pid) did not stop within 30 s"; return 1
+}
+
 if sqs_up; then
-  exit 0
+  if sns_served; then exit 0; fi
+  stop_own_localstack
 fi
 if port_open; then
   # Something listens but does not answer yet (a server starting up, or one frozen by a test).
-  wait_until_up "the server already listening" 60 && exit 0
-  log "127.0.0.1:$port is taken by something that does not answer SQS requests"; exit 1
+  if ! wait_until_up "the server already listening" 60; then
+    log "127.0.0.1:$port is taken by something that does not answer SQS requests"; exit 1
+  fi
+  if sns_served; then exit 0; fi
+  stop_own_localstack
 fi
 mkdir -p "$home"
 if install_localstack && start_localstack && wait_until_up "LocalStack" 90; then
-  log "LocalStack SQS is up on 127.0.0.1:$port"
+  log "LocalStack SQS and SNS is up on 127.0.0.1:$port"
   exit 0
 fi
 log "LocalStack failed; falling back to moto"

@@ -40,8 +40,8 @@
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::BatchResultErrorEntry;
-pub use outboxkit_aws::classify::{is_access_denied, refuses_content};
 use outboxkit_aws::classify::ErrorCodes;
+pub use outboxkit_aws::classify::{is_access_denied, refuses_content};
 use outboxkit_core::{Error, ErrorKind};
 
 /// SQS's own codes, on top of the ones every AWS service shares (see
@@ -77,7 +77,10 @@ const CODES: ErrorCodes = ErrorCodes {
         "AWS.SimpleQueueService.QueueDeletedRecently",
     ],
     bad_address: &["InvalidAddress", "AWS.SimpleQueueService.InvalidAddress"],
-    too_large: &["AWS.SimpleQueueService.BatchRequestTooLong", "MessageTooLong"],
+    too_large: &[
+        "AWS.SimpleQueueService.BatchRequestTooLong",
+        "MessageTooLong",
+    ],
     invalid_message: &[
         "InvalidMessageContents",
         "InvalidAttributeName",

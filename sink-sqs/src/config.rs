@@ -7,6 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use outboxkit_aws::batch::validate_limits;
 pub use outboxkit_aws::batch::MAX_ENTRIES_PER_REQUEST;
 pub(crate) use outboxkit_aws::client::redact_url;
 use outboxkit_aws::client::ClientSettings;
@@ -149,26 +150,14 @@ impl SqsConfig {
                 )));
             }
         }
-        if self.max_batch_len == 0 || self.max_batch_len > 10_000 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_batch_len: must be between 1 and 10000, got {}",
-                self.max_batch_len
-            )));
-        }
-        if !(1024..=SQS_MAX_REQUEST_BYTES).contains(&self.max_request_bytes) {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_request_bytes: must be between 1024 and {SQS_MAX_REQUEST_BYTES} \
-                 (SQS's limit), got {}",
-                self.max_request_bytes
-            )));
-        }
-        if self.max_concurrent_requests == 0 || self.max_concurrent_requests > 256 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_concurrent_requests: must be between 1 and 256, got {}",
-                self.max_concurrent_requests
-            )));
-        }
-        Ok(())
+        validate_limits(
+            CONFIG_SECTION,
+            "SQS",
+            self.max_batch_len,
+            self.max_request_bytes,
+            SQS_MAX_REQUEST_BYTES,
+            self.max_concurrent_requests,
+        )
     }
 
     /// The keys that configure the AWS client.

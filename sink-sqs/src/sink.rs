@@ -207,7 +207,6 @@ impl SqsSink {
             .unwrap_or_else(|p| p.into_inner())
             .remove(destination);
     }
-
 }
 
 /// One batch entry with its id (unique per request, see [`batch::entry_id`]).
@@ -310,7 +309,11 @@ impl BatchService for Batches<'_> {
             .await
             .map_err(|e| with_hint(classify_sdk_error(&e).context(self.context(queue))))?;
         Ok(BatchAnswer {
-            successful: output.successful().iter().map(|ok| ok.id().to_owned()).collect(),
+            successful: output
+                .successful()
+                .iter()
+                .map(|ok| ok.id().to_owned())
+                .collect(),
             failed: output
                 .failed()
                 .iter()

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use aws_sdk_sqs::config::{Credentials, Region};
+use aws_sdk_sqs::config::{Credentials, Region, SharedCredentialsProvider};
 use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
@@ -37,20 +37,16 @@ pub const AWS_ENV: &[(&str, &str)] = &[
     ("AWS_EC2_METADATA_DISABLED", "true"),
 ];
 
-const REGION: &str = "us-east-1";
+pub(crate) const REGION: &str = "us-east-1";
 
-/// An SQS client for the consumer and set-up: short attempts, the consumer retries by itself.
-fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
+/// The SDK settings of the harness's AWS clients (consumer and set-up): the test credentials,
+/// short attempts, no retries (the consumer retries by itself).
+pub(crate) fn aws_sdk_config(endpoint: &str) -> aws_types::SdkConfig {
+    let credentials = Credentials::new("test", "test", None, None, "outboxkit-harness");
+    aws_types::SdkConfig::builder()
         .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
         .region(Region::new(REGION))
-        .credentials_provider(Credentials::new(
-            "test",
-            "test",
-            None,
-            None,
-            "outboxkit-harness",
-        ))
+        .credentials_provider(SharedCredentialsProvider::new(credentials))
         .endpoint_url(endpoint)
         .timeout_config(
             aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
@@ -59,8 +55,29 @@ fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
                 .build(),
         )
         .retry_config(aws_sdk_sqs::config::retry::RetryConfig::standard().with_max_attempts(1))
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
+        .build()
+}
+
+/// The `[sink]` and `[sink.<kind>]` tables of an AWS sink sending to `destination` (under
+/// `key`: `queue`, `topic`) on the server at `endpoint`.
+pub(crate) fn aws_sink_toml(kind: &str, key: &str, destination: &str, endpoint: &str) -> String {
+    format!(
+        "[sink]\nkind = \"{kind}\"\n\n[sink.{kind}]\n{key} = \"{destination}\"\n\
+         endpoint = \"{endpoint}\"\nregion = \"{REGION}\"\n"
+    )
+}
+
+/// [`AWS_ENV`] as a relay process's environment.
+pub(crate) fn aws_relay_env() -> Vec<(String, String)> {
+    AWS_ENV
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// An SQS client for the consumer and set-up.
+fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&aws_sdk_config(endpoint))
 }
 
 /// The SQS side: queue `<prefix>` (standard) or `<prefix>.fifo`. [`BrokerSide::prepare`]
@@ -213,6 +230,33 @@ impl SqsSide {
         Some(answer.ok()?.queue_url()?.to_owned())
     }
 
+    /// The ARN of the queue at `url` (to subscribe it to an SNS topic).
+    pub async fn queue_arn(&self, url: &str) -> String {
+        let answer = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("the ARN of {url}: {}", DisplayErrorContext(&e)));
+        answer
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+            .cloned()
+            .unwrap_or_else(|| panic!("no QueueArn for {url}"))
+    }
+
+    /// The URL of the side's queue, once [`BrokerSide::prepare`] created it.
+    pub fn url(&self) -> String {
+        self.url.lock().unwrap().clone()
+    }
+
+    /// The side's queue name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
     /// Delete the queue at `url` (errors ignored).
     pub async fn delete_queue(&self, url: &str) {
         let _ = self.client.delete_queue().queue_url(url).send().await;
@@ -297,18 +341,11 @@ impl BrokerSide for SqsSide {
     }
 
     fn sink_toml(&self) -> String {
-        format!(
-            "[sink]\nkind = \"sqs\"\n\n[sink.sqs]\nqueue = \"{}\"\nendpoint = \"{}\"\n\
-             region = \"{REGION}\"\n",
-            self.queue, self.endpoint
-        )
+        aws_sink_toml("sqs", "queue", &self.queue, &self.endpoint)
     }
 
     fn relay_env(&self) -> Vec<(String, String)> {
-        AWS_ENV
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        aws_relay_env()
     }
 
     /// Create the queue (or fail the test saying what to start) and start the consumer.
@@ -457,7 +494,7 @@ impl Drop for SqsSide {
 }
 
 /// LocalStack's version from its health endpoint, or "(version unknown)".
-fn localstack_version(endpoint: &str) -> String {
+pub(crate) fn localstack_version(endpoint: &str) -> String {
     use std::io::{Read, Write};
     let host = endpoint
         .trim_start_matches("http://")
@@ -628,7 +665,8 @@ fn delete_entries(handles: &[&str]) -> Vec<DeleteMessageBatchRequestEntry> {
     handles.iter().enumerate().map(entry).collect()
 }
 
-/// A LocalStack (or, where only the fallback is installed, a moto) server of the test's own,
+/// A LocalStack (SQS and SNS; or, where only the fallback is installed, a moto) server of the
+/// test's own,
 /// on a free port, in its own process group. Its [`Fault`] is a freeze (SIGSTOP of its pid:
 /// it keeps its queues and messages but answers nothing) and a thaw. Dropping it always thaws
 /// it and kills its group, so a failing test never leaves a frozen server behind.
@@ -655,7 +693,7 @@ impl OwnSqsServer {
             c.args(["-m", "localstack.runtime.main"])
                 .env("GATEWAY_SERVER", "hypercorn")
                 .env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
-                .env("SERVICES", "sqs")
+                .env("SERVICES", "sqs,sns")
                 .env("PERSISTENCE", "0")
                 .env("LOCALSTACK_TELEMETRY_DISABLED", "1")
                 .env("SKIP_SSL_CERT_DOWNLOAD", "1")

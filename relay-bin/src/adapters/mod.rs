@@ -19,6 +19,8 @@ macro_rules! base {
 mod kafka;
 #[cfg(feature = "sink-rabbitmq")]
 mod rabbitmq;
+#[cfg(feature = "sink-sns")]
+mod sns;
 #[cfg(feature = "sink-sqs")]
 mod sqs;
 
