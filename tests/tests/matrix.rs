@@ -60,4 +60,12 @@ matrix! {
         => two_relays_one_sigkilled_deliver_every_event_in_group_order;
     mysql_sqs_fifo: MySqlSide::open, SqsSide::fifo, Scale::SQS
         => two_relays_one_sigkilled_deliver_every_event_in_group_order;
+    postgres_sns_standard: PostgresSide::open, SnsSide::standard, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event;
+    mysql_sns_standard: MySqlSide::open, SnsSide::standard, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event;
+    postgres_sns_fifo: PostgresSide::open, SnsSide::fifo, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event_in_group_order;
+    mysql_sns_fifo: MySqlSide::open, SnsSide::fifo, Scale::SQS
+        => two_relays_one_sigkilled_deliver_every_event_in_group_order;
 }

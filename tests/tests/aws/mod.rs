@@ -1,0 +1,218 @@
+//! What the AWS brokers' end-to-end tests share (SQS in `postgres_sqs.rs`, SNS in
+//! `postgres_sns.rs`): the same scenarios, read back through an SQS queue.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxkit_core::NewEvent;
+use outboxkit_harness::*;
+use uuid::Uuid;
+
+/// An event over 256 KiB (the 11th of 60, aggregate a4) ends dead with an error
+/// `expected_error` accepts, while the others flow — later events of a4 included.
+pub async fn an_event_over_256_kib_ends_dead_while_others_flow(
+    name: &str,
+    broker: Arc<dyn BrokerSide>,
+    reader: &SqsSide,
+    expected_error: impl Fn(&str) -> bool,
+) {
+    let mut scenario = Scenario::prepare(
+        Arc::new(PostgresSide::open(name).await),
+        broker,
+        Settings::default(),
+    )
+    .await;
+
+    // 60 events over 6 aggregates; the 11th (aggregate a4) carries 300 KiB.
+    let events: Vec<NewEvent> = (0..60)
+        .map(|i| {
+            let payload = if i == 10 {
+                serde_json::json!({ "i": i, "blob": "z".repeat(300 * 1024) })
+            } else {
+                serde_json::json!({ "i": i })
+            };
+            NewEvent::new("order", format!("a{}", i % 6), "Changed", payload)
+                .event_id(Uuid::now_v7())
+        })
+        .collect();
+    let big = events[10].event_id.unwrap();
+    scenario.store.enqueue_many(&events).await;
+
+    scenario.start_relay("relay-big", &[]);
+    scenario
+        .drain("the backlog to drain", Duration::from_secs(60))
+        .await;
+    let expected: HashSet<Uuid> = events
+        .iter()
+        .filter_map(|e| e.event_id)
+        .filter(|id| *id != big)
+        .collect();
+    reader
+        .wait_for_all(&expected, Duration::from_secs(60))
+        .await;
+
+    let dead = scenario.store.dead_rows().await;
+    let big_row = dead.iter().find(|row| row.event_id == big);
+    let Some(big_row) = big_row else {
+        panic!("the oversized event is not dead; dead rows: {dead:?}");
+    };
+    let last_error = &big_row.last_error;
+    assert!(
+        expected_error(last_error),
+        "the refusal must be recorded: {last_error}"
+    );
+    let status = scenario.status();
+    assert_eq!(status["dead"], 1, "{status}");
+    assert_eq!(status["pending"], 0, "{status}");
+    println!(
+        "dead after {} attempt(s) with: {last_error}",
+        big_row.attempts
+    );
+
+    let relay = &mut scenario.relays[0];
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+    let delivered = reader.received();
+    assert!(delivered.iter().all(|d| d.event_id != big));
+    // Later events of the oversized event's aggregate flowed on (on_dead = "skip").
+    let later_of_a4: Vec<Uuid> = events[11..]
+        .iter()
+        .filter(|e| e.aggregate_id == "a4")
+        .filter_map(|e| e.event_id)
+        .collect();
+    assert!(!later_of_a4.is_empty());
+    for id in &later_of_a4 {
+        assert!(
+            delivered.iter().any(|d| d.event_id == *id),
+            "event {id} of a4 missing"
+        );
+    }
+    scenario.cleanup().await;
+}
+
+/// The private server frozen (SIGSTOP) for 30 s under steady writes: nothing lost, the relay
+/// recovers by itself; `reader` is the queue the broker side reads (`broker` itself, or behind
+/// it). Prints the recovery figures.
+pub async fn frozen_for_30s_under_steady_writes(
+    name: &str,
+    server: &OwnSqsServer,
+    broker: Arc<dyn BrokerSide>,
+    reader: &SqsSide,
+) {
+    let port = free_port();
+    let mut scenario = Scenario::prepare(
+        Arc::new(PostgresSide::open(name).await),
+        broker,
+        Settings::default()
+            .listen_on(port)
+            .sink("request_timeout = \"3s\"\nretry_attempts = 2"),
+    )
+    .await;
+    scenario.start_relay("relay-outage", &[]);
+
+    // Steady writes: one event every 50 ms over 40 aggregates, until told to stop.
+    let writers = scenario
+        .start_writers(&WriterPlan::steady(1, 40, Duration::from_millis(50)))
+        .await;
+    wait_for("events flowing", Duration::from_secs(60), || {
+        let n = reader.distinct().len();
+        async move { n >= 100 }
+    })
+    .await;
+    wait_for_ready(
+        "/readyz before the outage",
+        port,
+        200,
+        Duration::from_secs(20),
+    )
+    .await;
+
+    // The outage: the server frozen for 30 s while writes go on.
+    server.freeze();
+    let frozen_at = Instant::now();
+    let written_before = writers.written();
+    let mut not_ready_seen = false;
+    while frozen_at.elapsed() < Duration::from_secs(30) {
+        if matches!(http_get(port, "/readyz"), Some((503, _))) {
+            not_ready_seen = true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let written_during = writers.written() - written_before;
+    let relay = &mut scenario.relays[0];
+    assert!(
+        relay.is_running(),
+        "the relay died during the outage:\n{}",
+        relay.log_text()
+    );
+    server.thaw();
+    let thawed_at = Instant::now();
+
+    wait_for_ready(
+        "/readyz after the outage",
+        port,
+        200,
+        Duration::from_secs(60),
+    )
+    .await;
+    let ready_after = thawed_at.elapsed().as_secs_f64();
+    scenario
+        .drain("the backlog to drain", Duration::from_secs(120))
+        .await;
+    let drained_after = thawed_at.elapsed().as_secs_f64();
+    // Some more steady writes after the recovery.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes = writers.finish().await;
+    scenario
+        .drain("the backlog to drain", Duration::from_secs(60))
+        .await;
+    let expected: HashSet<Uuid> = writes.committed.keys().copied().collect();
+    reader
+        .wait_for_all(&expected, Duration::from_secs(120))
+        .await;
+
+    let status = scenario.status();
+    assert_eq!(status["dead"], 0, "{status}");
+    let relay = &mut scenario.relays[0];
+    let log = relay.log_text();
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}; log:\n{log}");
+    let consumer_errors = reader.consumer_errors();
+    let delivered = reader.received();
+    let check = check_delivery(&writes.committed, &delivered);
+    println!(
+        "outage: {} events committed ({written_during} during the 30 s freeze); /readyz 503 during \
+         the freeze: {not_ready_seen}; ready again {ready_after:.1}s and backlog drained {drained_after:.1}s \
+         after the thaw; read back {} messages, {} distinct, {} duplicates; consumer retried {consumer_errors} calls",
+        writes.committed.len(),
+        check.messages,
+        check.distinct,
+        check.duplicates
+    );
+    assert!(written_during > 100, "writes went on during the outage");
+    assert!(
+        not_ready_seen,
+        "/readyz never reported the outage; log:\n{log}"
+    );
+    assert!(
+        log.contains("publishing failed as a whole"),
+        "the relay never saw the outage; log:\n{log}"
+    );
+    assert!(
+        check.missing.is_empty(),
+        "{} events lost",
+        check.missing.len()
+    );
+    assert!(
+        check.unexpected.is_empty(),
+        "{:?}",
+        &check.unexpected[..check.unexpected.len().min(5)]
+    );
+    assert!(
+        check.order_violations.is_empty(),
+        "per-group order broken: {:?}",
+        &check.order_violations[..check.order_violations.len().min(5)]
+    );
+    scenario.cleanup().await;
+}
