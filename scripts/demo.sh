@@ -20,7 +20,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 # Only the services this demo run needs (a new machine need not install them all first).
 needed=()
-case "$sink" in kafka | sqs | rabbitmq) needed+=("$sink") ;; esac
+case "$sink" in kafka | sqs | rabbitmq) needed+=("$sink") ;; sns) needed+=(sqs) ;; esac
 [ "$store" = mysql ] && needed+=(mariadb)
 scripts/services.sh "${needed[@]:-none}"
 cargo build --release -p outboxkit-relay --bin outbox-relay -p outboxkit-harness --bin outbox-demo \

@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex};
 
 use outboxkit_core::Sink;
 use outboxkit_harness::{
-    BrokerSide, KafkaBrokerProcess, KafkaSide, QueueAttributeName, RabbitMqSide, RedisSide, SqsSide,
+    BrokerSide, KafkaBrokerProcess, KafkaSide, QueueAttributeName, RabbitMqSide, RedisSide,
+    SnsSide, SqsSide,
 };
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
 use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
+use outboxkit_sink_sns::{SnsConfig, SnsSink};
 use outboxkit_sink_sqs::{SqsConfig, SqsSink};
 
 use crate::Args;
@@ -35,6 +37,9 @@ enum Kind {
     /// A standard queue on LocalStack at this endpoint, a new one (`bench-order-N`) at each
     /// reset.
     Sqs(String, Box<aws_config::SdkConfig>),
+    /// A standard topic on LocalStack at this endpoint and the standard queue subscribed to it
+    /// (raw delivery), new ones (`bench-order-N`) at each reset.
+    Sns(String, Box<aws_config::SdkConfig>),
 }
 
 struct Current {
@@ -78,9 +83,16 @@ impl Broker {
                 ),
                 Some(args.sqs_events),
             ),
+            "sns" => (
+                Kind::Sns(
+                    args.sqs_endpoint.clone(),
+                    Box::new(sdk_config(&args.sqs_endpoint).await),
+                ),
+                Some(args.sqs_events),
+            ),
             other => {
                 return Err(format!(
-                    "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs)"
+                    "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs, sns)"
                 ))
             }
         };
@@ -148,10 +160,15 @@ impl Broker {
             }
             Kind::RabbitMq(url) => Arc::new(RabbitMqSide::open_at(url, PREFIX).await),
             Kind::Sqs(endpoint, _) => {
-                let n = self.resets.fetch_add(1, Ordering::Relaxed);
-                let name = format!("bench-order-{}-{n}", std::process::id());
-                let side = SqsSide::standard_at(endpoint, &name).await;
+                let side = SqsSide::standard_at(endpoint, &self.fresh_name()).await;
                 // Nothing consumes during a drain; the latency runs' receivers delete nothing.
+                Arc::new(
+                    side.attribute(QueueAttributeName::VisibilityTimeout, "3600")
+                        .consumers(0),
+                )
+            }
+            Kind::Sns(endpoint, _) => {
+                let side = SnsSide::standard_at(endpoint, &self.fresh_name()).await;
                 Arc::new(
                     side.attribute(QueueAttributeName::VisibilityTimeout, "3600")
                         .consumers(0),
@@ -166,6 +183,13 @@ impl Broker {
             _kafka: kafka,
         });
         Ok(())
+    }
+
+    /// A destination name of this reset (a queue deleted on SQS cannot be created again for
+    /// 60 s).
+    fn fresh_name(&self) -> String {
+        let n = self.resets.fetch_add(1, Ordering::Relaxed);
+        format!("bench-order-{}-{n}", std::process::id())
     }
 
     /// Our sink crate's sink to the destination of aggregate type `order`.
@@ -210,6 +234,12 @@ impl Broker {
                 config.endpoint = Some(endpoint.clone());
                 config.region = Some(REGION.to_owned());
                 Arc::new(SqsSink::from_sdk_config(config, sdk).map_err(|e| e.to_string())?)
+            }
+            Kind::Sns(endpoint, sdk) => {
+                let mut config = SnsConfig::new(destination);
+                config.endpoint = Some(endpoint.clone());
+                config.region = Some(REGION.to_owned());
+                Arc::new(SnsSink::from_sdk_config(config, sdk).map_err(|e| e.to_string())?)
             }
         })
     }

@@ -86,7 +86,7 @@ pub struct Args {
     /// The SQS endpoint (LocalStack).
     #[arg(long, default_value = "http://127.0.0.1:4566")]
     pub sqs_endpoint: String,
-    /// Events per drain for the sqs sink: LocalStack, a Python emulator, takes a few thousand
+    /// Events per drain for the sqs and sns sinks: LocalStack, a Python emulator, takes a few thousand
     /// messages per second, so 200,000 per run would take many minutes.
     #[arg(long, default_value_t = 20_000)]
     pub sqs_events: u64,
@@ -117,7 +117,8 @@ pub struct Args {
         long,
         value_delimiter = ',',
         default_value = "postgres:redis-streams,postgres:kafka,postgres:rabbitmq,postgres:sqs,\
-                         mysql:redis-streams,mysql:kafka,mysql:rabbitmq,mysql:sqs"
+                         postgres:sns,mysql:redis-streams,mysql:kafka,mysql:rabbitmq,mysql:sqs,\
+                         mysql:sns"
     )]
     pub pairs: Vec<String>,
 }

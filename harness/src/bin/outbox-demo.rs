@@ -7,7 +7,7 @@
 //! that, per order, first deliveries came in the order the writers committed them.
 //!
 //! A store or a sink is available when the harness feature of its side is compiled in
-//! (`postgres`, `mysql`; `redis-streams`, `kafka`, `rabbitmq`, `sqs`): scripts/demo.sh builds
+//! (`postgres`, `mysql`; `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`): scripts/demo.sh builds
 //! only the two of the pair it runs, and the relay with only that store and sink.
 
 // Built without a store side or without a broker side (never by scripts/demo.sh), it can
@@ -19,7 +19,8 @@
             feature = "redis-streams",
             feature = "kafka",
             feature = "rabbitmq",
-            feature = "sqs"
+            feature = "sqs",
+            feature = "sns"
         )
     )),
     allow(unused, unreachable_code)
@@ -214,6 +215,8 @@ fn sinks_compiled_in() -> Vec<&'static str> {
         "redis-streams",
         #[cfg(feature = "sqs")]
         "sqs",
+        #[cfg(feature = "sns")]
+        "sns",
     ]
     .to_vec()
 }
@@ -308,6 +311,17 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, bool),
             let endpoint = url.unwrap_or_else(outboxkit_harness::sqs_endpoint);
             let side = outboxkit_harness::SqsSide::fifo_at(&endpoint, &run_prefix).await;
             let describe = format!("SQS FIFO queue {} at {endpoint}", side.destination("order"));
+            (Arc::new(side), describe, true)
+        }
+        #[cfg(feature = "sns")]
+        "sns" => {
+            // SNS → SQS: a FIFO topic and the FIFO queue subscribed to it, of the run's own.
+            let endpoint = url.unwrap_or_else(outboxkit_harness::sqs_endpoint);
+            let side = outboxkit_harness::SnsSide::fifo_at(&endpoint, &run_prefix).await;
+            let describe = format!(
+                "SNS FIFO topic {0} at {endpoint} → SQS FIFO queue {0} (raw delivery)",
+                side.destination("order")
+            );
             (Arc::new(side), describe, true)
         }
         other => {

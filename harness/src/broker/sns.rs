@@ -70,6 +70,12 @@ impl SnsSide {
         self
     }
 
+    /// See [`SqsSide::attribute`] (of the subscribed queue).
+    pub fn attribute(mut self, name: crate::QueueAttributeName, value: &str) -> Self {
+        self.queue = self.queue.attribute(name, value);
+        self
+    }
+
     /// See [`SqsSide::consumers`].
     pub fn consumers(mut self, tasks: usize) -> Self {
         self.queue = self.queue.consumers(tasks);
