@@ -5,6 +5,8 @@
 
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "redis-streams")]
 pub mod private_redis;
 #[cfg(feature = "rabbitmq")]

@@ -8,15 +8,16 @@
 //!   preparing the destinations, [`BrokerSide::read_back`] by an independent consumer (and
 //!   [`BrokerSide::held`], [`BrokerSide::watch`] for counts and arrival times), and the
 //!   broker's own checks of what arrived. [`RedisSide`], [`KafkaSide`], [`RabbitMqSide`],
-//!   [`SqsSide`], [`SnsSide`]. They use the brokers' client crates, never our sink crates.
+//!   [`SqsSide`], [`SnsSide`], [`NatsSide`]. They use the brokers' client crates, never our
+//!   sink crates.
 //! - [`Scenario`]: real `outbox-relay run` processes between a store side and a broker side;
 //!   [`Writers`] with a deterministic PRNG and rollbacks; SIGKILL and restart of a relay; a
 //!   [`Fault`] (freeze or restart a broker or a database); drain; read back; [`check_delivery`].
 //!
 //! Each side is behind a cargo feature that brings in its client crate and nothing else
-//! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`; all on by default). The
-//! crate's binary `outbox-demo` is the Quickstart demo (`scripts/demo.sh`), built with only the
-//! features of the pair it runs. Feature `sink-suite` makes each broker side the consumer half
+//! (`postgres`, `mysql`, `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`, `nats`; all on by
+//! default). The crate's binary `outbox-demo` is the Quickstart demo (`scripts/demo.sh`), built
+//! with only the features of the pair it runs. Feature `sink-suite` makes each broker side the consumer half
 //! of `outboxkit-core`'s sink conformance suite (`SuiteConsumer`); the sink crates' own tests
 //! use the sides that way, and for their broker's raw messages (`StreamEntry`, `KafkaRecord`...).
 //!
@@ -35,6 +36,10 @@ mod util;
 pub use aws_sdk_sqs::types::QueueAttributeName;
 #[cfg(feature = "kafka")]
 pub use broker::kafka::{kafka_bootstrap, KafkaBrokerProcess, KafkaRecord, KafkaSide};
+#[cfg(feature = "nats")]
+pub use broker::nats::{
+    nats_url, stream_name as nats_stream_name, NatsMessage, NatsSide, PrivateNats,
+};
 #[cfg(feature = "redis-streams")]
 pub use broker::private_redis::PrivateRedis;
 #[cfg(feature = "rabbitmq")]

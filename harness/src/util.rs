@@ -89,7 +89,12 @@ pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
 }
 
 /// The first line a command prints (its version), or "<cmd> (version unknown)".
-#[cfg(any(feature = "redis-streams", feature = "kafka", feature = "rabbitmq"))]
+#[cfg(any(
+    feature = "redis-streams",
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "nats"
+))]
 pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
     std::process::Command::new(cmd)
         .args(args)

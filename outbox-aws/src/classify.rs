@@ -7,6 +7,7 @@ use aws_credential_types::provider::error::CredentialsError;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use outboxkit_core::error::{find_source, source_chain as chain};
 use outboxkit_core::{Error, ErrorKind};
 
 /// Throttling codes of every AWS service.
@@ -273,37 +274,6 @@ pub fn refuses_content(error: &Error) -> bool {
             error.kind(),
             ErrorKind::MessageTooLarge | ErrorKind::InvalidMessage
         )
-}
-
-/// An error and its causes on one line (`dispatch failure: io error: ...: Connection refused`),
-/// each text once.
-fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    let mut next = Some(err);
-    while let Some(current) = next {
-        let text = current.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        next = current.source();
-    }
-    out
-}
-
-fn find_source<'a, T: std::error::Error + 'static>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut next = Some(err);
-    while let Some(current) = next {
-        if let Some(found) = current.downcast_ref::<T>() {
-            return Some(found);
-        }
-        next = current.source();
-    }
-    None
 }
 
 #[cfg(test)]

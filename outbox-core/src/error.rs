@@ -192,6 +192,38 @@ impl Clone for Error {
     }
 }
 
+/// A driver error and its causes on one line (`dispatch failure: io error: ...: Connection
+/// refused`), each text once: what adapters quote in their messages.
+pub fn source_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut next = Some(err);
+    while let Some(current) = next {
+        let text = current.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        next = current.source();
+    }
+    out
+}
+
+/// The first error of type `T` in `err`'s chain of sources (`err` itself included).
+pub fn find_source<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut next = Some(err);
+    while let Some(current) = next {
+        if let Some(found) = current.downcast_ref::<T>() {
+            return Some(found);
+        }
+        next = current.source();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,6 +71,7 @@ pub const ADAPTER_FEATURES: &[&str] = &[
     "sink-redis-streams",
     "sink-sqs",
     "sink-sns",
+    "sink-nats",
 ];
 
 /// The registry of store and sink kinds.
@@ -113,6 +114,8 @@ impl Registry {
         registry.sink::<outboxkit_sink_sqs::SqsConfig>();
         #[cfg(feature = "sink-sns")]
         registry.sink::<outboxkit_sink_sns::SnsConfig>();
+        #[cfg(feature = "sink-nats")]
+        registry.sink::<outboxkit_sink_nats::NatsConfig>();
         registry
     }
 

@@ -17,6 +17,8 @@ macro_rules! base {
 
 #[cfg(feature = "sink-kafka")]
 mod kafka;
+#[cfg(feature = "sink-nats")]
+mod nats;
 #[cfg(feature = "sink-rabbitmq")]
 mod rabbitmq;
 #[cfg(feature = "sink-sns")]
