@@ -109,9 +109,27 @@ pub fn classify_publish(err: &PublishError, subject: &str) -> Error {
     }
 }
 
-/// The error of a failed connection to `servers` (already redacted).
-pub fn classify_connect(err: &ConnectError, servers: &str) -> Error {
+/// The error of a failed connection to `servers` (already redacted); `ca_file` is
+/// `tls.ca_file`, named when the server's certificate is not trusted.
+pub fn classify_connect(err: &ConnectError, servers: &str, ca_file: Option<&str>) -> Error {
     let at = format!("NATS at {servers} ({CONFIG_SECTION}.url)");
+    if let Some(tls) = outboxkit_core::tls::rustls_error(err) {
+        let ca = format!("{CONFIG_SECTION}.tls.ca_file");
+        return outboxkit_core::tls::certificate_error(
+            tls,
+            &outboxkit_core::tls::TlsSettings {
+                at: &format!("NATS at {servers}"),
+                url_key: &format!("{CONFIG_SECTION}.url"),
+                tls_key: &format!("{CONFIG_SECTION}.tls"),
+                ca_key: &ca,
+                ca_setting: &ca,
+                ca_file,
+                client_cert: &format!(
+                    "{CONFIG_SECTION}.tls.client_cert_file and {CONFIG_SECTION}.tls.client_key_file"
+                ),
+            },
+        );
+    }
     match err.kind() {
         ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => error(
             ErrorKind::Unauthorized,
@@ -318,29 +336,49 @@ mod tests {
         let e = classify_connect(
             &ConnectError::new(ConnectErrorKind::AuthorizationViolation),
             at,
+            None,
         );
         let e = check(e, ErrorKind::Unauthorized, false);
         assert!(
             e.message().starts_with("NATS at nats://relay:***@a:4222"),
             "{e}"
         );
-        let e = classify_connect(&ConnectError::new(ConnectErrorKind::Authentication), at);
+        let e = classify_connect(
+            &ConnectError::new(ConnectErrorKind::Authentication),
+            at,
+            None,
+        );
         check(e, ErrorKind::Unauthorized, false);
-        let e = classify_connect(&ConnectError::new(ConnectErrorKind::Tls), at);
+        let e = classify_connect(&ConnectError::new(ConnectErrorKind::Tls), at, None);
         check(e, ErrorKind::Config, false);
-        let e = classify_connect(&ConnectError::new(ConnectErrorKind::ServerParse), at);
+        let e = classify_connect(&ConnectError::new(ConnectErrorKind::ServerParse), at, None);
         check(e, ErrorKind::Config, false);
-        let e = classify_connect(&ConnectError::new(ConnectErrorKind::TimedOut), at);
+        let e = classify_connect(&ConnectError::new(ConnectErrorKind::TimedOut), at, None);
         check(e, ErrorKind::Timeout, true);
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
         let e = classify_connect(
             &ConnectError::with_source(ConnectErrorKind::Io, refused),
             at,
+            None,
         );
         let e = check(e, ErrorKind::Connection, true);
         assert!(e.message().ends_with("connection refused"), "{e}");
-        let e = classify_connect(&ConnectError::new(ConnectErrorKind::Dns), at);
+        let e = classify_connect(&ConnectError::new(ConnectErrorKind::Dns), at, None);
         check(e, ErrorKind::Connection, true);
+    }
+
+    #[test]
+    fn untrusted_certificates_are_configuration_errors_naming_the_ca_file() {
+        let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = io::Error::new(io::ErrorKind::InvalidData, unknown);
+        let err = ConnectError::with_source(ConnectErrorKind::Io, io);
+        let e = classify_connect(&err, "tls://a:4222", Some("/etc/relay/ca.pem"));
+        let e = check(e, ErrorKind::Config, false);
+        assert!(
+            e.message()
+                .contains("not trusted by sink.nats.tls.ca_file (/etc/relay/ca.pem)"),
+            "{e}"
+        );
     }
 
     #[test]

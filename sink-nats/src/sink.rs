@@ -45,6 +45,7 @@ pub struct NatsSink {
     config: NatsConfig,
     template: DestinationTemplate,
     cloudevents: Option<CloudEvents>,
+    urls: Vec<url::Url>,
     servers: Vec<ServerAddr>,
     connection: OnceCell<Connection>,
     declared: OnceCell<()>,
@@ -79,8 +80,8 @@ impl NatsSink {
         config.validate()?;
         let template = config.template()?;
         let cloudevents = config.cloudevents()?;
-        let servers = config
-            .servers()?
+        let urls = config.servers()?;
+        let servers = urls
             .iter()
             .map(|url| {
                 url.as_str().parse::<ServerAddr>().map_err(|e| {
@@ -95,6 +96,7 @@ impl NatsSink {
             config,
             template,
             cloudevents,
+            urls,
             servers,
             connection: OnceCell::new(),
             declared: OnceCell::new(),
@@ -139,6 +141,21 @@ impl NatsSink {
                     other => tracing::debug!(event = %other, "NATS client event"),
                 }
             });
+        // async-nats does not read credentials from the URL: the first server's user and
+        // password (or a user alone, NATS's token form) are passed on.
+        if let Some(url) = self.urls.iter().find(|url| !url.username().is_empty()) {
+            let decode = |text: &str| {
+                percent_encoding::percent_decode_str(text)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            options = match url.password() {
+                Some(password) => {
+                    options.user_and_password(decode(url.username()), decode(password))
+                }
+                None => options.token(decode(url.username())),
+            };
+        }
         if let Some(token) = &config.token {
             options = options.token(token.clone());
         }
@@ -162,7 +179,10 @@ impl NatsSink {
         let connect = options.connect(self.servers.clone());
         let client = match tokio::time::timeout(config.connect_timeout, connect).await {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(classify_connect(&e, &shown)),
+            Ok(Err(e)) => {
+                let ca_file = tls.ca_file.as_ref().map(|f| f.display().to_string());
+                return Err(classify_connect(&e, &shown, ca_file.as_deref()));
+            }
             Err(_) => {
                 return Err(Error::new(
                     ErrorKind::Timeout,
