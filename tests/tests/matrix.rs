@@ -52,6 +52,10 @@ matrix! {
         => three_relays_one_sigkilled_deliver_every_event_in_order;
     mysql_rabbitmq: MySqlSide::open, RabbitMqSide::open, Scale::FULL
         => three_relays_one_sigkilled_deliver_every_event_in_order;
+    postgres_nats: PostgresSide::open, NatsSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
+    mysql_nats: MySqlSide::open, NatsSide::open, Scale::FULL
+        => three_relays_one_sigkilled_deliver_every_event_in_order;
     postgres_sqs_standard: PostgresSide::open, SqsSide::standard, Scale::SQS
         => two_relays_one_sigkilled_deliver_every_event;
     mysql_sqs_standard: MySqlSide::open, SqsSide::standard, Scale::SQS

@@ -1,0 +1,122 @@
+//! End to end with NATS JetStream (the scenario itself runs in `matrix.rs`):
+//!
+//! - a private `nats-server` (JetStream, its own port and store directory) frozen (SIGSTOP)
+//!   for 30 s while writers write: nothing lost, the relays recover by themselves. Only that
+//!   server is frozen, by its pid; it is always thawed and killed, even when the test fails;
+//! - an event over the stream's `max_msg_size` ends dead with the server's error while the
+//!   other aggregates flow.
+//!
+//! Environment: `OUTBOX_TEST_NATS_URL` (default `nats://127.0.0.1:4222`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboxkit_core::NewEvent;
+use outboxkit_harness::*;
+use uuid::Uuid;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover() {
+    let name = unique("e2e_nats_outage");
+    let server = Arc::new(PrivateNats::start(&name, &[]));
+    let nats = Arc::new(NatsSide::open_at(&server.url(), &name).await);
+    let mut scenario = Scenario::prepare(
+        Arc::new(PostgresSide::open(&name).await),
+        nats,
+        Settings::default().sink("request_timeout = \"3s\"\nconnect_timeout = \"2s\""),
+    )
+    .await;
+    let mut plan = Plan::new(Scale {
+        events: 6_000,
+        aggregates: 200,
+        writers: 4,
+        relays: 2,
+    })
+    .fault(server.clone(), Duration::from_secs(30));
+    plan.sigkill = false;
+    let run = scenario.run(plan).await;
+    assert_eq!(run.status["dead"], 0, "{}", run.status);
+    println!(
+        "NATS frozen 30 s after {} events: {} committed, all delivered; writes {:.1} s, \
+         drain after the writes {:.1} s",
+        run.killed_at,
+        run.writes.committed.len(),
+        run.write_secs,
+        run.drain_secs
+    );
+    scenario.cleanup().await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_over_the_stream_max_msg_size_ends_dead_while_others_flow() {
+    let name = unique("e2e_nats_big");
+    let nats = Arc::new(NatsSide::open(&name).await);
+    let mut scenario = Scenario::prepare(
+        Arc::new(PostgresSide::open(&name).await),
+        nats.clone(),
+        Settings::default(),
+    )
+    .await;
+    // The test's stream, limited to 64 KiB messages.
+    let subjects = [format!("{name}.>")];
+    nats.create_stream(&nats.stream(), &subjects, Some(64 * 1024))
+        .await;
+
+    // 60 events over 6 aggregates; the 11th (aggregate a4) carries 100 KiB.
+    let events: Vec<NewEvent> = (0..60)
+        .map(|i| {
+            let payload = if i == 10 {
+                serde_json::json!({ "i": i, "blob": "z".repeat(100 * 1024) })
+            } else {
+                serde_json::json!({ "i": i })
+            };
+            NewEvent::new("order", format!("a{}", i % 6), "Changed", payload)
+                .event_id(Uuid::now_v7())
+        })
+        .collect();
+    let big = events[10].event_id.unwrap();
+    scenario.store.enqueue_many(&events).await;
+    scenario.start_relay("relay-big", &[]);
+    scenario
+        .drain("the backlog to drain", Duration::from_secs(60))
+        .await;
+
+    let dead = scenario.store.dead_rows().await;
+    let Some(big_row) = dead.iter().find(|row| row.event_id == big) else {
+        panic!("the oversized event is not dead; dead rows: {dead:?}");
+    };
+    let last_error = &big_row.last_error;
+    assert!(
+        last_error.contains("message size exceeds maximum allowed"),
+        "the server's own error must be recorded: {last_error}"
+    );
+    let status = scenario.status();
+    assert_eq!(status["dead"], 1, "{status}");
+    assert_eq!(status["pending"], 0, "{status}");
+    println!(
+        "dead after {} attempt(s) with: {last_error}",
+        big_row.attempts
+    );
+
+    let relay = &mut scenario.relays[0];
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+    let delivered: HashSet<Uuid> = nats
+        .read_back(&HashSet::new(), Duration::from_secs(10))
+        .await
+        .iter()
+        .map(|d| d.event_id)
+        .collect();
+    let expected: HashSet<Uuid> = events
+        .iter()
+        .filter_map(|e| e.event_id)
+        .filter(|id| *id != big)
+        .collect();
+    assert_eq!(
+        delivered, expected,
+        "every other event, a4's later ones included"
+    );
+    scenario.cleanup().await;
+}
