@@ -15,8 +15,9 @@ declare -A driver=(
   [redis-streams]=redis
   [sqs]=aws-sdk-sqs
   [sns]=aws-sdk-sns
+  [nats]=async-nats
 )
-adapters=(postgres mysql kafka rabbitmq redis-streams sqs sns)
+adapters=(postgres mysql kafka rabbitmq redis-streams sqs sns nats)
 # The harness's SNS side reads topics through SQS queues: it needs the SQS client too.
 declare -A also_needs=([outboxkit-harness:sns]=sqs)
 

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use outboxkit_core::Sink;
 use outboxkit_harness::{
-    BrokerSide, KafkaBrokerProcess, KafkaSide, QueueAttributeName, RabbitMqSide, RedisSide,
-    SnsSide, SqsSide,
+    BrokerSide, KafkaBrokerProcess, KafkaSide, NatsSide, QueueAttributeName, RabbitMqSide,
+    RedisSide, SnsSide, SqsSide,
 };
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outboxkit_sink_nats::{NatsConfig, NatsSink};
 use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink};
 use outboxkit_sink_sns::{SnsConfig, SnsSink};
@@ -40,6 +41,9 @@ enum Kind {
     /// A standard topic on LocalStack at this endpoint and the standard queue subscribed to it
     /// (raw delivery), new ones (`bench-order-N`) at each reset.
     Sns(String, Box<aws_config::SdkConfig>),
+    /// NATS at this URL (`OUTBOX_TEST_NATS_URL`): stream `bench` capturing `bench.>`, file
+    /// storage, deleted at each reset.
+    Nats(String),
 }
 
 struct Current {
@@ -90,9 +94,10 @@ impl Broker {
                 ),
                 Some(args.sqs_events),
             ),
+            "nats" => (Kind::Nats(outboxkit_harness::nats_url()), None),
             other => {
                 return Err(format!(
-                    "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs, sns)"
+                    "--pairs: sink \"{other}\" is not benchmarked (known: redis-streams, kafka, rabbitmq, sqs, sns, nats)"
                 ))
             }
         };
@@ -159,6 +164,7 @@ impl Broker {
                 Arc::new(side.partitions(PARTITIONS))
             }
             Kind::RabbitMq(url) => Arc::new(RabbitMqSide::open_at(url, PREFIX).await),
+            Kind::Nats(url) => Arc::new(NatsSide::open_at(url, PREFIX).await),
             Kind::Sqs(endpoint, _) => {
                 let side = SqsSide::standard_at(endpoint, &self.fresh_name()).await;
                 // Nothing consumes during a drain; the latency runs' receivers delete nothing.
@@ -240,6 +246,15 @@ impl Broker {
                 config.endpoint = Some(endpoint.clone());
                 config.region = Some(REGION.to_owned());
                 Arc::new(SnsSink::from_sdk_config(config, sdk).map_err(|e| e.to_string())?)
+            }
+            Kind::Nats(url) => {
+                let config = NatsConfig {
+                    subject: destination,
+                    ..NatsConfig::new(url)
+                };
+                let sink = NatsSink::connect_lazy(config).map_err(|e| e.to_string())?;
+                sink.check().await.map_err(|e| e.to_string())?;
+                Arc::new(sink)
             }
         })
     }

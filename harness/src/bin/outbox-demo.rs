@@ -7,7 +7,7 @@
 //! that, per order, first deliveries came in the order the writers committed them.
 //!
 //! A store or a sink is available when the harness feature of its side is compiled in
-//! (`postgres`, `mysql`; `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`): scripts/demo.sh builds
+//! (`postgres`, `mysql`; `redis-streams`, `kafka`, `rabbitmq`, `sqs`, `sns`, `nats`): scripts/demo.sh builds
 //! only the two of the pair it runs, and the relay with only that store and sink.
 
 // Built without a store side or without a broker side (never by scripts/demo.sh), it can
@@ -20,7 +20,8 @@
             feature = "kafka",
             feature = "rabbitmq",
             feature = "sqs",
-            feature = "sns"
+            feature = "sns",
+            feature = "nats"
         )
     )),
     allow(unused, unreachable_code)
@@ -217,6 +218,8 @@ fn sinks_compiled_in() -> Vec<&'static str> {
         "sqs",
         #[cfg(feature = "sns")]
         "sns",
+        #[cfg(feature = "nats")]
+        "nats",
     ]
     .to_vec()
 }
@@ -256,7 +259,7 @@ async fn open_store(args: &Args) -> Result<(Arc<dyn StoreSide>, String), Failure
 /// fixed name are emptied first; the others are the run's own.
 async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, bool), Failure> {
     let url = args.broker_url.clone();
-    #[allow(unused_variables)] // used by the Kafka and SQS sides only
+    #[allow(unused_variables)] // used by the Kafka, SQS and NATS sides only
     let run_prefix = format!(
         "{DESTINATION}-{}",
         &Uuid::new_v4().simple().to_string()[..8]
@@ -323,6 +326,17 @@ async fn open_broker(args: &Args) -> Result<(Arc<dyn BrokerSide>, String, bool),
                 side.destination("order")
             );
             (Arc::new(side), describe, true)
+        }
+        #[cfg(feature = "nats")]
+        "nats" => {
+            let url = url.unwrap_or_else(outboxkit_harness::nats_url);
+            let side = outboxkit_harness::NatsSide::open_at(&url, &run_prefix).await;
+            let describe = format!(
+                "NATS JetStream stream {} (subjects {}.>) at {url}",
+                side.stream(),
+                run_prefix
+            );
+            (Arc::new(side), describe, false)
         }
         other => {
             return Err(Failure::config(format!(
