@@ -54,7 +54,7 @@ impl SinkHarness for NatsHarness {
             });
         let stream = outboxkit_harness::nats_stream_name(&probe);
         self.side
-            .create_stream(&stream, &[probe.clone()], None)
+            .create_stream(&stream, std::slice::from_ref(&probe), None)
             .await;
         let config = NatsConfig {
             subject: destination_template.to_owned(),

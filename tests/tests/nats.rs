@@ -38,8 +38,8 @@ async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover()
     let run = scenario.run(plan).await;
     assert_eq!(run.status["dead"], 0, "{}", run.status);
     println!(
-        "NATS frozen 30 s after {} events: {} committed, all delivered; writes {:.1} s, \
-         drain after the writes {:.1} s",
+        "NATS frozen 30 s after {} events: {} committed, all delivered; writes took {:.1} s, \
+         drained at {:.1} s",
         run.killed_at,
         run.writes.committed.len(),
         run.write_secs,
