@@ -679,6 +679,72 @@ impl Scenario {
         }
     }
 
+    /// One relay and 60 events over 6 aggregates, the 11th (aggregate `a4`) with a payload of
+    /// `blob_kib` KiB: that event ends dead, after the broker's or the sink's refusal that
+    /// `expected_error` accepts (its `last_error`), while every other event arrives — the later
+    /// events of `a4` included (`on_dead = "skip"`). Prints the attempts and the error.
+    pub async fn oversized_event_ends_dead(
+        &mut self,
+        blob_kib: usize,
+        expected_error: impl Fn(&str) -> bool,
+    ) {
+        let events: Vec<NewEvent> = (0..60)
+            .map(|i| {
+                let payload = if i == 10 {
+                    serde_json::json!({ "i": i, "blob": "z".repeat(blob_kib * 1024) })
+                } else {
+                    serde_json::json!({ "i": i })
+                };
+                NewEvent::new("order", format!("a{}", i % 6), "Changed", payload)
+                    .event_id(Uuid::now_v7())
+            })
+            .collect();
+        let big = events[10].event_id.expect("set above");
+        self.store.enqueue_many(&events).await;
+        self.start_relay("relay-big", &[]);
+        self.drain("the backlog to drain", Duration::from_secs(60))
+            .await;
+
+        let dead = self.store.dead_rows().await;
+        let Some(big_row) = dead.iter().find(|row| row.event_id == big) else {
+            panic!("the oversized event is not dead; dead rows: {dead:?}");
+        };
+        let last_error = &big_row.last_error;
+        assert!(
+            expected_error(last_error),
+            "the refusal must be recorded: {last_error}"
+        );
+        let status = self.status();
+        assert_eq!(status["dead"], 1, "{status}");
+        assert_eq!(status["pending"], 0, "{status}");
+        println!(
+            "dead after {} attempt(s) with: {last_error}",
+            big_row.attempts
+        );
+
+        let relay = &mut self.relays[0];
+        let exit = relay.terminate(Duration::from_secs(20));
+        assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+        let expected: HashSet<Uuid> = events
+            .iter()
+            .filter_map(|e| e.event_id)
+            .filter(|id| *id != big)
+            .collect();
+        let later_of_a4 = events[11..].iter().filter(|e| e.aggregate_id == "a4");
+        assert!(later_of_a4.count() > 0);
+        let delivered: HashSet<Uuid> = self
+            .broker
+            .read_back(&expected, Duration::from_secs(60))
+            .await
+            .iter()
+            .map(|d| d.event_id)
+            .collect();
+        assert_eq!(
+            delivered, expected,
+            "every other event, a4's later ones included, and not the oversized one"
+        );
+    }
+
     /// Delete the broker's destinations and drop the tables.
     pub async fn cleanup(&self) {
         self.broker.cleanup().await;

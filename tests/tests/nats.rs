@@ -8,13 +8,10 @@
 //!
 //! Environment: `OUTBOX_TEST_NATS_URL` (default `nats://127.0.0.1:4222`).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
-use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover() {
@@ -64,59 +61,11 @@ async fn an_event_over_the_stream_max_msg_size_ends_dead_while_others_flow() {
     nats.create_stream(&nats.stream(), &subjects, Some(64 * 1024))
         .await;
 
-    // 60 events over 6 aggregates; the 11th (aggregate a4) carries 100 KiB.
-    let events: Vec<NewEvent> = (0..60)
-        .map(|i| {
-            let payload = if i == 10 {
-                serde_json::json!({ "i": i, "blob": "z".repeat(100 * 1024) })
-            } else {
-                serde_json::json!({ "i": i })
-            };
-            NewEvent::new("order", format!("a{}", i % 6), "Changed", payload)
-                .event_id(Uuid::now_v7())
-        })
-        .collect();
-    let big = events[10].event_id.unwrap();
-    scenario.store.enqueue_many(&events).await;
-    scenario.start_relay("relay-big", &[]);
     scenario
-        .drain("the backlog to drain", Duration::from_secs(60))
+        .oversized_event_ends_dead(100, |error| {
+            // The server's own error.
+            error.contains("message size exceeds maximum allowed")
+        })
         .await;
-
-    let dead = scenario.store.dead_rows().await;
-    let Some(big_row) = dead.iter().find(|row| row.event_id == big) else {
-        panic!("the oversized event is not dead; dead rows: {dead:?}");
-    };
-    let last_error = &big_row.last_error;
-    assert!(
-        last_error.contains("message size exceeds maximum allowed"),
-        "the server's own error must be recorded: {last_error}"
-    );
-    let status = scenario.status();
-    assert_eq!(status["dead"], 1, "{status}");
-    assert_eq!(status["pending"], 0, "{status}");
-    println!(
-        "dead after {} attempt(s) with: {last_error}",
-        big_row.attempts
-    );
-
-    let relay = &mut scenario.relays[0];
-    let exit = relay.terminate(Duration::from_secs(20));
-    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
-    let delivered: HashSet<Uuid> = nats
-        .read_back(&HashSet::new(), Duration::from_secs(10))
-        .await
-        .iter()
-        .map(|d| d.event_id)
-        .collect();
-    let expected: HashSet<Uuid> = events
-        .iter()
-        .filter_map(|e| e.event_id)
-        .filter(|id| *id != big)
-        .collect();
-    assert_eq!(
-        delivered, expected,
-        "every other event, a4's later ones included"
-    );
     scenario.cleanup().await;
 }

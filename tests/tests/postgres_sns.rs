@@ -21,12 +21,9 @@ mod aws;
 async fn an_event_over_256_kib_ends_dead_while_others_flow() {
     let name = unique("e2e_sns_big");
     let sns = Arc::new(SnsSide::standard(&name).await.consumers(2));
-    aws::an_event_over_256_kib_ends_dead_while_others_flow(
-        &name,
-        sns.clone(),
-        sns.queue(),
-        |error| error.contains("larger than the sns sink accepts (262144 bytes)"),
-    )
+    aws::an_event_over_256_kib_ends_dead_while_others_flow(&name, sns, |error| {
+        error.contains("larger than the sns sink accepts (262144 bytes)")
+    })
     .await;
 }
 

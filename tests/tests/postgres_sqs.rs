@@ -107,7 +107,7 @@ async fn an_event_over_256_kib_ends_dead_with_sqs_error_while_others_flow() {
             .attribute(QueueAttributeName::MaximumMessageSize, "262144")
             .consumers(2),
     );
-    aws::an_event_over_256_kib_ends_dead_while_others_flow(&name, sqs.clone(), &sqs, |error| {
+    aws::an_event_over_256_kib_ends_dead_while_others_flow(&name, sqs, |error| {
         error.contains("262144") && error.contains(&format!("SQS queue `{name}`"))
     })
     .await;

@@ -5,16 +5,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 use uuid::Uuid;
 
-/// An event over 256 KiB (the 11th of 60, aggregate a4) ends dead with an error
-/// `expected_error` accepts, while the others flow — later events of a4 included.
+/// An event of 300 KiB ends dead with an error `expected_error` accepts, while the others
+/// flow (see `Scenario::oversized_event_ends_dead`).
 pub async fn an_event_over_256_kib_ends_dead_while_others_flow(
     name: &str,
     broker: Arc<dyn BrokerSide>,
-    reader: &SqsSide,
     expected_error: impl Fn(&str) -> bool,
 ) {
     let mut scenario = Scenario::prepare(
@@ -23,71 +21,9 @@ pub async fn an_event_over_256_kib_ends_dead_while_others_flow(
         Settings::default(),
     )
     .await;
-
-    // 60 events over 6 aggregates; the 11th (aggregate a4) carries 300 KiB.
-    let events: Vec<NewEvent> = (0..60)
-        .map(|i| {
-            let payload = if i == 10 {
-                serde_json::json!({ "i": i, "blob": "z".repeat(300 * 1024) })
-            } else {
-                serde_json::json!({ "i": i })
-            };
-            NewEvent::new("order", format!("a{}", i % 6), "Changed", payload)
-                .event_id(Uuid::now_v7())
-        })
-        .collect();
-    let big = events[10].event_id.unwrap();
-    scenario.store.enqueue_many(&events).await;
-
-    scenario.start_relay("relay-big", &[]);
     scenario
-        .drain("the backlog to drain", Duration::from_secs(60))
+        .oversized_event_ends_dead(300, expected_error)
         .await;
-    let expected: HashSet<Uuid> = events
-        .iter()
-        .filter_map(|e| e.event_id)
-        .filter(|id| *id != big)
-        .collect();
-    reader
-        .wait_for_all(&expected, Duration::from_secs(60))
-        .await;
-
-    let dead = scenario.store.dead_rows().await;
-    let big_row = dead.iter().find(|row| row.event_id == big);
-    let Some(big_row) = big_row else {
-        panic!("the oversized event is not dead; dead rows: {dead:?}");
-    };
-    let last_error = &big_row.last_error;
-    assert!(
-        expected_error(last_error),
-        "the refusal must be recorded: {last_error}"
-    );
-    let status = scenario.status();
-    assert_eq!(status["dead"], 1, "{status}");
-    assert_eq!(status["pending"], 0, "{status}");
-    println!(
-        "dead after {} attempt(s) with: {last_error}",
-        big_row.attempts
-    );
-
-    let relay = &mut scenario.relays[0];
-    let exit = relay.terminate(Duration::from_secs(20));
-    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
-    let delivered = reader.received();
-    assert!(delivered.iter().all(|d| d.event_id != big));
-    // Later events of the oversized event's aggregate flowed on (on_dead = "skip").
-    let later_of_a4: Vec<Uuid> = events[11..]
-        .iter()
-        .filter(|e| e.aggregate_id == "a4")
-        .filter_map(|e| e.event_id)
-        .collect();
-    assert!(!later_of_a4.is_empty());
-    for id in &later_of_a4 {
-        assert!(
-            delivered.iter().any(|d| d.event_id == *id),
-            "event {id} of a4 missing"
-        );
-    }
     scenario.cleanup().await;
 }
 
