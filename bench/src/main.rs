@@ -117,8 +117,8 @@ pub struct Args {
         long,
         value_delimiter = ',',
         default_value = "postgres:redis-streams,postgres:kafka,postgres:rabbitmq,postgres:sqs,\
-                         postgres:sns,mysql:redis-streams,mysql:kafka,mysql:rabbitmq,mysql:sqs,\
-                         mysql:sns"
+                         postgres:sns,postgres:nats,mysql:redis-streams,mysql:kafka,mysql:rabbitmq,\
+                         mysql:sqs,mysql:sns,mysql:nats"
     )]
     pub pairs: Vec<String>,
 }
