@@ -384,7 +384,7 @@ impl Report {
         let _ = writeln!(md, "- **broker ceiling**: the same messages through the same sink and client (batches of 500, every acknowledgement awaited), no database");
         let _ = writeln!(
             md,
-            "- **latency**: writers commit business transactions (update the order row + enqueue) at a steady rate for {} s while one relay runs; an independent consumer (Redis `XREAD BLOCK`; a Kafka consumer on every partition; AMQP `basic.consume`; 4 SQS long-polling `ReceiveMessage` loops) notes when each event arrives; commit→receive = arrival − the writer's commit returning",
+            "- **latency**: writers commit business transactions (update the order row + enqueue) at a steady rate for {} s while one relay runs; an independent consumer (Redis `XREAD BLOCK`; a Kafka consumer on every partition; AMQP `basic.consume`; 4 SQS long-polling `ReceiveMessage` loops, on the queue subscribed to the topic for SNS; a JetStream pull consumer of new messages for NATS) notes when each event arrives; commit→receive = arrival − the writer's commit returning",
             s.latency_secs
         );
         let _ = writeln!(
