@@ -6,7 +6,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -53,7 +52,8 @@ pub struct NatsSide {
     prefix: String,
     jetstream: jetstream::Context,
     /// Streams the sink suite's `prepare_destination` made, deleted once read back.
-    suite_streams: Mutex<Vec<String>>,
+    #[cfg(feature = "sink-suite")]
+    suite_streams: std::sync::Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for NatsSide {
@@ -97,7 +97,8 @@ impl NatsSide {
             url: url.to_owned(),
             prefix: prefix.to_owned(),
             jetstream,
-            suite_streams: Mutex::new(Vec::new()),
+            #[cfg(feature = "sink-suite")]
+            suite_streams: std::sync::Mutex::new(Vec::new()),
         }
     }
 
