@@ -48,6 +48,10 @@ pub struct Relay {
     sink: Arc<dyn Sink>,
     config: RelayConfig,
     relay_id: String,
+    /// The `pipeline` label of every metric this relay records.
+    pipeline: Arc<str>,
+    /// `outbox_publish_batch_seconds` of this pipeline, looked up once.
+    publish_duration: metrics::Histogram,
     handle: RelayHandle,
 }
 
@@ -56,13 +60,26 @@ impl Relay {
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Result<Self> {
         config.validate()?;
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
-        Ok(Self {
+        let relay = Self {
             store,
             sink,
             config,
             relay_id,
+            pipeline: Arc::from(""),
+            publish_duration: metrics::Histogram::noop(),
             handle: RelayHandle::default(),
-        })
+        };
+        Ok(relay.pipeline(crate::DEFAULT_PIPELINE))
+    }
+
+    /// Name the pipeline this relay serves: the `pipeline` label of its metrics (`default`
+    /// unless named). A process that relays several outboxes runs one `Relay` per pipeline.
+    pub fn pipeline(mut self, name: &str) -> Self {
+        let pipeline: Arc<str> = Arc::from(name);
+        self.publish_duration = metrics::histogram!(crate::metrics::PUBLISH_DURATION, crate::metrics::PIPELINE => pipeline.clone());
+        self.handle = RelayHandle::new(pipeline.clone());
+        self.pipeline = pipeline;
+        self
     }
 
     /// This relay's name as other relays and `status` see it.
@@ -84,6 +101,7 @@ impl Relay {
         relay.handle.started();
         info!(
             relay_id = %relay.relay_id,
+            pipeline = %relay.pipeline,
             store = %relay.store.describe(),
             sink = relay.sink.kind(),
             batch_size = relay.config.batch_size,
@@ -120,7 +138,9 @@ impl Relay {
     }
 }
 
-fn default_relay_id() -> String {
+/// The relay id used when `relay.relay_id` is not set: the host name, the process id and a
+/// random suffix (a restarted container often gets the same pid).
+pub fn default_relay_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())

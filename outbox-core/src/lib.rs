@@ -19,7 +19,12 @@ pub mod testkit;
 pub mod tls;
 
 pub use config::{OnDead, RelayConfig, Retention};
-pub use engine::{Relay, RelayHandle, Shutdown, ShutdownTrigger};
+
+/// The name of the pipeline of a configuration that declares only one (`[store]` and `[sink]`
+/// at the top level), and of a [`Relay`] that was not given one.
+pub const DEFAULT_PIPELINE: &str = "default";
+
+pub use engine::{default_relay_id, Relay, RelayHandle, Shutdown, ShutdownTrigger};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,

@@ -1,5 +1,11 @@
 //! Metric names (Prometheus) recorded by the engine through the `metrics` facade. The binary
 //! installs the exporter; a library user may install any recorder.
+//!
+//! Every metric carries the label [`PIPELINE`]: the name of the pipeline (outbox table and
+//! sink) the relay serves, `default` for a configuration of one pipeline.
+
+/// The label every metric carries: the pipeline's name.
+pub const PIPELINE: &str = "pipeline";
 
 /// Counter: events acknowledged by the broker. Labels: `sink`, `destination`.
 pub const EVENTS_PUBLISHED: &str = "outbox_events_published_total";

@@ -97,6 +97,14 @@ pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
         Ok(())
     }
 
+    /// The outbox table this configuration relays from, as text that two configurations share
+    /// when they name the same table of the same database (say `postgres db:5432/app
+    /// public.outbox`), without secrets. The binary refuses two pipelines with the same one.
+    /// `None` (the default) when the store cannot tell without connecting.
+    fn table_identity(&self) -> Option<String> {
+        None
+    }
+
     /// Connect and return the store. Called only after `validate` passed.
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send;
 }

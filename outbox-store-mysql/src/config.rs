@@ -30,6 +30,19 @@ impl SqlStore for MySql {
         TableName::parse(table).map(drop)
     }
 
+    /// `mysql <host>:<port> <database>.<table>`; an unqualified table is in the URL's database.
+    fn table_identity(config: &MySqlStoreConfig) -> Option<String> {
+        let options: sqlx::mysql::MySqlConnectOptions = config.url.parse().ok()?;
+        let table = TableName::parse(&config.table).ok()?;
+        Some(format!(
+            "mysql {}:{} {}.{}",
+            options.get_host().to_ascii_lowercase(),
+            options.get_port(),
+            table.database().or(options.get_database())?,
+            table.name()
+        ))
+    }
+
     async fn connect(config: MySqlStoreConfig) -> Result<Self::Store> {
         crate::MySqlStore::connect(config).await
     }

@@ -29,6 +29,21 @@ impl SqlStore for Postgres {
         TableName::parse(table).map(drop)
     }
 
+    /// `postgres <host>:<port>/<database> <schema>.<table>`; an unqualified table counts as
+    /// `public.<table>`, where the default `search_path` finds it.
+    fn table_identity(config: &PostgresStoreConfig) -> Option<String> {
+        let options: sqlx::postgres::PgConnectOptions = config.url.parse().ok()?;
+        let table = TableName::parse(&config.table).ok()?;
+        Some(format!(
+            "postgres {}:{}/{} {}.{}",
+            options.get_host().to_ascii_lowercase(),
+            options.get_port(),
+            options.get_database().unwrap_or(options.get_username()),
+            table.schema().unwrap_or("public"),
+            table.name()
+        ))
+    }
+
     async fn connect(config: PostgresStoreConfig) -> Result<Self::Store> {
         crate::PostgresStore::connect(config).await
     }

@@ -27,6 +27,11 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
 
     /// Check `store.table` (errors without the key; the caller adds it).
     fn check_table(table: &str) -> Result<()>;
+    /// The table `config` names, as [`StoreConfig::table_identity`](outboxkit_core::StoreConfig::table_identity)
+    /// describes: equal for the same host, port, database and qualified table.
+    fn table_identity(_config: &SqlStoreConfig<Self>) -> Option<String> {
+        None
+    }
     /// Connect and return the store; called after `validate` passed.
     fn connect(config: SqlStoreConfig<Self>) -> impl Future<Output = Result<Self::Store>> + Send;
 }
@@ -181,6 +186,10 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
 
     fn validate(&self) -> Result<()> {
         SqlStoreConfig::validate(self)
+    }
+
+    fn table_identity(&self) -> Option<String> {
+        S::table_identity(self)
     }
 
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send {

@@ -2,12 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use outboxkit_core::{ErrorKind, Relay, Shutdown, Store};
-use tracing::{info, warn};
+use outboxkit_core::{ErrorKind, Store};
 
+use crate::pipeline::Pipeline;
 use crate::registry::{FactoryContext, Registry};
 use crate::settings::{self, LogFormat, Settings};
 
@@ -21,6 +20,10 @@ pub struct Cli {
     /// Log format, overriding `log.format`.
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Only this pipeline (`[pipelines.<NAME>]`, or `default` for a top-level `[store]`); every
+    /// pipeline when not given. `dead` needs it when there are several.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub pipeline: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -30,9 +33,10 @@ pub struct Cli {
 pub enum Command {
     /// Relay until SIGTERM/SIGINT; serves /metrics, /healthz and /readyz.
     Run,
-    /// Create or upgrade the outbox table (idempotent).
+    /// Create or upgrade the outbox table of every pipeline (idempotent).
     Migrate,
-    /// Backlog figures and shard owners.
+    /// Backlog figures and shard owners: one line per pipeline when there are several, the
+    /// whole report of one (with --pipeline, or when there is only one).
     Status {
         /// Print JSON for machines.
         #[arg(long)]
@@ -137,65 +141,98 @@ pub fn main(registry: Registry) -> ExitCode {
 
 /// Run one parsed command.
 pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
+    let loaded = load(&cli)?;
+    let pipelines = crate::pipeline::select(&loaded.pipelines, cli.pipeline.as_deref())
+        .map_err(Failure::config)?;
     match cli.command {
         Command::Run => {
-            let (settings, figment) = load(&cli)?;
-            let ctx = FactoryContext {
-                settings: &settings,
-                figment: &figment,
-                file: cli.config.as_ref(),
-            };
-            // Every configuration error before anything connects.
-            registry.check_config(ctx)?;
-            check_listen(&settings.server.listen, &figment, &cli)?;
-            let store = connect_store(&registry, &settings, &figment, &cli).await?;
-            let sink = registry.build_sink(ctx).await?;
-            store.check().await?;
-            sink.check().await?;
-            run(store, sink, &settings).await
+            // Every configuration error of every pipeline before anything connects.
+            for pipeline in &pipelines {
+                registry.check_config(loaded.context(pipeline))?;
+            }
+            registry.check_distinct_tables(&loaded.pipelines, |p| loaded.context(p))?;
+            check_listen(&loaded.settings.server.listen, &loaded.figment, &cli)?;
+            let pipelines = pipelines.into_iter().cloned().collect();
+            crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
         }
         Command::Migrate => {
-            let (settings, figment) = load(&cli)?;
-            let store = connect_store(&registry, &settings, &figment, &cli).await?;
-            store.migrate().await?;
-            println!("migrated {}", store.describe());
+            for pipeline in &pipelines {
+                let store = registry.build_store(loaded.context(pipeline)).await?;
+                store.migrate().await?;
+                println!("migrated {}", describe(pipeline, store.as_ref(), &loaded));
+            }
             Ok(())
         }
         Command::Status { json } => {
-            let (settings, figment) = load(&cli)?;
-            let store = connect_store(&registry, &settings, &figment, &cli).await?;
-            crate::status::print(store.as_ref(), json).await
+            if pipelines.len() == 1 && (cli.pipeline.is_some() || loaded.pipelines.len() == 1) {
+                let store = registry.build_store(loaded.context(pipelines[0])).await?;
+                return crate::status::print(store.as_ref(), json).await;
+            }
+            let mut stores = Vec::new();
+            for pipeline in &pipelines {
+                let store = registry.build_store(loaded.context(pipeline)).await;
+                stores.push((pipeline.name.as_str(), store));
+            }
+            crate::status::print_each(stores, json).await
         }
         Command::Dead { ref command } => {
-            let (settings, figment) = load(&cli)?;
-            let store = connect_store(&registry, &settings, &figment, &cli).await?;
+            let [pipeline] = pipelines[..] else {
+                return Err(Failure::config(format!(
+                    "dead: there are {} pipelines ({}): choose one with --pipeline NAME",
+                    pipelines.len(),
+                    crate::pipeline::names(&loaded.pipelines)
+                )));
+            };
+            let store = registry.build_store(loaded.context(pipeline)).await?;
             crate::dead::run(store.as_ref(), command).await
         }
     }
 }
 
-fn load(cli: &Cli) -> Result<(Settings, figment::Figment), Failure> {
-    let (settings, figment) = settings::load(cli.config.as_deref())?;
+/// The store as `migrate` names it: with its pipeline when there are several.
+fn describe(pipeline: &Pipeline, store: &dyn Store, loaded: &Loaded) -> String {
+    if loaded.pipelines.len() == 1 {
+        store.describe()
+    } else {
+        format!("pipeline {}: {}", pipeline.name, store.describe())
+    }
+}
+
+/// The configuration as loaded: settings, the figment they came from (for key paths and
+/// origins in messages), the file, and the pipelines it declares.
+#[derive(Debug)]
+pub struct Loaded {
+    pub settings: Settings,
+    pub figment: figment::Figment,
+    pub file: Option<PathBuf>,
+    pub pipelines: Vec<Pipeline>,
+}
+
+impl Loaded {
+    /// What the registry needs to read `pipeline`'s adapters.
+    pub fn context<'a>(&'a self, pipeline: &'a Pipeline) -> FactoryContext<'a> {
+        FactoryContext {
+            pipeline,
+            figment: &self.figment,
+            file: self.file.as_ref(),
+        }
+    }
+}
+
+fn load(cli: &Cli) -> Result<Loaded, Failure> {
+    let file = cli.config.as_deref();
+    let (settings, figment) = settings::load(file)?;
     init_logging(
         cli.log_format.unwrap_or(settings.log.format),
         &settings.log.level,
     );
-    Ok((settings, figment))
-}
-
-/// Build the store; its configuration errors (`store.table: ...`) say where the key was set.
-async fn connect_store(
-    registry: &Registry,
-    settings: &Settings,
-    figment: &figment::Figment,
-    cli: &Cli,
-) -> Result<Arc<dyn Store>, Failure> {
-    let ctx = FactoryContext {
+    let pipelines = crate::pipeline::resolve(&settings, &figment, file)?;
+    Ok(Loaded {
         settings,
         figment,
-        file: cli.config.as_ref(),
-    };
-    Ok(registry.build_store(ctx).await?)
+        file: cli.config.clone(),
+        pipelines,
+    })
 }
 
 /// `server.listen` must be an address (checked before connecting to anything).
@@ -208,63 +245,6 @@ fn check_listen(listen: &str, figment: &figment::Figment, cli: &Cli) -> Result<(
         "invalid configuration: {}",
         settings::locate(&message, figment, cli.config.as_deref())
     )))
-}
-
-async fn run(
-    store: Arc<dyn Store>,
-    sink: Arc<dyn outboxkit_core::Sink>,
-    settings: &Settings,
-) -> Result<(), Failure> {
-    let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
-    let relay = Relay::new(store, sink, settings.relay.clone())?;
-    let handle = relay.handle();
-    let (trigger, shutdown) = Shutdown::channel();
-
-    if !settings.server.listen.is_empty() {
-        let listener = crate::server::bind(&settings.server.listen)
-            .await
-            .map_err(Failure::config)?;
-        tokio::spawn(crate::server::serve(
-            listener,
-            handle.clone(),
-            metrics,
-            shutdown.clone(),
-        ));
-    }
-
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("shutdown requested: finishing in-flight work");
-        trigger.trigger();
-        wait_for_signal().await;
-        warn!("second signal: exiting now; unacknowledged events stay pending");
-        std::process::exit(130);
-    });
-
-    relay.run(shutdown).await?;
-    Ok(())
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// Colour only on a terminal, and not when `NO_COLOR` is set to anything non-empty

@@ -4,10 +4,12 @@
 mod adapters;
 pub mod cli;
 pub mod dead;
+pub mod pipeline;
 pub mod registry;
 pub mod server;
 pub mod settings;
 pub mod status;
+pub mod supervisor;
 
 pub use cli::main;
 pub use registry::{sink_config, store_config, BoxFuture, FactoryContext, Registry};

@@ -1,7 +1,8 @@
 //! Adapters by kind. Every store and sink, shipped or a third party's, registers the same way:
 //! from its configuration type ([`StoreConfig`] / [`SinkConfig`]). The registry reads the
-//! section, applies `sink.destination`, runs the adapter's checks before anything connects, says
-//! where each key of a configuration error was set, and lists the kinds in `--version`.
+//! section of each pipeline, applies `sink.destination`, runs the adapter's checks before
+//! anything connects, says which key of which pipeline a configuration error is about and where
+//! it was set, and lists the kinds in `--version`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -13,13 +14,15 @@ use figment::Figment;
 use outboxkit_core::{plugin, StoreConfig};
 use outboxkit_core::{DestinationTemplate, Error, ErrorKind, Result, Sink, SinkConfig, Store};
 
-use crate::settings::{self, Settings};
+use crate::pipeline::Pipeline;
+use crate::settings;
 
-/// What reading an adapter's settings needs: the whole configuration, the figment (to read
-/// sections with key paths in errors) and the config file's path (for messages).
+/// What reading an adapter's settings needs: the pipeline (where its store and sink tables
+/// are), the figment (to read sections with key paths in errors) and the config file's path
+/// (for messages).
 #[derive(Debug, Clone, Copy)]
 pub struct FactoryContext<'a> {
-    pub settings: &'a Settings,
+    pub pipeline: &'a Pipeline,
     pub figment: &'a Figment,
     pub file: Option<&'a PathBuf>,
 }
@@ -29,16 +32,14 @@ impl FactoryContext<'_> {
         self.file.map(PathBuf::as_path)
     }
 
-    /// A configuration error with where its key was set.
+    /// A configuration error with the pipeline's key (adapters write `store.table: ...`) and
+    /// where it was set.
     fn locate(&self, e: Error) -> Error {
         if e.kind() != ErrorKind::Config {
             return e;
         }
-        Error::config(settings::locate(
-            &e.full_message(),
-            self.figment,
-            self.file(),
-        ))
+        let message = self.pipeline.rekey(&e.full_message());
+        Error::config(settings::locate(&message, self.figment, self.file()))
     }
 }
 
@@ -46,12 +47,14 @@ impl FactoryContext<'_> {
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 type Check = fn(FactoryContext<'_>) -> Result<()>;
+type Identity = fn(FactoryContext<'_>) -> Result<Option<String>>;
 type BuildStore = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Store>>>;
 type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>>;
 
 #[derive(Clone, Copy)]
 struct StoreEntry {
     check: Check,
+    identity: Identity,
     build: BuildStore,
 }
 
@@ -125,6 +128,7 @@ impl Registry {
             C::KIND,
             StoreEntry {
                 check: |ctx| store_config::<C>(ctx).map(drop),
+                identity: |ctx| store_config::<C>(ctx).map(|c| c.table_identity()),
                 build: build_store::<C>,
             },
         );
@@ -170,25 +174,31 @@ impl Registry {
         ))
     }
 
-    fn store_entry(&self, settings: &Settings) -> Result<StoreEntry> {
-        let kind = settings.store.kind.as_str();
-        self.stores
-            .get(kind)
-            .copied()
-            .ok_or_else(|| Self::unknown_kind("store.kind", kind, self.store_kinds()))
+    fn store_entry(&self, pipeline: &Pipeline) -> Result<StoreEntry> {
+        let kind = pipeline.store_kind.as_str();
+        self.stores.get(kind).copied().ok_or_else(|| {
+            Self::unknown_kind(
+                &format!("{}.kind", pipeline.store_key),
+                kind,
+                self.store_kinds(),
+            )
+        })
     }
 
-    fn sink_entry(&self, settings: &Settings) -> Result<SinkEntry> {
-        let kind = settings.sink.kind.as_str();
-        self.sinks
-            .get(kind)
-            .copied()
-            .ok_or_else(|| Self::unknown_kind("sink.kind", kind, self.sink_kinds()))
+    fn sink_entry(&self, pipeline: &Pipeline) -> Result<SinkEntry> {
+        let kind = pipeline.sink.kind.as_str();
+        self.sinks.get(kind).copied().ok_or_else(|| {
+            Self::unknown_kind(
+                &format!("{}.kind", pipeline.sink_key),
+                kind,
+                self.sink_kinds(),
+            )
+        })
     }
 
     /// `[sink]` sub-tables must belong to a registered or shipped kind (catches typos like
     /// `[sink.redis]`).
-    fn check_sink_sections(&self, settings: &Settings) -> Result<()> {
+    fn check_sink_sections(&self, pipeline: &Pipeline) -> Result<()> {
         let known: Vec<String> = self
             .sinks
             .keys()
@@ -199,12 +209,13 @@ impl Registry {
             .filter_map(|f| f.strip_prefix("sink-"))
             .map(plugin::sink_section)
             .collect();
-        for key in settings.sink.sections.keys() {
+        for key in pipeline.sink.sections.keys() {
             if !known.contains(key) && !shipped.contains(key) {
                 let mut expected = vec!["kind".to_owned(), "destination".to_owned()];
                 expected.extend(known.iter().cloned());
                 return Err(Error::config(format!(
-                    "sink.{key}: unknown key (expected one of: {})",
+                    "{}.{key}: unknown key (expected one of: {})",
+                    pipeline.sink_key,
                     expected.join(", ")
                 )));
             }
@@ -216,23 +227,49 @@ impl Registry {
     /// sub-tables are known, and both adapters' sections read and validate. Errors say where
     /// the key was set (`(in FILE)` or `(from environment variable OUTBOX_...)`).
     pub fn check_config(&self, ctx: FactoryContext<'_>) -> Result<()> {
-        let store = self.store_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
-        let sink = self.sink_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
-        self.check_sink_sections(ctx.settings)
+        let store = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
+        let sink = self.sink_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
+        self.check_sink_sections(ctx.pipeline)
             .map_err(|e| ctx.locate(e))?;
         (store.check)(ctx)?;
         (sink.check)(ctx)
     }
 
+    /// Refuse two pipelines on the same outbox table (as far as their stores can tell before
+    /// connecting): both would relay every event, and their relays would fight over the shards
+    /// with different sinks.
+    pub fn check_distinct_tables<'a>(
+        &self,
+        pipelines: &'a [Pipeline],
+        context: impl Fn(&'a Pipeline) -> FactoryContext<'a>,
+    ) -> Result<()> {
+        let mut seen: BTreeMap<String, &Pipeline> = BTreeMap::new();
+        for pipeline in pipelines {
+            let ctx = context(pipeline);
+            let entry = self.store_entry(pipeline).map_err(|e| ctx.locate(e))?;
+            let Some(identity) = (entry.identity)(ctx)? else {
+                continue;
+            };
+            if let Some(first) = seen.get(&identity) {
+                return Err(Error::config(format!(
+                    "{} and {}: pipelines `{}` and `{}` both relay the table {identity}: give                      each its own table",
+                    first.store_key, pipeline.store_key, first.name, pipeline.name
+                )));
+            }
+            seen.insert(identity, pipeline);
+        }
+        Ok(())
+    }
+
     /// Read, check and build the configured store.
     pub async fn build_store(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Store>> {
-        let entry = self.store_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
         (entry.build)(ctx).await
     }
 
     /// Read, check and build the configured sink.
     pub async fn build_sink(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Sink>> {
-        let entry = self.sink_entry(ctx.settings).map_err(|e| ctx.locate(e))?;
+        let entry = self.sink_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
         (entry.build)(ctx).await
     }
 }
@@ -257,8 +294,8 @@ fn build_sink<C: SinkConfig>(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Ar
 /// `[store]` without `kind`, read into `C` and validated; errors name the key and where it was
 /// set.
 pub fn store_config<C: StoreConfig>(ctx: FactoryContext<'_>) -> Result<C> {
-    let config: C =
-        settings::store_section(ctx.figment, ctx.file()).map_err(|e| Error::config(e.0))?;
+    let config: C = settings::store_section_at(ctx.figment, &ctx.pipeline.store_key, ctx.file())
+        .map_err(|e| Error::config(e.0))?;
     config.validate().map_err(|e| ctx.locate(e))?;
     Ok(config)
 }
@@ -266,12 +303,16 @@ pub fn store_config<C: StoreConfig>(ctx: FactoryContext<'_>) -> Result<C> {
 /// `[sink.<section>]` read into `C`, with `sink.destination` applied, validated; errors name
 /// the key and where it was set.
 pub fn sink_config<C: SinkConfig>(ctx: FactoryContext<'_>) -> Result<C> {
-    let section = plugin::sink_section(C::KIND);
-    let mut config: C = settings::sink_section(ctx.figment, &section, ctx.file())
-        .map_err(|e| Error::config(e.0))?;
-    if let Some(destination) = &ctx.settings.sink.destination {
+    let section = format!(
+        "{}.{}",
+        ctx.pipeline.sink_key,
+        plugin::sink_section(C::KIND)
+    );
+    let mut config: C =
+        settings::section_at(ctx.figment, &section, ctx.file()).map_err(|e| Error::config(e.0))?;
+    if let Some(destination) = &ctx.pipeline.sink.destination {
         DestinationTemplate::parse(destination)
-            .map_err(|e| ctx.locate(e.context("sink.destination")))?;
+            .map_err(|e| ctx.locate(e.context(format!("{}.destination", ctx.pipeline.sink_key))))?;
         *config.destination_mut() = destination.clone();
     }
     config.validate().map_err(|e| ctx.locate(e))?;

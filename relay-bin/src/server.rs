@@ -4,10 +4,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outboxkit_core::{RelayHandle, Shutdown};
+use outboxkit_core::Shutdown;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
+
+use crate::supervisor::Board;
 
 /// Install the Prometheus recorder for the `metrics` facade; returns the handle that renders.
 pub fn install_recorder() -> Result<PrometheusHandle, String> {
@@ -43,7 +45,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, String> {
 /// Serve until shutdown.
 pub async fn serve(
     listener: TcpListener,
-    relay: RelayHandle,
+    relay: Board,
     metrics: PrometheusHandle,
     mut shutdown: Shutdown,
 ) {
@@ -69,7 +71,7 @@ pub async fn serve(
 
 async fn answer(
     mut stream: TcpStream,
-    relay: &RelayHandle,
+    relay: &Board,
     metrics: &PrometheusHandle,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 4096];
@@ -101,19 +103,10 @@ async fn answer(
             "text/plain",
             "stopped\n".to_owned(),
         ),
-        ("GET", "/readyz") if relay.is_ready() => (
-            "200 OK",
-            "text/plain",
-            format!("ready: {} shards owned\n", relay.shards_owned()),
-        ),
-        ("GET", "/readyz") => (
-            "503 Service Unavailable",
-            "text/plain",
-            format!(
-                "not ready: {}\n",
-                relay.last_error().unwrap_or_else(|| "starting".to_owned())
-            ),
-        ),
+        ("GET", "/readyz") => match relay.readiness() {
+            (true, body) => ("200 OK", "text/plain", body),
+            (false, body) => ("503 Service Unavailable", "text/plain", body),
+        },
         ("GET", _) => (
             "404 Not Found",
             "text/plain",

@@ -10,16 +10,26 @@ use outboxkit_core::RelayConfig;
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration.
+///
+/// One pipeline (outbox table → broker) is `[store]` and `[sink]` at the top level: the pipeline
+/// `default`. Several are `[pipelines.<name>]` tables, each with its own `store`, and `relay`
+/// and `sink` when they differ from the shared `[relay]` and `[sink]`
+/// (see [`crate::pipeline`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
-    /// `[store]`: the database holding the outbox table.
-    pub store: StoreSettings,
-    /// `[relay]`: engine settings.
+    /// `[store]`: the database holding the outbox table of the pipeline `default`.
+    #[serde(default)]
+    pub store: Option<StoreSettings>,
+    /// `[relay]`: engine settings, shared by every pipeline.
     #[serde(default)]
     pub relay: RelayConfig,
-    /// `[sink]`: the broker.
-    pub sink: SinkSettings,
+    /// `[sink]`: the broker of the pipeline `default`, and of every pipeline without its own.
+    #[serde(default)]
+    pub sink: Option<SinkSettings>,
+    /// `[pipelines.<name>]`: named pipelines.
+    #[serde(default)]
+    pub pipelines: BTreeMap<String, PipelineSettings>,
     /// `[server]`: metrics and health endpoints.
     #[serde(default)]
     pub server: ServerSettings,
@@ -61,6 +71,21 @@ pub struct SinkSettings {
     /// The per-kind sub-tables; checked against the registered kinds.
     #[serde(flatten)]
     pub sections: BTreeMap<String, figment::value::Value>,
+}
+
+/// `[pipelines.<name>]`: one outbox table and where its events go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    /// `[pipelines.<name>.store]`, as `[store]`.
+    pub store: StoreSettings,
+    /// `[pipelines.<name>.relay]`: keys that replace the shared `[relay]` ones for this
+    /// pipeline (read in [`crate::pipeline`], with the shared keys under them).
+    #[serde(default)]
+    pub relay: Option<Dict>,
+    /// `[pipelines.<name>.sink]`, as `[sink]`; the shared `[sink]` when absent.
+    #[serde(default)]
+    pub sink: Option<SinkSettings>,
 }
 
 /// `[server]`
@@ -120,7 +145,7 @@ pub struct ConfigError(pub String);
 impl ConfigError {
     /// One error per figment error, joined with `; `. `prefix` is the key path the figment was
     /// focused on (`sink.redis_streams`), prepended to every key.
-    fn from_figment(
+    pub(crate) fn from_figment(
         error: figment::Error,
         figment: &Figment,
         file: Option<&Path>,
@@ -170,7 +195,7 @@ impl ConfigError {
 
 /// `store.url: missing required key (in FILE, or set OUTBOX_STORE__URL)`; a missing top-level
 /// table reads `store: missing required table [store] (in FILE)`.
-fn missing(parent: &str, field: &str, file: Option<&Path>) -> String {
+pub(crate) fn missing(parent: &str, field: &str, file: Option<&Path>) -> String {
     let key = if parent.is_empty() {
         field.to_owned()
     } else {
@@ -255,7 +280,7 @@ pub fn env_var_for(key: &str) -> String {
 
 /// Where the value at `key` was set, as a message suffix: ` (in FILE)` or
 /// ` (from environment variable OUTBOX_...)`; `None` when the key has no value there.
-fn origin(figment: &Figment, key: &str, file: Option<&Path>) -> Option<String> {
+pub(crate) fn origin(figment: &Figment, key: &str, file: Option<&Path>) -> Option<String> {
     if key.is_empty() {
         return None;
     }
@@ -465,7 +490,16 @@ pub fn sink_section<T>(
 where
     T: serde::de::DeserializeOwned,
 {
-    let key = format!("sink.{section}");
+    section_at(figment, &format!("sink.{section}"), file)
+}
+
+/// Extract the table at `key` (`sink.kafka`, `pipelines.billing.sink.kafka`) as a sink's
+/// section; see [`sink_section`].
+pub fn section_at<T>(figment: &Figment, key: &str, file: Option<&Path>) -> Result<T, ConfigError>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let key = key.to_owned();
     if let Ok(value) = figment.find_value(&key) {
         if value.as_dict().is_none() {
             return Err(ConfigError(format!(
@@ -492,16 +526,29 @@ pub fn store_section<T>(figment: &Figment, file: Option<&Path>) -> Result<T, Con
 where
     T: serde::de::DeserializeOwned,
 {
+    store_section_at(figment, "store", file)
+}
+
+/// Extract the store table at `key` (`store`, `pipelines.billing.store`) without `kind`; see
+/// [`store_section`].
+pub fn store_section_at<T>(
+    figment: &Figment,
+    key: &str,
+    file: Option<&Path>,
+) -> Result<T, ConfigError>
+where
+    T: serde::de::DeserializeOwned,
+{
     let mut keys = figment
-        .find_value("store")
+        .find_value(key)
         .ok()
         .and_then(|value| value.into_dict())
         .unwrap_or_default();
     keys.remove("kind");
-    resolve_secret_files(&mut keys, "store", figment, file)?;
+    resolve_secret_files(&mut keys, key, figment, file)?;
     Figment::from(figment::providers::Serialized::defaults(keys))
         .extract_lossy::<T>()
-        .map_err(|e| ConfigError::from_figment(e, figment, file, "store"))
+        .map_err(|e| ConfigError::from_figment(e, figment, file, key))
 }
 
 /// Replace the password of a URL by `***` for logs and errors.
@@ -576,7 +623,7 @@ mod tests {
             jail.clear_env();
             jail.create_file("relay.toml", MINIMAL)?;
             let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-            assert_eq!(s.store.kind, "postgres");
+            assert_eq!(s.store.as_ref().unwrap().kind, "postgres");
             let store = pg(&figment);
             assert_eq!(store.table, "outbox");
             assert_eq!(store.shards, 64);
@@ -584,9 +631,9 @@ mod tests {
             assert_eq!(store.connect_timeout, Duration::from_secs(5));
             assert_eq!(store.session_timeout, Duration::from_secs(30));
             assert_eq!(s.relay, RelayConfig::default());
-            assert_eq!(s.sink.kind, "redis-streams");
-            assert_eq!(s.sink.destination, None);
-            assert!(s.sink.sections.is_empty());
+            assert_eq!(s.sink.as_ref().unwrap().kind, "redis-streams");
+            assert_eq!(s.sink.as_ref().unwrap().destination, None);
+            assert!(s.sink.as_ref().unwrap().sections.is_empty());
             assert_eq!(s.server, ServerSettings::default());
             assert_eq!(s.server.listen, "127.0.0.1:9464");
             assert_eq!(s.log, LogSettings::default());
@@ -637,7 +684,7 @@ mod tests {
             jail.set_env("OUTBOX_SINK__KIND", "redis-streams");
             let (s, figment) = load(None).unwrap();
             assert_eq!(pg(&figment).url, "postgres://app:pw@other:6432/app");
-            assert_eq!(s.sink.kind, "redis-streams");
+            assert_eq!(s.sink.as_ref().unwrap().kind, "redis-streams");
             Ok(())
         });
     }
@@ -657,7 +704,7 @@ mod tests {
             let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
             assert_eq!(pg(&figment).table, "123");
             assert_eq!(s.relay.relay_id.as_deref(), Some("007"));
-            assert_eq!(s.sink.destination.as_deref(), Some("1e3"));
+            assert_eq!(s.sink.as_ref().unwrap().destination.as_deref(), Some("1e3"));
             let section: Section = sink_section(&figment, "redis_streams", None).unwrap();
             assert_eq!(section.password, "0042");
 
@@ -714,8 +761,11 @@ mod tests {
                 "invalid configuration: store.url: missing required key (in relay.toml, or set OUTBOX_STORE__URL)"
             );
             jail.create_file("relay.toml", "[sink]\nkind = \"x\"\n")?;
+            let (settings, figment) = load(Some(Path::new("relay.toml"))).unwrap();
             assert_eq!(
-                load_err(Some("relay.toml")),
+                crate::pipeline::resolve(&settings, &figment, Some(Path::new("relay.toml")))
+                    .unwrap_err()
+                    .to_string(),
                 "invalid configuration: store: missing required table [store] (in relay.toml)"
             );
             jail.create_file(

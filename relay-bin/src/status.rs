@@ -85,3 +85,91 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// One pipeline's line of `status` across pipelines.
+#[derive(Debug, Serialize)]
+struct PipelineLine {
+    store: Option<String>,
+    #[serde(flatten)]
+    backlog: Option<BacklogStatus>,
+    owners: Option<usize>,
+    /// Why the figures are missing (the store could not be reached).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// `status` of several pipelines: one line each (pending, oldest pending age, dead, relays
+/// owning shards), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
+/// reached gets its error on its line; the command then fails (exit 1) after printing all.
+pub async fn print_each(
+    stores: Vec<(&str, outboxkit_core::Result<std::sync::Arc<dyn Store>>)>,
+    json: bool,
+) -> Result<(), Failure> {
+    let mut lines: BTreeMap<String, PipelineLine> = BTreeMap::new();
+    let mut failed = Vec::new();
+    for (name, store) in stores {
+        let figures = async {
+            let store = store?;
+            let backlog = store.status().await?;
+            let owners: Vec<ShardOwner> = store.shard_owners().await?;
+            let relays = owners
+                .iter()
+                .map(|o| o.owner.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays))
+        };
+        let line = match figures.await {
+            Ok((store, backlog, relays)) => PipelineLine {
+                store: Some(store),
+                backlog: Some(backlog),
+                owners: Some(relays),
+                error: None,
+            },
+            Err(e) => {
+                failed.push(name.to_owned());
+                PipelineLine {
+                    store: None,
+                    backlog: None,
+                    owners: None,
+                    error: Some(e.full_message()),
+                }
+            }
+        };
+        lines.insert(name.to_owned(), line);
+    }
+    if json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({ "pipelines": lines }))
+            .map_err(|e| Failure::runtime(format!("encoding status as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        let width = lines.keys().map(String::len).max().unwrap_or(0).max(8);
+        println!(
+            "{:<width$}  {:>10}  {:>12}  {:>8}  {:>6}",
+            "pipeline", "pending", "oldest age", "dead", "relays"
+        );
+        for (name, line) in &lines {
+            match (&line.backlog, &line.error) {
+                (Some(b), _) => println!(
+                    "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
+                    b.pending,
+                    b.oldest_pending_age_secs,
+                    b.dead,
+                    line.owners.unwrap_or(0)
+                ),
+                (None, error) => println!(
+                    "{name:<width$}  unavailable: {}",
+                    error.as_deref().unwrap_or("")
+                ),
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!(
+            "status of pipeline(s) {} unavailable (see above)",
+            failed.join(", ")
+        )))
+    }
+}

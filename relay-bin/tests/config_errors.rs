@@ -160,7 +160,7 @@ fn unknown_top_level_key() {
         &[],
         &[
             "bogus: unknown key",
-            "(expected one of: store, relay, sink, server, log)",
+            "(expected one of: store, relay, sink, pipelines, server, log)",
         ],
     );
     assert!(

@@ -69,6 +69,13 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
         assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
     }
     assert_eq!(metric_value(&metrics, "outbox_shards_owned"), Some(32.0));
+    // Every metric carries the pipeline; a configuration of one pipeline names it `default`.
+    assert!(
+        metrics.contains("outbox_shards_owned{pipeline=\"default\"} 32"),
+        "{metrics}"
+    );
+    let (_, ready) = http_get(port, "/readyz").unwrap();
+    assert_eq!(ready, "default: ready, 32 shards owned\n");
     assert_eq!(http_get(port, "/nope").unwrap().0, 404);
 
     let status = scenario.status();

@@ -13,15 +13,19 @@ use crate::metrics as m;
 /// Refresh the backlog gauges every `relay.status_interval`.
 pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     loop {
+        let pipeline = relay.pipeline.clone();
         match relay.store.status().await {
             Ok(s) => {
-                metrics::gauge!(m::PENDING).set(s.pending as f64);
-                metrics::gauge!(m::OLDEST_PENDING_AGE).set(s.oldest_pending_age_secs);
-                metrics::gauge!(m::DEAD).set(s.dead as f64);
-                metrics::gauge!(m::HELD_BACK_AGGREGATES).set(s.held_back_aggregates as f64);
+                metrics::gauge!(m::PENDING, m::PIPELINE => pipeline.clone()).set(s.pending as f64);
+                metrics::gauge!(m::OLDEST_PENDING_AGE, m::PIPELINE => pipeline.clone())
+                    .set(s.oldest_pending_age_secs);
+                metrics::gauge!(m::DEAD, m::PIPELINE => pipeline.clone()).set(s.dead as f64);
+                metrics::gauge!(m::HELD_BACK_AGGREGATES, m::PIPELINE => pipeline)
+                    .set(s.held_back_aggregates as f64);
             }
             Err(e) => {
-                metrics::counter!(m::ERRORS, "stage" => "status").increment(1);
+                metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status")
+                    .increment(1);
                 debug!(error = %e, "reading backlog figures failed");
             }
         }
@@ -44,7 +48,8 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, keep: Duration, mut shutdown: 
         loop {
             match relay.store.purge_published(keep, limit).await {
                 Ok(n) => {
-                    metrics::counter!(m::PURGED).increment(n);
+                    metrics::counter!(m::PURGED, m::PIPELINE => relay.pipeline.clone())
+                        .increment(n);
                     if n > 0 {
                         debug!(purged = n, "purged published rows past retention");
                     }
@@ -53,7 +58,8 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, keep: Duration, mut shutdown: 
                     }
                 }
                 Err(e) => {
-                    metrics::counter!(m::ERRORS, "stage" => "purge").increment(1);
+                    metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "purge")
+                        .increment(1);
                     warn!(error = %e, "purging published rows failed; trying again later");
                     break;
                 }

@@ -9,6 +9,8 @@ use crate::metrics as m;
 
 #[derive(Debug, Default)]
 struct HealthState {
+    /// The `pipeline` label of the relay's metrics.
+    pipeline: Arc<str>,
     running: AtomicBool,
     session_ok: AtomicBool,
     sink_ok: AtomicBool,
@@ -19,12 +21,33 @@ struct HealthState {
 }
 
 /// A cheap, cloneable view of a running relay: health for `/healthz` and `/readyz`, counters.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RelayHandle {
     state: Arc<HealthState>,
 }
 
+impl Default for RelayHandle {
+    /// The handle of pipeline `default`.
+    fn default() -> Self {
+        Self::new(crate::DEFAULT_PIPELINE.into())
+    }
+}
+
 impl RelayHandle {
+    pub(super) fn new(pipeline: Arc<str>) -> Self {
+        Self {
+            state: Arc::new(HealthState {
+                pipeline,
+                ..HealthState::default()
+            }),
+        }
+    }
+
+    /// The pipeline this relay serves (the `pipeline` label of its metrics).
+    pub fn pipeline(&self) -> &str {
+        &self.state.pipeline
+    }
+
     /// The engine loop is running.
     pub fn is_alive(&self) -> bool {
         self.state.running.load(Ordering::Relaxed)
@@ -72,7 +95,7 @@ impl RelayHandle {
     /// The engine loop has ended (its session is closed).
     pub(super) fn stopped(&self) {
         self.state.running.store(false, Ordering::Relaxed);
-        metrics::gauge!(m::SHARDS_OWNED).set(0.0);
+        metrics::gauge!(m::SHARDS_OWNED, m::PIPELINE => self.state.pipeline.clone()).set(0.0);
     }
 
     /// A database session is open.
@@ -104,7 +127,8 @@ impl RelayHandle {
     /// This relay owns `shards` shards now (also the `outbox_shards_owned` gauge).
     pub(super) fn owns(&self, shards: u32) {
         self.state.shards.store(shards, Ordering::Relaxed);
-        metrics::gauge!(m::SHARDS_OWNED).set(f64::from(shards));
+        metrics::gauge!(m::SHARDS_OWNED, m::PIPELINE => self.state.pipeline.clone())
+            .set(f64::from(shards));
     }
 
     /// `n` acknowledged rows were marked.

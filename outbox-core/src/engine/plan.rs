@@ -10,7 +10,6 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::metrics as m;
 use crate::model::{OutboxEvent, Outcome};
 use crate::sink::{whole_call_failure, Sink, SinkCapabilities};
 
@@ -187,14 +186,18 @@ impl<'b> Plan<'b> {
 
 /// Publish a claimed batch round by round (see [`Plan`]), stopping at a call that failed as a
 /// whole.
-pub(super) async fn publish_batch(sink: &dyn Sink, batch: &[OutboxEvent]) -> PublishReport {
+pub(super) async fn publish_batch(
+    sink: &dyn Sink,
+    batch: &[OutboxEvent],
+    duration: &metrics::Histogram,
+) -> PublishReport {
     let mut plan = Plan::new(batch, sink.capabilities(), sink.kind());
     let mut call_error = None;
     while let Some(round) = plan.next_round() {
         let events = plan.events(&round);
         let started = Instant::now();
         let answer = sink.publish(&events).await;
-        metrics::histogram!(m::PUBLISH_DURATION).record(started.elapsed().as_secs_f64());
+        duration.record(started.elapsed().as_secs_f64());
         if let Err(e) = plan.settle(&round, answer) {
             call_error = Some(e);
             break;

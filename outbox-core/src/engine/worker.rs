@@ -96,7 +96,7 @@ impl OpenSession {
         let grace_period = config.shutdown_grace;
         let publish = async {
             tokio::select! {
-                report = publish_batch(relay.sink.as_ref(), batch) => Some(report),
+                report = publish_batch(relay.sink.as_ref(), batch, &relay.publish_duration) => Some(report),
                 _ = async { grace.wait().await; tokio::time::sleep(grace_period).await } => None,
             }
         };
@@ -278,7 +278,8 @@ impl<'a> Worker<'a> {
         if let Some(e) = report.call_error {
             self.sink_failures += 1;
             relay.handle.sink_failed(&e);
-            metrics::counter!(m::ERRORS, "stage" => "publish").increment(1);
+            metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "publish")
+                .increment(1);
             warn!(
                 sink = relay.sink.kind(),
                 kind = %e.kind(),
@@ -352,7 +353,8 @@ impl<'a> Worker<'a> {
 
     fn store_failed(&mut self, stage: &'static str, e: Error) {
         self.store_failures += 1;
-        metrics::counter!(m::ERRORS, "stage" => stage).increment(1);
+        metrics::counter!(m::ERRORS, m::PIPELINE => self.relay.pipeline.clone(), "stage" => stage)
+            .increment(1);
         warn!(
             store = %self.relay.store.describe(),
             stage,
@@ -413,6 +415,8 @@ struct Assessment {
 fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) -> Assessment {
     let config = &relay.config;
     let sink_kind = relay.sink.kind();
+    let pipeline = &relay.pipeline;
+    let commit_to_ack = metrics::histogram!(m::COMMIT_TO_ACK, m::PIPELINE => pipeline.clone());
     let now = Utc::now();
     let mut assessment = Assessment {
         published: Vec::with_capacity(batch.len()),
@@ -424,7 +428,7 @@ fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) 
             Disposition::Published => {
                 assessment.published.push(event.id);
                 let latency = (now - event.created_at).num_microseconds().unwrap_or(0);
-                metrics::histogram!(m::COMMIT_TO_ACK).record(latency.max(0) as f64 / 1e6);
+                commit_to_ack.record(latency.max(0) as f64 / 1e6);
                 continue;
             }
             Disposition::NotSent => {
@@ -445,12 +449,12 @@ fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) 
         let kind = error.kind().as_str();
         match retry_in {
             Some(delay) => {
-                metrics::counter!(m::EVENTS_RETRIED, "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                metrics::counter!(m::EVENTS_RETRIED, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
                 warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, retry_in = ?delay, error = %error, "event failed; its aggregate waits for the retry");
             }
             None => {
                 assessment.dead += 1;
-                metrics::counter!(m::EVENTS_DEAD, "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                metrics::counter!(m::EVENTS_DEAD, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
                 warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, error = %error, "event parked as dead");
             }
         }
@@ -475,7 +479,7 @@ fn count_published(relay: &Relay, batch: &[OutboxEvent], published: &[i64]) {
         }
     }
     for (destination, n) in per_destination {
-        metrics::counter!(m::EVENTS_PUBLISHED, "sink" => sink_kind, "destination" => destination)
+        metrics::counter!(m::EVENTS_PUBLISHED, m::PIPELINE => relay.pipeline.clone(), "sink" => sink_kind, "destination" => destination)
             .increment(n);
     }
 }

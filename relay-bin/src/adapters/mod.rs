@@ -31,10 +31,11 @@ mod sqs;
 #[cfg(test)]
 fn read_sink<C: outboxkit_core::SinkConfig>(file: &str) -> outboxkit_core::Result<C> {
     let file = std::path::PathBuf::from(file);
-    let (settings, figment) = crate::settings::load(Some(&file))
-        .map_err(|e| outboxkit_core::Error::config(e.to_string()))?;
+    let config = |e: crate::settings::ConfigError| outboxkit_core::Error::config(e.to_string());
+    let (settings, figment) = crate::settings::load(Some(&file)).map_err(config)?;
+    let pipelines = crate::pipeline::resolve(&settings, &figment, Some(&file)).map_err(config)?;
     let ctx = crate::registry::FactoryContext {
-        settings: &settings,
+        pipeline: &pipelines[0],
         figment: &figment,
         file: Some(&file),
     };

@@ -1,0 +1,298 @@
+//! `outbox-relay run`: one [`Relay`] per pipeline in one process, each with its own store
+//! (its own pool and shard session), its own sink and its own tasks, so that one pipeline's
+//! outage or backlog does not stop the others.
+//!
+//! At start every pipeline connects at once. A configuration error of any pipeline (a table
+//! not migrated, a missing stream, refused credentials) stops the process, naming the
+//! pipeline. A database or broker that cannot be reached stops it too when there is only one
+//! pipeline (the orchestrator restarts the process, as before pipelines existed); with
+//! several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while the
+//! others relay.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outboxkit_core::{ErrorKind, Relay, RelayHandle, Shutdown, Sink, Store};
+use tracing::{error, info, warn, Instrument};
+
+use crate::cli::{Failure, Loaded};
+use crate::pipeline::Pipeline;
+use crate::registry::Registry;
+
+/// What each pipeline is doing, for `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Default)]
+pub struct Board {
+    slots: Arc<Mutex<BTreeMap<String, Slot>>>,
+}
+
+#[derive(Debug, Clone)]
+enum Slot {
+    /// Not connected yet: the last error.
+    Connecting(String),
+    /// Relaying.
+    Relaying(RelayHandle),
+}
+
+impl Board {
+    fn set(&self, pipeline: &str, slot: Slot) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pipeline.to_owned(), slot);
+    }
+
+    fn snapshot(&self) -> Vec<(String, Slot)> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every pipeline's relay loop is running, or it is still trying to connect.
+    pub fn is_alive(&self) -> bool {
+        self.snapshot().iter().all(|(_, slot)| match slot {
+            Slot::Connecting(_) => true,
+            Slot::Relaying(handle) => handle.is_alive(),
+        })
+    }
+
+    /// Whether every pipeline is ready, and one line per pipeline saying so or why not:
+    /// `billing: ready, 16 shards owned`, `orders: not ready: <error>`.
+    pub fn readiness(&self) -> (bool, String) {
+        let mut all_ready = true;
+        let mut body = String::new();
+        for (name, slot) in self.snapshot() {
+            let line = match slot {
+                Slot::Relaying(handle) if handle.is_ready() => {
+                    format!("ready, {} shards owned", handle.shards_owned())
+                }
+                Slot::Relaying(handle) => {
+                    all_ready = false;
+                    format!(
+                        "not ready: {}",
+                        handle.last_error().unwrap_or_else(|| "starting".to_owned())
+                    )
+                }
+                Slot::Connecting(error) => {
+                    all_ready = false;
+                    format!("not ready: {error}")
+                }
+            };
+            body.push_str(&format!("{name}: {line}\n"));
+        }
+        (all_ready && !body.is_empty(), body)
+    }
+}
+
+/// A pipeline's store and sink, connected and checked.
+struct Connected {
+    store: Arc<dyn Store>,
+    sink: Arc<dyn Sink>,
+}
+
+async fn connect(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+) -> outboxkit_core::Result<Connected> {
+    let ctx = loaded.context(pipeline);
+    let store = registry.build_store(ctx).await?;
+    let sink = registry.build_sink(ctx).await?;
+    store.check().await?;
+    sink.check().await?;
+    Ok(Connected { store, sink })
+}
+
+/// Relay every pipeline of `pipelines` until SIGTERM/SIGINT, serving `/metrics`, `/healthz` and
+/// `/readyz` for all of them.
+pub async fn run(
+    registry: &Registry,
+    loaded: Arc<Loaded>,
+    pipelines: Vec<Pipeline>,
+) -> Result<(), Failure> {
+    let several = pipelines.len() > 1;
+    // One relay id for the whole process: `status` shows one owner per process and table.
+    let process_id = outboxkit_core::default_relay_id();
+    let pipelines: Vec<Pipeline> = pipelines
+        .into_iter()
+        .map(|mut p| {
+            p.relay.relay_id.get_or_insert_with(|| process_id.clone());
+            p
+        })
+        .collect();
+    let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
+    let board = Board::default();
+    let (trigger, shutdown) = Shutdown::channel();
+
+    // Connect every pipeline at once; configuration errors end the start.
+    let mut attempts = tokio::task::JoinSet::new();
+    for (i, pipeline) in pipelines.iter().enumerate() {
+        let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
+        attempts.spawn(async move { (i, connect(&registry, &loaded, &pipeline).await) });
+    }
+    let mut answers: Vec<_> = attempts.join_all().await;
+    answers.sort_by_key(|(i, _)| *i);
+    let mut ready = Vec::new();
+    let mut waiting = Vec::new();
+    for (i, attempt) in answers {
+        let pipeline = &pipelines[i];
+        match attempt {
+            Ok(connected) => ready.push((pipeline, connected)),
+            Err(e) if several && e.kind() != ErrorKind::Config => {
+                warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start");
+                board.set(&pipeline.name, Slot::Connecting(e.full_message()));
+                waiting.push(pipeline);
+            }
+            Err(e) if several => {
+                let failure = Failure::from(e);
+                return Err(Failure {
+                    message: format!("pipeline {}: {}", pipeline.name, failure.message),
+                    code: failure.code,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+
+    if !loaded.settings.server.listen.is_empty() {
+        let listener = crate::server::bind(&loaded.settings.server.listen)
+            .await
+            .map_err(Failure::config)?;
+        tokio::spawn(crate::server::serve(
+            listener,
+            board.clone(),
+            metrics,
+            shutdown.clone(),
+        ));
+    }
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutdown requested: finishing in-flight work");
+        trigger.trigger();
+        wait_for_signal().await;
+        warn!("second signal: exiting now; unacknowledged events stay pending");
+        std::process::exit(130);
+    });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for (pipeline, connected) in ready {
+        let relay = relay(pipeline, connected, &board)?;
+        let span = tracing::info_span!("pipeline", name = %pipeline.name);
+        tasks.spawn(relay.run(shutdown.clone()).instrument(span));
+    }
+    for pipeline in waiting {
+        let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
+        let (board, shutdown) = (board.clone(), shutdown.clone());
+        let span = tracing::info_span!("pipeline", name = %pipeline.name);
+        tasks.spawn(
+            async move { keep_connecting(&registry, &loaded, &pipeline, &board, shutdown).await }
+                .instrument(span),
+        );
+    }
+
+    let mut outcome = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let result = match joined {
+            Ok(result) => result.map_err(Failure::from),
+            Err(e) => Err(Failure::runtime(format!("a pipeline's task failed: {e}"))),
+        };
+        if let Err(failure) = result {
+            error!(error = %failure.message, "a pipeline stopped with an error");
+            outcome = Err(failure);
+        }
+    }
+    outcome
+}
+
+/// The relay of `pipeline`, on the board.
+fn relay(pipeline: &Pipeline, connected: Connected, board: &Board) -> Result<Relay, Failure> {
+    let relay = Relay::new(connected.store, connected.sink, pipeline.relay.clone())?
+        .pipeline(&pipeline.name);
+    board.set(&pipeline.name, Slot::Relaying(relay.handle()));
+    Ok(relay)
+}
+
+/// Retry connecting `pipeline` (1 s, doubling up to 30 s) until it connects, then relay; stop
+/// at shutdown.
+async fn keep_connecting(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+    board: &Board,
+    mut shutdown: Shutdown,
+) -> outboxkit_core::Result<()> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.wait() => return Ok(()),
+        }
+        match connect(registry, loaded, pipeline).await {
+            Ok(connected) => {
+                info!("connected");
+                let relay = relay(pipeline, connected, board)
+                    .map_err(|f| outboxkit_core::Error::config(f.message))?;
+                return relay.run(shutdown).await;
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?delay, "cannot connect yet");
+                board.set(&pipeline.name, Slot::Connecting(e.full_message()));
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_pipeline_is() {
+        let board = Board::default();
+        assert_eq!(board.readiness(), (false, String::new()), "nothing yet");
+        board.set(
+            "billing",
+            Slot::Connecting("PostgreSQL at db:5432 is unreachable".into()),
+        );
+        let (ready, body) = board.readiness();
+        assert!(!ready);
+        assert_eq!(
+            body,
+            "billing: not ready: PostgreSQL at db:5432 is unreachable\n"
+        );
+        assert!(board.is_alive(), "connecting is alive");
+
+        let handle = RelayHandle::default();
+        board.set("orders", Slot::Relaying(handle.clone()));
+        assert!(!board.is_alive(), "a relay loop that is not running");
+        let (_, body) = board.readiness();
+        assert!(body.ends_with("orders: not ready: starting\n"), "{body}");
+    }
+}
