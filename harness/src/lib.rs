@@ -54,7 +54,7 @@ pub use broker::sns::SnsSide;
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
-pub use relay::{relay_binary, relay_config, run_cli, RelayProcess, Settings};
+pub use relay::{pipelines_config, relay_binary, relay_config, run_cli, RelayProcess, Settings};
 pub use scenario::{
     aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
     TRACEPARENT,

@@ -97,6 +97,42 @@ listen = "{listen}"
     )
 }
 
+/// One configuration file for several pipelines: `[pipelines.<name>]` with each scenario's store
+/// and sink tables (as [`relay_config`] writes them for one pipeline), the common `[relay]`
+/// settings shared by all, and `[server] listen`.
+pub fn pipelines_config(pipelines: &[(&str, &crate::Scenario)], listen: &str) -> String {
+    let mut toml = String::new();
+    for (name, scenario) in pipelines {
+        let rename = |table: &str, text: String| -> String {
+            text.lines()
+                .map(|line| match line.strip_prefix(&format!("[{table}")) {
+                    Some(rest) => format!("[pipelines.{name}.{table}{rest}\n"),
+                    None => format!("{line}\n"),
+                })
+                .collect()
+        };
+        toml.push_str(&rename("store", scenario.store.store_toml()));
+        toml.push_str("shards = 32\n\n");
+        toml.push_str(&rename("sink", scenario.broker.sink_toml()));
+        toml.push('\n');
+    }
+    format!(
+        r#"{toml}
+[relay]
+batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s"
+status_interval = "200ms"
+
+[server]
+listen = "{listen}"
+"#
+    )
+}
+
 /// A relay process (`outbox-relay --config <config> run`); killed (SIGKILL) when dropped if
 /// still running.
 #[derive(Debug)]

@@ -36,6 +36,23 @@ impl SqlOutbox for Outbox {
     }
 }
 
+impl PostgresSide {
+    /// The test server with outbox table `<schema>.outbox` in `schema`, which it creates: the
+    /// tenant-per-schema layout. [`Self::drop_schema`] removes it.
+    pub async fn open_in_schema(schema: &str) -> Self {
+        let side = Self::open(&format!("{schema}.outbox")).await;
+        side.exec(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .await;
+        side
+    }
+
+    /// Drop `schema` and everything in it.
+    pub async fn drop_schema(&self, schema: &str) {
+        self.exec(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .await;
+    }
+}
+
 #[async_trait]
 impl StoreSide for PostgresSide {
     fn name(&self) -> &str {
