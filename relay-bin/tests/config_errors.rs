@@ -619,3 +619,93 @@ fn logs_to_a_pipe_have_no_colour() {
         out.stderr.escape_debug()
     );
 }
+
+/// Two pipelines on one PostgreSQL server, tables `a.outbox` and `table_b`, and a shared sink.
+fn two_pipelines(table_b: &str) -> String {
+    format!(
+        r#"[sink]
+kind = "redis-streams"
+
+[pipelines.billing.store]
+kind = "postgres"
+url = "{url}"
+table = "a.outbox"
+
+[pipelines.orders.store]
+kind = "postgres"
+url = "{url}"
+table = "{table_b}"
+
+[server]
+listen = "127.0.0.1:0"
+"#,
+        url = postgres_url()
+    )
+}
+
+#[test]
+fn two_pipelines_on_one_table_are_refused_naming_both() {
+    let config = TempConfig::new(&two_pipelines("a.outbox"));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &[
+            "pipelines.billing.store and pipelines.orders.store: pipelines `billing` and \
+             `orders` both relay the table postgres 127.0.0.1:5432/test a.outbox",
+        ],
+    );
+    // Checked before connecting: the server is unreachable here and never tried.
+    let config = TempConfig::new(
+        &two_pipelines("a.outbox").replace(&postgres_url(), "postgres://x@127.0.0.1:1/test"),
+    );
+    config_error(&config, "run", &[], &["both relay the table"]);
+}
+
+#[test]
+fn pipeline_keys_are_named_with_their_pipeline() {
+    let config = TempConfig::new(&two_pipelines("Bad-Name"));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["pipelines.orders.store.table: \"Bad-Name\"", "(in "],
+    );
+    let config = TempConfig::new(&two_pipelines("b.outbox"));
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_PIPELINES__BILLING__STORE__SHARDS", "0")],
+        &[
+            "pipelines.billing.store.shards:",
+            "(from environment variable OUTBOX_PIPELINES__BILLING__STORE__SHARDS)",
+        ],
+    );
+    let config = TempConfig::new(&format!(
+        "{}\n[pipelines.Orders.store]\nkind = \"postgres\"\n",
+        two_pipelines("b.outbox")
+    ));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["pipelines.Orders: \"Orders\" is not a valid pipeline name"],
+    );
+    let config = TempConfig::new(&two_pipelines("b.outbox"));
+    let path = config.display();
+    let line = error_line(&relay(&["--config", &path, "dead", "list"], &[]), 2);
+    assert!(
+        line.contains(
+            "dead: there are 2 pipelines (billing, orders): choose one with --pipeline NAME"
+        ),
+        "{line}"
+    );
+    let line = error_line(
+        &relay(&["--config", &path, "--pipeline", "nope", "status"], &[]),
+        2,
+    );
+    assert!(
+        line.contains("--pipeline nope: no such pipeline (configured: billing, orders)"),
+        "{line}"
+    );
+}
