@@ -30,7 +30,7 @@ pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
     Outcome, Payload, PayloadType, ShardOwner, CONTENT_TYPE_HEADER,
 };
-pub use plugin::{SinkConfig, StoreConfig};
+pub use plugin::{Discovery, SinkConfig, StoreConfig};
 pub use sink::{whole_call_failure, Sink, SinkCapabilities};
 pub use store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
 pub use template::DestinationTemplate;

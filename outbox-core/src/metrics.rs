@@ -31,6 +31,10 @@ pub const SHARDS_OWNED: &str = "outbox_shards_owned";
 pub const ERRORS: &str = "outbox_relay_errors_total";
 /// Counter: published rows deleted by the retention purge.
 pub const PURGED: &str = "outbox_purged_total";
+/// Gauge, recorded by the binary for a pipeline whose `store.table` is a pattern: the tables
+/// it matched, by `state`: `relaying`, `unmigrated` (found but not migrated: not relayed until
+/// `migrate` runs on it), `failing` (cannot be connected now; tried again at the next scan).
+pub const DISCOVERED_TABLES: &str = "outbox_discovered_tables";
 
 /// Buckets for the latency histograms, in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -51,4 +55,5 @@ pub const ALL: &[&str] = &[
     SHARDS_OWNED,
     ERRORS,
     PURGED,
+    DISCOVERED_TABLES,
 ];

@@ -44,6 +44,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -105,8 +106,32 @@ pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
         None
     }
 
+    /// `Some` when this configuration names a pattern of tables (discovery) rather than one
+    /// table: the binary then calls [`discover`](Self::discover) every `interval` and runs one
+    /// relay per table found, starting new tables' relays and stopping dropped tables' ones.
+    /// `None` (the default): one table.
+    fn discovery(&self) -> Option<Discovery> {
+        None
+    }
+
+    /// The tables the pattern matches now, each as its name (`tenant_7.outbox`) and a
+    /// configuration of that one table. Called only when [`discovery`](Self::discovery) is
+    /// `Some`. Errors as `build`'s (an unreachable server is retried at the next scan).
+    fn discover(&self) -> impl Future<Output = Result<Vec<(String, Self)>>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+
     /// Connect and return the store. Called only after `validate` passed.
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send;
+}
+
+/// How a store configuration that names a pattern of tables is scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovery {
+    /// How often to look for new and dropped tables.
+    pub interval: Duration,
+    /// Refuse to start when the pattern matches no table (otherwise a warning).
+    pub require_match: bool,
 }
 
 /// The settings section of a sink kind: `[sink.<section>]`, the kind with `-` turned into `_`

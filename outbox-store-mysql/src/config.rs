@@ -46,6 +46,10 @@ impl SqlStore for MySql {
     async fn connect(config: MySqlStoreConfig) -> Result<Self::Store> {
         crate::MySqlStore::connect(config).await
     }
+
+    async fn list_tables(config: &MySqlStoreConfig) -> Result<Vec<(String, String)>> {
+        crate::MySqlStore::list_tables(config).await
+    }
 }
 
 /// How MySQL qualifies and limits table names: the names of a table's CHECK constraints (unique

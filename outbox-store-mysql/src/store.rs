@@ -130,12 +130,51 @@ impl fmt::Debug for MySqlStore {
     }
 }
 
+/// What errors name of the server `config` connects to, about `table`.
+fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: String) -> Target {
+    let endpoint = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    Target {
+        endpoint: Some(endpoint),
+        database: options.get_database().map(str::to_owned),
+        user: Some(options.get_username().to_owned()),
+        table,
+        ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
+        tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
+    }
+}
+
 impl MySqlStore {
     /// Check the configuration and connect. The first connection is made now, so an
     /// unreachable server, refused credentials or an unsupported version fail here with a
     /// one-line error.
     ///
     /// An unqualified table name lives in the URL's database.
+    /// Every table the configuration's user can see, as (database, table), outside the server's
+    /// own databases: what a pattern `store.table` is matched against. One short connection.
+    pub async fn list_tables(config: &MySqlStoreConfig) -> Result<Vec<(String, String)>> {
+        outboxkit_store_sql::ensure_crypto_provider();
+        let options = config.connect_options(MySqlConnectOptions::password)?;
+        let target = target_of(config, &options, config.table.clone());
+        let mut conn = connect_within::<MySql, _>(&options, &target, config.connect_timeout)
+            .await?
+            .map_err(|e| classify(e, &target))?;
+        let tables = sqlx::query_as(
+            "SELECT CAST(table_schema AS CHAR), CAST(table_name AS CHAR) \
+             FROM information_schema.tables WHERE table_type = 'BASE TABLE' \
+             AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| classify(e, &target))?;
+        if let Err(e) = conn.close().await {
+            tracing::debug!("closing the discovery connection: {e}");
+        }
+        Ok(tables)
+    }
+
     pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
@@ -152,18 +191,8 @@ impl MySqlStore {
                 )))
             }
         };
-        let endpoint = match options.get_socket() {
-            Some(socket) => socket.display().to_string(),
-            None => format!("{}:{}", options.get_host(), options.get_port()),
-        };
-        let target = Target {
-            endpoint: Some(endpoint.clone()),
-            database: options.get_database().map(str::to_owned),
-            user: Some(options.get_username().to_owned()),
-            table: table.to_string(),
-            ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
-            tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
-        };
+        let target = target_of(&config, &options, table.to_string());
+        let endpoint = target.endpoint.clone().unwrap_or_default();
 
         let mut conn = connect_within::<MySql, _>(&options, &target, config.connect_timeout)
             .await?

@@ -47,6 +47,10 @@ impl SqlStore for Postgres {
     async fn connect(config: PostgresStoreConfig) -> Result<Self::Store> {
         crate::PostgresStore::connect(config).await
     }
+
+    async fn list_tables(config: &PostgresStoreConfig) -> Result<Vec<(String, String)>> {
+        crate::PostgresStore::list_tables(config).await
+    }
 }
 
 /// How PostgreSQL qualifies and limits table names: index names add a suffix of up to 14 bytes

@@ -23,6 +23,23 @@ use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::rows::read_backlog;
 
+/// What errors name of the server `config` connects to, about `table`.
+fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
+    Target {
+        endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),
+        database: Some(
+            options
+                .get_database()
+                .unwrap_or(options.get_username())
+                .to_owned(),
+        ),
+        user: Some(options.get_username().to_owned()),
+        table,
+        ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
+        tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
+    }
+}
+
 /// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.
 /// Cheap to clone.
 #[derive(Clone)]
@@ -60,19 +77,7 @@ impl PostgresStore {
         outboxkit_store_sql::ensure_crypto_provider();
         let options = config.connect_options(PgConnectOptions::password)?;
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
-        let mut target = Target {
-            endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),
-            database: Some(
-                options
-                    .get_database()
-                    .unwrap_or(options.get_username())
-                    .to_owned(),
-            ),
-            user: Some(options.get_username().to_owned()),
-            table: configured.to_string(),
-            ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
-            tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
-        };
+        let mut target = target_of(&config, &options, configured.to_string());
 
         let mut conn = connect_within::<Postgres, _>(&options, &target, config.connect_timeout)
             .await?
@@ -126,6 +131,30 @@ impl PostgresStore {
                 tls,
             }),
         })
+    }
+
+    /// Every table the configuration's user can see, as (schema, table), outside PostgreSQL's
+    /// own schemas: what a pattern `store.table` is matched against. One short connection.
+    pub async fn list_tables(config: &PostgresStoreConfig) -> Result<Vec<(String, String)>> {
+        outboxkit_store_sql::ensure_crypto_provider();
+        let options = config.connect_options(PgConnectOptions::password)?;
+        let target = target_of(config, &options, config.table.clone());
+        let mut conn = connect_within::<Postgres, _>(&options, &target, config.connect_timeout)
+            .await?
+            .map_err(|e| classify(e, &target))?;
+        let tables = sqlx::query_as(
+            "SELECT table_schema::text, table_name::text FROM information_schema.tables \
+             WHERE table_type = 'BASE TABLE' \
+             AND table_schema NOT IN ('pg_catalog', 'information_schema') \
+             AND table_schema NOT LIKE 'pg\\_%'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| classify(e, &target))?;
+        if let Err(e) = conn.close().await {
+            tracing::debug!("closing the discovery connection: {e}");
+        }
+        Ok(tables)
     }
 
     /// The connection pool (not used by shard sessions, which have their own connections).

@@ -34,6 +34,11 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     }
     /// Connect and return the store; called after `validate` passed.
     fn connect(config: SqlStoreConfig<Self>) -> impl Future<Output = Result<Self::Store>> + Send;
+    /// Every table the configuration's user can see, as (schema or database, table), system
+    /// ones aside: what a pattern `store.table` is matched against. One short connection.
+    fn list_tables(
+        config: &SqlStoreConfig<Self>,
+    ) -> impl Future<Output = Result<Vec<(String, String)>>> + Send;
 }
 
 /// The `[store]` settings of a SQL store, `kind` aside: one type for every SQL store, so that a
@@ -79,6 +84,13 @@ pub struct SqlStoreConfig<S: SqlStore> {
     /// MariaDB, `max_execution_time` on MySQL) and lock wait timeouts.
     #[serde(default = "default_session_timeout", with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// With a pattern `table` (`*.outbox`, `tenant_*.outbox`): how often to look for new and
+    /// dropped tables.
+    #[serde(default = "default_discovery_interval", with = "humantime_serde")]
+    pub discovery_interval: Duration,
+    /// With a pattern `table`: refuse to start when it matches no table (otherwise a warning).
+    #[serde(default)]
+    pub require_match: bool,
     #[serde(skip)]
     store: PhantomData<S>,
 }
@@ -95,8 +107,31 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             pool_size: default_pool_size(),
             connect_timeout: default_connect_timeout(),
             session_timeout: default_session_timeout(),
+            discovery_interval: default_discovery_interval(),
+            require_match: false,
             store: PhantomData,
         }
+    }
+
+    /// Whether `table` is a pattern (it holds a `*`).
+    pub fn is_pattern(&self) -> bool {
+        self.table.contains('*')
+    }
+
+    /// The tables of `tables` (as [`SqlStore::list_tables`] gives them) that the pattern
+    /// `table` matches and that are valid outbox table names, each as its qualified name and
+    /// this configuration with `table` set to it, in name order.
+    pub fn matching(&self, tables: Vec<(String, String)>) -> Vec<(String, Self)> {
+        let mut found: Vec<(String, Self)> = tables
+            .into_iter()
+            .map(|(qualifier, name)| format!("{qualifier}.{name}"))
+            .filter(|qualified| glob_match(&self.table, qualified))
+            .filter(|qualified| S::check_table(qualified).is_ok())
+            .map(|qualified| (qualified.clone(), self.clone().table(qualified)))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found.dedup_by(|a, b| a.0 == b.0);
+        found
     }
 
     /// Use this table (optionally qualified).
@@ -134,7 +169,16 @@ impl<S: SqlStore> SqlStoreConfig<S> {
     /// Check what serde cannot; each error names its key under `store.`.
     pub fn validate(&self) -> Result<()> {
         check_url(&self.url, S::SCHEMES, S::URL_FORM)?;
-        S::check_table(&self.table).map_err(|e| e.context("store.table"))?;
+        if self.is_pattern() {
+            check_pattern::<S>(&self.table)?;
+            if self.discovery_interval < Duration::from_secs(1) {
+                return Err(Error::config(
+                    "store.discovery_interval: must be at least 1s",
+                ));
+            }
+        } else {
+            S::check_table(&self.table).map_err(|e| e.context("store.table"))?;
+        }
         check_limits(
             self.shards,
             self.pool_size,
@@ -175,6 +219,8 @@ impl<S: SqlStore> fmt::Debug for SqlStoreConfig<S> {
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("session_timeout", &self.session_timeout)
+            .field("discovery_interval", &self.discovery_interval)
+            .field("require_match", &self.require_match)
             .finish()
     }
 }
@@ -189,7 +235,21 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
     }
 
     fn table_identity(&self) -> Option<String> {
+        if self.is_pattern() {
+            return None;
+        }
         S::table_identity(self)
+    }
+
+    fn discovery(&self) -> Option<outboxkit_core::Discovery> {
+        self.is_pattern().then_some(outboxkit_core::Discovery {
+            interval: self.discovery_interval,
+            require_match: self.require_match,
+        })
+    }
+
+    async fn discover(&self) -> Result<Vec<(String, Self)>> {
+        Ok(self.matching(S::list_tables(self).await?))
     }
 
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send {
@@ -250,6 +310,42 @@ pub fn default_connect_timeout() -> Duration {
 /// Default `store.session_timeout`.
 pub fn default_session_timeout() -> Duration {
     Duration::from_secs(30)
+}
+/// Default `store.discovery_interval`.
+pub fn default_discovery_interval() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Whether `text` matches `pattern`, where `*` stands for any run of characters (none too).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let Some((first, rest)) = pattern.split_once('*') else {
+        return pattern == text;
+    };
+    let Some(mut remaining) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('*').collect();
+    let (last, middle) = parts.split_last().expect("split yields one part at least");
+    for part in middle {
+        match remaining.find(part) {
+            Some(at) => remaining = &remaining[at + part.len()..],
+            None => return false,
+        }
+    }
+    remaining.len() >= last.len() && remaining.ends_with(last)
+}
+
+/// A pattern `store.table` names both parts, each a valid name where `*` stands for any run of
+/// name characters: `*.outbox`, `tenant_*.outbox`, `app.outbox_*`.
+fn check_pattern<S: SqlStore>(pattern: &str) -> Result<()> {
+    let example = pattern.replace('*', "x");
+    let qualified = pattern.split('.').count() == 2;
+    if !qualified || S::check_table(&example).is_err() {
+        return Err(Error::config(format!(
+            "store.table: \"{pattern}\" is not a valid pattern: write it as qualifier.table              where `*` stands for any run of lowercase letters, digits and `_`, like *.outbox              or tenant_*.outbox"
+        )));
+    }
+    Ok(())
 }
 
 /// `store.url` must be given and start with one of `schemes`; `expected` shows the whole form.
@@ -412,7 +508,7 @@ mod tests {
     use super::*;
     use outboxkit_core::ErrorKind;
 
-    /// A SQL store of tests: `some://` URLs, tables that are not `x`.
+    /// A SQL store of tests: `some://` URLs, tables that are not `x` (in any qualifier).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     struct SomeSql;
 
@@ -424,7 +520,7 @@ mod tests {
         type Store = outboxkit_core::memory::MemoryStore;
 
         fn check_table(table: &str) -> Result<()> {
-            if table == "x" {
+            if table == "x" || table.ends_with(".x") {
                 return Err(Error::config("x is taken"));
             }
             Ok(())
@@ -433,9 +529,93 @@ mod tests {
         async fn connect(config: SqlStoreConfig<Self>) -> Result<Self::Store> {
             Ok(outboxkit_core::memory::MemoryStore::new(config.shards))
         }
+
+        async fn list_tables(_: &SqlStoreConfig<Self>) -> Result<Vec<(String, String)>> {
+            Ok([
+                "t1.outbox",
+                "t2.outbox",
+                "t2.orders",
+                "app.outbox_2",
+                "t3.x",
+            ]
+            .iter()
+            .map(|q| {
+                let (a, b) = q.split_once('.').unwrap();
+                (a.to_owned(), b.to_owned())
+            })
+            .collect())
+        }
     }
 
     type SomeConfig = SqlStoreConfig<SomeSql>;
+
+    #[test]
+    fn glob_matches_runs_of_characters() {
+        for (pattern, text) in [
+            ("*.outbox", "t1.outbox"),
+            ("tenant_*.outbox", "tenant_42.outbox"),
+            ("tenant_*.outbox", "tenant_.outbox"),
+            ("app.outbox_*", "app.outbox_2"),
+            ("*_*.*", "a_b.c"),
+            ("app.outbox", "app.outbox"),
+        ] {
+            assert!(glob_match(pattern, text), "{pattern} {text}");
+        }
+        for (pattern, text) in [
+            ("*.outbox", "t1.outbox_orders"),
+            ("tenant_*.outbox", "other.outbox"),
+            ("app.outbox", "app.outbox2"),
+            ("*ab*ab", "xab"),
+        ] {
+            assert!(!glob_match(pattern, text), "{pattern} {text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pattern_table_discovers_the_valid_tables_it_matches() {
+        use outboxkit_core::StoreConfig;
+        let c = SomeConfig::new("some://db/app").table("*.outbox");
+        c.validate().unwrap();
+        assert_eq!(
+            c.discovery(),
+            Some(outboxkit_core::Discovery {
+                interval: Duration::from_secs(30),
+                require_match: false
+            })
+        );
+        assert_eq!(c.table_identity(), None);
+        let found = c.discover().await.unwrap();
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["t1.outbox", "t2.outbox"]);
+        assert_eq!(found[1].1.table, "t2.outbox");
+        assert_eq!(
+            found[1].1.discovery(),
+            None,
+            "each found table is one table"
+        );
+
+        let c = SomeConfig::new("some://db/app").table("t*.*");
+        let found = c.discover().await.unwrap();
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["t1.outbox", "t2.orders", "t2.outbox"],
+            "t3.x is not a valid name"
+        );
+
+        for bad in ["*", "outbox*", "a.b.*"] {
+            let e = SomeConfig::new("some://db/app")
+                .table(bad)
+                .validate()
+                .unwrap_err();
+            assert!(e.message().starts_with("store.table: "), "{bad}: {e}");
+        }
+        let mut c = SomeConfig::new("some://db/app").table("*.outbox");
+        c.discovery_interval = Duration::from_millis(10);
+        let e = c.validate().unwrap_err();
+        assert!(e.message().starts_with("store.discovery_interval"), "{e}");
+        assert_eq!(SomeConfig::new("some://db/app").discovery(), None);
+    }
 
     #[test]
     fn defaults_apply_and_unknown_keys_are_refused() {

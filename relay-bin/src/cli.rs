@@ -142,8 +142,15 @@ pub fn main(registry: Registry) -> ExitCode {
 /// Run one parsed command.
 pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     let loaded = load(&cli)?;
-    let pipelines = crate::pipeline::select(&loaded.pipelines, cli.pipeline.as_deref())
-        .map_err(Failure::config)?;
+    // `--pipeline tenants/t7.outbox`: one table of a pattern pipeline.
+    let (wanted, wanted_table) = match cli.pipeline.as_deref() {
+        Some(wanted) => match wanted.split_once('/') {
+            Some((name, table)) => (Some(name), Some(table)),
+            None => (Some(wanted), None),
+        },
+        None => (None, None),
+    };
+    let pipelines = crate::pipeline::select(&loaded.pipelines, wanted).map_err(Failure::config)?;
     match cli.command {
         Command::Run => {
             // Every configuration error of every pipeline before anything connects.
@@ -156,24 +163,34 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
         }
         Command::Migrate => {
+            let several = loaded.pipelines.len() > 1;
             for pipeline in &pipelines {
-                let store = registry.build_store(loaded.context(pipeline)).await?;
-                store.migrate().await?;
-                println!("migrated {}", describe(pipeline, store.as_ref(), &loaded));
+                let targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
+                if targets.is_empty() {
+                    println!("pipeline {}: no table matches its pattern", pipeline.name);
+                }
+                for target in targets {
+                    let store = target.store?;
+                    store.migrate().await?;
+                    if several || target.label != pipeline.name {
+                        println!("migrated pipeline {}: {}", target.label, store.describe());
+                    } else {
+                        println!("migrated {}", store.describe());
+                    }
+                }
             }
             Ok(())
         }
         Command::Status { json } => {
-            if pipelines.len() == 1 && (cli.pipeline.is_some() || loaded.pipelines.len() == 1) {
-                let store = registry.build_store(loaded.context(pipelines[0])).await?;
+            let mut all = Vec::new();
+            for pipeline in &pipelines {
+                all.extend(targets(&registry, &loaded, pipeline, wanted_table).await?);
+            }
+            if all.len() == 1 && (cli.pipeline.is_some() || loaded.pipelines.len() == 1) {
+                let store = all.remove(0).store?;
                 return crate::status::print(store.as_ref(), json).await;
             }
-            let mut stores = Vec::new();
-            for pipeline in &pipelines {
-                let store = registry.build_store(loaded.context(pipeline)).await;
-                stores.push((pipeline.name.as_str(), store));
-            }
-            crate::status::print_each(stores, json).await
+            crate::status::print_each(all, json).await
         }
         Command::Dead { ref command } => {
             let [pipeline] = pipelines[..] else {
@@ -183,19 +200,69 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                     crate::pipeline::names(&loaded.pipelines)
                 )));
             };
-            let store = registry.build_store(loaded.context(pipeline)).await?;
+            let mut targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
+            if targets.len() != 1 {
+                let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+                return Err(Failure::config(format!(
+                    "dead: pipeline {} relays {} tables ({}): choose one with --pipeline {}/<table>",
+                    pipeline.name,
+                    targets.len(),
+                    labels.join(", "),
+                    pipeline.name
+                )));
+            }
+            let store = targets.remove(0).store?;
             crate::dead::run(store.as_ref(), command).await
         }
     }
 }
 
-/// The store as `migrate` names it: with its pipeline when there are several.
-fn describe(pipeline: &Pipeline, store: &dyn Store, loaded: &Loaded) -> String {
-    if loaded.pipelines.len() == 1 {
-        store.describe()
-    } else {
-        format!("pipeline {}: {}", pipeline.name, store.describe())
+/// One relay's worth of a pipeline: the pipeline's table, or one table its pattern matched
+/// (`tenants/t7.outbox`), with its store or the error connecting it.
+#[derive(Debug)]
+pub struct Target {
+    pub label: String,
+    pub store: outboxkit_core::Result<std::sync::Arc<dyn Store>>,
+}
+
+/// The targets of `pipeline` (only `table` of a pattern pipeline when given).
+async fn targets(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+    table: Option<&str>,
+) -> Result<Vec<Target>, Failure> {
+    let ctx = loaded.context(pipeline);
+    if registry.discovery(ctx)?.is_none() {
+        if let Some(table) = table {
+            return Err(Failure::config(format!(
+                "--pipeline {}/{table}: pipeline {} has one table, not a pattern: use --pipeline {}",
+                pipeline.name, pipeline.name, pipeline.name
+            )));
+        }
+        return Ok(vec![Target {
+            label: pipeline.name.clone(),
+            store: registry.build_store(ctx).await,
+        }]);
     }
+    let mut found = registry.discover(ctx).await?;
+    if let Some(table) = table {
+        found.retain(|t| t.table == table);
+        if found.is_empty() {
+            return Err(Failure::config(format!(
+                "--pipeline {}/{table}: the pattern of pipeline {} matches no such table",
+                pipeline.name, pipeline.name
+            )));
+        }
+    }
+    let mut targets = Vec::new();
+    for t in found {
+        targets.push(Target {
+            label: format!("{}/{}", pipeline.name, t.table),
+            store: t.build().await,
+        });
+    }
+    Ok(targets)
 }
 
 /// The configuration as loaded: settings, the figment they came from (for key paths and

@@ -12,4 +12,6 @@ pub mod status;
 pub mod supervisor;
 
 pub use cli::main;
-pub use registry::{sink_config, store_config, BoxFuture, FactoryContext, Registry};
+pub use registry::{
+    sink_config, sink_config_in_file, store_config, BoxFuture, FactoryContext, Registry,
+};

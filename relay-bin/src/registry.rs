@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use figment::Figment;
-use outboxkit_core::{plugin, StoreConfig};
+use outboxkit_core::{plugin, Discovery, StoreConfig};
 use outboxkit_core::{DestinationTemplate, Error, ErrorKind, Result, Sink, SinkConfig, Store};
 
 use crate::pipeline::Pipeline;
@@ -48,6 +48,33 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 type Check = fn(FactoryContext<'_>) -> Result<()>;
 type Identity = fn(FactoryContext<'_>) -> Result<Option<String>>;
+type DiscoveryOf = fn(FactoryContext<'_>) -> Result<Option<Discovery>>;
+type Discover = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Vec<DiscoveredTable>>>;
+
+/// A table a pattern `store.table` matched, ready to be connected as a store of its own.
+pub struct DiscoveredTable {
+    /// Its qualified name: `tenant_7.outbox`.
+    pub table: String,
+    build: BuildDiscovered,
+}
+
+/// Connects a discovered table's store, once.
+type BuildDiscovered = Box<dyn FnOnce() -> BoxFuture<'static, Result<Arc<dyn Store>>> + Send>;
+
+impl std::fmt::Debug for DiscoveredTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiscoveredTable")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiscoveredTable {
+    /// Connect the table's store (its errors name the pipeline's keys).
+    pub async fn build(self) -> Result<Arc<dyn Store>> {
+        (self.build)().await
+    }
+}
 type BuildStore = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Store>>>;
 type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn Sink>>>;
 
@@ -55,6 +82,8 @@ type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn 
 struct StoreEntry {
     check: Check,
     identity: Identity,
+    discovery: DiscoveryOf,
+    discover: Discover,
     build: BuildStore,
 }
 
@@ -129,6 +158,8 @@ impl Registry {
             StoreEntry {
                 check: |ctx| store_config::<C>(ctx).map(drop),
                 identity: |ctx| store_config::<C>(ctx).map(|c| c.table_identity()),
+                discovery: |ctx| store_config::<C>(ctx).map(|c| c.discovery()),
+                discover: discover_tables::<C>,
                 build: build_store::<C>,
             },
         );
@@ -261,6 +292,18 @@ impl Registry {
         Ok(())
     }
 
+    /// `Some` when the pipeline's store names a pattern of tables (discovery).
+    pub fn discovery(&self, ctx: FactoryContext<'_>) -> Result<Option<Discovery>> {
+        let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
+        (entry.discovery)(ctx)
+    }
+
+    /// The tables the pipeline's pattern matches now.
+    pub async fn discover(&self, ctx: FactoryContext<'_>) -> Result<Vec<DiscoveredTable>> {
+        let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
+        (entry.discover)(ctx).await
+    }
+
     /// Read, check and build the configured store.
     pub async fn build_store(&self, ctx: FactoryContext<'_>) -> Result<Arc<dyn Store>> {
         let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
@@ -282,12 +325,56 @@ fn build_store<C: StoreConfig>(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<
     })
 }
 
+fn discover_tables<C: StoreConfig>(
+    ctx: FactoryContext<'_>,
+) -> BoxFuture<'_, Result<Vec<DiscoveredTable>>> {
+    Box::pin(async move {
+        let config = store_config::<C>(ctx)?;
+        let found = config.discover().await.map_err(|e| ctx.locate(e))?;
+        Ok(found
+            .into_iter()
+            .map(|(table, config)| {
+                let pipeline = ctx.pipeline.clone();
+                let build = move || -> BoxFuture<'static, Result<Arc<dyn Store>>> {
+                    Box::pin(async move {
+                        let store = config.build().await.map_err(|e| match e.kind() {
+                            ErrorKind::Config => Error::config(pipeline.rekey(&e.full_message())),
+                            _ => e,
+                        })?;
+                        Ok(Arc::new(store) as Arc<dyn Store>)
+                    })
+                };
+                DiscoveredTable {
+                    table,
+                    build: Box::new(build),
+                }
+            })
+            .collect())
+    })
+}
+
 fn build_sink<C: SinkConfig>(ctx: FactoryContext<'_>) -> BoxFuture<'_, Result<Arc<dyn Sink>>> {
     Box::pin(async move {
         let config = sink_config::<C>(ctx)?;
         tracing::debug!(?config, kind = C::KIND, "sink configuration");
         let sink = config.build().await.map_err(|e| ctx.locate(e))?;
         Ok(Arc::new(sink) as Arc<dyn Sink>)
+    })
+}
+
+/// The sink section of the first pipeline of the configuration file `file` (the pipeline
+/// `default` of a file with a top-level `[store]`), read into `C` exactly as `run` reads it:
+/// defaults, the `OUTBOX_*` environment, `sink.destination`, validation, errors that say where
+/// the key was set. For a sink crate's tests.
+pub fn sink_config_in_file<C: SinkConfig>(file: &Path) -> Result<C> {
+    let invalid = |e: settings::ConfigError| Error::config(e.to_string());
+    let (settings, figment) = settings::load(Some(file)).map_err(invalid)?;
+    let pipelines = crate::pipeline::resolve(&settings, &figment, Some(file)).map_err(invalid)?;
+    let file = file.to_path_buf();
+    sink_config::<C>(FactoryContext {
+        pipeline: &pipelines[0],
+        figment: &figment,
+        file: Some(&file),
     })
 }
 

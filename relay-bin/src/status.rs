@@ -101,15 +101,16 @@ struct PipelineLine {
 /// `status` of several pipelines: one line each (pending, oldest pending age, dead, relays
 /// owning shards), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
 /// reached gets its error on its line; the command then fails (exit 1) after printing all.
-pub async fn print_each(
-    stores: Vec<(&str, outboxkit_core::Result<std::sync::Arc<dyn Store>>)>,
-    json: bool,
-) -> Result<(), Failure> {
+pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<(), Failure> {
     let mut lines: BTreeMap<String, PipelineLine> = BTreeMap::new();
     let mut failed = Vec::new();
-    for (name, store) in stores {
+    for target in targets {
+        let name = target.label.as_str();
+        let store = target.store;
         let figures = async {
             let store = store?;
+            // A table that was not migrated (a discovered one, say) is reported, not counted.
+            store.check().await?;
             let backlog = store.status().await?;
             let owners: Vec<ShardOwner> = store.shard_owners().await?;
             let relays = owners

@@ -8,17 +8,23 @@
 //! pipeline (the orchestrator restarts the process, as before pipelines existed); with
 //! several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while the
 //! others relay.
+//!
+//! A pipeline whose `store.table` is a pattern runs one relay per table it matches, all sharing
+//! the pipeline's sink, each labelled `<pipeline>/<table>`. Every `discovery_interval` it looks
+//! again: a new table gets its relay, a dropped table's relay stops cleanly (its in-flight
+//! batch finished and marked), and a table that was never migrated is reported (on `/readyz`,
+//! in `status` and in the `outbox_discovered_tables` gauge) and tried again at each scan.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outboxkit_core::{ErrorKind, Relay, RelayHandle, Shutdown, Sink, Store};
+use outboxkit_core::{ErrorKind, Relay, RelayHandle, Shutdown, ShutdownTrigger, Sink, Store};
 use tracing::{error, info, warn, Instrument};
 
 use crate::cli::{Failure, Loaded};
 use crate::pipeline::Pipeline;
-use crate::registry::Registry;
+use crate::registry::{DiscoveredTable, Registry};
 
 /// What each pipeline is doing, for `/healthz` and `/readyz`.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +36,8 @@ pub struct Board {
 enum Slot {
     /// Not connected yet: the last error.
     Connecting(String),
+    /// A discovered table that was never migrated: the store's error.
+    Unmigrated(String),
     /// Relaying.
     Relaying(RelayHandle),
 }
@@ -40,6 +48,13 @@ impl Board {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(pipeline.to_owned(), slot);
+    }
+
+    fn remove(&self, pipeline: &str) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pipeline);
     }
 
     fn snapshot(&self) -> Vec<(String, Slot)> {
@@ -54,7 +69,7 @@ impl Board {
     /// Every pipeline's relay loop is running, or it is still trying to connect.
     pub fn is_alive(&self) -> bool {
         self.snapshot().iter().all(|(_, slot)| match slot {
-            Slot::Connecting(_) => true,
+            Slot::Connecting(_) | Slot::Unmigrated(_) => true,
             Slot::Relaying(handle) => handle.is_alive(),
         })
     }
@@ -79,6 +94,10 @@ impl Board {
                 Slot::Connecting(error) => {
                     all_ready = false;
                     format!("not ready: {error}")
+                }
+                Slot::Unmigrated(error) => {
+                    all_ready = false;
+                    format!("not migrated, not relayed: {error}")
                 }
             };
             body.push_str(&format!("{name}: {line}\n"));
@@ -131,7 +150,7 @@ pub async fn run(
     let mut attempts = tokio::task::JoinSet::new();
     for (i, pipeline) in pipelines.iter().enumerate() {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
-        attempts.spawn(async move { (i, connect(&registry, &loaded, &pipeline).await) });
+        attempts.spawn(async move { (i, start(&registry, &loaded, &pipeline).await) });
     }
     let mut answers: Vec<_> = attempts.join_all().await;
     answers.sort_by_key(|(i, _)| *i);
@@ -140,7 +159,7 @@ pub async fn run(
     for (i, attempt) in answers {
         let pipeline = &pipelines[i];
         match attempt {
-            Ok(connected) => ready.push((pipeline, connected)),
+            Ok(started) => ready.push((pipeline, started)),
             Err(e) if several && e.kind() != ErrorKind::Config => {
                 warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start");
                 board.set(&pipeline.name, Slot::Connecting(e.full_message()));
@@ -179,10 +198,26 @@ pub async fn run(
     });
 
     let mut tasks = tokio::task::JoinSet::new();
-    for (pipeline, connected) in ready {
-        let relay = relay(pipeline, connected, &board)?;
+    for (pipeline, started) in ready {
         let span = tracing::info_span!("pipeline", name = %pipeline.name);
-        tasks.spawn(relay.run(shutdown.clone()).instrument(span));
+        match started {
+            Started::One(connected) => {
+                let relay = relay(pipeline, connected, &board)?;
+                tasks.spawn(relay.run(shutdown.clone()).instrument(span));
+            }
+            Started::Pattern(scan) => {
+                let (registry, loaded, pipeline) =
+                    (registry.clone(), loaded.clone(), pipeline.clone());
+                let (board, shutdown) = (board.clone(), shutdown.clone());
+                tasks.spawn(
+                    async move {
+                        discover_and_relay(&registry, &loaded, &pipeline, scan, &board, shutdown)
+                            .await
+                    }
+                    .instrument(span),
+                );
+            }
+        }
     }
     for pipeline in waiting {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
@@ -210,10 +245,214 @@ pub async fn run(
 
 /// The relay of `pipeline`, on the board.
 fn relay(pipeline: &Pipeline, connected: Connected, board: &Board) -> Result<Relay, Failure> {
-    let relay = Relay::new(connected.store, connected.sink, pipeline.relay.clone())?
-        .pipeline(&pipeline.name);
-    board.set(&pipeline.name, Slot::Relaying(relay.handle()));
+    labelled_relay(&pipeline.name, pipeline, connected, board)
+}
+
+/// A relay of `pipeline` labelled `label` (a discovered table's `<pipeline>/<table>`).
+fn labelled_relay(
+    label: &str,
+    pipeline: &Pipeline,
+    connected: Connected,
+    board: &Board,
+) -> Result<Relay, Failure> {
+    let relay =
+        Relay::new(connected.store, connected.sink, pipeline.relay.clone())?.pipeline(label);
+    board.set(label, Slot::Relaying(relay.handle()));
     Ok(relay)
+}
+
+/// What a pipeline starts with: its store and sink, or (a pattern) its sink and the first scan.
+enum Started {
+    One(Connected),
+    Pattern(Scan),
+}
+
+/// A pattern pipeline's sink, scan interval and the tables found by the last scan.
+struct Scan {
+    sink: Arc<dyn Sink>,
+    interval: Duration,
+    tables: Vec<DiscoveredTable>,
+}
+
+/// Connect `pipeline`: its store and sink; or, when its table is a pattern, its sink and the
+/// tables the pattern matches now (none is an error with `require_match`, else a warning).
+async fn start(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+) -> outboxkit_core::Result<Started> {
+    let ctx = loaded.context(pipeline);
+    let Some(discovery) = registry.discovery(ctx)? else {
+        return Ok(Started::One(connect(registry, loaded, pipeline).await?));
+    };
+    let tables = registry.discover(ctx).await?;
+    if tables.is_empty() {
+        let message = format!(
+            "{}.table: the pattern matches no table yet",
+            pipeline.store_key
+        );
+        if discovery.require_match {
+            return Err(outboxkit_core::Error::config(format!(
+                "{message}, and {}.require_match is true",
+                pipeline.store_key
+            )));
+        }
+        warn!(pipeline = %pipeline.name, "{message}: looking again every {:?}", discovery.interval);
+    }
+    let sink = registry.build_sink(ctx).await?;
+    sink.check().await?;
+    Ok(Started::Pattern(Scan {
+        sink,
+        interval: discovery.interval,
+        tables,
+    }))
+}
+
+/// A running relay of a discovered table.
+struct TableRelay {
+    trigger: ShutdownTrigger,
+    task: tokio::task::JoinHandle<outboxkit_core::Result<()>>,
+}
+
+/// Relay every table of a pattern pipeline, scanning again every interval, until shutdown.
+async fn discover_and_relay(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+    scan: Scan,
+    board: &Board,
+    mut shutdown: Shutdown,
+) -> outboxkit_core::Result<()> {
+    let Scan {
+        sink,
+        interval,
+        tables,
+    } = scan;
+    let mut found = Some(tables);
+    let mut running: BTreeMap<String, TableRelay> = BTreeMap::new();
+    // Tables not relayed: their label and whether they were never migrated.
+    let mut idle: BTreeMap<String, bool> = BTreeMap::new();
+    loop {
+        if let Some(tables) = found.take() {
+            let labels: BTreeSet<String> = tables
+                .iter()
+                .map(|t| format!("{}/{}", pipeline.name, t.table))
+                .collect();
+            // Dropped tables: stop their relays (each finishes and marks its batch).
+            let gone: Vec<String> = running
+                .keys()
+                .filter(|label| !labels.contains(*label))
+                .cloned()
+                .collect();
+            for label in gone {
+                if let Some(table) = running.remove(&label) {
+                    table.trigger.trigger();
+                    let _ = table.task.await;
+                }
+                board.remove(&label);
+                info!(table = %label, "the table is gone: its relay stopped");
+            }
+            idle.retain(|label, _| {
+                let keep = labels.contains(label);
+                if !keep {
+                    board.remove(label);
+                }
+                keep
+            });
+            // New tables (and ones that failed before): connect and relay.
+            for table in tables {
+                let label = format!("{}/{}", pipeline.name, table.table);
+                if running.contains_key(&label) {
+                    continue;
+                }
+                let connected = async {
+                    let store = table.build().await?;
+                    store.check().await?;
+                    Ok::<_, outboxkit_core::Error>(Connected {
+                        store,
+                        sink: sink.clone(),
+                    })
+                };
+                match connected.await {
+                    Ok(connected) => {
+                        let relay = labelled_relay(&label, pipeline, connected, board)
+                            .map_err(|f| outboxkit_core::Error::config(f.message))?;
+                        let (trigger, own) = Shutdown::channel();
+                        let span = tracing::info_span!("pipeline", name = %label);
+                        let task = tokio::spawn(relay.run(own).instrument(span));
+                        info!(table = %label, "relaying a discovered table");
+                        idle.remove(&label);
+                        running.insert(label, TableRelay { trigger, task });
+                    }
+                    Err(e) => {
+                        let unmigrated = matches!(e.kind(), ErrorKind::Schema | ErrorKind::Config);
+                        if idle.insert(label.clone(), unmigrated) != Some(unmigrated) {
+                            warn!(table = %label, error = %e, "{}", if unmigrated {
+                                "found a table that cannot be relayed as it is (run `outbox-relay migrate`); looking again at each scan"
+                            } else {
+                                "cannot connect a discovered table; trying again at each scan"
+                            });
+                        }
+                        let message = e.full_message();
+                        board.set(
+                            &label,
+                            if unmigrated {
+                                Slot::Unmigrated(message)
+                            } else {
+                                Slot::Connecting(message)
+                            },
+                        );
+                    }
+                }
+            }
+            record_tables(&pipeline.name, running.len(), &idle);
+        }
+        // A relay that ended by itself is started again at the next scan.
+        let ended: Vec<String> = running
+            .iter()
+            .filter(|(_, t)| t.task.is_finished())
+            .map(|(label, _)| label.clone())
+            .collect();
+        for label in ended {
+            if let Some(table) = running.remove(&label) {
+                if let Ok(Err(e)) = table.task.await {
+                    error!(table = %label, error = %e, "a table's relay stopped with an error; starting it again at the next scan");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.wait() => break,
+        }
+        match registry.discover(loaded.context(pipeline)).await {
+            Ok(tables) => found = Some(tables),
+            Err(e) => {
+                warn!(error = %e, "scanning for tables failed; the running ones go on, looking again later")
+            }
+        }
+    }
+    for table in running.values() {
+        table.trigger.trigger();
+    }
+    for (_, table) in running {
+        let _ = table.task.await;
+    }
+    Ok(())
+}
+
+/// The `outbox_discovered_tables` gauge of a pattern pipeline.
+fn record_tables(pipeline: &str, relaying: usize, idle: &BTreeMap<String, bool>) {
+    use outboxkit_core::metrics as m;
+    let unmigrated = idle.values().filter(|u| **u).count();
+    let failing = idle.len() - unmigrated;
+    for (state, n) in [
+        ("relaying", relaying),
+        ("unmigrated", unmigrated),
+        ("failing", failing),
+    ] {
+        metrics::gauge!(m::DISCOVERED_TABLES, m::PIPELINE => pipeline.to_owned(), "state" => state)
+            .set(n as f64);
+    }
 }
 
 /// Retry connecting `pipeline` (1 s, doubling up to 30 s) until it connects, then relay; stop
@@ -231,12 +470,17 @@ async fn keep_connecting(
             _ = tokio::time::sleep(delay) => {}
             _ = shutdown.wait() => return Ok(()),
         }
-        match connect(registry, loaded, pipeline).await {
-            Ok(connected) => {
+        match start(registry, loaded, pipeline).await {
+            Ok(Started::One(connected)) => {
                 info!("connected");
                 let relay = relay(pipeline, connected, board)
                     .map_err(|f| outboxkit_core::Error::config(f.message))?;
                 return relay.run(shutdown).await;
+            }
+            Ok(Started::Pattern(scan)) => {
+                info!("connected");
+                board.remove(&pipeline.name);
+                return discover_and_relay(registry, loaded, pipeline, scan, board, shutdown).await;
             }
             Err(e) => {
                 warn!(error = %e, retry_in = ?delay, "cannot connect yet");

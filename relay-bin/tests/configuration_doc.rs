@@ -127,6 +127,11 @@ fn every_key_is_documented_with_its_variable_and_default() {
         &["kind".to_owned(), "destination".to_owned()],
         &rows,
     );
+    check_section(
+        "pipelines.<name>",
+        &keys_of::<outboxkit_relay::settings::PipelineSettings>(),
+        &rows,
+    );
 
     check_defaults(
         "relay",
@@ -201,4 +206,37 @@ fn every_key_is_documented_with_its_variable_and_default() {
             &rows,
         );
     }
+}
+
+/// The multi-pipeline example of the doc is a valid configuration, read as the doc says.
+#[test]
+fn the_pipelines_example_reads_as_documented() {
+    let doc = doc();
+    let section = doc
+        .split("## `[pipelines.<name>]`")
+        .nth(1)
+        .expect("the pipelines section");
+    let example = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a TOML example in the pipelines section");
+    let path = std::env::temp_dir().join(format!(
+        "outbox-relay-doc-pipelines-{}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, example).unwrap();
+    let (settings, figment) = outboxkit_relay::settings::load(Some(&path)).unwrap();
+    let pipelines = outboxkit_relay::pipeline::resolve(&settings, &figment, Some(&path)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let names: Vec<&str> = pipelines.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["billing", "orders", "stock"]);
+    let [billing, orders, stock] = &pipelines[..] else {
+        unreachable!()
+    };
+    assert_eq!(billing.relay.batch_size, 500);
+    assert_eq!(orders.relay.batch_size, 2000);
+    assert_eq!(billing.sink.kind, "redis-streams");
+    assert_eq!(stock.sink.kind, "kafka");
+    assert_eq!(stock.store_kind, "mysql");
 }

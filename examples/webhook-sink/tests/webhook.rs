@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use common::{Reply, TestServer};
 use outboxkit_core::testkit::sink_suite::{assert_all_failed, sample_batch, sample_event};
 use outboxkit_core::{whole_call_failure, ErrorKind, OutboxEvent, Outcome, Result, Sink};
-use outboxkit_relay::FactoryContext;
 use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 
 fn config(server: &TestServer) -> WebhookSinkConfig {
@@ -485,12 +484,7 @@ fn read(sink_keys: &str, section: &str) -> (Result<WebhookSinkConfig>, PathBuf) 
          [sink]\nkind = \"webhook\"\n{sink_keys}\n[sink.webhook]\n{section}"
     );
     std::fs::write(&file, text).unwrap();
-    let (settings, figment) = outboxkit_relay::settings::load(Some(&file)).expect("settings");
-    let config = outboxkit_relay::sink_config::<WebhookSinkConfig>(FactoryContext {
-        settings: &settings,
-        figment: &figment,
-        file: Some(&file),
-    });
+    let config = outboxkit_relay::sink_config_in_file::<WebhookSinkConfig>(&file);
     (config, file)
 }
 

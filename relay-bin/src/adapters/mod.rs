@@ -30,14 +30,5 @@ mod sqs;
 /// registry does for `C`: defaults, `sink.destination`, validation, errors that say where.
 #[cfg(test)]
 fn read_sink<C: outboxkit_core::SinkConfig>(file: &str) -> outboxkit_core::Result<C> {
-    let file = std::path::PathBuf::from(file);
-    let config = |e: crate::settings::ConfigError| outboxkit_core::Error::config(e.to_string());
-    let (settings, figment) = crate::settings::load(Some(&file)).map_err(config)?;
-    let pipelines = crate::pipeline::resolve(&settings, &figment, Some(&file)).map_err(config)?;
-    let ctx = crate::registry::FactoryContext {
-        pipeline: &pipelines[0],
-        figment: &figment,
-        file: Some(&file),
-    };
-    crate::registry::sink_config::<C>(ctx)
+    crate::registry::sink_config_in_file::<C>(std::path::Path::new(file))
 }
