@@ -98,11 +98,11 @@ listen = "{listen}"
 }
 
 /// One configuration file for several pipelines: `[pipelines.<name>]` with each scenario's store
-/// and sink tables (as [`relay_config`] writes them for one pipeline), the common `[relay]`
-/// settings shared by all, and `[server] listen`.
-pub fn pipelines_config(pipelines: &[(&str, &crate::Scenario)], listen: &str) -> String {
+/// and sink tables (as [`relay_config`] writes them for one pipeline, plus lines for the sink's
+/// own table), the common `[relay]` settings shared by all, and `[server] listen`.
+pub fn pipelines_config(pipelines: &[(&str, &crate::Scenario, &str)], listen: &str) -> String {
     let mut toml = String::new();
-    for (name, scenario) in pipelines {
+    for (name, scenario, sink_lines) in pipelines {
         let rename = |table: &str, text: String| -> String {
             text.lines()
                 .map(|line| match line.strip_prefix(&format!("[{table}")) {
@@ -114,7 +114,8 @@ pub fn pipelines_config(pipelines: &[(&str, &crate::Scenario)], listen: &str) ->
         toml.push_str(&rename("store", scenario.store.store_toml()));
         toml.push_str("shards = 32\n\n");
         toml.push_str(&rename("sink", scenario.broker.sink_toml()));
-        toml.push('\n');
+        toml.push_str(sink_lines);
+        toml.push_str("\n\n");
     }
     format!(
         r#"{toml}

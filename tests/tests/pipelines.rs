@@ -51,7 +51,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         ),
     ];
     let port = free_port();
-    let named: Vec<(&str, &Scenario)> = legs.iter().map(|(n, s)| (*n, s)).collect();
+    let named: Vec<(&str, &Scenario, &str)> = legs.iter().map(|(n, s)| (*n, s, "")).collect();
     let dir = scratch_dir(&name);
     let config = write_file(
         &dir,
@@ -393,4 +393,212 @@ listen = "127.0.0.1:{port}"
     redis.cleanup().await;
     tenant_b.drop_schema(&b).await;
     tenant_c.drop_schema(&c).await;
+}
+
+/// The cumulative buckets `(le, count)` of `outbox_commit_to_ack_seconds` of `pipeline` in a
+/// `/metrics` text.
+fn commit_to_ack_buckets(metrics: &str, pipeline: &str) -> Vec<(f64, f64)> {
+    let prefix = "outbox_commit_to_ack_seconds_bucket{";
+    let mut buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix))
+        .filter(|rest| rest.contains(&format!("pipeline=\"{pipeline}\"")))
+        .filter_map(|rest| {
+            let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            let count = rest.rsplit(' ').next()?.parse().ok()?;
+            Some((le, count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The `q` quantile of the events counted between two bucket snapshots, interpolated within
+/// its bucket as Prometheus' `histogram_quantile` does; and how many events that is.
+fn quantile_between(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> (f64, f64) {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let was = before
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0.0, |(_, n)| *n);
+            (*le, n - was)
+        })
+        .collect();
+    let total = delta.last().map_or(0.0, |(_, n)| *n);
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, n) in &delta {
+        if n >= rank {
+            if le.is_infinite() {
+                return (lower.0, total);
+            }
+            let share = if n > lower.1 {
+                (rank - lower.1) / (n - lower.1)
+            } else {
+                1.0
+            };
+            return (lower.0 + (le - lower.0) * share, total);
+        }
+        lower = (le, n);
+    }
+    (lower.0, total)
+}
+
+/// One pipeline's broker down does not slow the others: pipelines `a` (PostgreSQL → a private
+/// `nats-server`), `b` (PostgreSQL → Redis Streams) and `c` (MariaDB → RabbitMQ) in one relay
+/// process under steady writes; 30 s as they are, then 30 s with `a`'s nats-server frozen
+/// (SIGSTOP, its own pid only). `b`'s and `c`'s commit→ack p99 during the outage stays within
+/// twice its value before; `/readyz` names `a` alone as not ready; once thawed, `a` catches
+/// up, and every pipeline delivered every committed event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
+    let name = unique("isolation");
+    let nats_server = PrivateNats::start(&name, &[]);
+    let legs = [
+        (
+            "a",
+            Scenario::prepare(
+                Arc::new(PostgresSide::open_in_schema(&format!("{name}_a")).await),
+                Arc::new(NatsSide::open_at(&nats_server.url(), &format!("{name}_a")).await),
+                Settings::default(),
+            )
+            .await,
+            "request_timeout = \"3s\"\nconnect_timeout = \"2s\"",
+        ),
+        (
+            "b",
+            Scenario::prepare(
+                Arc::new(PostgresSide::open_in_schema(&format!("{name}_b")).await),
+                Arc::new(RedisSide::open(&format!("{name}_b")).await),
+                Settings::default(),
+            )
+            .await,
+            "",
+        ),
+        (
+            "c",
+            Scenario::prepare(
+                Arc::new(MySqlSide::open(&format!("{name}_c")).await),
+                Arc::new(RabbitMqSide::open(&format!("{name}_c")).await),
+                Settings::default(),
+            )
+            .await,
+            "",
+        ),
+    ];
+    let port = free_port();
+    let named: Vec<(&str, &Scenario, &str)> =
+        legs.iter().map(|(n, s, extra)| (*n, s, *extra)).collect();
+    let dir = scratch_dir(&name);
+    let config = write_file(
+        &dir,
+        "relay.toml",
+        &pipelines_config(&named, &format!("127.0.0.1:{port}")),
+    );
+    let env: Vec<(String, String)> = legs
+        .iter()
+        .flat_map(|(_, s, _)| s.broker.relay_env())
+        .collect();
+    let mut relay = RelayProcess::start(&config, &dir, "relay-isolation", &env);
+    wait_for_ready("/readyz", port, 200, Duration::from_secs(30)).await;
+
+    // About 100 events/s per pipeline: 2 writers, 20 ms after each transaction.
+    let mut writers = Vec::new();
+    for (_, scenario, _) in &legs {
+        writers.push(
+            scenario
+                .start_writers(&WriterPlan::steady(2, 100, Duration::from_millis(20)))
+                .await,
+        );
+    }
+    let metrics = || http_get(port, "/metrics").expect("/metrics").1;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let warm = metrics();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let before_outage = metrics();
+
+    nats_server.freeze();
+    let frozen = Instant::now();
+    let mut saw_a_down = false;
+    while frozen.elapsed() < Duration::from_secs(30) {
+        if let Some((503, body)) = http_get(port, "/readyz") {
+            let a_down = body.lines().any(|l| l.starts_with("a: not ready"));
+            let others_ready = body.lines().filter(|l| l.contains(": ready")).count() == 2;
+            saw_a_down |= a_down && others_ready;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let during_outage = metrics();
+    nats_server.thaw();
+
+    for (pipeline, _, _) in &legs[1..] {
+        let (baseline, n0) = quantile_between(
+            &commit_to_ack_buckets(&warm, pipeline),
+            &commit_to_ack_buckets(&before_outage, pipeline),
+            0.99,
+        );
+        let (outage, n1) = quantile_between(
+            &commit_to_ack_buckets(&before_outage, pipeline),
+            &commit_to_ack_buckets(&during_outage, pipeline),
+            0.99,
+        );
+        println!(
+            "pipeline {pipeline}: commit→ack p99 {:.1} ms over {n0} events before the outage, \
+             {:.1} ms over {n1} events while pipeline a's broker was frozen ({:.2}×)",
+            baseline * 1e3,
+            outage * 1e3,
+            outage / baseline
+        );
+        assert!(n0 > 1_000.0 && n1 > 1_000.0, "{n0} and {n1} events");
+        assert!(
+            outage <= 2.0 * baseline,
+            "pipeline {pipeline}: p99 {outage:.4}s during the outage, {baseline:.4}s before"
+        );
+    }
+    assert!(
+        saw_a_down,
+        "/readyz never named pipeline a alone as not ready during the outage"
+    );
+
+    let mut writes = Vec::new();
+    for w in writers {
+        writes.push(w.finish().await);
+    }
+    for (pipeline, scenario, _) in &legs {
+        scenario
+            .drain(
+                &format!("pipeline {pipeline} to drain"),
+                Duration::from_secs(120),
+            )
+            .await;
+    }
+    relay.stop(Duration::from_secs(30));
+    for ((pipeline, scenario, _), mut writes) in legs.iter().zip(writes) {
+        scenario.resolve_uncertain(&mut writes).await;
+        let delivered = scenario
+            .read_back(&writes.committed, Duration::from_secs(120))
+            .await;
+        let check = check_delivery(&writes.committed, &delivered);
+        println!(
+            "pipeline {pipeline}: {} committed, {} messages read back",
+            writes.committed.len(),
+            check.messages
+        );
+        scenario.assert_delivery(&writes, &check, &delivered);
+    }
+    for (schema, (_, scenario, _)) in [format!("{name}_a"), format!("{name}_b")].iter().zip(&legs) {
+        scenario.cleanup().await;
+        PostgresSide::open(scenario.store.table())
+            .await
+            .drop_schema(schema)
+            .await;
+    }
+    legs[2].1.cleanup().await;
 }
