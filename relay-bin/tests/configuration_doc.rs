@@ -208,27 +208,47 @@ fn every_key_is_documented_with_its_variable_and_default() {
     }
 }
 
-/// The multi-pipeline example of the doc is a valid configuration, read as the doc says.
-#[test]
-fn the_pipelines_example_reads_as_documented() {
-    let doc = doc();
-    let section = doc
-        .split("## `[pipelines.<name>]`")
+/// The first TOML example after `heading` in the file `doc`, read, resolved into pipelines and
+/// checked as `run` checks them before connecting.
+fn pipelines_of_example(doc: &str, heading: &str) -> Vec<outboxkit_relay::pipeline::Pipeline> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let text = std::fs::read_to_string(format!("{path}/{doc}")).expect("reading the doc");
+    let section = text
+        .split(heading)
         .nth(1)
-        .expect("the pipelines section");
+        .unwrap_or_else(|| panic!("{doc} has no {heading}"));
     let example = section
         .split("```toml\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("a TOML example in the pipelines section");
-    let path = std::env::temp_dir().join(format!(
-        "outbox-relay-doc-pipelines-{}.toml",
-        std::process::id()
+        .unwrap_or_else(|| panic!("no TOML example after {heading} in {doc}"));
+    let file = std::env::temp_dir().join(format!(
+        "outbox-relay-doc-example-{}-{}.toml",
+        std::process::id(),
+        doc.replace('/', "_")
     ));
-    std::fs::write(&path, example).unwrap();
-    let (settings, figment) = outboxkit_relay::settings::load(Some(&path)).unwrap();
-    let pipelines = outboxkit_relay::pipeline::resolve(&settings, &figment, Some(&path)).unwrap();
-    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&file, example).unwrap();
+    let (settings, figment) = outboxkit_relay::settings::load(Some(&file)).unwrap();
+    let pipelines = outboxkit_relay::pipeline::resolve(&settings, &figment, Some(&file)).unwrap();
+    // Every store and sink section is valid as `run` checks it before connecting.
+    let registry = outboxkit_relay::Registry::builtin();
+    for pipeline in &pipelines {
+        registry
+            .check_config(outboxkit_relay::FactoryContext {
+                pipeline,
+                figment: &figment,
+                file: Some(&file),
+            })
+            .unwrap_or_else(|e| panic!("{doc}: pipeline {}: {e}", pipeline.name));
+    }
+    std::fs::remove_file(&file).unwrap();
+    pipelines
+}
+
+/// The multi-pipeline examples of docs/CONFIGURATION.md and the README read as they say.
+#[test]
+fn the_pipelines_examples_read_as_documented() {
+    let pipelines = pipelines_of_example("docs/CONFIGURATION.md", "## `[pipelines.<name>]`");
     let names: Vec<&str> = pipelines.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["billing", "orders", "stock"]);
     let [billing, orders, stock] = &pipelines[..] else {
@@ -239,4 +259,11 @@ fn the_pipelines_example_reads_as_documented() {
     assert_eq!(billing.sink.kind, "redis-streams");
     assert_eq!(stock.sink.kind, "kafka");
     assert_eq!(stock.store_kind, "mysql");
+
+    let pipelines = pipelines_of_example("README.md", "### Many outboxes in one relay");
+    let names: Vec<&str> = pipelines.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["billing", "stock", "tenants"]);
+    assert_eq!(pipelines[2].relay.batch_size, 200);
+    assert_eq!(pipelines[0].sink.kind, "redis-streams");
+    assert_eq!(pipelines[1].sink.kind, "kafka");
 }
