@@ -14,6 +14,7 @@
 mod article;
 mod broker;
 mod pair;
+mod pipelines;
 mod report;
 
 use std::path::PathBuf;
@@ -112,6 +113,12 @@ pub struct Args {
     /// docs/bench/analysis.md.
     #[arg(long, value_delimiter = ',')]
     pub render: Vec<PathBuf>,
+    /// Measure only one relay process with this many PostgreSQL → Redis pipelines beside as
+    /// many processes of one pipeline each (`--events` in all); writes
+    /// docs/bench/pipelines.{json,md} and renders docs/BENCHMARKS.md again from
+    /// docs/bench/results.json with that section.
+    #[arg(long, value_name = "N")]
+    pub pipelines_compare: Option<usize>,
     /// Store × sink pairs to measure.
     #[arg(
         long,
@@ -150,6 +157,24 @@ async fn run(args: Args) -> Result<(), String> {
         ));
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
+    if let Some(n) = args.pipelines_compare {
+        let comparison = pipelines::compare(&args, n.max(1), command).await?;
+        let markdown = comparison.markdown();
+        println!("{markdown}");
+        let dir = args.out.join("bench");
+        let write = |name: &str, text: String| {
+            std::fs::write(dir.join(name), text).map_err(|e| format!("writing {name}: {e}"))
+        };
+        write(
+            "pipelines.json",
+            serde_json::to_string_pretty(&comparison).unwrap_or_default(),
+        )?;
+        write("pipelines.md", markdown)?;
+        let report = Report::load(&dir.join("results.json"))?;
+        return report
+            .write(&args.out)
+            .map_err(|e| format!("writing the report: {e}"));
+    }
     let mut report = Report::new(&args, command).await;
     for pair in &args.pairs {
         let (store, sink) = pair

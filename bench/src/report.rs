@@ -50,6 +50,17 @@ impl Figure {
     pub fn max(&self) -> f64 {
         self.sorted().last().copied().unwrap_or(0.0)
     }
+
+    /// `median (min–max)` with `decimals` decimals.
+    pub fn cell(&self, decimals: usize) -> String {
+        format!(
+            "{:.d$} ({:.d$}–{:.d$})",
+            self.median(),
+            self.min(),
+            self.max(),
+            d = decimals
+        )
+    }
 }
 
 /// All figures of one store × sink pair.
@@ -288,8 +299,15 @@ impl Report {
             )?;
         }
         std::fs::write(dir.join("summary.svg"), summary_svg(self))?;
-        let analysis = std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default();
-        std::fs::write(out.join("BENCHMARKS.md"), self.markdown(&analysis))?;
+        // The sections measured apart (`--pipelines-compare`), then the hand-written analysis.
+        let mut analysis = std::fs::read_to_string(dir.join("pipelines.md")).unwrap_or_default();
+        analysis.push('\n');
+        analysis.push_str(&std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default());
+        let setup_notes = std::fs::read_to_string(dir.join("setup-notes.md")).unwrap_or_default();
+        std::fs::write(
+            out.join("BENCHMARKS.md"),
+            self.markdown(&setup_notes, &analysis),
+        )?;
         Ok(())
     }
 
@@ -339,7 +357,9 @@ impl Report {
         t
     }
 
-    fn markdown(&self, analysis: &str) -> String {
+    /// The page: `setup_notes` (bench/setup-notes.md, measured apart) open the setup section,
+    /// `analysis` (bench/pipelines.md, bench/analysis.md) follows the pairs.
+    fn markdown(&self, setup_notes: &str, analysis: &str) -> String {
         let s = &self.setup;
         let mut md = String::new();
         let _ = writeln!(md, "# Benchmarks\n");
@@ -357,6 +377,9 @@ impl Report {
             "\n![drain beside the article's algorithm and the ceilings](bench/summary.svg)\n"
         );
         let _ = writeln!(md, "## Setup\n");
+        if !setup_notes.trim().is_empty() {
+            let _ = writeln!(md, "{}", setup_notes.trim_end());
+        }
         let _ = writeln!(
             md,
             "- machine: {} cores of {}, {:.0} GiB; the databases, the brokers, the relays and the benchmark share it",
