@@ -95,10 +95,9 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Pair, String> 
     })
 }
 
-/// The relay's peak resident set (VmHWM) so far.
-fn peak_rss_mib(relay: &RelayProcess) -> f64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", relay.child.id())).unwrap_or_default();
+/// The peak resident set (VmHWM) so far of the process `pid`.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
         .find(|l| l.starts_with("VmHWM:"))
@@ -223,7 +222,10 @@ impl Pair {
                 "drain: the table is empty but the broker holds {delivered} of {events} events"
             ));
         }
-        let peak_rss_mib = processes.first().map(peak_rss_mib).unwrap_or(0.0);
+        let peak_rss_mib = processes
+            .first()
+            .map(|p| peak_rss_mib(p.child.id()))
+            .unwrap_or(0.0);
         for p in processes {
             stop(p);
         }

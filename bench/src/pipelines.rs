@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use outboxkit_harness::{write_file, BrokerSide, PostgresSide, RedisSide, RelayProcess, StoreSide};
 use serde::{Deserialize, Serialize};
 
-use crate::pair::PAD;
+use crate::pair::{peak_rss_mib, PAD};
 use crate::report::Figure;
 use crate::Args;
 
@@ -64,17 +64,6 @@ fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
         .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
         .sum();
     ticks / ticks_per_sec
-}
-
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
 }
 
 fn clock_ticks() -> f64 {

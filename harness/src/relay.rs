@@ -66,6 +66,14 @@ impl Settings {
     }
 }
 
+/// The `[relay]` keys of the tests' relays: small batches, short intervals and backoffs.
+const TEST_RELAY: &str = r#"batch_size = 200
+rebalance_interval = "200ms"
+poll_interval_max = "50ms"
+backoff_initial = "100ms"
+backoff_max = "2s"
+shutdown_grace = "10s""#;
+
 /// The configuration file of a relay between `store` and `broker`: 32 shards, small batches and
 /// short intervals, so a test's few thousand events spread over every shard and relay.
 pub fn relay_config(store: &dyn StoreSide, broker: &dyn BrokerSide, settings: &Settings) -> String {
@@ -75,12 +83,7 @@ pub fn relay_config(store: &dyn StoreSide, broker: &dyn BrokerSide, settings: &S
 {store_extra}
 
 [relay]
-batch_size = 200
-rebalance_interval = "200ms"
-poll_interval_max = "50ms"
-backoff_initial = "100ms"
-backoff_max = "2s"
-shutdown_grace = "10s"
+{common}
 {relay}
 
 {sink}{sink_extra}
@@ -90,6 +93,7 @@ listen = "{listen}"
 "#,
         store = store.store_toml(),
         store_extra = settings.store,
+        common = TEST_RELAY,
         relay = settings.relay,
         sink = broker.sink_toml(),
         sink_extra = settings.sink,
@@ -120,12 +124,7 @@ pub fn pipelines_config(pipelines: &[(&str, &crate::Scenario, &str)], listen: &s
     format!(
         r#"{toml}
 [relay]
-batch_size = 200
-rebalance_interval = "200ms"
-poll_interval_max = "50ms"
-backoff_initial = "100ms"
-backoff_max = "2s"
-shutdown_grace = "10s"
+{TEST_RELAY}
 status_interval = "200ms"
 
 [server]

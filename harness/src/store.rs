@@ -172,6 +172,11 @@ where
         }
     }
 
+    /// Run `sql` on the test's pool (a test's own DDL); fails the test with the server's error.
+    pub async fn exec_sql(&self, sql: &str) {
+        self.exec(sql).await;
+    }
+
     /// Its connection pool, for a test's own queries.
     pub fn pool(&self) -> &sqlx::Pool<O::Db> {
         &self.pool

@@ -38,6 +38,8 @@ enum Slot {
     Connecting(String),
     /// A discovered table that was never migrated: the store's error.
     Unmigrated(String),
+    /// A pattern pipeline whose pattern matches no table now: nothing to do, ready.
+    NoTable,
     /// Relaying.
     Relaying(RelayHandle),
 }
@@ -69,7 +71,7 @@ impl Board {
     /// Every pipeline's relay loop is running, or it is still trying to connect.
     pub fn is_alive(&self) -> bool {
         self.snapshot().iter().all(|(_, slot)| match slot {
-            Slot::Connecting(_) | Slot::Unmigrated(_) => true,
+            Slot::Connecting(_) | Slot::Unmigrated(_) | Slot::NoTable => true,
             Slot::Relaying(handle) => handle.is_alive(),
         })
     }
@@ -99,6 +101,7 @@ impl Board {
                     all_ready = false;
                     format!("not migrated, not relayed: {error}")
                 }
+                Slot::NoTable => "ready, no table matches the pattern yet".to_owned(),
             };
             body.push_str(&format!("{name}: {line}\n"));
         }
@@ -406,6 +409,11 @@ async fn discover_and_relay(
                 }
             }
             record_tables(&pipeline.name, running.len(), &idle);
+            if running.is_empty() && idle.is_empty() {
+                board.set(&pipeline.name, Slot::NoTable);
+            } else {
+                board.remove(&pipeline.name);
+            }
         }
         // A relay that ended by itself is started again at the next scan.
         let ended: Vec<String> = running
@@ -538,5 +546,23 @@ mod tests {
         assert!(!board.is_alive(), "a relay loop that is not running");
         let (_, body) = board.readiness();
         assert!(body.ends_with("orders: not ready: starting\n"), "{body}");
+
+        let board = Board::default();
+        board.set("tenants", Slot::NoTable);
+        assert_eq!(
+            board.readiness(),
+            (
+                true,
+                "tenants: ready, no table matches the pattern yet\n".to_owned()
+            )
+        );
+        board.set("tenants/t9.outbox", Slot::Unmigrated("not migrated".into()));
+        board.remove("tenants");
+        let (ready, body) = board.readiness();
+        assert!(!ready);
+        assert_eq!(
+            body,
+            "tenants/t9.outbox: not migrated, not relayed: not migrated\n"
+        );
     }
 }

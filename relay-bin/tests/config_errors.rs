@@ -709,3 +709,42 @@ fn pipeline_keys_are_named_with_their_pipeline() {
         "{line}"
     );
 }
+
+#[test]
+fn a_pattern_that_must_match_and_matches_nothing_stops_the_start() {
+    let config = TempConfig::new(&format!(
+        r#"[pipelines.tenants.store]
+kind = "postgres"
+url = "{}"
+table = "no_such_tenant_*.outbox"
+require_match = true
+
+[sink]
+kind = "redis-streams"
+
+[server]
+listen = "127.0.0.1:0"
+"#,
+        postgres_url()
+    ));
+    config_error(
+        &config,
+        "run",
+        &[],
+        &[
+            "pipelines.tenants.store.table: the pattern matches no table yet, and \
+           pipelines.tenants.store.require_match is true",
+        ],
+    );
+    let config = TempConfig::new(
+        &std::fs::read_to_string(config.path())
+            .unwrap()
+            .replace("no_such_tenant_*.outbox", "no*such.outbox.x"),
+    );
+    config_error(
+        &config,
+        "run",
+        &[],
+        &["pipelines.tenants.store.table: \"no*such.outbox.x\" is not a valid pattern"],
+    );
+}

@@ -17,28 +17,132 @@ const SCALE: Scale = Scale {
     relays: 2,
 };
 
+/// The pipelines of one test in one configuration file: each a scenario (its store side,
+/// broker side and own one-pipeline configuration), the file holding them all as
+/// `[pipelines.<name>]`, and the relays' environment.
+struct Pipelines {
+    legs: Vec<(&'static str, Scenario)>,
+    /// PostgreSQL schemas the legs' tables live in, dropped by [`Pipelines::cleanup`].
+    schemas: Vec<String>,
+    dir: std::path::PathBuf,
+    config: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    port: u16,
+}
+
+impl Pipelines {
+    /// `legs`: (name, scenario, lines for the sink's own table).
+    fn new(name: &str, legs: Vec<(&'static str, Scenario, &str)>, schemas: Vec<String>) -> Self {
+        let port = free_port();
+        let named: Vec<(&str, &Scenario, &str)> =
+            legs.iter().map(|(n, s, extra)| (*n, s, *extra)).collect();
+        let dir = scratch_dir(name);
+        let config = write_file(
+            &dir,
+            "relay.toml",
+            &pipelines_config(&named, &format!("127.0.0.1:{port}")),
+        );
+        let env = legs
+            .iter()
+            .flat_map(|(_, s, _)| s.broker.relay_env())
+            .collect();
+        Self {
+            legs: legs.into_iter().map(|(n, s, _)| (n, s)).collect(),
+            schemas,
+            dir,
+            config,
+            env,
+            port,
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        run_cli(&self.config, args, &self.env)
+    }
+
+    /// Start writers of `plan` on every pipeline.
+    async fn start_writers(&self, plan: &WriterPlan) -> Vec<Writers> {
+        let mut writers = Vec::new();
+        for (_, scenario) in &self.legs {
+            writers.push(scenario.start_writers(plan).await);
+        }
+        writers
+    }
+
+    /// Stop the writers and wait until every pipeline is drained.
+    async fn finish_and_drain(&self, writers: Vec<Writers>, timeout: Duration) -> Vec<Writes> {
+        let mut writes = Vec::new();
+        for w in writers {
+            writes.push(w.finish().await);
+        }
+        for (pipeline, scenario) in &self.legs {
+            scenario
+                .drain(&format!("pipeline {pipeline} to drain"), timeout)
+                .await;
+        }
+        writes
+    }
+
+    /// For each pipeline: uncertain writes resolved, read back from its own broker, and the
+    /// scenario's delivery check (`unexpected` catches another pipeline's events on it).
+    async fn assert_delivered(&self, writes: Vec<Writes>, note: &str) {
+        for ((pipeline, scenario), mut writes) in self.legs.iter().zip(writes) {
+            let resolved = scenario.resolve_uncertain(&mut writes).await;
+            let delivered = scenario
+                .read_back(&writes.committed, Duration::from_secs(180))
+                .await;
+            let check = check_delivery(&writes.committed, &delivered);
+            println!(
+                "pipeline {pipeline}: {} → {}: {} committed ({} rolled back, {resolved} \
+                 uncertain that committed); {} messages read back ({} duplicates){note}",
+                scenario.store.name(),
+                scenario.broker.name(),
+                writes.committed.len(),
+                writes.rolled_back.len(),
+                check.messages,
+                check.duplicates
+            );
+            scenario.assert_delivery(&writes, &check, &delivered);
+        }
+    }
+
+    async fn cleanup(&self) {
+        for (_, scenario) in &self.legs {
+            scenario.cleanup().await;
+        }
+        for (schema, (_, scenario)) in self.schemas.iter().zip(&self.legs) {
+            PostgresSide::open(scenario.store.table())
+                .await
+                .drop_schema(schema)
+                .await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     let name = unique("pipelines");
     let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
-    let legs = [
+    let legs = vec![
         (
             "a",
             Scenario::prepare(
                 Arc::new(PostgresSide::open_in_schema(&schema_a).await),
-                Arc::new(RedisSide::open(&format!("{name}_a")).await),
+                Arc::new(RedisSide::open(&schema_a).await),
                 Settings::default(),
             )
             .await,
+            "",
         ),
         (
             "b",
             Scenario::prepare(
                 Arc::new(PostgresSide::open_in_schema(&schema_b).await),
-                Arc::new(RabbitMqSide::open(&format!("{name}_b")).await),
+                Arc::new(RabbitMqSide::open(&schema_b).await),
                 Settings::default(),
             )
             .await,
+            "",
         ),
         (
             "c",
@@ -48,23 +152,14 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
                 Settings::default(),
             )
             .await,
+            "",
         ),
     ];
-    let port = free_port();
-    let named: Vec<(&str, &Scenario, &str)> = legs.iter().map(|(n, s)| (*n, s, "")).collect();
-    let dir = scratch_dir(&name);
-    let config = write_file(
-        &dir,
-        "relay.toml",
-        &pipelines_config(&named, &format!("127.0.0.1:{port}")),
-    );
-    let env: Vec<(String, String)> = legs
-        .iter()
-        .flat_map(|(_, s)| s.broker.relay_env())
-        .collect();
+    let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
+    let (config, env, port) = (&pipelines.config, &pipelines.env, pipelines.port);
 
     // migrate migrates every pipeline (idempotent: each scenario migrated its own table).
-    let (ok, out, err) = run_cli(&config, &["migrate"], &env);
+    let (ok, out, err) = pipelines.cli(&["migrate"]);
     assert!(ok, "migrate: {out}{err}");
     for pipeline in ["a", "b", "c"] {
         assert!(out.contains(&format!("pipeline {pipeline}: ")), "{out}");
@@ -78,15 +173,12 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
                 let listen = format!("127.0.0.1:{}", free_port());
                 env.push(("OUTBOX_SERVER__LISTEN".to_owned(), listen));
             }
-            RelayProcess::start(&config, &dir, &format!("relay-{i}"), &env)
+            RelayProcess::start(config, &pipelines.dir, &format!("relay-{i}"), &env)
         })
         .collect();
     let started = Instant::now();
-    let mut writers = Vec::new();
-    for (_, scenario) in &legs {
-        writers.push(scenario.start_writers(&WriterPlan::bounded(SCALE)).await);
-    }
-    let total = SCALE.events * legs.len() as u64;
+    let writers = pipelines.start_writers(&WriterPlan::bounded(SCALE)).await;
+    let total = SCALE.events * pipelines.legs.len() as u64;
     wait_for(
         "a third of the events written",
         Duration::from_secs(180),
@@ -101,18 +193,9 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     relays[0].respawn();
 
-    let mut writes = Vec::new();
-    for w in writers {
-        writes.push(w.finish().await);
-    }
-    for (pipeline, scenario) in &legs {
-        scenario
-            .drain(
-                &format!("pipeline {pipeline} to drain"),
-                Duration::from_secs(300),
-            )
-            .await;
-    }
+    let writes = pipelines
+        .finish_and_drain(writers, Duration::from_secs(300))
+        .await;
     let drained = started.elapsed().as_secs_f64();
     for relay in &mut relays {
         assert!(
@@ -139,7 +222,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         },
     )
     .await;
-    let (ok, text, err) = run_cli(&config, &["status", "--json"], &env);
+    let (ok, text, err) = pipelines.cli(&["status", "--json"]);
     assert!(ok, "status: {err}");
     let status: serde_json::Value = serde_json::from_str(&text).unwrap();
     for pipeline in ["a", "b", "c"] {
@@ -147,7 +230,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         assert_eq!(line["pending"], 0, "{status}");
         assert_eq!(line["dead"], 0, "{status}");
     }
-    let (ok, table, _) = run_cli(&config, &["status"], &env);
+    let (ok, table, _) = pipelines.cli(&["status"]);
     assert!(ok);
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("pipeline"), "{table}");
@@ -156,14 +239,14 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         4,
         "a header and one line per pipeline:\n{table}"
     );
-    let (ok, one, _) = run_cli(&config, &["--pipeline", "b", "status", "--json"], &env);
+    let (ok, one, _) = pipelines.cli(&["--pipeline", "b", "status", "--json"]);
     assert!(ok);
     let one: serde_json::Value = serde_json::from_str(&one).unwrap();
     assert_eq!(
         one["shards_owned"], 32,
         "the whole report of one pipeline: {one}"
     );
-    let (ok, _, err) = run_cli(&config, &["dead", "list"], &env);
+    let (ok, _, err) = pipelines.cli(&["dead", "list"]);
     assert!(!ok && err.contains("choose one with --pipeline"), "{err}");
 
     // Metrics and readiness per pipeline.
@@ -181,36 +264,19 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     for relay in &mut relays {
         relay.stop(Duration::from_secs(30));
     }
-
-    for ((pipeline, scenario), mut writes) in legs.iter().zip(writes) {
-        assert_eq!(writes.committed.len() as u64, SCALE.events);
-        let resolved = scenario.resolve_uncertain(&mut writes).await;
-        let delivered = scenario
-            .read_back(&writes.committed, Duration::from_secs(180))
-            .await;
-        let check = check_delivery(&writes.committed, &delivered);
-        println!(
-            "pipeline {pipeline}: {} → {}: {} committed ({} rolled back, {resolved} uncertain \
-             that committed); {} messages read back ({} duplicates); relay-0 SIGKILLed after \
-             {killed_at} of {total} writes; all drained at {drained:.1}s",
-            scenario.store.name(),
-            scenario.broker.name(),
-            writes.committed.len(),
-            writes.rolled_back.len(),
-            check.messages,
-            check.duplicates
-        );
-        // `unexpected` catches another pipeline's events on this pipeline's broker.
-        scenario.assert_delivery(&writes, &check, &delivered);
+    for w in &writes {
+        assert_eq!(w.committed.len() as u64, SCALE.events);
     }
-
-    for (_, scenario) in &legs {
-        scenario.cleanup().await;
-    }
-    for (schema, (_, scenario)) in [&schema_a, &schema_b].into_iter().zip(&legs) {
-        let side = PostgresSide::open(scenario.store.table()).await;
-        side.drop_schema(schema).await;
-    }
+    pipelines
+        .assert_delivered(
+            writes,
+            &format!(
+                "; relay-0 SIGKILLed after {killed_at} of {total} writes; all drained at \
+                 {drained:.1}s"
+            ),
+        )
+        .await;
+    pipelines.cleanup().await;
 }
 
 /// A pipeline whose table is a pattern: `<prefix>_*.outbox` on PostgreSQL → Redis, scanned
@@ -461,12 +527,13 @@ fn quantile_between(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> (f64
 async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
     let name = unique("isolation");
     let nats_server = PrivateNats::start(&name, &[]);
-    let legs = [
+    let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
+    let legs = vec![
         (
             "a",
             Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&format!("{name}_a")).await),
-                Arc::new(NatsSide::open_at(&nats_server.url(), &format!("{name}_a")).await),
+                Arc::new(PostgresSide::open_in_schema(&schema_a).await),
+                Arc::new(NatsSide::open_at(&nats_server.url(), &schema_a).await),
                 Settings::default(),
             )
             .await,
@@ -475,8 +542,8 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
         (
             "b",
             Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&format!("{name}_b")).await),
-                Arc::new(RedisSide::open(&format!("{name}_b")).await),
+                Arc::new(PostgresSide::open_in_schema(&schema_b).await),
+                Arc::new(RedisSide::open(&schema_b).await),
                 Settings::default(),
             )
             .await,
@@ -493,31 +560,20 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
             "",
         ),
     ];
-    let port = free_port();
-    let named: Vec<(&str, &Scenario, &str)> =
-        legs.iter().map(|(n, s, extra)| (*n, s, *extra)).collect();
-    let dir = scratch_dir(&name);
-    let config = write_file(
-        &dir,
-        "relay.toml",
-        &pipelines_config(&named, &format!("127.0.0.1:{port}")),
+    let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
+    let port = pipelines.port;
+    let mut relay = RelayProcess::start(
+        &pipelines.config,
+        &pipelines.dir,
+        "relay-isolation",
+        &pipelines.env,
     );
-    let env: Vec<(String, String)> = legs
-        .iter()
-        .flat_map(|(_, s, _)| s.broker.relay_env())
-        .collect();
-    let mut relay = RelayProcess::start(&config, &dir, "relay-isolation", &env);
     wait_for_ready("/readyz", port, 200, Duration::from_secs(30)).await;
 
     // About 100 events/s per pipeline: 2 writers, 20 ms after each transaction.
-    let mut writers = Vec::new();
-    for (_, scenario, _) in &legs {
-        writers.push(
-            scenario
-                .start_writers(&WriterPlan::steady(2, 100, Duration::from_millis(20)))
-                .await,
-        );
-    }
+    let writers = pipelines
+        .start_writers(&WriterPlan::steady(2, 100, Duration::from_millis(20)))
+        .await;
     let metrics = || http_get(port, "/metrics").expect("/metrics").1;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let warm = metrics();
@@ -538,7 +594,7 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
     let during_outage = metrics();
     nats_server.thaw();
 
-    for (pipeline, _, _) in &legs[1..] {
+    for (pipeline, _) in &pipelines.legs[1..] {
         let (baseline, n0) = quantile_between(
             &commit_to_ack_buckets(&warm, pipeline),
             &commit_to_ack_buckets(&before_outage, pipeline),
@@ -567,38 +623,83 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
         "/readyz never named pipeline a alone as not ready during the outage"
     );
 
-    let mut writes = Vec::new();
-    for w in writers {
-        writes.push(w.finish().await);
-    }
-    for (pipeline, scenario, _) in &legs {
-        scenario
-            .drain(
-                &format!("pipeline {pipeline} to drain"),
-                Duration::from_secs(120),
-            )
-            .await;
-    }
+    let writes = pipelines
+        .finish_and_drain(writers, Duration::from_secs(120))
+        .await;
     relay.stop(Duration::from_secs(30));
-    for ((pipeline, scenario, _), mut writes) in legs.iter().zip(writes) {
-        scenario.resolve_uncertain(&mut writes).await;
-        let delivered = scenario
-            .read_back(&writes.committed, Duration::from_secs(120))
-            .await;
-        let check = check_delivery(&writes.committed, &delivered);
-        println!(
-            "pipeline {pipeline}: {} committed, {} messages read back",
-            writes.committed.len(),
-            check.messages
-        );
-        scenario.assert_delivery(&writes, &check, &delivered);
+    pipelines.assert_delivered(writes, "").await;
+    pipelines.cleanup().await;
+}
+
+/// Discovery on MySQL/MariaDB: `table = "<prefix>_*.outbox"` finds the `outbox` table of every
+/// matching database on the server; `status` reports each, and a relay drains each to its
+/// sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pattern_finds_the_outbox_of_every_matching_mysql_database() {
+    let prefix = unique("dbs");
+    let server = MySqlSide::open("outbox").await;
+    let (x, y) = (format!("{prefix}_x"), format!("{prefix}_y"));
+    let mut sides = Vec::new();
+    for db in [&x, &y] {
+        server.exec_sql(&format!("CREATE DATABASE {db}")).await;
+        let side = MySqlSide::open(&format!("{db}.outbox")).await;
+        side.connect_store(8, 2).await;
+        sides.push(side);
     }
-    for (schema, (_, scenario, _)) in [format!("{name}_a"), format!("{name}_b")].iter().zip(&legs) {
-        scenario.cleanup().await;
-        PostgresSide::open(scenario.store.table())
-            .await
-            .drop_schema(schema)
-            .await;
+    let events: Vec<_> = (0..30)
+        .map(|i| {
+            outboxkit_core::NewEvent::new(
+                "order",
+                format!("o{}", i % 3),
+                "Placed",
+                serde_json::json!({ "i": i }),
+            )
+        })
+        .collect();
+    sides[0].enqueue_many(&events).await;
+    let redis = RedisSide::open(&prefix).await;
+    let dir = scratch_dir(&prefix);
+    let config = write_file(
+        &dir,
+        "relay.toml",
+        &format!(
+            "[store]\nkind = \"mysql\"\nurl = \"{}\"\ntable = \"{prefix}_*.outbox\"\n\n{}\n\
+             [relay]\npoll_interval_max = \"50ms\"\n\n[server]\nlisten = \"\"\n",
+            mysql_url(),
+            redis.sink_toml()
+        ),
+    );
+    let (ok, text, err) = run_cli(&config, &["status", "--json"], &[]);
+    assert!(ok, "status: {err}");
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        status["pipelines"][format!("default/{x}.outbox")]["pending"],
+        30,
+        "{status}"
+    );
+    assert_eq!(
+        status["pipelines"][format!("default/{y}.outbox")]["pending"],
+        0,
+        "{status}"
+    );
+    assert_eq!(
+        status["pipelines"].as_object().unwrap().len(),
+        2,
+        "{status}"
+    );
+
+    let mut relay = RelayProcess::start(&config, &dir, "relay-dbs", &[]);
+    let x_side = &sides[0];
+    wait_for(
+        "the first database drained",
+        Duration::from_secs(30),
+        || async { x_side.pending().await == 0 },
+    )
+    .await;
+    relay.stop(Duration::from_secs(30));
+    assert_eq!(redis.held(30, Duration::ZERO).await, 30);
+    redis.cleanup().await;
+    for db in [&x, &y] {
+        server.exec_sql(&format!("DROP DATABASE {db}")).await;
     }
-    legs[2].1.cleanup().await;
 }

@@ -46,11 +46,6 @@ impl PostgresSide {
         side
     }
 
-    /// Run `sql` on the test's pool (a test's own DDL); fails the test with the server's error.
-    pub async fn exec_sql(&self, sql: &str) {
-        self.exec(sql).await;
-    }
-
     /// Drop `schema` and everything in it.
     pub async fn drop_schema(&self, schema: &str) {
         self.exec(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
