@@ -200,12 +200,22 @@ pub async fn run(
         std::process::exit(130);
     });
 
+    // One table: its relay runs on this task (the runtime's main thread), as before pipelines
+    // existed, leaving both worker threads to the sink's and the session's I/O.
+    let alone = ready.len() == 1 && waiting.is_empty();
     let mut tasks = tokio::task::JoinSet::new();
     for (pipeline, started) in ready {
         let span = tracing::info_span!("pipeline", name = %pipeline.name);
         match started {
             Started::One(connected) => {
                 let relay = relay(pipeline, connected, &board)?;
+                if alone {
+                    return relay
+                        .run(shutdown)
+                        .instrument(span)
+                        .await
+                        .map_err(Failure::from);
+                }
                 tasks.spawn(relay.run(shutdown.clone()).instrument(span));
             }
             Started::Pattern(scan) => {
