@@ -2,12 +2,13 @@
 //! (its own pool and shard session), its own sink and its own tasks, so that one pipeline's
 //! outage or backlog does not stop the others.
 //!
-//! At start every pipeline connects at once. A configuration error of any pipeline (a table
-//! not migrated, a missing stream, refused credentials) stops the process, naming the
-//! pipeline. A database or broker that cannot be reached stops it too when there is only one
-//! pipeline (the orchestrator restarts the process, as before pipelines existed); with
-//! several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while the
-//! others relay.
+//! At start every pipeline connects at once. An error of kind configuration in any pipeline (a
+//! key the adapter refuses, a certificate the relay does not trust, a stream that does not
+//! exist) stops the process, naming the pipeline. Any other error at start (a database or broker
+//! that cannot be reached, refused credentials, a table not migrated) stops it too when there
+//! is only one pipeline (the orchestrator restarts the process, as before pipelines existed);
+//! with several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while
+//! the others relay.
 //!
 //! A pipeline whose `store.table` is a pattern runs one relay per table it matches, all sharing
 //! the pipeline's sink, each labelled `<pipeline>/<table>`. Every `discovery_interval` it looks
