@@ -30,6 +30,18 @@ struct Pipelines {
     port: u16,
 }
 
+/// One pipeline of a test: its name, a scenario between `store` and `broker` (prepared, its
+/// table migrated), and lines for the sink's own table.
+async fn leg(
+    name: &'static str,
+    store: impl StoreSide + 'static,
+    broker: impl BrokerSide + 'static,
+    sink_lines: &'static str,
+) -> (&'static str, Scenario, &'static str) {
+    let scenario = Scenario::prepare(Arc::new(store), Arc::new(broker), Settings::default()).await;
+    (name, scenario, sink_lines)
+}
+
 impl Pipelines {
     /// `legs`: (name, scenario, lines for the sink's own table).
     fn new(name: &str, legs: Vec<(&'static str, Scenario, &str)>, schemas: Vec<String>) -> Self {
@@ -124,36 +136,27 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     let name = unique("pipelines");
     let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
     let legs = vec![
-        (
+        leg(
             "a",
-            Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&schema_a).await),
-                Arc::new(RedisSide::open(&schema_a).await),
-                Settings::default(),
-            )
-            .await,
+            PostgresSide::open_in_schema(&schema_a).await,
+            RedisSide::open(&schema_a).await,
             "",
-        ),
-        (
+        )
+        .await,
+        leg(
             "b",
-            Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&schema_b).await),
-                Arc::new(RabbitMqSide::open(&schema_b).await),
-                Settings::default(),
-            )
-            .await,
+            PostgresSide::open_in_schema(&schema_b).await,
+            RabbitMqSide::open(&schema_b).await,
             "",
-        ),
-        (
+        )
+        .await,
+        leg(
             "c",
-            Scenario::prepare(
-                Arc::new(MySqlSide::open(&format!("{name}_c")).await),
-                Arc::new(KafkaSide::open(&format!("{name}_c")).await),
-                Settings::default(),
-            )
-            .await,
+            MySqlSide::open(&format!("{name}_c")).await,
+            KafkaSide::open(&format!("{name}_c")).await,
             "",
-        ),
+        )
+        .await,
     ];
     let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
     let (config, env, port) = (&pipelines.config, &pipelines.env, pipelines.port);
@@ -529,36 +532,27 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
     let nats_server = PrivateNats::start(&name, &[]);
     let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
     let legs = vec![
-        (
+        leg(
             "a",
-            Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&schema_a).await),
-                Arc::new(NatsSide::open_at(&nats_server.url(), &schema_a).await),
-                Settings::default(),
-            )
-            .await,
+            PostgresSide::open_in_schema(&schema_a).await,
+            NatsSide::open_at(&nats_server.url(), &schema_a).await,
             "request_timeout = \"3s\"\nconnect_timeout = \"2s\"",
-        ),
-        (
+        )
+        .await,
+        leg(
             "b",
-            Scenario::prepare(
-                Arc::new(PostgresSide::open_in_schema(&schema_b).await),
-                Arc::new(RedisSide::open(&schema_b).await),
-                Settings::default(),
-            )
-            .await,
+            PostgresSide::open_in_schema(&schema_b).await,
+            RedisSide::open(&schema_b).await,
             "",
-        ),
-        (
+        )
+        .await,
+        leg(
             "c",
-            Scenario::prepare(
-                Arc::new(MySqlSide::open(&format!("{name}_c")).await),
-                Arc::new(RabbitMqSide::open(&format!("{name}_c")).await),
-                Settings::default(),
-            )
-            .await,
+            MySqlSide::open(&format!("{name}_c")).await,
+            RabbitMqSide::open(&format!("{name}_c")).await,
             "",
-        ),
+        )
+        .await,
     ];
     let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
     let port = pipelines.port;
