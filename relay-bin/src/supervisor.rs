@@ -209,7 +209,7 @@ pub async fn run(
         let span = tracing::info_span!("pipeline", name = %pipeline.name);
         match started {
             Started::One(connected) => {
-                let relay = relay(pipeline, connected, &board)?;
+                let relay = relay(&pipeline.name, pipeline, connected, &board)?;
                 if alone {
                     return relay
                         .run(shutdown)
@@ -257,13 +257,9 @@ pub async fn run(
     outcome
 }
 
-/// The relay of `pipeline`, on the board.
-fn relay(pipeline: &Pipeline, connected: Connected, board: &Board) -> Result<Relay, Failure> {
-    labelled_relay(&pipeline.name, pipeline, connected, board)
-}
-
-/// A relay of `pipeline` labelled `label` (a discovered table's `<pipeline>/<table>`).
-fn labelled_relay(
+/// A relay of `pipeline` labelled `label` (its name, or a discovered table's
+/// `<pipeline>/<table>`), on the board.
+fn relay(
     label: &str,
     pipeline: &Pipeline,
     connected: Connected,
@@ -389,7 +385,7 @@ async fn discover_and_relay(
                 };
                 match connected.await {
                     Ok(connected) => {
-                        let relay = labelled_relay(&label, pipeline, connected, board)
+                        let relay = relay(&label, pipeline, connected, board)
                             .map_err(|f| outboxkit_core::Error::config(f.message))?;
                         let (trigger, own) = Shutdown::channel();
                         let span = tracing::info_span!("pipeline", name = %label);
@@ -492,7 +488,7 @@ async fn keep_connecting(
         match start(registry, loaded, pipeline).await {
             Ok(Started::One(connected)) => {
                 info!("connected");
-                let relay = relay(pipeline, connected, board)
+                let relay = relay(&pipeline.name, pipeline, connected, board)
                     .map_err(|f| outboxkit_core::Error::config(f.message))?;
                 return relay.run(shutdown).await;
             }
