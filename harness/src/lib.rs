@@ -26,6 +26,7 @@
 
 mod broker;
 mod delivery;
+pub mod proxy;
 mod relay;
 mod scenario;
 mod store;
@@ -59,6 +60,8 @@ pub use scenario::{
     aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
     TRACEPARENT,
 };
+#[cfg(feature = "postgres")]
+pub use store::logical::LogicalSide;
 #[cfg(feature = "mysql")]
 pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
 #[cfg(feature = "postgres")]

@@ -26,7 +26,7 @@ const SEED: u64 = 0x2545_F491_4F6C_DD1D;
 /// The aggregate type of aggregate number `aggregate`: even ones are orders, odd ones
 /// customers, so every run routes to two destinations.
 pub fn aggregate_type(aggregate: u64) -> &'static str {
-    if aggregate % 2 == 0 {
+    if aggregate.is_multiple_of(2) {
         "order"
     } else {
         "customer"
@@ -136,8 +136,10 @@ pub struct WriterPlan {
     pub events: Option<u64>,
     /// A pause after each transaction (steady writes).
     pub pause: Duration,
-    /// Roll back the transactions whose PRNG draw is a multiple of 50 (about one in 50).
+    /// Roll back the transactions whose PRNG draw is a multiple of [`Self::rollback_one_in`].
     pub rollbacks: bool,
+    /// With `rollbacks`, about one transaction in this many rolls back (50 unless set).
+    pub rollback_one_in: u64,
     /// Retry a failed transaction for this long (a database restart) instead of failing.
     pub retry_for: Option<Duration>,
     /// The event writer `w` writes as its `n`-th for `aggregate` (its aggregate id must be
@@ -156,6 +158,7 @@ impl WriterPlan {
             events: Some(scale.events),
             pause: Duration::ZERO,
             rollbacks: true,
+            rollback_one_in: 50,
             retry_for: None,
             event: scenario_event,
         }
@@ -170,6 +173,7 @@ impl WriterPlan {
             events: None,
             pause,
             rollbacks: true,
+            rollback_one_in: 50,
             retry_for: None,
             event: scenario_event,
         }
@@ -282,7 +286,7 @@ async fn write(
         x ^= x >> 7;
         x ^= x << 17;
         let aggregate = x % plan.aggregates;
-        let rollback = plan.rollbacks && x % 50 == 0;
+        let rollback = plan.rollbacks && x.is_multiple_of(plan.rollback_one_in.max(1));
         let deadline = Instant::now() + plan.retry_for.unwrap_or_default();
         loop {
             let event = (plan.event)(w, n, aggregate);

@@ -1,5 +1,7 @@
 //! Store sides: a database with one test's outbox table and business table.
 
+#[cfg(feature = "postgres")]
+pub mod logical;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "postgres")]

@@ -59,6 +59,7 @@ impl Relay {
     /// A relay from `store` to `sink`. Fails when the settings are invalid.
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Result<Self> {
         config.validate()?;
+        store.check_relay_settings(&config)?;
         let relay_id = config.relay_id.clone().unwrap_or_else(default_relay_id);
         let relay = Self {
             store,

@@ -269,6 +269,7 @@ impl Store for MemoryStore {
             dead: st.rows.values().filter(|r| r.dead).count() as i64,
             held_back_aggregates: held.len() as i64,
             retrying: retrying.len() as i64,
+            slot: None,
         })
     }
 

@@ -36,6 +36,13 @@ pub const PURGED: &str = "outbox_purged_total";
 /// `migrate` runs on it), `failing` (cannot be connected now; tried again at the next scan).
 pub const DISCOVERED_TABLES: &str = "outbox_discovered_tables";
 
+/// Gauge, with log-based capture: bytes of log the database keeps for the relay's replication
+/// slot (written, not yet confirmed). Label `slot`.
+pub const SLOT_LAG_BYTES: &str = "outbox_slot_lag_bytes";
+/// Gauge, with log-based capture, recorded by the relay reading the slot: age in seconds of the
+/// oldest event read from the log and not yet acknowledged (0 when none). Label `slot`.
+pub const SLOT_LAG_SECONDS: &str = "outbox_slot_lag_seconds";
+
 /// Buckets for the latency histograms, in seconds.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -56,4 +63,6 @@ pub const ALL: &[&str] = &[
     ERRORS,
     PURGED,
     DISCOVERED_TABLES,
+    SLOT_LAG_BYTES,
+    SLOT_LAG_SECONDS,
 ];

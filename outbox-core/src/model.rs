@@ -377,6 +377,25 @@ pub struct BacklogStatus {
     pub held_back_aggregates: i64,
     /// Pending rows that have failed at least once.
     pub retrying: i64,
+    /// With a store that reads the database's log: the replication slot's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<SlotStatus>,
+}
+
+/// A replication slot as `status` and the metrics show it (log-based capture).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub name: String,
+    /// Bytes of log the server keeps for the slot: written but not yet confirmed by the relay.
+    pub lag_bytes: i64,
+    /// Age in seconds of the oldest event read from the log and not yet settled, as the relay
+    /// reading the slot in this process sees it; `None` in a process that does not read it.
+    pub lag_secs: Option<f64>,
+    /// Who reads the slot now (`relay-a (pid 4242)`); `None` when nobody does.
+    pub reader: Option<String>,
+    /// The server's `wal_status` of the slot: `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
 }
 
 /// Who owns a shard right now.

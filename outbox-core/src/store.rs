@@ -96,6 +96,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Aggregates held back by a retrying event, the longest-waiting first.
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>>;
+
+    /// Refuse relay settings this store cannot honour (say `relay.on_dead = "hold"` where the
+    /// store cannot hold an aggregate behind a dead event). [`Relay::new`](crate::Relay::new)
+    /// calls it. Errors name the key.
+    fn check_relay_settings(&self, _relay: &crate::RelayConfig) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A relay's dedicated database session: shard locks, claims and marks.
@@ -106,6 +113,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 pub trait ShardSession: Send + fmt::Debug {
     /// Number of shards of the table (fixed at migration).
     fn shard_count(&self) -> u32;
+
+    /// Whether [`claim`](Self::claim) itself waits a little for new events when it has none
+    /// (a session that reads the database's log): the engine then claims again at once instead
+    /// of sleeping between claims. `false` (the default) for sessions that poll.
+    fn claim_waits(&self) -> bool {
+        false
+    }
 
     /// Shards this session holds.
     fn owned(&self) -> &BTreeSet<i32>;

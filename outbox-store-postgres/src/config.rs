@@ -24,6 +24,7 @@ impl SqlStore for Postgres {
     const SCHEMES: &'static [&'static str] = &["postgres://", "postgresql://"];
     const URL_FORM: &'static str = "postgres://user:password@host:port/database";
     type Store = crate::PostgresStore;
+    const LOG_CAPTURE: bool = true;
 
     fn check_table(table: &str) -> Result<()> {
         TableName::parse(table).map(drop)
@@ -75,10 +76,11 @@ impl TableName {
     /// Parse `table` or `schema.table`.
     pub fn parse(text: &str) -> Result<Self> {
         let name = QualifiedName::parse(text, &NAME_RULES)?;
-        if name.name() == SCHEMA_TABLE {
+        if name.name() == SCHEMA_TABLE || name.name() == crate::logical::setup::CAPTURE_TABLE {
             return Err(Error::config(format!(
-                "\"{}\": {SCHEMA_TABLE} is the relay's own bookkeeping table, choose another name",
-                text.trim()
+                "\"{}\": {} is the relay's own bookkeeping table, choose another name",
+                text.trim(),
+                name.name()
             )));
         }
         Ok(Self(name))

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
+use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
 
 use crate::classify::{Postgres, Target};
@@ -41,6 +42,11 @@ pub struct Outbox {
     target: Target,
     /// The table's payload type, read on first use.
     payload_type: Arc<OnceLock<PayloadType>>,
+    /// How the relay reads the table (`message`: events go through the emit function), read on
+    /// first use.
+    style: Arc<OnceLock<CaptureStyle>>,
+    /// The emit function's call for a table of each payload type.
+    emit: [String; 3],
     /// The inserts of a table of each payload type, in [`PayloadType::ALL`] order.
     insert_one: [String; 3],
     insert_many: [String; 3],
@@ -69,6 +75,14 @@ impl Outbox {
             table: table.clone(),
             target: Target::table(table.to_string()),
             payload_type: Arc::default(),
+            style: Arc::default(),
+            emit: PayloadType::ALL.map(|payload_type| {
+                let (value, _, _) = payload_casts(payload_type);
+                format!(
+                    "SELECT {}($2, $3, $4, {value}, $6::text::jsonb, $7, $1)",
+                    table.quoted_sibling(&format!("{}_emit", table.name()))
+                )
+            }),
             insert_one: PayloadType::ALL.map(|payload_type| {
                 let (value, _, _) = payload_casts(payload_type);
                 format!(
@@ -105,12 +119,49 @@ impl Outbox {
         &self.target.table
     }
 
-    /// Insert one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
-    /// event commits (or rolls back) with the business change. Returns the row id.
+    /// How the relay reads this table: `message` when `migrate` set it up for logical capture
+    /// in message style (read from the catalog on `conn` the first time), `table` otherwise.
+    pub async fn style(&self, conn: &mut PgConnection) -> Result<CaptureStyle> {
+        if let Some(style) = self.style.get() {
+            return Ok(*style);
+        }
+        let recorded = crate::logical::setup::recorded(conn, &self.table, &self.target).await?;
+        let style = match recorded {
+            Some((_, style)) if style == CaptureStyle::Message.as_str() => CaptureStyle::Message,
+            _ => CaptureStyle::Table,
+        };
+        Ok(*self.style.get_or_init(|| style))
+    }
+
+    /// Write one event on `conn` — typically `&mut *tx` of the caller's transaction, so the
+    /// event commits (or rolls back) with the business change. Returns the row id; for a table
+    /// set up for logical capture in message style, the event goes into the log through the
+    /// table's emit function instead (no row) and the result is its log position.
     pub async fn enqueue(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
+        if self.style(&mut *conn).await? == CaptureStyle::Message {
+            return self.emit(conn, event).await;
+        }
         let payload_type = self.payload_type(&mut *conn).await?;
+        self.write_one(
+            conn,
+            event,
+            &self.insert_one[payload_type as usize],
+            payload_type,
+        )
+        .await
+    }
+
+    /// Run `statement` (an insert or an emit, binding the event's fields as `$1`..`$7`) for
+    /// `event` on `conn`; its one value.
+    async fn write_one(
+        &self,
+        conn: &mut PgConnection,
+        event: &NewEvent,
+        statement: &str,
+        payload_type: PayloadType,
+    ) -> Result<i64> {
         let headers = to_json(&event.headers, "headers")?;
-        let query = sqlx::query_scalar(&self.insert_one[payload_type as usize])
+        let query = sqlx::query_scalar(statement)
             .bind(event.event_id_or_new())
             .bind(&event.aggregate_type)
             .bind(&event.aggregate_id)
@@ -127,8 +178,16 @@ impl Outbox {
             .map_err(|e| self.error(e))
     }
 
+    /// Write `event` into the log with the table's emit function (message style of logical
+    /// capture), on `conn`, inside the caller's transaction. Returns its log position.
+    pub async fn emit(&self, conn: &mut PgConnection, event: &NewEvent) -> Result<i64> {
+        let payload_type = self.payload_type(&mut *conn).await?;
+        self.write_one(conn, event, &self.emit[payload_type as usize], payload_type)
+            .await
+    }
+
     /// Insert several events with one statement; returns their row ids in the order given
-    /// (ids increase in that order).
+    /// (ids increase in that order). In message style, one emit per event, in that order.
     pub async fn enqueue_many(
         &self,
         conn: &mut PgConnection,
@@ -136,6 +195,13 @@ impl Outbox {
     ) -> Result<Vec<i64>> {
         if events.is_empty() {
             return Ok(Vec::new());
+        }
+        if self.style(&mut *conn).await? == CaptureStyle::Message {
+            let mut positions = Vec::with_capacity(events.len());
+            for event in events {
+                positions.push(self.emit(&mut *conn, event).await?);
+            }
+            return Ok(positions);
         }
         let payload_type = self.payload_type(&mut *conn).await?;
         let n = events.len();
@@ -210,6 +276,7 @@ static DEFAULT_OUTBOX: LazyLock<Outbox> = LazyLock::new(|| {
 fn default_outbox() -> Outbox {
     Outbox {
         payload_type: Arc::default(),
+        style: Arc::default(),
         ..DEFAULT_OUTBOX.clone()
     }
 }

@@ -4,6 +4,7 @@ mod classify;
 pub mod config;
 mod enqueue;
 mod inbox;
+pub mod logical;
 mod migrate;
 mod session;
 mod sql;
@@ -12,7 +13,9 @@ mod store;
 pub use config::{Postgres, PostgresStoreConfig, TableName};
 pub use enqueue::{enqueue, enqueue_many, Outbox};
 pub use inbox::Inbox;
+pub use logical::session::LogicalSession;
 pub use migrate::SCHEMA_VERSION;
+pub use outboxkit_store_sql::config::{Capture, CaptureStyle, LogicalSettings};
 pub use session::PostgresShardSession;
 pub use store::PostgresStore;
 

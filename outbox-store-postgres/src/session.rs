@@ -217,6 +217,35 @@ fn decode_event(
     })
 }
 
+/// Record `failures` on their rows through the session (`Sql::record_failures`): attempts, the
+/// error, and the next attempt or `dead_at`. Shared by the polling and the logical sessions.
+pub(crate) async fn record_failures(
+    fence: &mut Fence<PgConnection, Postgres>,
+    sql: &Sql,
+    failures: &[Failure],
+) -> Result<()> {
+    let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
+    let errors: Vec<&str> = failures.iter().map(|f| truncate_error(&f.error)).collect();
+    let delays: Vec<Option<i64>> = failures
+        .iter()
+        .map(|f| {
+            f.retry_in
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        })
+        .collect();
+    fence
+        .run("recording failures", async |conn| {
+            sqlx::query(&sql.record_failures)
+                .bind(&ids)
+                .bind(&errors)
+                .bind(&delays)
+                .execute(conn)
+                .await
+        })
+        .await?;
+    Ok(())
+}
+
 #[async_trait]
 impl ShardSession for PostgresShardSession {
     fn shard_count(&self) -> u32 {
@@ -335,27 +364,7 @@ impl ShardSession for PostgresShardSession {
         if failures.is_empty() {
             return Ok(());
         }
-        let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
-        let errors: Vec<&str> = failures.iter().map(|f| truncate_error(&f.error)).collect();
-        let delays: Vec<Option<i64>> = failures
-            .iter()
-            .map(|f| {
-                f.retry_in
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            })
-            .collect();
-        let statement = &self.context.sql.record_failures;
-        self.fence
-            .run("recording failures", async |conn| {
-                sqlx::query(statement)
-                    .bind(&ids)
-                    .bind(&errors)
-                    .bind(&delays)
-                    .execute(conn)
-                    .await
-            })
-            .await?;
-        Ok(())
+        record_failures(&mut self.fence, &self.context.sql, failures).await
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

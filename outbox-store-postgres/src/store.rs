@@ -16,6 +16,8 @@ use outboxkit_core::{
 use crate::classify::{classify, Postgres, Target};
 use crate::config::{PostgresStoreConfig, TableName, SCHEMA_TABLE};
 use crate::enqueue::Outbox;
+use crate::logical::session::{LogicalContext, LogicalSession};
+use crate::logical::setup;
 use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
@@ -56,6 +58,8 @@ struct Inner {
     outbox: Outbox,
     /// Whether the first connection used TLS (`TLS TLSv1.3 (sslmode=verify-full)`).
     tls: String,
+    /// `Some` with `store.capture = "logical"`.
+    logical: Option<Arc<LogicalContext>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -115,6 +119,23 @@ impl PostgresStore {
         let pool = config
             .pool_options()
             .connect_lazy_with(options.clone().application_name("outbox-relay"));
+        let logical = match config.capture {
+            outboxkit_store_sql::config::Capture::Poll => None,
+            outboxkit_store_sql::config::Capture::Logical => Some(Arc::new(LogicalContext {
+                names: crate::logical::LogicalNames::new(&table, &config.logical),
+                table: table.clone(),
+                sql: Sql::new(&table),
+                target: target.clone(),
+                options: options.clone(),
+                password: crate::logical::password_of(&config.url, config.password.as_deref()),
+                tls: crate::logical::tls_of_url(&config.url)?,
+                max_unsettled: config.logical.max_unsettled,
+                takeover_after: config.logical.takeover_after,
+                connect_timeout: config.connect_timeout,
+                session_timeout: config.session_timeout,
+                progress: Default::default(),
+            })),
+        };
         let context = Arc::new(SessionContext {
             sql: Sql::new(&table),
             keys: LockKeys::for_table(&table),
@@ -129,6 +150,7 @@ impl PostgresStore {
                 table,
                 context,
                 tls,
+                logical,
             }),
         })
     }
@@ -215,6 +237,71 @@ impl PostgresStore {
         &self.inner.context.target
     }
 
+    /// The slot, publication and emit function of `store.capture = "logical"`; `None` when
+    /// polling.
+    pub fn logical_names(&self) -> Option<&crate::logical::LogicalNames> {
+        self.inner.logical.as_deref().map(|l| &l.names)
+    }
+
+    /// The replication slot's figures (`None` when polling, or when the slot does not exist).
+    pub async fn slot_status(&self) -> Result<Option<outboxkit_core::SlotStatus>> {
+        let Some(logical) = self.inner.logical.as_deref() else {
+            return Ok(None);
+        };
+        let slot = &logical.names.slot;
+        let Some(lag) = setup::slot_lag(&self.inner.pool, slot)
+            .await
+            .map_err(|e| self.error(e).context("reading the replication slot"))?
+        else {
+            return Ok(None);
+        };
+        let reader = match lag.active_pid {
+            Some(pid) => {
+                let application: Option<String> = sqlx::query_scalar(
+                    "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                )
+                .bind(pid)
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.error(e).context("reading the replication slot"))?;
+                Some(
+                    match application
+                        .as_deref()
+                        .and_then(|a| a.strip_prefix(APPLICATION_PREFIX))
+                    {
+                        Some(relay_id) => format!("{relay_id} (pid {pid})"),
+                        None => format!("pid {pid}"),
+                    },
+                )
+            }
+            None => None,
+        };
+        let progress = &logical.progress;
+        let read_here = progress.reading.load(std::sync::atomic::Ordering::Relaxed);
+        let oldest = progress
+            .oldest_micros
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let lag_secs = read_here.then(|| {
+            if oldest == 0 {
+                0.0
+            } else {
+                ((chrono::Utc::now().timestamp_micros() - oldest) as f64 / 1e6).max(0.0)
+            }
+        });
+        Ok(Some(outboxkit_core::SlotStatus {
+            name: slot.clone(),
+            lag_bytes: lag.lag_bytes,
+            lag_secs,
+            reader,
+            wal_status: lag.wal_status,
+        }))
+    }
+
+    /// The relay's error for a sqlx error about this store's table.
+    pub(crate) fn classify(&self, error: sqlx::Error) -> Error {
+        self.error(error)
+    }
+
     fn sql(&self) -> &Sql {
         &self.inner.context.sql
     }
@@ -245,7 +332,22 @@ impl Store for PostgresStore {
             self.inner.config.payload_type,
             self.target(),
         )
-        .await
+        .await?;
+        if let Some(logical) = self.inner.logical.as_deref() {
+            let payload_type = {
+                let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+                migrate::payload_type(&mut conn, &self.inner.table, self.target()).await?
+            };
+            setup::migrate(
+                &self.inner.pool,
+                &self.inner.table,
+                &logical.names,
+                payload_type,
+                self.target(),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn check(&self) -> Result<()> {
@@ -263,11 +365,35 @@ impl Store for PostgresStore {
             return Err(migrate::not_migrated(table));
         }
         let row = migrate::schema_row(&mut conn, table, self.target()).await?;
-        self.table_facts(&mut conn, Ok(row)).await.map(drop)
+        self.table_facts(&mut conn, Ok(row)).await?;
+        if let Some(logical) = self.inner.logical.as_deref() {
+            setup::check(&mut conn, table, &logical.names, self.target()).await?;
+        }
+        Ok(())
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
+        if let Some(logical) = self.inner.logical.as_ref() {
+            let payload_type = {
+                let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+                let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+                self.table_facts(&mut conn, row).await?.1
+            };
+            let session = LogicalSession::open(Arc::clone(logical), relay_id, payload_type).await?;
+            return Ok(Box::new(session));
+        }
         Ok(Box::new(self.open_postgres_session(relay_id).await?))
+    }
+
+    fn check_relay_settings(&self, relay: &outboxkit_core::RelayConfig) -> Result<()> {
+        if self.inner.logical.is_some() && relay.on_dead == outboxkit_core::OnDead::Hold {
+            return Err(Error::config(
+                "relay.on_dead: \"hold\" is not available with store.capture = \"logical\" (a \
+                 dead event would hold its aggregate and the replication slot, and so the \
+                 server's log, until someone acts); use \"skip\", the default",
+            ));
+        }
+        Ok(())
     }
 
     async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>> {
@@ -288,12 +414,33 @@ impl Store for PostgresStore {
     }
 
     async fn status(&self) -> Result<BacklogStatus> {
-        read_backlog(&self.inner.pool, &self.sql().status)
+        let mut status = read_backlog(&self.inner.pool, &self.sql().status)
             .await
-            .map_err(|e| self.error(e).context("reading the backlog"))
+            .map_err(|e| self.error(e).context("reading the backlog"))?;
+        if let Some(logical) = self.inner.logical.as_deref() {
+            status.slot = self.slot_status().await?;
+            if logical.names.style == outboxkit_store_sql::config::CaptureStyle::Message {
+                // No row per event: what is pending is what the reader holds.
+                let progress = &logical.progress;
+                status.pending = progress
+                    .unsettled
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    as i64;
+                status.oldest_pending_age_secs =
+                    status.slot.as_ref().and_then(|s| s.lag_secs).unwrap_or(0.0);
+            }
+        }
+        Ok(status)
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
+        if self.inner.logical.is_some() {
+            let reader = self.slot_status().await?.and_then(|s| s.reader);
+            return Ok(reader
+                .map(|owner| ShardOwner { shard: 0, owner })
+                .into_iter()
+                .collect());
+        }
         let rows: Vec<(i64, i32, Option<String>)> = sqlx::query_as(&self.sql().owners)
             .bind(i64::from(self.inner.context.keys.shard_key))
             .fetch_all(&self.inner.pool)
@@ -342,6 +489,17 @@ impl Store for PostgresStore {
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
+        if let Some(logical) = self.inner.logical.as_deref() {
+            let mut tx = self.inner.pool.begin().await.map_err(|e| self.error(e))?;
+            let payload_type =
+                migrate::payload_type(&mut tx, &self.inner.table, self.target()).await?;
+            let n =
+                crate::logical::retry_dead(&mut tx, self, &logical.names, payload_type, selection)
+                    .await
+                    .map_err(|e| e.context("sending dead events back"))?;
+            tx.commit().await.map_err(|e| self.error(e))?;
+            return Ok(n);
+        }
         let query = match selection {
             DeadSelection::Ids(ids) => sqlx::query(&self.sql().dead_retry_ids).bind(ids.clone()),
             DeadSelection::All { aggregate_id } => {

@@ -24,6 +24,9 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     const URL_FORM: &'static str;
     /// The store [`SqlStoreConfig::build`](outboxkit_core::StoreConfig::build) returns.
     type Store: outboxkit_core::Store;
+    /// Whether the store can read its events from the database's log (`store.capture =
+    /// "logical"`); a store that cannot refuses the setting.
+    const LOG_CAPTURE: bool = false;
 
     /// Check `store.table` (errors without the key; the caller adds it).
     fn check_table(table: &str) -> Result<()>;
@@ -91,6 +94,13 @@ pub struct SqlStoreConfig<S: SqlStore> {
     /// With a pattern `table`: refuse to start when it matches no table (otherwise a warning).
     #[serde(default)]
     pub require_match: bool,
+    /// How the relay learns of new events: `poll` (claims on the table, the default) or
+    /// `logical` (the database's log, through a replication slot; PostgreSQL).
+    #[serde(default)]
+    pub capture: Capture,
+    /// `[store.logical]`: settings of `capture = "logical"`.
+    #[serde(default)]
+    pub logical: LogicalSettings,
     #[serde(skip)]
     store: PhantomData<S>,
 }
@@ -109,6 +119,8 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             session_timeout: default_session_timeout(),
             discovery_interval: default_discovery_interval(),
             require_match: false,
+            capture: Capture::Poll,
+            logical: LogicalSettings::default(),
             store: PhantomData,
         }
     }
@@ -184,7 +196,24 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             self.pool_size,
             self.connect_timeout,
             self.session_timeout,
-        )
+        )?;
+        if self.capture == Capture::Logical {
+            if !S::LOG_CAPTURE {
+                return Err(Error::config(format!(
+                    "store.capture: \"logical\" is not available for {} stores (PostgreSQL only); \
+                     use \"poll\"",
+                    S::KIND
+                )));
+            }
+            self.logical.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Use this capture mode.
+    pub fn capture(mut self, capture: Capture) -> Self {
+        self.capture = capture;
+        self
     }
 }
 
@@ -221,6 +250,8 @@ impl<S: SqlStore> fmt::Debug for SqlStoreConfig<S> {
             .field("session_timeout", &self.session_timeout)
             .field("discovery_interval", &self.discovery_interval)
             .field("require_match", &self.require_match)
+            .field("capture", &self.capture)
+            .field("logical", &self.logical)
             .finish()
     }
 }
@@ -290,6 +321,114 @@ pub fn check_store_settings<S: SqlStore>(config: &SqlStoreConfig<S>, other_url: 
 
 /// Most shards a table may have.
 pub const MAX_SHARDS: u32 = 1024;
+
+/// `store.capture`: how the relay learns of new events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Capture {
+    /// Claim pending rows of the table (works everywhere).
+    #[default]
+    Poll,
+    /// Read committed events from the database's log through a replication slot.
+    Logical,
+}
+
+/// `store.logical.style`: what writers write when the relay reads the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureStyle {
+    /// Rows inserted into the outbox table, as with polling; the relay deletes (or marks) them.
+    #[default]
+    Table,
+    /// Messages written into the log by the table's emit function; no row per event.
+    Message,
+}
+
+impl CaptureStyle {
+    /// `table` or `message`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptureStyle::Table => "table",
+            CaptureStyle::Message => "message",
+        }
+    }
+}
+
+/// `[store.logical]`: the settings of `capture = "logical"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogicalSettings {
+    /// `table` (writers insert rows) or `message` (writers call the emit function).
+    #[serde(default)]
+    pub style: CaptureStyle,
+    /// The replication slot; default `outbox_relay_<schema>_<table>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    /// The publication (table style); default the slot's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publication: Option<String>,
+    /// Most events read from the log and not yet settled (acknowledged or dead) that the relay
+    /// keeps in memory; past it, it stops reading and the server waits. One transaction larger
+    /// than this is still read whole.
+    #[serde(default = "default_max_unsettled")]
+    pub max_unsettled: usize,
+    /// A standby relay takes the slot over when the relay reading it has not reported to the
+    /// server for this long (it is partitioned away or hung): it ends that reader's connection.
+    #[serde(default = "default_takeover_after", with = "humantime_serde")]
+    pub takeover_after: Duration,
+}
+
+impl Default for LogicalSettings {
+    fn default() -> Self {
+        Self {
+            style: CaptureStyle::Table,
+            slot: None,
+            publication: None,
+            max_unsettled: default_max_unsettled(),
+            takeover_after: default_takeover_after(),
+        }
+    }
+}
+
+impl LogicalSettings {
+    fn validate(&self) -> Result<()> {
+        for (key, name) in [("slot", &self.slot), ("publication", &self.publication)] {
+            let Some(name) = name else { continue };
+            let valid = !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !valid {
+                return Err(Error::config(format!(
+                    "store.logical.{key}: \"{name}\" is not a valid name: 1 to 63 lowercase \
+                     letters, digits and `_`"
+                )));
+            }
+        }
+        if self.max_unsettled < 100 {
+            return Err(Error::config(format!(
+                "store.logical.max_unsettled: must be at least 100, got {}",
+                self.max_unsettled
+            )));
+        }
+        if self.takeover_after < Duration::from_secs(2) {
+            return Err(Error::config(
+                "store.logical.takeover_after: must be at least 2s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Default `store.logical.max_unsettled`.
+pub fn default_max_unsettled() -> usize {
+    10_000
+}
+/// Default `store.logical.takeover_after`.
+pub fn default_takeover_after() -> Duration {
+    Duration::from_secs(10)
+}
 
 /// Default `store.table`.
 pub fn default_table() -> String {

@@ -18,6 +18,7 @@ where
         dead: row.try_get("dead")?,
         held_back_aggregates: row.try_get("held_back_aggregates")?,
         retrying: row.try_get("retrying")?,
+        slot: None,
     })
 }
 

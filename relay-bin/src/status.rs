@@ -71,6 +71,28 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
         "dead                 {} (see `outbox-relay dead list`)",
         b.dead
     );
+    if let Some(slot) = &b.slot {
+        // Log-based capture: the slot is the one unit of ownership.
+        println!(
+            "replication slot     {}: {} behind the server's log{}{}",
+            slot.name,
+            human_bytes(slot.lag_bytes),
+            slot.lag_secs
+                .map(|s| format!(", oldest unsettled event {s:.3}s old"))
+                .unwrap_or_default(),
+            match slot.wal_status.as_deref() {
+                Some("lost") =>
+                    ", LOST: the server removed log it needs (see docs/OPERATIONS.md)".to_owned(),
+                Some(status) => format!(", wal_status {status}"),
+                None => String::new(),
+            }
+        );
+        match &slot.reader {
+            Some(reader) => println!("  read by {reader}"),
+            None => println!("  read by nobody (no relay is running)"),
+        }
+        return Ok(());
+    }
     if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {
@@ -172,5 +194,21 @@ pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<
             "status of pipeline(s) {} unavailable (see above)",
             failed.join(", ")
         )))
+    }
+}
+
+/// `1.5 MiB` style.
+fn human_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes.max(0) as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }

@@ -150,7 +150,14 @@ fn every_key_is_documented_with_its_variable_and_default() {
     );
     let mut store = serde_json::to_value(PostgresStoreConfig::new("postgres://x")).unwrap();
     store.as_object_mut().unwrap().remove("url");
+    let logical = store.as_object_mut().unwrap().remove("logical").unwrap();
     check_defaults("store", store, &rows);
+    check_section(
+        "store.logical",
+        &keys_of::<outboxkit_store_postgres::LogicalSettings>(),
+        &rows,
+    );
+    check_defaults("store.logical", logical, &rows);
 
     #[cfg(feature = "sink-kafka")]
     {
@@ -243,6 +250,14 @@ fn pipelines_of_example(doc: &str, heading: &str) -> Vec<outboxkit_relay::pipeli
     }
     std::fs::remove_file(&file).unwrap();
     pipelines
+}
+
+/// The log-based capture example of docs/CONFIGURATION.md is valid as written.
+#[test]
+fn the_log_capture_example_is_valid() {
+    let pipelines = pipelines_of_example("docs/CONFIGURATION.md", "### Log-based capture");
+    assert_eq!(pipelines.len(), 1);
+    assert_eq!(pipelines[0].store_kind, "postgres");
 }
 
 /// The multi-pipeline examples of docs/CONFIGURATION.md and the README read as they say.

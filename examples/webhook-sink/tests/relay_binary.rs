@@ -171,7 +171,7 @@ async fn relays_postgres_to_the_webhook_in_order_per_aggregate() {
                 x ^= x << 17;
                 let n = (chunk * 5 + i) as u64;
                 let aggregate = (x % AGGREGATES as u64) as usize;
-                let kind = if aggregate % 2 == 0 {
+                let kind = if aggregate.is_multiple_of(2) {
                     "order"
                 } else {
                     "customer"

@@ -438,6 +438,7 @@ async fn run(args: &Args) -> Result<(), Failure> {
         events: Some(args.events),
         pause: Duration::ZERO,
         rollbacks: false,
+        rollback_one_in: 50,
         retry_for: None,
         event: order_event,
     };

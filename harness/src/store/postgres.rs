@@ -46,6 +46,38 @@ impl PostgresSide {
         side
     }
 
+    /// [`StoreSide::transact`], the aggregate's business row locked first when `lock` (the
+    /// writer contract of polling) or not at all (log-based capture needs no contract).
+    pub async fn transact_locking(
+        &self,
+        event: &NewEvent,
+        commit: bool,
+        lock: bool,
+    ) -> Result<i64, WriteError> {
+        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
+        if lock {
+            sqlx::query(&format!(
+                "UPDATE {} SET version = version + 1 WHERE id = $1",
+                self.orders
+            ))
+            .bind(&event.aggregate_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(WriteError::before)?;
+        }
+        let id = self
+            .outbox
+            .enqueue(&mut tx, event)
+            .await
+            .map_err(WriteError::before)?;
+        if commit {
+            tx.commit().await.map_err(WriteError::after)?;
+        } else {
+            tx.rollback().await.map_err(WriteError::after)?;
+        }
+        Ok(id)
+    }
+
     /// Drop `schema` and everything in it.
     pub async fn drop_schema(&self, schema: &str) {
         self.exec(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
@@ -141,26 +173,7 @@ impl StoreSide for PostgresSide {
     }
 
     async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
-        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
-        sqlx::query(&format!(
-            "UPDATE {} SET version = version + 1 WHERE id = $1",
-            self.orders
-        ))
-        .bind(&event.aggregate_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(WriteError::before)?;
-        let id = self
-            .outbox
-            .enqueue(&mut tx, event)
-            .await
-            .map_err(WriteError::before)?;
-        if commit {
-            tx.commit().await.map_err(WriteError::after)?;
-        } else {
-            tx.rollback().await.map_err(WriteError::after)?;
-        }
-        Ok(id)
+        self.transact_locking(event, commit, true).await
     }
 
     async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {

@@ -8,6 +8,9 @@ use crate::tls::TestPki;
 use crate::util::running_as_root;
 use crate::util::{free_port, scratch_dir};
 
+/// `pg_ctl` arguments of a crash: no checkpoint, the next start recovers from the log.
+const IMMEDIATE_STOP: &[&str] = &["-m", "immediate", "-w", "stop"];
+
 /// What the server asks of clients besides TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientAuth {
@@ -90,6 +93,44 @@ impl PrivatePostgres {
     /// A new cluster under the scratch directory `name`, serving `pki`'s server certificate,
     /// started, with database `test` (and user [`crate::tls::CLIENT_NAME`]).
     pub fn start(name: &str, pki: &TestPki, auth: ClientAuth) -> Self {
+        let tls_rule = match auth {
+            ClientAuth::TlsOnly => "hostssl all all 127.0.0.1/32 trust",
+            ClientAuth::VerifyFull => "hostssl all all 127.0.0.1/32 trust clientcert=verify-full",
+            ClientAuth::Password => "hostssl all all 127.0.0.1/32 scram-sha-256",
+        };
+        let server = Self::init(
+            name,
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'root.crt'\n",
+            &format!("local all all trust\n{tls_rule}\nhostnossl all all 0.0.0.0/0 reject\n"),
+            |data| {
+                std::fs::copy(&pki.server.cert, data.join("server.crt")).unwrap();
+                std::fs::copy(&pki.server.key, data.join("server.key")).unwrap();
+                std::fs::copy(&pki.ca, data.join("root.crt")).unwrap();
+            },
+        );
+        server.psql(&format!(
+            "CREATE ROLE {} LOGIN SUPERUSER",
+            crate::tls::CLIENT_NAME
+        ));
+        server
+    }
+
+    /// A new cluster under the scratch directory `name` for log-based capture: plain TCP with
+    /// trust (replication connections too), `wal_level = logical`, room for slots, and
+    /// `track_commit_timestamp`; started, with database `test`.
+    pub fn start_logical(name: &str) -> Self {
+        Self::init(
+            name,
+            "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
+             track_commit_timestamp = on\nwal_sender_timeout = 60s\n",
+            "local all all trust\nhost all all 127.0.0.1/32 trust\n\
+             host replication all 127.0.0.1/32 trust\n",
+            |_| {},
+        )
+    }
+
+    fn init(name: &str, conf_extra: &str, hba: &str, files: impl FnOnce(&Path)) -> Self {
         let dir = scratch_dir(name).join("postgres");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -108,49 +149,40 @@ impl PrivatePostgres {
             ],
         );
         let port = free_port();
-        std::fs::copy(&pki.server.cert, data.join("server.crt")).unwrap();
-        std::fs::copy(&pki.server.key, data.join("server.key")).unwrap();
-        std::fs::copy(&pki.ca, data.join("root.crt")).unwrap();
+        files(&data);
         let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
         conf.push_str(&format!(
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
-             ssl_ca_file = 'root.crt'\nfsync = off\nshared_buffers = 32MB\nmax_connections = 100\n",
+             fsync = off\nshared_buffers = 32MB\nmax_connections = 100\n{conf_extra}",
             dir.display()
         ));
         std::fs::write(data.join("postgresql.conf"), conf).unwrap();
-        let tls_rule = match auth {
-            ClientAuth::TlsOnly => "hostssl all all 127.0.0.1/32 trust",
-            ClientAuth::VerifyFull => "hostssl all all 127.0.0.1/32 trust clientcert=verify-full",
-            ClientAuth::Password => "hostssl all all 127.0.0.1/32 scram-sha-256",
-        };
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            format!("local all all trust\n{tls_rule}\nhostnossl all all 0.0.0.0/0 reject\n"),
-        )
-        .unwrap();
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
         give_to_postgres(&dir);
-        let log = dir.join("server.log");
-        run(
-            "pg_ctl",
-            &[
-                "-D",
-                data_arg,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
         let server = Self { dir, port };
+        server.start_again();
         server.psql("CREATE DATABASE test");
-        server.psql(&format!(
-            "CREATE ROLE {} LOGIN SUPERUSER",
-            crate::tls::CLIENT_NAME
-        ));
         server
+    }
+
+    /// Start the (stopped) server and wait until it accepts connections.
+    pub fn start_again(&self) {
+        let log = self.dir.join("server.log");
+        self.pg_ctl(&["-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
+    }
+
+    /// Crash the server: `pg_ctl -m immediate stop` (no checkpoint; the next start recovers
+    /// from the log).
+    pub fn crash(&self) {
+        self.pg_ctl(IMMEDIATE_STOP);
+    }
+
+    /// `pg_ctl -D <data> <args>`; fails the test when it fails.
+    fn pg_ctl(&self, args: &[&str]) {
+        let data = self.dir.join("data");
+        let mut all = vec!["-D", data.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run("pg_ctl", &all);
     }
 
     /// Run `sql` as `postgres` over the local socket.
@@ -213,14 +245,8 @@ impl Drop for PrivatePostgres {
     fn drop(&mut self) {
         let data = self.dir.join("data");
         let _ = command("pg_ctl")
-            .args([
-                "-D",
-                data.to_str().unwrap(),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ])
+            .args(["-D", data.to_str().unwrap()])
+            .args(IMMEDIATE_STOP)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

@@ -20,8 +20,16 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                 metrics::gauge!(m::OLDEST_PENDING_AGE, m::PIPELINE => pipeline.clone())
                     .set(s.oldest_pending_age_secs);
                 metrics::gauge!(m::DEAD, m::PIPELINE => pipeline.clone()).set(s.dead as f64);
-                metrics::gauge!(m::HELD_BACK_AGGREGATES, m::PIPELINE => pipeline)
+                metrics::gauge!(m::HELD_BACK_AGGREGATES, m::PIPELINE => pipeline.clone())
                     .set(s.held_back_aggregates as f64);
+                if let Some(slot) = s.slot {
+                    metrics::gauge!(m::SLOT_LAG_BYTES, m::PIPELINE => pipeline.clone(), "slot" => slot.name.clone())
+                        .set(slot.lag_bytes as f64);
+                    if let Some(secs) = slot.lag_secs {
+                        metrics::gauge!(m::SLOT_LAG_SECONDS, m::PIPELINE => pipeline, "slot" => slot.name)
+                            .set(secs);
+                    }
+                }
             }
             Err(e) => {
                 metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status")

@@ -215,8 +215,13 @@ impl<'a> Worker<'a> {
             };
 
             if batch.is_empty() {
-                if let Err(e) = open.flush(relay).await {
-                    self.lose_session("mark", e).await;
+                match open.flush(relay).await {
+                    Err(e) => self.lose_session("mark", e).await,
+                    Ok(()) if open.session.claim_waits() && !open.session.owned().is_empty() => {
+                        // The claim waited for the log already.
+                        continue;
+                    }
+                    Ok(()) => {}
                 }
                 let until_rebalance = self
                     .next_rebalance
@@ -236,7 +241,12 @@ impl<'a> Worker<'a> {
             }
             if self.sink_failures > 0 {
                 shutdown.pause(outage_backoff(self.sink_failures)).await;
-            } else if partial && self.open.as_ref().is_none_or(|o| o.prefetched.is_empty()) {
+            } else if partial
+                && self
+                    .open
+                    .as_ref()
+                    .is_none_or(|o| o.prefetched.is_empty() && !o.session.claim_waits())
+            {
                 // The backlog is drained and rows trickle in: claim every poll_interval_min
                 // rather than at once, so a claim carries the rows of that interval instead of
                 // one or two. Fewer, fuller rounds cost the database (and so the writers

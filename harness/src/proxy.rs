@@ -1,0 +1,88 @@
+//! A TCP proxy that can cut the network between a relay and its database without closing
+//! anything: [`Blackhole::partition`] stops forwarding in both directions (connections stay
+//! open and hang, new ones are accepted and wait), as a partition does;
+//! [`Blackhole::heal`] lets everything through again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// See the module's documentation. Its task ends with the test's runtime.
+#[derive(Debug, Clone)]
+pub struct Blackhole {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+impl Blackhole {
+    /// Listen on a free port of 127.0.0.1 and forward to `127.0.0.1:upstream`.
+    pub async fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a proxy port");
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let accept_cut = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let cut = accept_cut.clone();
+                tokio::spawn(async move {
+                    while cut.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::spawn(pump(client_read, server_write, cut.clone()));
+                    tokio::spawn(pump(server_read, client_write, cut));
+                });
+            }
+        });
+        Self { port, cut }
+    }
+
+    /// The port relays connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stop forwarding: both directions hang.
+    pub fn partition(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+    }
+
+    /// Forward again.
+    pub fn heal(&self) {
+        self.cut.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Copy `from` to `to`, holding the bytes while the network is cut.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    cut: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        while cut.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        while cut.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}

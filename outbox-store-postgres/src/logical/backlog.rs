@@ -1,0 +1,261 @@
+//! The events read from the log and not yet settled, in commit order, and the log position the
+//! slot may be confirmed to: the end of the last transaction whose events, and every earlier
+//! transaction's, are all settled (acknowledged by the broker, or recorded as dead).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use outboxkit_core::OutboxEvent;
+
+#[derive(Debug)]
+struct Entry {
+    event: OutboxEvent,
+    /// The transaction's sequence number.
+    txn: u64,
+    /// `Some` once it failed: not claimed again before this instant, and its aggregate's later
+    /// events wait behind it until it is settled.
+    retry_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Txn {
+    end_lsn: u64,
+    unsettled: usize,
+}
+
+/// See the module's documentation.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    /// Settled entries are `None` until the front is trimmed.
+    entries: VecDeque<Option<Entry>>,
+    /// The absolute position of `entries[0]`.
+    base: u64,
+    /// Event id → absolute position.
+    positions: HashMap<i64, u64>,
+    txns: VecDeque<Txn>,
+    /// Sequence number of `txns[0]`.
+    first_txn: u64,
+    unsettled: usize,
+    /// Where the slot may be confirmed to.
+    confirmable: u64,
+}
+
+impl Backlog {
+    /// Start from the slot's confirmed position.
+    pub(crate) fn new(confirmed: u64) -> Self {
+        Self {
+            confirmable: confirmed,
+            ..Self::default()
+        }
+    }
+
+    /// Events read and not settled.
+    pub(crate) fn unsettled(&self) -> usize {
+        self.unsettled
+    }
+
+    /// The position the slot may be confirmed to.
+    pub(crate) fn confirmable(&self) -> u64 {
+        self.confirmable
+    }
+
+    /// When the oldest unsettled event was written (database clock).
+    pub(crate) fn oldest(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.entries
+            .iter()
+            .flatten()
+            .map(|e| e.event.created_at)
+            .min()
+    }
+
+    /// A committed transaction ending at `end_lsn`, with its events in the order written
+    /// (none when it wrote nothing of ours).
+    pub(crate) fn push(&mut self, events: Vec<OutboxEvent>, end_lsn: u64) {
+        if events.is_empty() && self.txns.is_empty() {
+            self.confirmable = self.confirmable.max(end_lsn);
+            return;
+        }
+        let txn = self.first_txn + self.txns.len() as u64;
+        self.txns.push_back(Txn {
+            end_lsn,
+            unsettled: events.len(),
+        });
+        for event in events {
+            let position = self.base + self.entries.len() as u64;
+            self.positions.insert(event.id, position);
+            self.entries.push_back(Some(Entry {
+                event,
+                txn,
+                retry_at: None,
+            }));
+            self.unsettled += 1;
+        }
+        self.trim();
+    }
+
+    /// The server reports it has sent everything up to `wal_end`: with nothing unsettled, the
+    /// slot may be confirmed there (so that other databases' traffic does not hold the log).
+    pub(crate) fn idle_at(&mut self, wal_end: u64) {
+        if self.txns.is_empty() {
+            self.confirmable = self.confirmable.max(wal_end);
+        }
+    }
+
+    /// Up to `limit` events to publish, in commit order: not `excluded` (in flight), not
+    /// waiting for a retry, and not behind an earlier event of their aggregate that failed and
+    /// is not settled.
+    pub(crate) fn claim(
+        &self,
+        limit: usize,
+        excluded: &HashSet<i64>,
+        now: Instant,
+    ) -> Vec<OutboxEvent> {
+        let mut held: HashSet<&str> = HashSet::new();
+        let mut out = Vec::new();
+        for entry in self.entries.iter().flatten() {
+            if out.len() >= limit {
+                break;
+            }
+            let aggregate = entry.event.aggregate_id.as_str();
+            if held.contains(aggregate) {
+                continue;
+            }
+            if let Some(at) = entry.retry_at {
+                held.insert(aggregate);
+                if at > now {
+                    continue;
+                }
+            }
+            if !excluded.contains(&entry.event.id) {
+                out.push(entry.event.clone());
+            }
+        }
+        out
+    }
+
+    /// `id` failed: try again after `delay`; its aggregate waits.
+    pub(crate) fn retry(&mut self, id: i64, delay: Duration, now: Instant) {
+        if let Some(entry) = self.entry_mut(id) {
+            entry.retry_at = Some(now + delay);
+            entry.event.attempts += 1;
+        }
+    }
+
+    /// The event `id`, if unsettled.
+    pub(crate) fn get(&self, id: i64) -> Option<&OutboxEvent> {
+        let position = *self.positions.get(&id)?;
+        self.entries
+            .get((position - self.base) as usize)?
+            .as_ref()
+            .map(|e| &e.event)
+    }
+
+    fn entry_mut(&mut self, id: i64) -> Option<&mut Entry> {
+        let position = *self.positions.get(&id)?;
+        self.entries
+            .get_mut((position - self.base) as usize)?
+            .as_mut()
+    }
+
+    /// These events are acknowledged or recorded as dead: they no longer hold the slot.
+    pub(crate) fn settle(&mut self, ids: &[i64]) {
+        for id in ids {
+            let Some(position) = self.positions.remove(id) else {
+                continue;
+            };
+            let Some(entry) = self.entries[(position - self.base) as usize].take() else {
+                continue;
+            };
+            self.unsettled -= 1;
+            self.txns[(entry.txn - self.first_txn) as usize].unsettled -= 1;
+        }
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        while let Some(None) = self.entries.front() {
+            self.entries.pop_front();
+            self.base += 1;
+        }
+        while let Some(txn) = self.txns.front() {
+            if txn.unsettled > 0 {
+                break;
+            }
+            self.confirmable = self.confirmable.max(txn.end_lsn);
+            self.txns.pop_front();
+            self.first_txn += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: i64, aggregate: &str) -> OutboxEvent {
+        OutboxEvent::new(id, "order", aggregate, "E", "{}")
+    }
+
+    fn ids(events: &[OutboxEvent]) -> Vec<i64> {
+        events.iter().map(|e| e.id).collect()
+    }
+
+    #[test]
+    fn the_slot_moves_only_past_settled_transactions_in_commit_order() {
+        let mut b = Backlog::new(100);
+        // Ids need not follow commit order: the log's order is the order.
+        b.push(vec![event(9, "a"), event(3, "b")], 200);
+        b.push(vec![event(5, "a")], 300);
+        b.push(vec![], 350);
+        b.push(vec![event(1, "c")], 400);
+        let now = Instant::now();
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), now)), [9, 3, 5, 1]);
+        assert_eq!(b.unsettled(), 4);
+
+        b.settle(&[5, 1]);
+        assert_eq!(b.confirmable(), 100, "the first transaction is not settled");
+        b.settle(&[9]);
+        assert_eq!(b.confirmable(), 100);
+        b.settle(&[3, 3, 77]);
+        assert_eq!(b.confirmable(), 400, "every transaction settled");
+        assert_eq!(b.unsettled(), 0);
+        b.idle_at(450);
+        assert_eq!(b.confirmable(), 450);
+        b.push(vec![], 500);
+        assert_eq!(b.confirmable(), 500, "nothing of ours, nothing pending");
+    }
+
+    #[test]
+    fn a_failed_event_holds_its_aggregate_and_the_slot() {
+        let mut b = Backlog::new(0);
+        b.push(vec![event(1, "a"), event(2, "b")], 10);
+        b.push(vec![event(3, "a"), event(4, "b")], 20);
+        let now = Instant::now();
+        b.retry(1, Duration::from_secs(5), now);
+        let excluded: HashSet<i64> = [2].into();
+        assert_eq!(
+            ids(&b.claim(10, &excluded, now)),
+            [4],
+            "a waits, 2 is in flight"
+        );
+        b.settle(&[2, 4]);
+        assert_eq!(b.confirmable(), 0, "1 is not settled");
+        let later = now + Duration::from_secs(6);
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), later)), [1], "due, alone");
+        assert_eq!(b.get(1).unwrap().attempts, 1);
+        b.settle(&[1]);
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), later)), [3]);
+        assert_eq!(b.confirmable(), 10);
+        b.settle(&[3]);
+        assert_eq!(b.confirmable(), 20);
+        assert!(b.oldest().is_none());
+    }
+
+    #[test]
+    fn claims_respect_the_limit() {
+        let mut b = Backlog::new(0);
+        b.push((1..=50).map(|i| event(i, &i.to_string())).collect(), 10);
+        assert_eq!(b.claim(7, &HashSet::new(), Instant::now()).len(), 7);
+        assert!(b.oldest().is_some());
+    }
+}

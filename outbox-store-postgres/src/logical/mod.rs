@@ -1,0 +1,176 @@
+//! `store.capture = "logical"`: the relay reads committed events from PostgreSQL's log through
+//! a replication slot (pgoutput), instead of claiming rows of the table.
+//!
+//! - Table style: writers insert rows as with polling; the slot's publication carries the
+//!   table's inserts; the relay deletes (or marks) the rows once published, so `status`,
+//!   `dead` and retention work as with polling.
+//! - Message style: writers call the table's emit function (`<table>_emit`), which writes a
+//!   transactional logical message (`pg_logical_emit_message`); no row per event. Dead events
+//!   become dead rows of the outbox table.
+//!
+//! It plugs into the engine as a [`ShardSession`](outboxkit_core::ShardSession) of one shard,
+//! the slot (see [`session`]): the engine claims, publishes, marks and records failures exactly
+//! as with polling.
+
+mod backlog;
+mod decode;
+pub(crate) mod session;
+pub(crate) mod setup;
+
+use pgwire_replication::TlsConfig;
+use sqlx::{PgConnection, Row};
+
+use outboxkit_core::{DeadSelection, Error, NewEvent, Payload, PayloadType, Result};
+use outboxkit_store_sql::config::url_option;
+
+pub use setup::{LogicalNames, SlotLag};
+
+/// The replication connection's TLS, from the URL's `sslmode`, `sslrootcert`, `sslcert` and
+/// `sslkey` (as sqlx reads them for the other connections).
+pub(crate) fn tls_of_url(url: &str) -> Result<TlsConfig> {
+    let mode = url_option(url, "sslmode").unwrap_or_else(|| "prefer".to_owned());
+    let ca = url_option(url, "sslrootcert").map(std::path::PathBuf::from);
+    let tls = match mode.as_str() {
+        "disable" => TlsConfig::disabled(),
+        "allow" | "prefer" => {
+            let mut tls = TlsConfig::disabled();
+            tls.mode = pgwire_replication::SslMode::Prefer;
+            tls
+        }
+        "require" => TlsConfig::require(),
+        "verify-ca" => TlsConfig::verify_ca(ca),
+        "verify-full" => TlsConfig::verify_full(ca),
+        other => {
+            return Err(Error::config(format!(
+                "store.url: sslmode={other} is not one the replication connection knows \
+                 (disable, prefer, require, verify-ca, verify-full)"
+            )))
+        }
+    };
+    Ok(
+        match (url_option(url, "sslcert"), url_option(url, "sslkey")) {
+            (Some(cert), Some(key)) => tls.with_client_cert(cert, key),
+            _ => tls,
+        },
+    )
+}
+
+/// The password of `store.url` or `store.password`, for the replication connection.
+pub(crate) fn password_of(url: &str, password: Option<&str>) -> Option<String> {
+    if let Some(password) = password {
+        return Some(password.to_owned());
+    }
+    let url = url::Url::parse(url).ok()?;
+    url.password()
+        .map(percent_decode)
+        .or_else(|| url_option(url.as_str(), "password"))
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `dead retry` with logical capture: the dead rows leave the table and their events are
+/// written again (a new row, or a new message) with the same `event_id`, in one transaction:
+/// they come back through the log, after the events their aggregates committed meanwhile.
+pub(crate) async fn retry_dead(
+    conn: &mut PgConnection,
+    store: &crate::PostgresStore,
+    names: &LogicalNames,
+    payload_type: PayloadType,
+    selection: &DeadSelection,
+) -> std::result::Result<u64, Error> {
+    let table = store.table();
+    let payload = match payload_type {
+        PayloadType::Json => "payload::text",
+        PayloadType::Text | PayloadType::Binary => "payload",
+    };
+    let (ids, aggregate): (Option<Vec<i64>>, Option<String>) = match selection {
+        DeadSelection::Ids(ids) => (Some(ids.clone()), None),
+        DeadSelection::All { aggregate_id } => (None, aggregate_id.clone()),
+    };
+    let rows = sqlx::query(&format!(
+        "DELETE FROM {} WHERE dead_at IS NOT NULL AND published_at IS NULL \
+         AND ($1::int8[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR aggregate_id = $2) \
+         RETURNING id, event_id, aggregate_type, aggregate_id, event_type, {payload}, \
+         headers::text, destination",
+        table.quoted()
+    ))
+    .bind(ids)
+    .bind(aggregate)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| store.classify(e))?;
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let read = || -> std::result::Result<(i64, NewEvent), sqlx::Error> {
+            let payload = match payload_type {
+                PayloadType::Json => Payload::Json(row.try_get(5)?),
+                PayloadType::Text => Payload::Text(row.try_get(5)?),
+                PayloadType::Binary => Payload::Binary(row.try_get(5)?),
+            };
+            let headers: String = row.try_get(6)?;
+            let mut event = NewEvent::new(
+                row.try_get::<String, _>(2)?,
+                row.try_get::<String, _>(3)?,
+                row.try_get::<String, _>(4)?,
+                payload,
+            );
+            event.event_id = Some(row.try_get(1)?);
+            event.headers =
+                outboxkit_store_sql::session::parse_headers(&headers).unwrap_or_default();
+            event.destination = row.try_get(7)?;
+            Ok((row.try_get(0)?, event))
+        };
+        events.push(read().map_err(|e| store.classify(e))?);
+    }
+    events.sort_by_key(|(id, _)| *id);
+    let events: Vec<NewEvent> = events.into_iter().map(|(_, e)| e).collect();
+    match names.style {
+        outboxkit_store_sql::config::CaptureStyle::Table => {
+            store.outbox().enqueue_many(conn, &events).await?;
+        }
+        outboxkit_store_sql::config::CaptureStyle::Message => {
+            for event in &events {
+                store.outbox().emit(conn, event).await?;
+            }
+        }
+    }
+    Ok(events.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replication_connection_takes_the_urls_tls_and_password() {
+        assert_eq!(
+            password_of("postgres://u:p%40ss@h/db", None).as_deref(),
+            Some("p@ss")
+        );
+        assert_eq!(
+            password_of("postgres://u:x@h/db", Some("file")).as_deref(),
+            Some("file")
+        );
+        assert_eq!(password_of("postgres://u@h/db", None), None);
+        assert!(!tls_of_url("postgres://h/db").unwrap().mode.requires_tls());
+        let tls = tls_of_url("postgres://h/db?sslmode=verify-full&sslrootcert=/ca.pem").unwrap();
+        assert!(tls.mode.verifies_hostname());
+        assert!(tls_of_url("postgres://h/db?sslmode=bogus").is_err());
+    }
+}

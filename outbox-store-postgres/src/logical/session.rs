@@ -1,0 +1,743 @@
+//! The shard session of `capture = "logical"`: one unit of ownership (shard 0) that is the
+//! replication slot. Holding it means reading the slot; the other relays stand by and take it
+//! over when it is free, or when its reader stopped reporting for `takeover_after`.
+//!
+//! Claims hand out the events read from the log, in commit order; marks and failures settle
+//! them, and the slot is confirmed up to the last transaction whose events, and all earlier
+//! ones', are settled (see [`Backlog`]). No transaction is open while the broker is called.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgConnection;
+
+use outboxkit_core::{
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
+    Result, ShardSession,
+};
+use outboxkit_store_sql::classify::connect_within;
+use outboxkit_store_sql::config::CaptureStyle;
+use outboxkit_store_sql::session::{truncate_error, Fence};
+
+use super::backlog::Backlog;
+use super::decode::{decode, event_of_message, event_of_row, Change, Relation};
+use super::setup::{slot_lag, LogicalNames};
+use crate::classify::{classify, Postgres, Target};
+use crate::config::TableName;
+use crate::session::application_name;
+use crate::sql::Sql;
+
+/// How long a claim waits for the log when it has nothing to hand out.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+/// How often the reader reports its position (and that it is alive) to the server.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a logical store shares with its sessions: names, statements, and the reader's figures
+/// for `status` and the metrics.
+#[derive(Debug)]
+pub(crate) struct LogicalContext {
+    pub names: LogicalNames,
+    pub table: TableName,
+    pub sql: Sql,
+    pub target: Target,
+    pub options: PgConnectOptions,
+    /// The password, for the replication connection (sqlx does not hand it back).
+    pub password: Option<String>,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` of the URL.
+    pub tls: TlsConfig,
+    pub max_unsettled: usize,
+    pub takeover_after: Duration,
+    pub connect_timeout: Duration,
+    pub session_timeout: Duration,
+    pub progress: Progress,
+}
+
+/// The active reader's figures, read by `status`.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// Whether a session of this process reads the slot.
+    pub reading: std::sync::atomic::AtomicBool,
+    /// Events read and not settled.
+    pub unsettled: AtomicUsize,
+    /// Microseconds since the Unix epoch of the oldest unsettled event; 0 when none.
+    pub oldest_micros: AtomicI64,
+}
+
+/// The slot's reader, while this session holds it.
+struct Reader {
+    client: ReplicationClient,
+    backlog: Backlog,
+    relations: HashMap<u32, Relation>,
+    /// The events of the transaction being read (between its Begin and its Commit).
+    current: Vec<OutboxEvent>,
+    /// Messages and rows of the transaction being read that cannot be relayed, parked as dead
+    /// at its commit.
+    malformed: Vec<Malformed>,
+    in_transaction: bool,
+    confirmed: u64,
+}
+
+impl fmt::Debug for Reader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reader")
+            .field("unsettled", &self.backlog.unsettled())
+            .field("confirmed", &Lsn::from_u64(self.confirmed))
+            .finish()
+    }
+}
+
+/// What cannot be relayed: kept as a dead row, with the reason.
+#[derive(Debug)]
+struct Malformed {
+    /// The row's id (table style), when it could be read.
+    id: Option<i64>,
+    content: Vec<u8>,
+    error: String,
+}
+
+/// See the module's documentation.
+pub struct LogicalSession {
+    fence: Fence<PgConnection, Postgres>,
+    context: Arc<LogicalContext>,
+    payload_type: PayloadType,
+    relay_id: String,
+    reader: Option<Reader>,
+}
+
+impl fmt::Debug for LogicalSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fence.debug_session(
+            f,
+            "LogicalSession",
+            &[("slot", &self.context.names.slot), ("reader", &self.reader)],
+        )
+    }
+}
+
+/// The `application_name` of the sessions' own connections, by which they count each other.
+fn members_name(slot: &str) -> String {
+    let mut name = format!("outbox-relay-logical:{slot}");
+    name.truncate(63);
+    name
+}
+
+impl LogicalSession {
+    pub(crate) async fn open(
+        context: Arc<LogicalContext>,
+        relay_id: &str,
+        payload_type: PayloadType,
+    ) -> Result<Self> {
+        let timeout_ms = context.session_timeout.as_millis().to_string();
+        let options = context
+            .options
+            .clone()
+            .application_name(&members_name(&context.names.slot))
+            .options([
+                ("statement_timeout", timeout_ms.as_str()),
+                ("synchronous_commit", "off"),
+                ("tcp_keepalives_idle", "10"),
+                ("tcp_keepalives_interval", "5"),
+                ("tcp_keepalives_count", "3"),
+            ]);
+        let target = &context.target;
+        let conn = connect_within::<Postgres, _>(&options, target, context.connect_timeout)
+            .await?
+            .map_err(|e| classify(e, target).context("opening a logical capture session"))?;
+        let fence = Fence::new(conn, target.clone(), relay_id, 1, context.session_timeout);
+        Ok(Self {
+            fence,
+            payload_type,
+            relay_id: relay_id.to_owned(),
+            context,
+            reader: None,
+        })
+    }
+
+    /// Start reading the slot from its confirmed position; `false` when another session
+    /// started first.
+    async fn start_reader(&mut self) -> Result<bool> {
+        let context = Arc::clone(&self.context);
+        let names = &context.names;
+        let slot = names.slot.clone();
+        let lag = self
+            .fence
+            .run("reading the replication slot", async |conn| {
+                slot_lag(conn, &slot).await
+            })
+            .await?;
+        let Some(lag) = lag else {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "replication slot \"{}\" does not exist (any more): stop the relays and \
+                     follow the runbook ({})",
+                    names.slot,
+                    super::setup::RUNBOOK
+                ),
+            )
+            .permanent());
+        };
+        if lag.active {
+            return Ok(false);
+        }
+        let confirmed: String = self
+            .fence
+            .run("reading the replication slot", async |conn| {
+                sqlx::query_scalar(
+                    "SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots \
+                     WHERE slot_name = $1",
+                )
+                .bind(&slot)
+                .fetch_one(conn)
+                .await
+            })
+            .await?;
+        let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
+        let options = &context.options;
+        let config = ReplicationConfig::new(
+            options.get_host(),
+            options.get_username(),
+            context.password.clone().unwrap_or_default(),
+            options.get_database().unwrap_or(options.get_username()),
+            &names.slot,
+            names.publication.as_str(),
+        )
+        .with_port(options.get_port())
+        .with_tls(context.tls.clone())
+        .with_start_lsn(Lsn::from_u64(confirmed))
+        .with_binary(true)
+        .with_status_interval(STATUS_INTERVAL)
+        .with_wakeup_interval(STATUS_INTERVAL)
+        .with_buffer_size(1024)
+        .with_application_name(application_name(&self.relay_id));
+        let mut client = ReplicationClient::connect(config)
+            .await
+            .map_err(|e| replication_error(&e, &context.target))?;
+        let started = tokio::time::timeout(context.connect_timeout, client.wait_started()).await;
+        match started {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.to_string().contains("is active for PID") => return Ok(false),
+            Ok(Err(e)) => return Err(replication_error(&e, &context.target)),
+            Err(_) => {
+                client.abort();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "starting to read replication slot \"{}\" took longer than \
+                         store.connect_timeout ({})",
+                        names.slot,
+                        outboxkit_store_sql::format_duration(context.connect_timeout)
+                    ),
+                ));
+            }
+        }
+        tracing::info!(slot = %names.slot, position = %Lsn::from_u64(confirmed), "reading the replication slot");
+        self.reader = Some(Reader {
+            client,
+            backlog: Backlog::new(confirmed),
+            relations: HashMap::new(),
+            current: Vec::new(),
+            malformed: Vec::new(),
+            in_transaction: false,
+            confirmed,
+        });
+        Ok(true)
+    }
+
+    /// Read what the log has ready (without waiting, or up to `wait` for the first message),
+    /// up to `max_unsettled` events held (a transaction is always read whole). Ends the reader
+    /// on a stream error.
+    async fn pump(&mut self, wait: Duration) -> Result<()> {
+        let max = self.context.max_unsettled;
+        let mut waited = false;
+        loop {
+            let Some(reader) = self.reader.as_mut() else {
+                return Ok(());
+            };
+            if !reader.in_transaction && reader.backlog.unsettled() >= max {
+                return Ok(());
+            }
+            let budget = if waited || wait.is_zero() {
+                Duration::ZERO
+            } else {
+                wait
+            };
+            let next = if budget.is_zero() {
+                match tokio::time::timeout(Duration::ZERO, reader.client.recv()).await {
+                    Ok(next) => next,
+                    Err(_) if reader.in_transaction => {
+                        // The rest of the transaction is on its way.
+                        match tokio::time::timeout(self.context.session_timeout, reader.client.recv()).await {
+                            Ok(next) => next,
+                            Err(_) => return Err(self.lose_reader("no message within store.session_timeout in the middle of a transaction")),
+                        }
+                    }
+                    Err(_) => return Ok(()),
+                }
+            } else {
+                waited = true;
+                match tokio::time::timeout(budget, reader.client.recv()).await {
+                    Ok(next) => next,
+                    Err(_) => return Ok(()),
+                }
+            };
+            let event = match next {
+                Ok(Some(event)) => event,
+                Ok(None) => return Err(self.lose_reader("the server ended replication")),
+                Err(e) => {
+                    let error = replication_error(&e, &self.context.target);
+                    return Err(self.lose_reader(&error.full_message()));
+                }
+            };
+            self.apply(event).await?;
+        }
+    }
+
+    async fn apply(&mut self, event: ReplicationEvent) -> Result<()> {
+        let payload_type = self.payload_type;
+        let context = Arc::clone(&self.context);
+        let reader = self.reader.as_mut().expect("pump checked the reader");
+        match event {
+            ReplicationEvent::Begin { .. } => {
+                reader.in_transaction = true;
+                reader.current.clear();
+                reader.malformed.clear();
+            }
+            ReplicationEvent::XLogData { data, .. } => match decode(&data, &reader.relations) {
+                Ok(Change::Relation(oid, relation)) => {
+                    reader.relations.insert(oid, relation);
+                }
+                Ok(Change::Insert(oid, values)) => {
+                    let ours = reader.relations.get(&oid).is_some_and(|r| {
+                        r.schema == context.table.schema().unwrap_or("public")
+                            && r.name == context.table.name()
+                    });
+                    if ours && context.names.style == CaptureStyle::Table {
+                        match event_of_row(&values, payload_type) {
+                            Ok(event) => reader.current.push(event),
+                            Err(error) => {
+                                let id = values
+                                    .iter()
+                                    .find(|(n, _, _)| n == "id")
+                                    .and_then(|(_, v, _)| v.as_deref())
+                                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                                    .map(i64::from_be_bytes);
+                                reader.malformed.push(Malformed {
+                                    id,
+                                    content: Vec::new(),
+                                    error: format!("the inserted row cannot be read: {error}"),
+                                });
+                            }
+                        }
+                    }
+                }
+                Ok(Change::Other) => {}
+                Err(error) => {
+                    return Err(
+                        self.lose_reader(&format!("a message of the log cannot be read: {error}"))
+                    );
+                }
+            },
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => {
+                if prefix == context.names.prefix && context.names.style == CaptureStyle::Message {
+                    let id = lsn.as_u64() as i64;
+                    match event_of_message(id, &content, payload_type) {
+                        Ok(event) if transactional => reader.current.push(event),
+                        Ok(_) => reader.malformed.push(Malformed {
+                            id: None,
+                            content: content.to_vec(),
+                            error: "a message written outside a transaction (pg_logical_emit_message(false, ...)): events must be written with the emit function inside the writer's transaction".to_owned(),
+                        }),
+                        Err(error) => reader.malformed.push(Malformed {
+                            id: None,
+                            content: content.to_vec(),
+                            error: format!("the message cannot be read: {error}"),
+                        }),
+                    }
+                }
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                reader.in_transaction = false;
+                let malformed = std::mem::take(&mut reader.malformed);
+                if !malformed.is_empty() {
+                    self.park_malformed(&malformed).await?;
+                }
+                let reader = self.reader.as_mut().expect("still reading");
+                let events = std::mem::take(&mut reader.current);
+                reader.backlog.push(events, end_lsn.as_u64());
+                self.confirm();
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                if !reader.in_transaction {
+                    reader.backlog.idle_at(wal_end.as_u64());
+                    self.confirm();
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Tell the server how far the slot may move, and `status` what is held.
+    fn confirm(&mut self) {
+        let Some(reader) = self.reader.as_mut() else {
+            return;
+        };
+        let confirmable = reader.backlog.confirmable();
+        if confirmable > reader.confirmed {
+            reader.client.update_applied_lsn(Lsn::from_u64(confirmable));
+            reader.confirmed = confirmable;
+        }
+        let progress = &self.context.progress;
+        progress.reading.store(true, Ordering::Relaxed);
+        progress
+            .unsettled
+            .store(reader.backlog.unsettled(), Ordering::Relaxed);
+        progress.oldest_micros.store(
+            reader.backlog.oldest().map_or(0, |t| t.timestamp_micros()),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Stop reading (the slot is free again for whoever takes it next).
+    fn stop_reader(&mut self) {
+        if let Some(mut reader) = self.reader.take() {
+            reader.client.stop();
+            reader.client.abort();
+        }
+        self.fence.released(0);
+        self.context
+            .progress
+            .reading
+            .store(false, Ordering::Relaxed);
+        self.context.progress.unsettled.store(0, Ordering::Relaxed);
+        self.context
+            .progress
+            .oldest_micros
+            .store(0, Ordering::Relaxed);
+    }
+
+    /// The stream failed: stop reading; the events read and not settled are read again by
+    /// whoever reads the slot next.
+    fn lose_reader(&mut self, why: &str) -> Error {
+        tracing::warn!(slot = %self.context.names.slot, "stopped reading the replication slot: {why}");
+        self.stop_reader();
+        Error::new(
+            ErrorKind::LeaseLost,
+            format!(
+                "reading replication slot \"{}\" stopped: {why}",
+                self.context.names.slot
+            ),
+        )
+    }
+
+    /// Keep what cannot be relayed as dead rows, so nothing is lost.
+    async fn park_malformed(&mut self, malformed: &[Malformed]) -> Result<()> {
+        for m in malformed {
+            tracing::warn!(slot = %self.context.names.slot, error = %m.error, "an event cannot be relayed; parked as dead");
+            match m.id {
+                Some(id) => {
+                    let failure = Failure {
+                        id,
+                        error: m.error.clone(),
+                        retry_in: None,
+                    };
+                    self.record_rows(std::slice::from_ref(&failure)).await?;
+                }
+                None => {
+                    let payload: Vec<u8> = match self.payload_type {
+                        PayloadType::Binary => m.content.clone(),
+                        PayloadType::Text => String::from_utf8_lossy(&m.content)
+                            .into_owned()
+                            .into_bytes(),
+                        PayloadType::Json => serde_json::json!({
+                            "content": String::from_utf8_lossy(&m.content)
+                        })
+                        .to_string()
+                        .into_bytes(),
+                    };
+                    let event = OutboxEvent::new(
+                        0,
+                        "outbox-relay",
+                        self.context.names.prefix.clone(),
+                        "malformed-message",
+                        payload,
+                    );
+                    let mut event = event;
+                    event.payload_type = self.payload_type;
+                    self.insert_dead(&event, &m.error).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Table style: record failures on the rows, as polling does.
+    async fn record_rows(&mut self, failures: &[Failure]) -> Result<()> {
+        crate::session::record_failures(&mut self.fence, &self.context.sql, failures).await
+    }
+
+    /// Message style: a dead event becomes a dead row of the outbox table (once: a second
+    /// reading of the same message after a crash adds nothing).
+    async fn insert_dead(&mut self, event: &OutboxEvent, error: &str) -> Result<()> {
+        let payload = match self.payload_type {
+            PayloadType::Json => "$5::text::jsonb",
+            PayloadType::Text => "$5::text",
+            PayloadType::Binary => "$5::bytea",
+        };
+        let statement = format!(
+            "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
+             destination, created_at, attempts, last_error, dead_at) \
+             VALUES ($1, $2, $3, $4, {payload}, $6::text::jsonb, $7, $8, $9, $10, now()) \
+             ON CONFLICT (event_id) DO NOTHING",
+            self.context.table.quoted()
+        );
+        let headers = serde_json::to_string(&event.headers).unwrap_or_else(|_| "{}".to_owned());
+        let payload_type = self.payload_type;
+        let error = truncate_error(error).to_owned();
+        self.fence
+            .run("parking a dead event", async |conn| {
+                let query = sqlx::query(&statement)
+                    .bind(event.event_id)
+                    .bind(&event.aggregate_type)
+                    .bind(&event.aggregate_id)
+                    .bind(&event.event_type);
+                let query = match payload_type {
+                    PayloadType::Binary => query.bind(event.payload.clone()),
+                    _ => query.bind(String::from_utf8_lossy(&event.payload).into_owned()),
+                };
+                query
+                    .bind(headers)
+                    .bind(event.destination.as_deref())
+                    .bind(event.created_at)
+                    .bind(event.attempts + 1)
+                    .bind(error)
+                    .execute(conn)
+                    .await
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+/// The relay's error for an error of the replication connection.
+fn replication_error(error: &pgwire_replication::PgWireError, target: &Target) -> Error {
+    use pgwire_replication::PgWireError as E;
+    let endpoint = target.endpoint.as_deref().unwrap_or("the server");
+    let (kind, hint) = match error {
+        E::Io(_) | E::Task(_) => (ErrorKind::Connection, ""),
+        E::Auth(_) => (
+            ErrorKind::Unauthorized,
+            ": check store.url's user and password, and that pg_hba.conf allows replication connections for it",
+        ),
+        E::Tls(_) => (ErrorKind::Connection, ": check store.url's sslmode and sslrootcert"),
+        E::Server(message) if message.contains("does not exist") => (ErrorKind::Schema, ""),
+        _ => (ErrorKind::Connection, ""),
+    };
+    Error::new(
+        kind,
+        format!("replication connection to {endpoint}: {error}{hint}"),
+    )
+}
+
+#[async_trait]
+impl ShardSession for LogicalSession {
+    fn shard_count(&self) -> u32 {
+        1
+    }
+
+    fn owned(&self) -> &BTreeSet<i32> {
+        self.fence.owned()
+    }
+
+    fn claim_waits(&self) -> bool {
+        true
+    }
+
+    /// Sessions of this slot, and whether the slot is read. A reader that stopped reporting for
+    /// `takeover_after` is ended, so that this relay can take the slot over.
+    async fn cluster(&mut self) -> Result<ClusterView> {
+        let slot = self.context.names.slot.clone();
+        let members = members_name(&slot);
+        let (live, lag) = self
+            .fence
+            .run("reading the relays of the slot", async |conn| {
+                let live: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&members)
+                .fetch_one(&mut *conn)
+                .await?;
+                Ok((live, slot_lag(&mut *conn, &slot).await?))
+            })
+            .await?;
+        if let Some(reader) = self.reader.as_ref() {
+            if reader.client.is_running() {
+                return Ok(ClusterView {
+                    live_relays: live.max(1) as u32,
+                    locked: BTreeSet::from([0]),
+                });
+            }
+            let _ = reader;
+            return Err(self.lose_reader("the replication connection ended"));
+        }
+        let mut locked = BTreeSet::new();
+        if let Some(lag) = lag.filter(|l| l.active) {
+            let silent = lag
+                .reply_age_secs
+                .is_some_and(|age| age > self.context.takeover_after.as_secs_f64());
+            match lag.active_pid {
+                Some(pid) if silent => {
+                    tracing::warn!(
+                        slot = %slot,
+                        pid,
+                        silent_for_secs = lag.reply_age_secs.unwrap_or_default(),
+                        "the reader of the replication slot stopped reporting for longer than store.logical.takeover_after: ending its connection to take the slot over"
+                    );
+                    self.fence
+                        .run("ending a silent reader", async |conn| {
+                            sqlx::query("SELECT pg_terminate_backend($1)")
+                                .bind(pid)
+                                .execute(conn)
+                                .await
+                        })
+                        .await?;
+                }
+                _ => {
+                    locked.insert(0);
+                }
+            }
+        }
+        Ok(ClusterView {
+            live_relays: live.max(1) as u32,
+            locked,
+        })
+    }
+
+    async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
+        self.fence.check_shard(shard)?;
+        if self.reader.is_some() {
+            return Ok(true);
+        }
+        if self.start_reader().await? {
+            self.fence.acquired(0);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn release(&mut self, shard: i32) -> Result<()> {
+        self.fence.check_shard(shard)?;
+        self.stop_reader();
+        Ok(())
+    }
+
+    async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
+        self.fence.ensure_live()?;
+        if request.dead_holds_aggregate {
+            return Err(Error::config(
+                "relay.on_dead = \"hold\" is not available with store.capture = \"logical\"",
+            )
+            .permanent());
+        }
+        if self.reader.is_none() {
+            return Ok(Vec::new());
+        }
+        let excluded: HashSet<i64> = request.exclude_ids.iter().copied().collect();
+        self.pump(Duration::ZERO).await?;
+        let reader = self
+            .reader
+            .as_ref()
+            .expect("pump keeps the reader or fails");
+        let mut batch = reader
+            .backlog
+            .claim(request.limit, &excluded, Instant::now());
+        if batch.is_empty() {
+            self.pump(IDLE_WAIT).await?;
+            let reader = self
+                .reader
+                .as_ref()
+                .expect("pump keeps the reader or fails");
+            batch = reader
+                .backlog
+                .claim(request.limit, &excluded, Instant::now());
+        }
+        self.confirm();
+        Ok(batch)
+    }
+
+    async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
+        self.fence.ensure_live()?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if self.context.names.style == CaptureStyle::Table {
+            let statement = match mode {
+                MarkMode::Delete => &self.context.sql.mark_delete,
+                MarkMode::Keep => &self.context.sql.mark_keep,
+            };
+            self.fence
+                .run("marking rows published", async |conn| {
+                    sqlx::query(statement).bind(ids).execute(conn).await
+                })
+                .await?;
+        }
+        if let Some(reader) = self.reader.as_mut() {
+            reader.backlog.settle(ids);
+        }
+        self.confirm();
+        Ok(())
+    }
+
+    async fn record_failures(&mut self, failures: &[Failure]) -> Result<()> {
+        self.fence.ensure_live()?;
+        if failures.is_empty() {
+            return Ok(());
+        }
+        if self.context.names.style == CaptureStyle::Table {
+            self.record_rows(failures).await?;
+        } else {
+            for failure in failures.iter().filter(|f| f.retry_in.is_none()) {
+                let event = self
+                    .reader
+                    .as_ref()
+                    .and_then(|r| r.backlog.get(failure.id))
+                    .cloned();
+                if let Some(event) = event {
+                    self.insert_dead(&event, &failure.error).await?;
+                }
+            }
+        }
+        let now = Instant::now();
+        if let Some(reader) = self.reader.as_mut() {
+            let mut dead = Vec::new();
+            for failure in failures {
+                match failure.retry_in {
+                    Some(delay) => reader.backlog.retry(failure.id, delay, now),
+                    None => dead.push(failure.id),
+                }
+            }
+            reader.backlog.settle(&dead);
+        }
+        self.confirm();
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<()> {
+        self.stop_reader();
+        let fence = self.fence;
+        fence.close(Ok(())).await
+    }
+}

@@ -1,0 +1,457 @@
+//! What `migrate` sets up for `capture = "logical"`, and what `check` verifies before relaying:
+//! the server's settings, the user's privilege, the publication, the slot, the emit function,
+//! and the bookkeeping row that remembers the slot was made (so a slot that disappears later
+//! is an error, never silently made again).
+
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+
+use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
+use outboxkit_store_sql::config::{CaptureStyle, LogicalSettings};
+
+use crate::classify::{classify, Target};
+use crate::config::TableName;
+
+/// The bookkeeping table of capture set-ups, in the outbox table's schema.
+pub(crate) const CAPTURE_TABLE: &str = "outbox_relay_capture";
+
+/// Where the operators' runbook for slots lives.
+pub(crate) const RUNBOOK: &str = "docs/OPERATIONS.md, \"Replication slot\"";
+
+/// The names a logical set-up uses for one table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogicalNames {
+    pub style: CaptureStyle,
+    pub slot: String,
+    pub publication: String,
+    /// The prefix of the emit function's messages: `outbox:<schema>.<table>`.
+    pub prefix: String,
+    /// The emit function, quoted: `"app"."outbox_emit"`.
+    pub function: String,
+}
+
+impl LogicalNames {
+    pub fn new(table: &TableName, settings: &LogicalSettings) -> Self {
+        let schema = table.schema().unwrap_or("public");
+        let mut slot = settings
+            .slot
+            .clone()
+            .unwrap_or_else(|| format!("outbox_relay_{schema}_{}", table.name()));
+        slot.truncate(63);
+        Self {
+            style: settings.style,
+            publication: settings.publication.clone().unwrap_or_else(|| slot.clone()),
+            slot,
+            prefix: format!("outbox:{schema}.{}", table.name()),
+            function: table.quoted_sibling(&format!("{}_emit", table.name())),
+        }
+    }
+}
+
+fn err<'a>(target: &'a Target, doing: &str) -> impl Fn(sqlx::Error) -> Error + 'a {
+    let doing = doing.to_owned();
+    move |e| classify(e, target).context(doing.clone())
+}
+
+/// What the server must offer: `wal_level = logical` and a user allowed to replicate.
+pub(crate) async fn check_server(conn: &mut PgConnection, target: &Target) -> Result<()> {
+    let e = err(target, "checking the server for logical capture");
+    let wal_level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(&e)?;
+    if wal_level != "logical" {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "store.capture = \"logical\" needs the server setting wal_level = logical, and \
+                 {} runs with wal_level = {wal_level}: set it (ALTER SYSTEM SET wal_level = \
+                 logical, or in postgresql.conf; on a managed database, the provider's logical \
+                 replication parameter) and restart the server, or use store.capture = \"poll\"",
+                target.endpoint.as_deref().unwrap_or("the server")
+            ),
+        )
+        .permanent());
+    }
+    let (user, allowed): (String, bool) = sqlx::query_as(
+        "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles \
+         WHERE rolname = current_user",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(&e)?;
+    if !allowed {
+        return Err(Error::new(
+            ErrorKind::Unauthorized,
+            format!(
+                "store.capture = \"logical\": user \"{user}\" may not read the log; give it the \
+                 replication privilege (ALTER ROLE \"{user}\" REPLICATION) or connect as a user \
+                 that has it"
+            ),
+        )
+        .permanent());
+    }
+    Ok(())
+}
+
+/// The slot as the server has it: `None` when it does not exist.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotState {
+    pub plugin: String,
+    pub same_database: bool,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+}
+
+pub(crate) async fn slot_state(
+    conn: &mut PgConnection,
+    slot: &str,
+    target: &Target,
+) -> Result<Option<SlotState>> {
+    let row = sqlx::query(
+        "SELECT plugin::text, database = current_database() AS same_database, wal_status \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(err(target, "reading the replication slot"))?;
+    row.map(|row| {
+        Ok(SlotState {
+            plugin: row.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+            same_database: row.try_get::<Option<bool>, _>(1)?.unwrap_or(false),
+            wal_status: row.try_get(2)?,
+        })
+    })
+    .transpose()
+    .map_err(err(target, "reading the replication slot"))
+}
+
+/// The bookkeeping row of `table`: (slot, style), when migrate set logical capture up.
+pub(crate) async fn recorded(
+    conn: &mut PgConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<Option<(String, String)>> {
+    let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1::text) IS NOT NULL")
+        .bind(&bookkeeping)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err(target, "reading the capture bookkeeping"))?;
+    if !exists {
+        return Ok(None);
+    }
+    sqlx::query_as(&format!(
+        "SELECT slot, style FROM {bookkeeping} WHERE table_name = $1"
+    ))
+    .bind(table.name())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(err(target, "reading the capture bookkeeping"))
+}
+
+/// The error of a slot that was made once and is gone, or that lost the log it needs.
+fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "replication slot \"{}\" of table {table} {why}: events committed since the relay last \
+             confirmed its position may not have been relayed. The relay will not make a new \
+             slot on its own, since that would skip them silently. Follow the runbook ({RUNBOOK}): \
+             find what was missed, then delete the row of {table} from {} and run `outbox-relay \
+             migrate` to make a new slot",
+            names.slot,
+            table.quoted_sibling(CAPTURE_TABLE)
+        ),
+    )
+    .permanent()
+}
+
+/// Check a slot that exists is ours to use.
+fn check_slot(state: &SlotState, names: &LogicalNames, table: &TableName) -> Result<()> {
+    if state.plugin != "pgoutput" || !state.same_database {
+        return Err(Error::config(format!(
+            "store.logical.slot: replication slot \"{}\" exists but {}; choose another \
+             store.logical.slot",
+            names.slot,
+            if state.same_database {
+                format!("uses the plugin \"{}\", not pgoutput", state.plugin)
+            } else {
+                "belongs to another database".to_owned()
+            }
+        )));
+    }
+    if state.wal_status.as_deref() == Some("lost") {
+        return Err(slot_gone(
+            names,
+            table,
+            "was invalidated by the server (wal_status = lost: the log it needed was removed, \
+             see max_slot_wal_keep_size)",
+        ));
+    }
+    Ok(())
+}
+
+/// Before relaying: the server, the bookkeeping row, the slot.
+pub(crate) async fn check(
+    conn: &mut PgConnection,
+    table: &TableName,
+    names: &LogicalNames,
+    target: &Target,
+) -> Result<()> {
+    check_server(conn, target).await?;
+    let Some((slot, style)) = recorded(conn, table, target).await? else {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "table {table} is not set up for logical capture: run `outbox-relay migrate` with \
+                 store.capture = \"logical\""
+            ),
+        ));
+    };
+    check_recorded(&slot, &style, names, table)?;
+    match slot_state(conn, &names.slot, target).await? {
+        Some(state) => check_slot(&state, names, table),
+        None => Err(slot_gone(names, table, "was dropped")),
+    }
+}
+
+fn check_recorded(slot: &str, style: &str, names: &LogicalNames, table: &TableName) -> Result<()> {
+    if slot != names.slot {
+        return Err(Error::config(format!(
+            "store.logical.slot: table {table} was set up with the slot \"{slot}\", not \"{}\": \
+             set store.logical.slot = \"{slot}\"",
+            names.slot
+        )));
+    }
+    if style != names.style.as_str() {
+        return Err(Error::config(format!(
+            "store.logical.style: table {table} was set up for {style} style, not {}: set \
+             store.logical.style = \"{style}\" (changing the style of a table: drain it, drop the \
+             slot and delete its row of {}, then migrate again)",
+            names.style.as_str(),
+            table.quoted_sibling(CAPTURE_TABLE)
+        )));
+    }
+    Ok(())
+}
+
+/// The emit function of message style, for a table of `payload_type`.
+fn emit_function(names: &LogicalNames, payload_type: PayloadType) -> String {
+    let (column, bytes) = match payload_type {
+        PayloadType::Json => ("jsonb", "convert_to(payload::text, 'UTF8')"),
+        PayloadType::Text => ("text", "convert_to(payload, 'UTF8')"),
+        PayloadType::Binary => ("bytea", "payload"),
+    };
+    format!(
+        "CREATE OR REPLACE FUNCTION {function}(\
+             aggregate_type text, aggregate_id text, event_type text, payload {column}, \
+             headers jsonb DEFAULT '{{}}', destination text DEFAULT NULL, \
+             event_id uuid DEFAULT gen_random_uuid()) \
+         RETURNS bigint LANGUAGE plpgsql VOLATILE AS $fn$ \
+         BEGIN \
+             IF aggregate_type IS NULL OR aggregate_id IS NULL OR event_type IS NULL \
+                OR payload IS NULL OR event_id IS NULL THEN \
+                 RAISE EXCEPTION 'outbox event: aggregate_type, aggregate_id, event_type, payload \
+                     and event_id must not be null' USING ERRCODE = 'not_null_violation'; \
+             END IF; \
+             IF jsonb_typeof(coalesce(headers, '{{}}')) <> 'object' THEN \
+                 RAISE EXCEPTION 'outbox event: headers must be a JSON object' \
+                     USING ERRCODE = 'check_violation'; \
+             END IF; \
+             RETURN pg_logical_emit_message(true, '{prefix}', \
+                 convert_to(json_build_object('v', 1, 'event_id', event_id, \
+                     'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
+                     'event_type', event_type, 'headers', coalesce(headers, '{{}}'), \
+                     'destination', destination, \
+                     'created_at', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint\
+                 )::text, 'UTF8') || '\\x0a'::bytea || {bytes}) - '0/0'::pg_lsn; \
+         END $fn$",
+        function = names.function,
+        prefix = names.prefix,
+    )
+}
+
+/// Set logical capture up for `table` (already migrated): check the server, make the
+/// publication, the emit function and, the first time only, the slot.
+pub(crate) async fn migrate(
+    pool: &PgPool,
+    table: &TableName,
+    names: &LogicalNames,
+    payload_type: PayloadType,
+    target: &Target,
+) -> Result<()> {
+    let e = err(target, "setting up logical capture");
+    let mut conn = pool.acquire().await.map_err(&e)?;
+    check_server(&mut conn, target).await?;
+    let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
+    conn.execute(sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {bookkeeping} (\
+             table_name text PRIMARY KEY, slot text NOT NULL UNIQUE, style text NOT NULL, \
+             publication text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+             created_lsn pg_lsn)"
+    )))
+    .await
+    .map_err(&e)?;
+
+    // The publication: the table's inserts (table style), or nothing (message style: messages
+    // are not filtered by publications, but pgoutput needs one to start).
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(&names.publication)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(&e)?;
+    if !exists {
+        let what = match names.style {
+            CaptureStyle::Table => {
+                format!(" FOR TABLE {} WITH (publish = 'insert')", table.quoted())
+            }
+            CaptureStyle::Message => String::new(),
+        };
+        conn.execute(sqlx::raw_sql(&format!(
+            "CREATE PUBLICATION \"{}\"{what}",
+            names.publication
+        )))
+        .await
+        .map_err(&e)?;
+        tracing::info!(publication = %names.publication, "created publication");
+    } else if names.style == CaptureStyle::Table {
+        let includes: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+        )
+        .bind(&names.publication)
+        .bind(table.schema().unwrap_or("public"))
+        .bind(table.name())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(&e)?;
+        if !includes {
+            return Err(Error::config(format!(
+                "store.logical.publication: publication \"{}\" exists and does not publish {table}: \
+                 add it (ALTER PUBLICATION \"{}\" ADD TABLE {}) or choose another name",
+                names.publication,
+                names.publication,
+                table.quoted()
+            )));
+        }
+    }
+    conn.execute(sqlx::raw_sql(&emit_function(names, payload_type)))
+        .await
+        .map_err(&e)?;
+
+    let recorded = recorded(&mut conn, table, target).await?;
+    let state = slot_state(&mut conn, &names.slot, target).await?;
+    match (&recorded, &state) {
+        (Some((slot, style)), Some(state)) => {
+            check_recorded(slot, style, names, table)?;
+            check_slot(state, names, table)?;
+        }
+        (Some((slot, style)), None) => {
+            check_recorded(slot, style, names, table)?;
+            return Err(slot_gone(names, table, "was dropped"));
+        }
+        (None, Some(state)) => {
+            // Made by hand, or by a migrate that stopped before its bookkeeping row.
+            check_slot(state, names, table)?;
+            record(&mut conn, &bookkeeping, table, names, None, target).await?;
+        }
+        (None, None) => {
+            let (max, used): (i32, i64) = sqlx::query_as(
+                "SELECT current_setting('max_replication_slots')::int, \
+                 (SELECT count(*) FROM pg_replication_slots)",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(&e)?;
+            if used >= i64::from(max) {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "no free replication slot for table {table}: the server has \
+                         max_replication_slots = {max} and {used} are in use; raise \
+                         max_replication_slots (a restart is needed) or drop a slot nobody reads"
+                    ),
+                )
+                .permanent());
+            }
+            // A slot cannot be made in a transaction that wrote: its own connection. Making it
+            // waits for the transactions running now to end.
+            let mut own = PgConnection::connect_with(&pool.connect_options())
+                .await
+                .map_err(&e)?;
+            let lsn: String = sqlx::query_scalar(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            )
+            .bind(&names.slot)
+            .fetch_one(&mut own)
+            .await
+            .map_err(&e)?;
+            let _ = own.close().await;
+            tracing::info!(slot = %names.slot, %lsn, "created replication slot");
+            record(&mut conn, &bookkeeping, table, names, Some(&lsn), target).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    bookkeeping: &str,
+    table: &TableName,
+    names: &LogicalNames,
+    lsn: Option<&str>,
+    target: &Target,
+) -> Result<()> {
+    sqlx::query(&format!(
+        "INSERT INTO {bookkeeping} (table_name, slot, style, publication, created_lsn) \
+         VALUES ($1, $2, $3, $4, $5::pg_lsn) ON CONFLICT (table_name) DO NOTHING"
+    ))
+    .bind(table.name())
+    .bind(&names.slot)
+    .bind(names.style.as_str())
+    .bind(&names.publication)
+    .bind(lsn)
+    .execute(conn)
+    .await
+    .map_err(err(target, "recording the capture set-up"))?;
+    Ok(())
+}
+
+/// The slot's figures: (active, active pid, lag in bytes behind the server's log, wal_status,
+/// seconds since the reader last reported).
+#[derive(Debug, Clone, Default)]
+pub struct SlotLag {
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub lag_bytes: i64,
+    pub wal_status: Option<String>,
+    pub reply_age_secs: Option<f64>,
+}
+
+pub(crate) const SLOT_LAG: &str = "SELECT s.active, s.active_pid, \
+     coalesce(pg_current_wal_lsn() - s.confirmed_flush_lsn, 0)::int8, s.wal_status, \
+     extract(epoch FROM now() - r.reply_time)::float8 \
+     FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+     WHERE s.slot_name = $1";
+
+pub(crate) async fn slot_lag<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    slot: &str,
+) -> std::result::Result<Option<SlotLag>, sqlx::Error> {
+    let row = sqlx::query(SLOT_LAG)
+        .bind(slot)
+        .fetch_optional(executor)
+        .await?;
+    row.map(|row| {
+        Ok(SlotLag {
+            active: row.try_get(0)?,
+            active_pid: row.try_get(1)?,
+            lag_bytes: row.try_get(2)?,
+            wal_status: row.try_get(3)?,
+            reply_age_secs: row.try_get(4)?,
+        })
+    })
+    .transpose()
+}
