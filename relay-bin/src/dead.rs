@@ -23,8 +23,9 @@ pub enum DeadCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Send dead events back to pending (attempts reset; each keeps its place in its
-    /// aggregate's order).
+    /// Send dead events back to pending (attempts reset). With polling each keeps its place in
+    /// its aggregate's order; with log-based capture each is written again (same event id),
+    /// after what its aggregate committed since.
     Retry {
         /// Row ids (as `dead list` shows them).
         #[arg(required_unless_present = "all", conflicts_with = "all")]

@@ -218,3 +218,219 @@ async fn table_style_survives_sigkill_and_partition_in_commit_order() {
 async fn message_style_survives_sigkill_and_partition_in_commit_order() {
     kill_and_partition("message").await;
 }
+
+/// An event the broker refuses (over the NATS stream's message size) ends dead, as a row of
+/// the outbox table, while every other event flows, its aggregate's later ones included; a
+/// message under the table's prefix that is not an envelope ends dead too. `dead discard`
+/// removes one; once the stream takes larger messages, `dead retry` writes the other again
+/// and it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
+    let name = unique("lgpoison");
+    let nats = Arc::new(NatsSide::open(&name).await);
+    let (server, side, mut scenario) =
+        prepare(&name, "message", nats.clone(), Settings::default()).await;
+    let subjects = [format!("{name}.>")];
+    nats.create_stream(&nats.stream(), &subjects, Some(64 * 1024))
+        .await;
+    scenario
+        .oversized_event_ends_dead(100, |error| {
+            error.contains("message size exceeds maximum allowed")
+        })
+        .await;
+
+    side.exec(&format!(
+        "SELECT pg_logical_emit_message(true, 'outbox:public.{name}', 'not an envelope')"
+    ))
+    .await;
+    scenario.start_relay("relay-again", &[]);
+    let store = side.clone();
+    wait_for(
+        "the malformed message parked as dead",
+        Duration::from_secs(30),
+        move || {
+            let store = store.clone();
+            async move { store.dead_rows().await.len() == 2 }
+        },
+    )
+    .await;
+    let dead = side.dead_rows().await;
+    let malformed = dead
+        .iter()
+        .find(|d| d.last_error.contains("cannot be read"))
+        .unwrap_or_else(|| panic!("no dead row for the malformed message: {dead:?}"));
+    println!("malformed message dead with: {}", malformed.last_error);
+    let (ok, list, err) = scenario.cli(&["dead", "list"]);
+    assert!(ok, "{err}");
+    assert!(list.contains("outbox-relay"), "{list}");
+    let (ok, out, err) = scenario.cli(&["dead", "discard", &malformed.id.to_string(), "--yes"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(side.dead_rows().await.len(), 1);
+
+    // The stream now takes large messages: the oversized event, written again, arrives.
+    nats.create_stream(&nats.stream(), &subjects, None).await;
+    let big = side.dead_rows().await[0].event_id;
+    let (ok, out, err) = scenario.cli(&["dead", "retry", "--all"]);
+    assert!(ok, "{out}{err}");
+    let delivered = scenario
+        .broker
+        .read_back(&[big].into(), Duration::from_secs(60))
+        .await;
+    assert!(
+        delivered.iter().any(|d| d.event_id == big),
+        "the retried event never arrived"
+    );
+    scenario
+        .drain("the retried event settled", Duration::from_secs(30))
+        .await;
+    assert!(side.dead_rows().await.is_empty());
+    scenario.stop_relays(Duration::from_secs(30));
+    scenario.cleanup().await;
+    drop(server);
+}
+
+/// The broker (a private nats-server) frozen for 30 s under steady writes, message style: the
+/// slot's lag grows on `/metrics` in bytes and seconds while nothing is acknowledged and
+/// nothing is lost; once thawed, everything arrives in commit order and the lag falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
+    let name = unique("lgout");
+    let nats_server = PrivateNats::start(&name, &[]);
+    let port = free_port();
+    let (server, side, mut scenario) = prepare(
+        &name,
+        "message",
+        Arc::new(NatsSide::open_at(&nats_server.url(), &name).await),
+        Settings::default()
+            .listen_on(port)
+            .relay("status_interval = \"500ms\"")
+            .sink("request_timeout = \"3s\"\nconnect_timeout = \"2s\""),
+    )
+    .await;
+    // relay-0 reads the slot and serves /metrics; relay-1 stands by.
+    scenario.start_relay("relay-0", &[]);
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+    let standby_listen = format!("127.0.0.1:{}", free_port());
+    scenario.start_relay("relay-1", &[("OUTBOX_SERVER__LISTEN", &standby_listen)]);
+    wait_for_ready("/readyz", port, 200, Duration::from_secs(30)).await;
+    let writers = scenario
+        .start_writers(&WriterPlan::steady(2, 100, Duration::from_millis(10)))
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let lag = |name: &'static str| {
+        http_get(port, "/metrics")
+            .and_then(|(_, body)| metric_value(&body, name))
+            .unwrap_or(-1.0)
+    };
+    let before = (lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds"));
+
+    nats_server.freeze();
+    let frozen = Instant::now();
+    let written_at_freeze = writers.written();
+    let mut samples = Vec::new();
+    while frozen.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push((lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds")));
+    }
+    let written_in_outage = writers.written() - written_at_freeze;
+    nats_server.thaw();
+    let thawed = Instant::now();
+    let mut writes = writers.finish().await;
+    scenario
+        .drain(
+            "the slot confirmed past every event",
+            Duration::from_secs(120),
+        )
+        .await;
+    let drained_after = thawed.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = (lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds"));
+
+    let (last_bytes, last_secs) = *samples.last().unwrap();
+    let (first_bytes, _) = samples[2];
+    println!(
+        "slot lag before the outage {:.0} B, {:.2} s; after 3 s frozen {first_bytes:.0} B; after \
+         30 s frozen {last_bytes:.0} B, {last_secs:.1} s ({written_in_outage} events committed \
+         meanwhile); drained {:.1} s after the thaw; then {:.0} B, {:.2} s",
+        before.0,
+        before.1,
+        drained_after.as_secs_f64(),
+        after.0,
+        after.1
+    );
+    assert!(before.1 >= 0.0 && before.1 < 2.0, "lag before: {before:?}");
+    assert!(
+        written_in_outage > 1_000,
+        "{written_in_outage} events during the outage"
+    );
+    assert!(last_bytes > first_bytes && first_bytes > 0.0, "{samples:?}");
+    assert!(
+        last_secs > 25.0,
+        "the lag in seconds must grow with the outage: {samples:?}"
+    );
+    assert!(after.1 < 2.0, "lag after the drain: {after:?}");
+    scenario.assert_relays_running();
+    scenario.stop_relays(Duration::from_secs(30));
+    check_in_commit_order(&scenario, &side, &mut writes).await;
+    drop(server);
+}
+
+/// The database crashes (`pg_ctl -m immediate`) a third of the way through and restarts 3 s
+/// later; writers retry. Every committed event arrives, in commit order (the slot survives the
+/// crash; what it had not confirmed is read again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_crash_and_restart_loses_nothing() {
+    let name = unique("lgcrash");
+    let scale = Scale {
+        events: 10_000,
+        aggregates: 300,
+        writers: 4,
+        relays: 2,
+    };
+    let (server, side, mut scenario) = prepare(
+        &name,
+        "table",
+        Arc::new(RedisSide::open(&name).await),
+        Settings::default(),
+    )
+    .await;
+    scenario.start_relays(scale.relays);
+    reader_index(&side, Duration::from_secs(30)).await;
+    let writers = scenario
+        .start_writers(&writers(scale).retrying(Duration::from_secs(60)))
+        .await;
+    writers
+        .wait_written(scale.events / 3, Duration::from_secs(120))
+        .await;
+    let crashed_at = writers.written();
+    server.crash();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.start_again();
+    let restarted = Instant::now();
+    reader_index(&side, Duration::from_secs(60)).await;
+    let reading_after = restarted.elapsed();
+
+    let mut writes = writers.finish().await;
+    let resolved = scenario.resolve_uncertain(&mut writes).await;
+    scenario
+        .drain("every row published", Duration::from_secs(300))
+        .await;
+    scenario.assert_relays_running();
+    let status = scenario.status();
+    assert_eq!(status["pending"], 0, "{status}");
+    assert_eq!(status["dead"], 0, "{status}");
+    scenario.stop_relays(Duration::from_secs(30));
+    let check = check_in_commit_order(&scenario, &side, &mut writes).await;
+    println!(
+        "{}: crashed after {crashed_at} writes, restarted 3 s later, a relay read the slot again \
+         {:.2} s after the restart; {} committed ({} failed attempts, {resolved} of the uncertain \
+         ones committed after all); {} messages, {} duplicates, in commit order",
+        side.name(),
+        reading_after.as_secs_f64(),
+        writes.committed.len(),
+        writes.failed_attempts,
+        check.messages,
+        check.duplicates
+    );
+    drop(server);
+}

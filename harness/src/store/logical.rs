@@ -62,6 +62,14 @@ impl LogicalSide {
         &self.slot
     }
 
+    /// Run `sql` on the server; fails the test with the server's error.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(self.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// The pool of the test's own connections.
     pub fn pool(&self) -> &sqlx::PgPool {
         self.inner.pool()
@@ -240,13 +248,10 @@ impl StoreSide for LogicalSide {
         self.inner.publish_latencies().await
     }
 
-    /// A committed event's row (table style), or its position in the log (message style: the
-    /// oracle saw it commit).
+    /// A committed event's position in the log, as the oracle saw it commit (the row may be
+    /// gone: the relay deletes published rows).
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
-        if self.style == "message" {
-            return self.commit_order().await.get(&event_id).copied();
-        }
-        self.inner.row_of(event_id).await
+        self.commit_order().await.get(&event_id).copied()
     }
 
     async fn dead_rows(&self) -> Vec<DeadRow> {
