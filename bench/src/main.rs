@@ -13,6 +13,7 @@
 
 mod article;
 mod broker;
+mod capture;
 mod pair;
 mod pipelines;
 mod report;
@@ -119,6 +120,12 @@ pub struct Args {
     /// docs/bench/results.json with that section.
     #[arg(long, value_name = "N")]
     pub pipelines_compare: Option<usize>,
+    /// Measure only PostgreSQL → Redis with `store.capture = "poll"` beside `"logical"` (table
+    /// and message style), on a PostgreSQL cluster the bench starts itself; writes
+    /// docs/bench/capture.{json,md} and renders docs/BENCHMARKS.md again from
+    /// docs/bench/results.json with that section.
+    #[arg(long)]
+    pub capture_compare: bool,
     /// Store × sink pairs to measure.
     #[arg(
         long,
@@ -159,21 +166,13 @@ async fn run(args: Args) -> Result<(), String> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     if let Some(n) = args.pipelines_compare {
         let comparison = pipelines::compare(&args, n.max(1), command).await?;
-        let markdown = comparison.markdown();
-        println!("{markdown}");
-        let dir = args.out.join("bench");
-        let write = |name: &str, text: String| {
-            std::fs::write(dir.join(name), text).map_err(|e| format!("writing {name}: {e}"))
-        };
-        write(
-            "pipelines.json",
-            serde_json::to_string_pretty(&comparison).unwrap_or_default(),
-        )?;
-        write("pipelines.md", markdown)?;
-        let report = Report::load(&dir.join("results.json"))?;
-        return report
-            .write(&args.out)
-            .map_err(|e| format!("writing the report: {e}"));
+        let json = serde_json::to_string_pretty(&comparison).unwrap_or_default();
+        return write_section(&args, "pipelines", json, comparison.markdown());
+    }
+    if args.capture_compare {
+        let comparison = capture::compare(&args, command).await?;
+        let json = serde_json::to_string_pretty(&comparison).unwrap_or_default();
+        return write_section(&args, "capture", json, comparison.markdown());
     }
     let mut report = Report::new(&args, command).await;
     for pair in &args.pairs {
@@ -200,6 +199,22 @@ async fn run(args: Args) -> Result<(), String> {
         .write(&args.out)
         .map_err(|e| format!("writing the report: {e}"))?;
     Ok(())
+}
+
+/// A section measured apart: docs/bench/<name>.{json,md}, then docs/BENCHMARKS.md rendered
+/// again from docs/bench/results.json with it.
+fn write_section(args: &Args, name: &str, json: String, markdown: String) -> Result<(), String> {
+    println!("{markdown}");
+    let dir = args.out.join("bench");
+    let write = |file: String, text: String| {
+        std::fs::write(dir.join(&file), text).map_err(|e| format!("writing {file}: {e}"))
+    };
+    write(format!("{name}.json"), json)?;
+    write(format!("{name}.md"), markdown)?;
+    let report = Report::load(&dir.join("results.json"))?;
+    report
+        .write(&args.out)
+        .map_err(|e| format!("writing the report: {e}"))
 }
 
 async fn measure(args: &Args, bench: &pair::Pair, result: &mut PairResult) -> Result<(), String> {

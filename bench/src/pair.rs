@@ -79,20 +79,32 @@ pub async fn open(args: &Args, store: &str, sink: &str) -> Result<Pair, String> 
             ))
         }
     };
-    let ceiling_store = side.connect_store(SHARDS, connections).await;
-    let dir = std::env::temp_dir().join("outboxkit-bench");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    Ok(Pair {
-        batch: args.batch_size,
-        payload_type: args.payload_type,
-        article_secs: args.article_secs,
-        relay_bin: args.relay_bin.clone(),
-        broker: Broker::open(args, sink, dir.clone()).await?,
-        dir,
-        store: side,
-        ceiling_store,
-        article,
-    })
+    Pair::with_side(args, side, article, sink).await
+}
+
+impl Pair {
+    /// The pair of an opened store side (`article` on its pool) and the broker `sink`.
+    pub async fn with_side(
+        args: &Args,
+        side: Arc<dyn StoreSide>,
+        article: Article,
+        sink: &str,
+    ) -> Result<Pair, String> {
+        let ceiling_store = side.connect_store(SHARDS, WRITER_CONNECTIONS as u32).await;
+        let dir = std::env::temp_dir().join("outboxkit-bench");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        Ok(Pair {
+            batch: args.batch_size,
+            payload_type: args.payload_type,
+            article_secs: args.article_secs,
+            relay_bin: args.relay_bin.clone(),
+            broker: Broker::open(args, sink, dir.clone()).await?,
+            dir,
+            store: side,
+            ceiling_store,
+            article,
+        })
+    }
 }
 
 /// The peak resident set (VmHWM) so far of the process `pid`.
@@ -109,12 +121,13 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
 
 /// SIGTERM, then SIGKILL after 30 s. (A relay dropped without it, after a failed measurement,
 /// is killed: it never runs into the next one.)
-fn stop(mut relay: RelayProcess) {
+pub fn stop(mut relay: RelayProcess) {
     relay.terminate(Duration::from_secs(30));
 }
 
 impl Pair {
-    fn config(&self) -> PathBuf {
+    /// The relay's configuration file for this pair (rewritten at each call).
+    pub fn config(&self) -> PathBuf {
         let text = format!(
             "{}\n{}\n[relay]\nbatch_size = {}\n\n[server]\nlisten = \"\"\n\n[log]\nlevel = \"warn\"\n",
             self.store.store_toml(),
@@ -124,10 +137,12 @@ impl Pair {
         write_file(&self.dir, "relay.toml", &text)
     }
 
-    fn start_relay(&self, config: &Path, n: u32) -> RelayProcess {
+    /// Start relay process `bench-<n>` with `config`.
+    pub fn start_relay(&self, config: &Path, n: u32) -> RelayProcess {
         let mut env = self.broker.side().relay_env();
         // As the configuration's `[log] level` ("warn"): the harness's RUST_LOG=info would win.
-        env.push(("RUST_LOG".to_owned(), "warn,lapin=error".to_owned()));
+        let level = std::env::var("BENCH_RELAY_LOG").unwrap_or_else(|_| "warn".to_owned());
+        env.push(("RUST_LOG".to_owned(), format!("{level},lapin=error")));
         RelayProcess::start_binary(
             &self.relay_bin,
             config,
@@ -182,6 +197,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 impl Pair {
+    /// The store side.
+    pub fn store(&self) -> &Arc<dyn StoreSide> {
+        &self.store
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
     /// Server versions of the store and the broker.
     pub async fn describe(&self) -> (String, String) {
         (self.store.server_version().await, self.broker.describe())
@@ -440,7 +465,11 @@ impl Pair {
             let deadline = Instant::now() + Duration::from_secs(120);
             while self.store.any_pending().await {
                 if Instant::now() > deadline {
-                    return Err("writer cost: the relay did not catch up within 2 minutes".into());
+                    return Err(format!(
+                        "writer cost: the relay did not catch up within 2 minutes ({} pending); its log:\n{}",
+                        self.store.pending().await,
+                        relay.log_text()
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

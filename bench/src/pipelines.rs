@@ -53,7 +53,7 @@ struct Drained {
 
 /// User + system CPU seconds of a running process (`/proc/<pid>/stat`, clock ticks of
 /// `getconf CLK_TCK`).
-fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
+pub fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The fields after the command name, which is in parentheses and may hold spaces.
     let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
@@ -66,7 +66,7 @@ fn cpu_secs(pid: u32, ticks_per_sec: f64) -> f64 {
     ticks / ticks_per_sec
 }
 
-fn clock_ticks() -> f64 {
+pub fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

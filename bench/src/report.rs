@@ -300,8 +300,11 @@ impl Report {
         }
         std::fs::write(dir.join("summary.svg"), summary_svg(self))?;
         // The sections measured apart (`--pipelines-compare`), then the hand-written analysis.
-        let mut analysis = std::fs::read_to_string(dir.join("pipelines.md")).unwrap_or_default();
-        analysis.push('\n');
+        let mut analysis = String::new();
+        for section in ["pipelines.md", "capture.md"] {
+            analysis.push_str(&std::fs::read_to_string(dir.join(section)).unwrap_or_default());
+            analysis.push('\n');
+        }
         analysis.push_str(&std::fs::read_to_string(dir.join("analysis.md")).unwrap_or_default());
         let setup_notes = std::fs::read_to_string(dir.join("setup-notes.md")).unwrap_or_default();
         std::fs::write(

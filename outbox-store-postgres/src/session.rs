@@ -217,6 +217,21 @@ fn decode_event(
     })
 }
 
+/// The arrays `Sql::record_failures` binds: ids, errors (cut to size), delays in milliseconds
+/// (`None`: dead).
+pub(crate) fn failure_arrays(failures: &[Failure]) -> (Vec<i64>, Vec<&str>, Vec<Option<i64>>) {
+    let ids = failures.iter().map(|f| f.id).collect();
+    let errors = failures.iter().map(|f| truncate_error(&f.error)).collect();
+    let delays = failures
+        .iter()
+        .map(|f| {
+            f.retry_in
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        })
+        .collect();
+    (ids, errors, delays)
+}
+
 /// Record `failures` on their rows through the session (`Sql::record_failures`): attempts, the
 /// error, and the next attempt or `dead_at`. Shared by the polling and the logical sessions.
 pub(crate) async fn record_failures(
@@ -224,15 +239,7 @@ pub(crate) async fn record_failures(
     sql: &Sql,
     failures: &[Failure],
 ) -> Result<()> {
-    let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
-    let errors: Vec<&str> = failures.iter().map(|f| truncate_error(&f.error)).collect();
-    let delays: Vec<Option<i64>> = failures
-        .iter()
-        .map(|f| {
-            f.retry_in
-                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        })
-        .collect();
+    let (ids, errors, delays) = failure_arrays(failures);
     fence
         .run("recording failures", async |conn| {
             sqlx::query(&sql.record_failures)

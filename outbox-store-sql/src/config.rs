@@ -206,6 +206,14 @@ impl<S: SqlStore> SqlStoreConfig<S> {
                 )));
             }
             self.logical.validate()?;
+            if self.is_pattern()
+                && (self.logical.slot.is_some() || self.logical.publication.is_some())
+            {
+                return Err(Error::config(
+                    "store.logical.slot: cannot be set with a pattern store.table: each table \
+                     found gets its own slot and publication, outbox_relay_<schema>_<table>",
+                ));
+            }
         }
         Ok(())
     }
@@ -687,6 +695,83 @@ mod tests {
     }
 
     type SomeConfig = SqlStoreConfig<SomeSql>;
+
+    /// A store that reads its log.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct LogSql;
+
+    impl SqlStore for LogSql {
+        const KIND: &'static str = "logsql";
+        const CONFIG_TYPE: &'static str = "LogStoreConfig";
+        const SCHEMES: &'static [&'static str] = &["log://"];
+        const URL_FORM: &'static str = "log://host/db";
+        const LOG_CAPTURE: bool = true;
+        type Store = outboxkit_core::memory::MemoryStore;
+
+        fn check_table(table: &str) -> Result<()> {
+            SomeSql::check_table(table)
+        }
+
+        async fn connect(config: SqlStoreConfig<Self>) -> Result<Self::Store> {
+            Ok(outboxkit_core::memory::MemoryStore::new(config.shards))
+        }
+
+        async fn list_tables(_: &SqlStoreConfig<Self>) -> Result<Vec<(String, String)>> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn log_capture_settings_are_checked_under_their_keys() {
+        let logical = |toml: serde_json::Value| -> std::result::Result<(), String> {
+            let mut value = serde_json::json!({"url": "log://h/db", "capture": "logical"});
+            value["logical"] = toml;
+            let config: SqlStoreConfig<LogSql> =
+                serde_json::from_value(value).map_err(|e| e.to_string())?;
+            config.validate().map_err(|e| e.to_string())
+        };
+        logical(serde_json::json!({})).unwrap();
+        logical(serde_json::json!({"style": "message", "slot": "s_1", "takeover_after": "2s"}))
+            .unwrap();
+        for (bad, key) in [
+            (
+                serde_json::json!({"slot": "Bad-Name"}),
+                "store.logical.slot",
+            ),
+            (
+                serde_json::json!({"publication": ""}),
+                "store.logical.publication",
+            ),
+            (
+                serde_json::json!({"max_unsettled": 10}),
+                "store.logical.max_unsettled",
+            ),
+            (
+                serde_json::json!({"takeover_after": "1s"}),
+                "store.logical.takeover_after",
+            ),
+        ] {
+            let e = logical(bad.clone()).unwrap_err();
+            assert!(e.starts_with(key), "{bad}: {e}");
+        }
+        assert!(logical(serde_json::json!({"styel": "table"}))
+            .unwrap_err()
+            .contains("unknown field"));
+        let pattern: SqlStoreConfig<LogSql> = serde_json::from_value(serde_json::json!({
+            "url": "log://h/db", "table": "*.outbox", "capture": "logical",
+            "logical": {"slot": "one"}
+        }))
+        .unwrap();
+        let e = pattern.validate().unwrap_err().to_string();
+        assert!(e.starts_with("store.logical.slot"), "{e}");
+        // A store that cannot read its log refuses the setting, naming the key.
+        let e = SomeConfig::new("some://h/db")
+            .capture(Capture::Logical)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("store.capture") && e.contains("poll"), "{e}");
+    }
 
     #[test]
     fn glob_matches_runs_of_characters() {

@@ -255,9 +255,14 @@ fn pipelines_of_example(doc: &str, heading: &str) -> Vec<outboxkit_relay::pipeli
 /// The log-based capture example of docs/CONFIGURATION.md is valid as written.
 #[test]
 fn the_log_capture_example_is_valid() {
-    let pipelines = pipelines_of_example("docs/CONFIGURATION.md", "### Log-based capture");
-    assert_eq!(pipelines.len(), 1);
-    assert_eq!(pipelines[0].store_kind, "postgres");
+    for (doc, heading) in [
+        ("docs/CONFIGURATION.md", "### Log-based capture"),
+        ("README.md", "### Choosing a capture mode"),
+    ] {
+        let pipelines = pipelines_of_example(doc, heading);
+        assert_eq!(pipelines.len(), 1, "{doc}");
+        assert_eq!(pipelines[0].store_kind, "postgres", "{doc}");
+    }
 }
 
 /// The multi-pipeline examples of docs/CONFIGURATION.md and the README read as they say.

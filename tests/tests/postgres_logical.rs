@@ -434,3 +434,70 @@ async fn a_database_crash_and_restart_loses_nothing() {
     );
     drop(server);
 }
+
+/// A slot the server invalidated (past `max_slot_wal_keep_size`), then one that was dropped:
+/// `run` and `migrate` stop with an error naming the slot and the runbook, `status` shows it
+/// lost, and no new slot is made behind the operator's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_or_dropped_slot_is_a_loud_error_never_a_silent_new_slot() {
+    let name = unique("lgslot");
+    let (server, side, scenario) = prepare(
+        &name,
+        "table",
+        Arc::new(RedisSide::open(&name).await),
+        Settings::default(),
+    )
+    .await;
+    let slot = side.slot().to_owned();
+
+    // Past max_slot_wal_keep_size with nobody reading, the server gives the slot up.
+    server.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'");
+    server.psql("SELECT pg_reload_conf()");
+    side.exec(
+        "CREATE TABLE filler AS SELECT repeat('x', 1000) AS x FROM generate_series(1, 40000); \
+         SELECT pg_switch_wal(); CHECKPOINT;",
+    )
+    .await;
+    let status = side
+        .query_text(&format!(
+            "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .await;
+    assert_eq!(status, "lost", "the server did not invalidate the slot");
+    let (ok, out, err) = scenario.cli(&["run"]);
+    assert!(!ok, "run started on a lost slot: {out}");
+    assert!(err.contains(&slot) && err.contains("invalidated"), "{err}");
+    assert!(err.contains("docs/OPERATIONS.md"), "the runbook: {err}");
+    println!("run on a lost slot: {}", err.trim());
+    let (ok, text, err) = scenario.cli(&["status"]);
+    assert!(ok, "{err}");
+    assert!(text.contains("LOST"), "{text}");
+
+    server.psql("ALTER SYSTEM RESET max_slot_wal_keep_size");
+    server.psql("SELECT pg_reload_conf()");
+    side.exec(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await;
+    for command in ["run", "migrate"] {
+        let (ok, out, err) = scenario.cli(&[command]);
+        assert!(!ok, "{command} went on without the slot: {out}");
+        assert!(
+            err.contains("was dropped") && err.contains(&slot),
+            "{command}: {err}"
+        );
+    }
+    let slots = side
+        .query_text(&format!(
+            "SELECT count(*)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .await;
+    assert_eq!(slots, "0", "a slot was made again");
+
+    // The operator's acknowledgement (the runbook's step 3): migrate makes a new slot.
+    side.exec(&format!(
+        "DELETE FROM outbox_relay_capture WHERE table_name = '{name}'"
+    ))
+    .await;
+    let (ok, out, err) = scenario.cli(&["migrate"]);
+    assert!(ok, "{out}{err}");
+    drop(server);
+}

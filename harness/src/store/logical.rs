@@ -25,8 +25,11 @@ pub struct LogicalSide {
     inner: PostgresSide,
     style: &'static str,
     url: String,
-    /// The oracle's slot.
-    oracle: String,
+    /// The oracle's slot (`None`: made without, for a benchmark).
+    oracle: Option<String>,
+    /// Whether writers lock their aggregate's business row as polling's writer contract asks
+    /// (a benchmark comparing the modes with the same writers).
+    lock: bool,
     /// The relay's slot (the default name of the table's).
     slot: String,
 }
@@ -35,21 +38,43 @@ impl LogicalSide {
     /// Outbox table `table` on `server`, read in `style` (`table` or `message`); the oracle
     /// slot is made now, before anything is written.
     pub async fn open(server: &PrivatePostgres, table: &str, style: &'static str) -> Self {
-        let url = server.url("postgres", "");
-        let inner = PostgresSide::open_at(&url, table).await;
+        let side = Self::open_with_pool(server, table, style, 10).await;
         let oracle = format!("oracle_{table}");
         sqlx::query("SELECT pg_create_logical_replication_slot($1, 'test_decoding')")
             .bind(&oracle)
-            .execute(inner.pool())
+            .execute(side.pool())
             .await
             .expect("creating the oracle slot");
+        Self {
+            oracle: Some(oracle),
+            ..side
+        }
+    }
+
+    /// Without the oracle (no commit order: [`Self::commit_order`] is empty), with a pool of
+    /// `connections`: for a benchmark.
+    pub async fn open_with_pool(
+        server: &PrivatePostgres,
+        table: &str,
+        style: &'static str,
+        connections: u32,
+    ) -> Self {
+        let url = server.url("postgres", "");
+        let inner = PostgresSide::open_with_pool(&url, table, connections).await;
         Self {
             inner,
             style,
             url,
-            oracle,
+            oracle: None,
+            lock: false,
             slot: format!("outbox_relay_public_{table}"),
         }
+    }
+
+    /// Writers lock their aggregate's business row first, as with polling.
+    pub fn locking(mut self) -> Self {
+        self.lock = true;
+        self
     }
 
     /// The server's URL.
@@ -70,6 +95,14 @@ impl LogicalSide {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// The first column of the first row of `sql`, which must be text.
+    pub async fn query_text(&self, sql: &str) -> String {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
     /// The pool of the test's own connections.
     pub fn pool(&self) -> &sqlx::PgPool {
         self.inner.pool()
@@ -78,10 +111,13 @@ impl LogicalSide {
     /// Each committed event's commit position, as the oracle slot read the log: the order
     /// every aggregate's first deliveries must follow. Read without consuming.
     pub async fn commit_order(&self) -> HashMap<Uuid, i64> {
+        let Some(oracle) = &self.oracle else {
+            return HashMap::new();
+        };
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT lsn::text, data FROM pg_logical_slot_peek_changes($1, NULL, NULL)",
         )
-        .bind(&self.oracle)
+        .bind(oracle)
         .fetch_all(self.pool())
         .await
         .expect("reading the oracle slot");
@@ -128,15 +164,25 @@ impl LogicalSide {
         .expect("reading the slot")
     }
 
-    /// Whether the relay confirmed the slot past every committed event.
+    /// Whether the relay confirmed the slot past every committed event (as the oracle saw
+    /// them; without it, up to the server's log position now).
     async fn confirmed_all(&self) -> bool {
-        let last = self
-            .commit_order()
-            .await
-            .values()
-            .copied()
-            .max()
-            .unwrap_or(0);
+        let last = match &self.oracle {
+            Some(_) => self
+                .commit_order()
+                .await
+                .values()
+                .copied()
+                .max()
+                .unwrap_or(0),
+            None => {
+                let now: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+                    .fetch_one(self.pool())
+                    .await
+                    .expect("reading the log position");
+                parse_lsn(&now)
+            }
+        };
         let confirmed: Option<String> = sqlx::query_scalar(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
         )
@@ -207,19 +253,46 @@ impl StoreSide for LogicalSide {
         self.inner.analyze().await
     }
 
+    /// As [`PostgresSide`]'s (JSON payloads only), but in transactions of 100 events: the
+    /// relay reads a transaction whole, so one transaction of the whole load would be held in
+    /// its memory at once. Message style emits the events instead of inserting them.
     async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
-        self.inner
-            .bulk_load(events, aggregates, pad, payload_type)
-            .await
+        assert_eq!(
+            payload_type,
+            PayloadType::Json,
+            "the logical sides load JSON payloads"
+        );
+        self.inner.truncate().await;
+        let table = self.inner.table();
+        let values = format!(
+            "'order', ((g - 1) % {aggregates})::text, 'OrderChanged', \
+             jsonb_build_object('n', g, 'order_id', (g - 1) % {aggregates}, 'pad', repeat('x', {pad}))"
+        );
+        let rows = format!("FROM generate_series(b * 100 + 1, least((b + 1) * 100, {events})) g");
+        let write = if self.style == "message" {
+            format!("PERFORM {table}_emit({values}) {rows};")
+        } else {
+            format!(
+                "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT {values} {rows};"
+            )
+        };
+        self.exec(&format!(
+            "DO $$ BEGIN FOR b IN 0..{} LOOP {write} COMMIT; END LOOP; END $$",
+            events.div_ceil(100).saturating_sub(1)
+        ))
+        .await;
+        self.exec(&format!("VACUUM ANALYZE {table}")).await;
     }
 
     async fn create_orders(&self, aggregates: u64) {
         self.inner.create_orders(aggregates).await
     }
 
-    /// No business row is locked: the transaction only writes its event.
+    /// No business row is locked (unless [`Self::locking`]): the transaction only writes its
+    /// event.
     async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
-        self.inner.transact_locking(event, commit, false).await
+        self.inner.transact_locking(event, commit, self.lock).await
     }
 
     async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {

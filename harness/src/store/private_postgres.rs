@@ -120,10 +120,18 @@ impl PrivatePostgres {
     /// trust (replication connections too), `wal_level = logical`, room for slots, and
     /// `track_commit_timestamp`; started, with database `test`.
     pub fn start_logical(name: &str) -> Self {
+        Self::start_logical_tuned(name, "")
+    }
+
+    /// [`Self::start_logical`] with more `postgresql.conf` lines (later lines win: `fsync = on`
+    /// for a benchmark).
+    pub fn start_logical_tuned(name: &str, conf: &str) -> Self {
         Self::init(
             name,
-            "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
-             track_commit_timestamp = on\nwal_sender_timeout = 60s\n",
+            &format!(
+                "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
+                 track_commit_timestamp = on\nwal_sender_timeout = 60s\n{conf}"
+            ),
             "local all all trust\nhost all all 127.0.0.1/32 trust\n\
              host replication all 127.0.0.1/32 trust\n",
             |_| {},
@@ -210,6 +218,17 @@ impl PrivatePostgres {
     /// Give `user` this password (for [`ClientAuth::Password`]).
     pub fn set_password(&self, user: &str, password: &str) {
         self.psql(&format!("ALTER ROLE \"{user}\" PASSWORD '{password}'"));
+    }
+
+    /// The postmaster's process id, while the server runs.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// The TCP port.

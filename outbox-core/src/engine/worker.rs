@@ -241,12 +241,7 @@ impl<'a> Worker<'a> {
             }
             if self.sink_failures > 0 {
                 shutdown.pause(outage_backoff(self.sink_failures)).await;
-            } else if partial
-                && self
-                    .open
-                    .as_ref()
-                    .is_none_or(|o| o.prefetched.is_empty() && !o.session.claim_waits())
-            {
+            } else if partial && self.open.as_ref().is_none_or(|o| o.prefetched.is_empty()) {
                 // The backlog is drained and rows trickle in: claim every poll_interval_min
                 // rather than at once, so a claim carries the rows of that interval instead of
                 // one or two. Fewer, fuller rounds cost the database (and so the writers

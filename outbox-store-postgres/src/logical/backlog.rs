@@ -15,6 +15,9 @@ struct Entry {
     /// `Some` once it failed: not claimed again before this instant, and its aggregate's later
     /// events wait behind it until it is settled.
     retry_at: Option<Instant>,
+    /// Acknowledged by the broker, not settled yet (its row is still to be marked): never
+    /// claimed again, holds nothing back but the slot.
+    acked: bool,
 }
 
 #[derive(Debug)]
@@ -59,13 +62,11 @@ impl Backlog {
         self.confirmable
     }
 
-    /// When the oldest unsettled event was written (database clock).
+    /// When the first unsettled event in commit order was written (database clock): the
+    /// oldest, give or take the moments between writes and their commits.
     pub(crate) fn oldest(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        self.entries
-            .iter()
-            .flatten()
-            .map(|e| e.event.created_at)
-            .min()
+        // Settled entries are trimmed from the front: the first one is unsettled.
+        self.entries.front()?.as_ref().map(|e| e.event.created_at)
     }
 
     /// A committed transaction ending at `end_lsn`, with its events in the order written
@@ -87,6 +88,7 @@ impl Backlog {
                 event,
                 txn,
                 retry_at: None,
+                acked: false,
             }));
             self.unsettled += 1;
         }
@@ -116,6 +118,9 @@ impl Backlog {
             if out.len() >= limit {
                 break;
             }
+            if entry.acked {
+                continue;
+            }
             let aggregate = entry.event.aggregate_id.as_str();
             if held.contains(aggregate) {
                 continue;
@@ -138,6 +143,13 @@ impl Backlog {
         if let Some(entry) = self.entry_mut(id) {
             entry.retry_at = Some(now + delay);
             entry.event.attempts += 1;
+        }
+    }
+
+    /// `id` was acknowledged by the broker but cannot be settled yet: never hand it out again.
+    pub(crate) fn acknowledge(&mut self, id: i64) {
+        if let Some(entry) = self.entry_mut(id) {
+            entry.acked = true;
         }
     }
 
@@ -249,6 +261,18 @@ mod tests {
         b.settle(&[3]);
         assert_eq!(b.confirmable(), 20);
         assert!(b.oldest().is_none());
+    }
+
+    #[test]
+    fn an_acknowledged_event_is_not_handed_out_again_and_holds_only_the_slot() {
+        let mut b = Backlog::new(0);
+        b.push(vec![event(1, "a"), event(2, "a")], 10);
+        b.acknowledge(1);
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), Instant::now())), [2]);
+        b.settle(&[2]);
+        assert_eq!(b.confirmable(), 0, "1 is acknowledged, not settled");
+        b.settle(&[1]);
+        assert_eq!(b.confirmable(), 10);
     }
 
     #[test]

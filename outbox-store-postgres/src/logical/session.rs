@@ -39,6 +39,16 @@ const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// How often the reader reports its position (and that it is alive) to the server.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Table style: how long a published row that its mark did not find is looked for again. The
+/// log can deliver a transaction a moment before it is visible to other sessions (the server
+/// sends it once its commit is flushed, and makes it visible right after), so a mark right
+/// away can miss the row; past this, the row is taken to be gone already (a row read again
+/// after a takeover, whose first reader had marked it).
+const UNMARKED_GRACE: Duration = Duration::from_secs(5);
+
+/// Table style: how often rows a mark missed are marked again.
+const UNMARKED_RETRY: Duration = Duration::from_millis(20);
+
 /// What a logical store shares with its sessions: names, statements, and the reader's figures
 /// for `status` and the metrics.
 #[derive(Debug)]
@@ -109,6 +119,12 @@ pub struct LogicalSession {
     payload_type: PayloadType,
     relay_id: String,
     reader: Option<Reader>,
+    /// Table style: published rows a mark did not find yet, with when it first missed them.
+    unmarked: Vec<(i64, Instant)>,
+    /// When `unmarked` was last tried.
+    unmarked_tried: Instant,
+    /// How the engine asked the rows of `unmarked` to be marked (`relay.retention`).
+    unmarked_mode: MarkMode,
 }
 
 impl fmt::Debug for LogicalSession {
@@ -157,7 +173,60 @@ impl LogicalSession {
             relay_id: relay_id.to_owned(),
             context,
             reader: None,
+            unmarked: Vec::new(),
+            unmarked_tried: Instant::now(),
+            unmarked_mode: MarkMode::Delete,
         })
+    }
+
+    /// Table style: mark `ids` (published), and the rows earlier marks missed; settle what was
+    /// marked, and what stayed missing past [`UNMARKED_GRACE`].
+    async fn mark_rows(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
+        let statement = match mode {
+            MarkMode::Delete => format!("{} RETURNING id", self.context.sql.mark_delete),
+            MarkMode::Keep => format!("{} RETURNING id", self.context.sql.mark_keep),
+        };
+        let now = Instant::now();
+        let mut all: Vec<i64> = ids.to_vec();
+        all.extend(self.unmarked.iter().map(|(id, _)| *id));
+        let marked: Vec<i64> = self
+            .fence
+            .run("marking rows published", async |conn| {
+                sqlx::query_scalar(&statement)
+                    .bind(&all)
+                    .fetch_all(conn)
+                    .await
+            })
+            .await?;
+        self.unmarked_tried = now;
+        self.unmarked_mode = mode;
+        let marked: HashSet<i64> = marked.into_iter().collect();
+        let mut first_missed: HashMap<i64, Instant> = self.unmarked.drain(..).collect();
+        let mut settled = Vec::with_capacity(all.len());
+        for id in all {
+            let missed_since = first_missed.remove(&id);
+            if marked.contains(&id) {
+                settled.push(id);
+                continue;
+            }
+            let since = missed_since.unwrap_or(now);
+            if now.duration_since(since) >= UNMARKED_GRACE {
+                tracing::debug!(
+                    id,
+                    "published row not found to mark: taken as marked already"
+                );
+                settled.push(id);
+            } else if !self.unmarked.iter().any(|(u, _)| *u == id) {
+                self.unmarked.push((id, since));
+            }
+        }
+        if let Some(reader) = self.reader.as_mut() {
+            for (id, _) in &self.unmarked {
+                reader.backlog.acknowledge(*id);
+            }
+            reader.backlog.settle(&settled);
+        }
+        Ok(())
     }
 
     /// Start reading the slot from its confirmed position; `false` when another session
@@ -184,6 +253,19 @@ impl LogicalSession {
             )
             .permanent());
         };
+        if lag.wal_status.as_deref() == Some("lost") {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "replication slot \"{}\" was invalidated by the server (wal_status = lost: \
+                     the log it needed was removed, see max_slot_wal_keep_size); follow the \
+                     runbook ({})",
+                    names.slot,
+                    super::setup::RUNBOOK
+                ),
+            )
+            .permanent());
+        }
         if lag.active {
             return Ok(false);
         }
@@ -308,7 +390,6 @@ impl LogicalSession {
             ReplicationEvent::Begin { .. } => {
                 reader.in_transaction = true;
                 reader.current.clear();
-                reader.malformed.clear();
             }
             ReplicationEvent::XLogData { data, .. } => match decode(&data, &reader.relations) {
                 Ok(Change::Relation(oid, relation)) => {
@@ -353,13 +434,22 @@ impl LogicalSession {
             } => {
                 if prefix == context.names.prefix && context.names.style == CaptureStyle::Message {
                     let id = lsn.as_u64() as i64;
-                    match event_of_message(id, &content, payload_type) {
+                    let parsed = event_of_message(id, &content, payload_type);
+                    match parsed {
                         Ok(event) if transactional => reader.current.push(event),
-                        Ok(_) => reader.malformed.push(Malformed {
-                            id: None,
-                            content: content.to_vec(),
-                            error: "a message written outside a transaction (pg_logical_emit_message(false, ...)): events must be written with the emit function inside the writer's transaction".to_owned(),
-                        }),
+                        Ok(_) => {
+                            // Outside any transaction: parked now, it is in none to settle.
+                            let malformed = Malformed {
+                                id: None,
+                                content: content.to_vec(),
+                                error: "a message written outside a transaction \
+                                        (pg_logical_emit_message(false, ...)): write events with \
+                                        the emit function inside the writer's transaction"
+                                    .to_owned(),
+                            };
+                            self.park_malformed(std::slice::from_ref(&malformed))
+                                .await?;
+                        }
                         Err(error) => reader.malformed.push(Malformed {
                             id: None,
                             content: content.to_vec(),
@@ -484,9 +574,32 @@ impl LogicalSession {
         Ok(())
     }
 
-    /// Table style: record failures on the rows, as polling does.
+    /// Table style: record failures on the rows, as polling does. A row the statement misses
+    /// is looked for again for up to [`UNMARKED_GRACE`] (see there): failures are rare, and a
+    /// rejected event's row is often marked within a moment of its commit.
     async fn record_rows(&mut self, failures: &[Failure]) -> Result<()> {
-        crate::session::record_failures(&mut self.fence, &self.context.sql, failures).await
+        let statement = format!("{} RETURNING o.id", self.context.sql.record_failures);
+        let started = Instant::now();
+        let mut left: Vec<Failure> = failures.to_vec();
+        loop {
+            let (ids, errors, delays) = crate::session::failure_arrays(&left);
+            let recorded: Vec<i64> = self
+                .fence
+                .run("recording failures", async |conn| {
+                    sqlx::query_scalar(&statement)
+                        .bind(&ids)
+                        .bind(&errors)
+                        .bind(&delays)
+                        .fetch_all(conn)
+                        .await
+                })
+                .await?;
+            left.retain(|f| !recorded.contains(&f.id));
+            if left.is_empty() || started.elapsed() >= UNMARKED_GRACE {
+                return Ok(());
+            }
+            tokio::time::sleep(UNMARKED_RETRY).await;
+        }
     }
 
     /// Message style: a dead event becomes a dead row of the outbox table (once: a second
@@ -655,6 +768,10 @@ impl ShardSession for LogicalSession {
         if self.reader.is_none() {
             return Ok(Vec::new());
         }
+        if !self.unmarked.is_empty() && self.unmarked_tried.elapsed() >= UNMARKED_RETRY {
+            // Rows a mark missed, marked as the engine asked then.
+            self.mark_rows(&[], self.unmarked_mode).await?;
+        }
         let excluded: HashSet<i64> = request.exclude_ids.iter().copied().collect();
         self.pump(Duration::ZERO).await?;
         let reader = self
@@ -684,17 +801,8 @@ impl ShardSession for LogicalSession {
             return Ok(());
         }
         if self.context.names.style == CaptureStyle::Table {
-            let statement = match mode {
-                MarkMode::Delete => &self.context.sql.mark_delete,
-                MarkMode::Keep => &self.context.sql.mark_keep,
-            };
-            self.fence
-                .run("marking rows published", async |conn| {
-                    sqlx::query(statement).bind(ids).execute(conn).await
-                })
-                .await?;
-        }
-        if let Some(reader) = self.reader.as_mut() {
+            self.mark_rows(ids, mode).await?;
+        } else if let Some(reader) = self.reader.as_mut() {
             reader.backlog.settle(ids);
         }
         self.confirm();
