@@ -390,8 +390,12 @@ pub struct SlotStatus {
     /// Bytes of log the server keeps for the slot: written but not yet confirmed by the relay.
     pub lag_bytes: i64,
     /// Age in seconds of the oldest event read from the log and not yet settled, as the relay
-    /// reading the slot in this process sees it; `None` in a process that does not read it.
+    /// reading the slot reported it (within the last minute); `None` when nobody does.
     pub lag_secs: Option<f64>,
+    /// Events the reader holds: read from the log, not yet acknowledged or dead (reported as
+    /// `lag_secs` is).
+    #[serde(default)]
+    pub unsettled: Option<i64>,
     /// Who reads the slot now (`relay-a (pid 4242)`); `None` when nobody does.
     pub reader: Option<String>,
     /// The server's `wal_status` of the slot: `reserved`, `extended`, `unreserved` or `lost`.

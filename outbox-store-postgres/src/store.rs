@@ -276,25 +276,69 @@ impl PostgresStore {
             }
             None => None,
         };
-        let progress = &logical.progress;
-        let read_here = progress.reading.load(std::sync::atomic::Ordering::Relaxed);
-        let oldest = progress
-            .oldest_micros
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let lag_secs = read_here.then(|| {
-            if oldest == 0 {
-                0.0
-            } else {
-                ((chrono::Utc::now().timestamp_micros() - oldest) as f64 / 1e6).max(0.0)
-            }
-        });
+        let (unsettled, lag_secs) = self.reader_figures(lag.active).await?;
         Ok(Some(outboxkit_core::SlotStatus {
             name: slot.clone(),
             lag_bytes: lag.lag_bytes,
             lag_secs,
+            unsettled,
             reader,
             wal_status: lag.wal_status,
         }))
+    }
+
+    /// What the slot's reader holds: (events read and not settled, age in seconds of the
+    /// oldest). In the process that reads the slot, its own figures, which it also writes to
+    /// the capture bookkeeping row; elsewhere, that row's, when the reader reported within the
+    /// last minute.
+    async fn reader_figures(&self, active: bool) -> Result<(Option<i64>, Option<f64>)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(logical) = self.inner.logical.as_deref() else {
+            return Ok((None, None));
+        };
+        let progress = &logical.progress;
+        let bookkeeping = self.inner.table.quoted_sibling(setup::CAPTURE_TABLE);
+        let err = |e| self.error(e).context("recording the slot reader's figures");
+        if progress.reading.load(Relaxed) {
+            let unsettled = progress.unsettled.load(Relaxed);
+            let oldest = progress.oldest_micros.load(Relaxed);
+            let oldest_at = (oldest != 0)
+                .then(|| chrono::DateTime::<chrono::Utc>::from_timestamp_micros(oldest))
+                .flatten();
+            sqlx::query(&format!(
+                "UPDATE {bookkeeping} SET reader_unsettled = $2, reader_oldest_at = $3, \
+                 reader_reported_at = now() WHERE table_name = $1"
+            ))
+            .bind(self.inner.table.name())
+            .bind(unsettled as i64)
+            .bind(oldest_at)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(err)?;
+            let age = oldest_at.map_or(0.0, |at| {
+                ((chrono::Utc::now() - at).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
+            });
+            return Ok((Some(unsettled as i64), Some(age)));
+        }
+        if !active {
+            return Ok((None, None));
+        }
+        let row: Option<(Option<i64>, Option<f64>, Option<f64>)> = sqlx::query_as(&format!(
+            "SELECT reader_unsettled, extract(epoch FROM now() - reader_oldest_at)::float8, \
+             extract(epoch FROM now() - reader_reported_at)::float8 \
+             FROM {bookkeeping} WHERE table_name = $1"
+        ))
+        .bind(self.inner.table.name())
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(err)?;
+        Ok(match row {
+            Some((held, oldest, Some(reported))) if reported < 60.0 => (
+                Some(held.unwrap_or(0).max(0)),
+                Some(oldest.unwrap_or(0.0).max(0.0)),
+            ),
+            _ => (None, None),
+        })
     }
 
     /// The relay's error for a sqlx error about this store's table.
@@ -421,11 +465,7 @@ impl Store for PostgresStore {
             status.slot = self.slot_status().await?;
             if logical.names.style == outboxkit_store_sql::config::CaptureStyle::Message {
                 // No row per event: what is pending is what the reader holds.
-                let progress = &logical.progress;
-                status.pending = progress
-                    .unsettled
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    as i64;
+                status.pending = status.slot.as_ref().and_then(|s| s.unsettled).unwrap_or(0);
                 status.oldest_pending_age_secs =
                     status.slot.as_ref().and_then(|s| s.lag_secs).unwrap_or(0.0);
             }

@@ -77,9 +77,11 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             "replication slot     {}: {} behind the server's log{}{}",
             slot.name,
             human_bytes(slot.lag_bytes),
-            slot.lag_secs
-                .map(|s| format!(", oldest unsettled event {s:.3}s old"))
-                .unwrap_or_default(),
+            match (slot.unsettled, slot.lag_secs) {
+                (Some(n), Some(s)) =>
+                    format!("; the reader holds {n} events, the oldest {s:.3}s old"),
+                _ => String::new(),
+            },
             match slot.wal_status.as_deref() {
                 Some("lost") =>
                     ", LOST: the server removed log it needs (see docs/OPERATIONS.md)".to_owned(),

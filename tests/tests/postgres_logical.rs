@@ -172,7 +172,16 @@ async fn kill_and_partition(style: &'static str) {
         .await;
     let drain_secs = started.elapsed().as_secs_f64();
     scenario.assert_relays_running();
-    let status = scenario.status();
+    // In message style `pending` is what the reader reported holding at its last status
+    // refresh (every relay.status_interval, 5 s here).
+    let started_waiting = Instant::now();
+    let status = loop {
+        let status = scenario.status();
+        if status["pending"] == 0 || started_waiting.elapsed() > Duration::from_secs(15) {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     assert_eq!(status["pending"], 0, "{status}");
     assert_eq!(status["dead"], 0, "{status}");
     assert!(
@@ -333,7 +342,16 @@ async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
         samples.push((lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds")));
     }
     let written_in_outage = writers.written() - written_at_freeze;
+    // `status`, another process, sees what the reader holds.
+    let status = scenario.status();
     nats_server.thaw();
+    let held = status["slot"]["unsettled"].as_i64().unwrap_or_default();
+    let held_secs = status["slot"]["lag_secs"].as_f64().unwrap_or_default();
+    assert!(held > 1_000 && held_secs > 25.0, "{status}");
+    assert_eq!(
+        status["pending"], held,
+        "message style: pending is what the reader holds"
+    );
     let thawed = Instant::now();
     let mut writes = writers.finish().await;
     scenario
@@ -351,7 +369,8 @@ async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
     println!(
         "slot lag before the outage {:.0} B, {:.2} s; after 3 s frozen {first_bytes:.0} B; after \
          30 s frozen {last_bytes:.0} B, {last_secs:.1} s ({written_in_outage} events committed \
-         meanwhile); drained {:.1} s after the thaw; then {:.0} B, {:.2} s",
+         meanwhile; `status`: the reader holds {held}, the oldest {held_secs:.1} s old); drained \
+         {:.1} s after the thaw; then {:.0} B, {:.2} s",
         before.0,
         before.1,
         drained_after.as_secs_f64(),

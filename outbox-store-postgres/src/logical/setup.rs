@@ -11,7 +11,9 @@ use outboxkit_store_sql::config::{CaptureStyle, LogicalSettings};
 use crate::classify::{classify, Target};
 use crate::config::TableName;
 
-/// The bookkeeping table of capture set-ups, in the outbox table's schema.
+/// The bookkeeping table of capture set-ups, in the outbox table's schema. Besides the set-up,
+/// the relay reading the slot writes there, every `relay.status_interval`, how many events it
+/// holds and when the oldest was written, for `status` run by other processes.
 pub(crate) const CAPTURE_TABLE: &str = "outbox_relay_capture";
 
 /// Where the operators' runbook for slots lives.
@@ -289,7 +291,11 @@ pub(crate) async fn migrate(
         "CREATE TABLE IF NOT EXISTS {bookkeeping} (\
              table_name text PRIMARY KEY, slot text NOT NULL UNIQUE, style text NOT NULL, \
              publication text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-             created_lsn pg_lsn)"
+             created_lsn pg_lsn); \
+         ALTER TABLE {bookkeeping} \
+             ADD COLUMN IF NOT EXISTS reader_unsettled bigint, \
+             ADD COLUMN IF NOT EXISTS reader_oldest_at timestamptz, \
+             ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz"
     )))
     .await
     .map_err(&e)?;
