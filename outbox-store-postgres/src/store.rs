@@ -369,6 +369,11 @@ impl Store for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<()> {
+        if self.inner.logical.is_some() {
+            // What the server must offer first, so that a migrate refused changes nothing.
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+            setup::check_server(&mut conn, self.target()).await?;
+        }
         migrate::migrate(
             &self.inner.pool,
             &self.inner.table,

@@ -520,3 +520,50 @@ async fn a_lost_or_dropped_slot_is_a_loud_error_never_a_silent_new_slot() {
     assert!(ok, "{out}{err}");
     drop(server);
 }
+
+/// `migrate` with `capture = "logical"` checks what the server must offer, each missing piece
+/// an error naming the setting to change: `wal_level` (the machine's shared server runs
+/// `replica`), the user's replication privilege, a free replication slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_names_each_missing_prerequisite() {
+    let name = unique("lgpre");
+    let dir = scratch_dir(&name);
+    let migrate = |url: &str| {
+        let config = write_file(
+            &dir,
+            "relay.toml",
+            &format!(
+                "[store]\nkind = \"postgres\"\nurl = \"{url}\"\ntable = \"{name}\"\n\
+                 capture = \"logical\"\n\n[sink]\nkind = \"redis-streams\"\n"
+            ),
+        );
+        let (ok, out, err) = run_cli(&config, &["migrate"], &[]);
+        assert!(!ok, "migrate went on: {out}");
+        println!("{}", err.trim());
+        err
+    };
+
+    let shared = PostgresSide::open(&name).await;
+    let err = migrate(&postgres_url());
+    assert!(
+        err.contains("wal_level = logical") && err.contains("wal_level = replica"),
+        "{err}"
+    );
+    // Nothing was made (the check comes first); drop whatever a regression would leave.
+    shared.drop_tables().await;
+
+    let server = PrivatePostgres::start_logical_tuned(&name, "max_replication_slots = 2\n");
+    server.psql("CREATE ROLE plain LOGIN");
+    server.psql("ALTER DATABASE test OWNER TO plain");
+    let err = migrate(&server.url("plain", ""));
+    assert!(err.contains("ALTER ROLE \"plain\" REPLICATION"), "{err}");
+
+    server.psql("SELECT pg_create_logical_replication_slot('taken_1', 'pgoutput')");
+    server.psql("SELECT pg_create_logical_replication_slot('taken_2', 'pgoutput')");
+    let err = migrate(&server.url("postgres", ""));
+    assert!(
+        err.contains("no free replication slot") && err.contains("max_replication_slots = 2"),
+        "{err}"
+    );
+    drop(server);
+}

@@ -209,6 +209,11 @@ impl BrokerSide for SnsSide {
 #[cfg(feature = "sink-suite")]
 #[async_trait]
 impl outboxkit_core::testkit::sink_suite::SuiteConsumer for SnsSide {
+    /// Standard topics delivered to standard queues promise no order.
+    fn keeps_order(&self) -> bool {
+        self.queue.ordered()
+    }
+
     async fn read_back(
         &self,
         to: &str,

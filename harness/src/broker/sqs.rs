@@ -790,6 +790,11 @@ impl Drop for OwnSqsServer {
 #[cfg(feature = "sink-suite")]
 #[async_trait]
 impl outboxkit_core::testkit::sink_suite::SuiteConsumer for SqsSide {
+    /// Standard queues promise no order.
+    fn keeps_order(&self) -> bool {
+        self.ordered()
+    }
+
     async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
         let Some(url) = self.queue_url(to).await else {
             return Vec::new();

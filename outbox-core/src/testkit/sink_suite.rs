@@ -74,6 +74,13 @@ pub trait SinkHarness: Send + Sync {
     /// sent to a destination nobody listens on is lost (create and bind the queue, create the
     /// topic...). Default: nothing.
     async fn prepare_destination(&self, _destination: &str) {}
+
+    /// Whether what `read_back` returns keeps the order the broker accepted the messages in,
+    /// so that the order cases can check it. Default: `true`; `false` for a consumer of a
+    /// broker that promises no order (SQS standard queues, SNS standard topics).
+    fn keeps_order(&self) -> bool {
+        true
+    }
 }
 
 /// The consumer half of a [`SinkHarness`]: [`SinkHarness::read_back`] and
@@ -87,6 +94,11 @@ pub trait SuiteConsumer: Send + Sync {
 
     /// As [`SinkHarness::prepare_destination`]. Default: nothing.
     async fn prepare_destination(&self, _to: &str) {}
+
+    /// As [`SinkHarness::keeps_order`]. Default: `true`.
+    fn keeps_order(&self) -> bool {
+        true
+    }
 }
 
 /// A [`SinkHarness`] made of a sink's configuration and a [`SuiteConsumer`]: `config` reaches
@@ -159,6 +171,10 @@ where
 
     async fn prepare_destination(&self, destination: &str) {
         self.consumer.prepare_destination(destination).await;
+    }
+
+    fn keeps_order(&self) -> bool {
+        self.consumer.keeps_order()
     }
 }
 
@@ -429,7 +445,7 @@ pub async fn per_aggregate_order_across_calls(harness: &dyn SinkHarness) {
         publish_all(sink.as_ref(), wave).await;
     }
     let sent: Vec<&OutboxEvent> = batch.iter().collect();
-    assert_received(harness, &destination, &sent, true).await;
+    assert_received(harness, &destination, &sent, harness.keeps_order()).await;
 }
 
 /// Events of several aggregate types go to the destinations the template gives them.
