@@ -56,10 +56,7 @@ async fn an_event_over_the_stream_max_msg_size_ends_dead_while_others_flow() {
         Settings::default(),
     )
     .await;
-    // The test's stream, limited to 64 KiB messages.
-    let subjects = [format!("{name}.>")];
-    nats.create_stream(&nats.stream(), &subjects, Some(64 * 1024))
-        .await;
+    nats.limit_message_size(Some(64 * 1024)).await;
 
     scenario
         .oversized_event_ends_dead(100, |error| {

@@ -239,9 +239,7 @@ async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
     let nats = Arc::new(NatsSide::open(&name).await);
     let (server, side, mut scenario) =
         prepare(&name, "message", nats.clone(), Settings::default()).await;
-    let subjects = [format!("{name}.>")];
-    nats.create_stream(&nats.stream(), &subjects, Some(64 * 1024))
-        .await;
+    nats.limit_message_size(Some(64 * 1024)).await;
     scenario
         .oversized_event_ends_dead(100, |error| {
             error.contains("message size exceeds maximum allowed")
@@ -277,7 +275,7 @@ async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
     assert_eq!(side.dead_rows().await.len(), 1);
 
     // The stream now takes large messages: the oversized event, written again, arrives.
-    nats.create_stream(&nats.stream(), &subjects, None).await;
+    nats.limit_message_size(None).await;
     let big = side.dead_rows().await[0].event_id;
     let (ok, out, err) = scenario.cli(&["dead", "retry", "--all"]);
     assert!(ok, "{out}{err}");

@@ -129,6 +129,17 @@ impl NatsSide {
             .unwrap_or_else(|e| panic!("creating stream {name} on NATS at {}: {e}", self.url));
     }
 
+    /// The test's stream (capturing `<prefix>.>`) with this message size limit (`None`: the
+    /// server's), made or changed.
+    pub async fn limit_message_size(&self, max_msg_size: Option<i32>) {
+        self.create_stream(
+            &self.stream(),
+            &[format!("{}.>", self.prefix)],
+            max_msg_size,
+        )
+        .await;
+    }
+
     /// Delete stream `name` (nothing when it does not exist).
     pub async fn delete_stream(&self, name: &str) {
         let _ = self.jetstream.delete_stream(name).await;

@@ -62,26 +62,12 @@ pub(crate) fn password_of(url: &str, password: Option<&str>) -> Option<String> {
     }
     let url = url::Url::parse(url).ok()?;
     url.password()
-        .map(percent_decode)
+        .map(|p| {
+            percent_encoding::percent_decode_str(p)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
         .or_else(|| url_option(url.as_str(), "password"))
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `dead retry` with logical capture: the dead rows leave the table and their events are

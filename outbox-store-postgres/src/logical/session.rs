@@ -703,7 +703,6 @@ impl ShardSession for LogicalSession {
                     locked: BTreeSet::from([0]),
                 });
             }
-            let _ = reader;
             return Err(self.lose_reader("the replication connection ended"));
         }
         let mut locked = BTreeSet::new();
