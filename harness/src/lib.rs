@@ -26,6 +26,13 @@
 
 mod broker;
 mod delivery;
+#[cfg(any(
+    feature = "kafka",
+    feature = "nats",
+    feature = "sqs",
+    feature = "redis-streams"
+))]
+mod process;
 pub mod proxy;
 mod relay;
 mod scenario;
@@ -55,6 +62,13 @@ pub use broker::sns::SnsSide;
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
+#[cfg(any(
+    feature = "kafka",
+    feature = "nats",
+    feature = "sqs",
+    feature = "redis-streams"
+))]
+pub use process::{OwnProcess, OwnServer};
 pub use relay::{pipelines_config, relay_binary, relay_config, run_cli, RelayProcess, Settings};
 pub use scenario::{
     aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,

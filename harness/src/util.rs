@@ -123,7 +123,12 @@ pub(crate) fn signal_pid(pid: u32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-#[cfg(feature = "sqs")]
+#[cfg(any(
+    feature = "kafka",
+    feature = "nats",
+    feature = "sqs",
+    feature = "redis-streams"
+))]
 /// Send `signal` to the process group `pgid` of a server a test started itself in a group of
 /// its own (`process_group(0)`: the group id is its pid), with the same guard. `--` before the
 /// negative group id matters: without it procps kill(1) reads "-<pgid>" as an option and

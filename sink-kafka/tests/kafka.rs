@@ -14,7 +14,9 @@ use outboxkit_core::testkit::sink_suite::{
     assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
 };
 use outboxkit_core::{ErrorKind, Outcome, Sink};
-use outboxkit_harness::{kafka_bootstrap, scratch_dir, unique, KafkaBrokerProcess, KafkaSide};
+use outboxkit_harness::{
+    kafka_bootstrap, scratch_dir, unique, KafkaBrokerProcess, KafkaSide, OwnServer,
+};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
 
 /// Partitions of the topics the tests create.

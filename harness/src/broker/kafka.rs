@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -15,8 +15,9 @@ use uuid::Uuid;
 
 use super::{BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
-use crate::scenario::{Fault, TRACEPARENT};
-use crate::util::{first_line, free_port, signal_pid, unique};
+use crate::process::{OwnProcess, OwnServer};
+use crate::scenario::TRACEPARENT;
+use crate::util::{first_line, free_port, unique};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -413,12 +414,12 @@ impl KafkaRecord {
 }
 
 /// A private Kafka-API broker (tansu, in-memory) on a free loopback port, for tests that
-/// freeze their broker without disturbing the shared one. Its [`Fault`] is a freeze (SIGSTOP)
+/// freeze their broker without disturbing the shared one. Its [`Fault`](crate::Fault) is a freeze (SIGSTOP)
 /// and a thaw (SIGCONT). Thawed and killed when dropped.
 #[derive(Debug)]
 pub struct KafkaBrokerProcess {
     pub bootstrap: String,
-    child: Child,
+    process: OwnProcess,
 }
 
 impl KafkaBrokerProcess {
@@ -451,80 +452,41 @@ impl KafkaBrokerProcess {
     pub fn start_binary(binary: &Path, dir: &Path, args: &[&str]) -> Self {
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("tansu.log")).expect("creating the broker log");
-        let child = Command::new(binary)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            .args(["--storage-engine", "memory://tansu/"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("cloning the log handle"))
-            .stderr(log)
-            .spawn()
-            .expect("starting tansu");
-        let broker = Self {
+        let log = dir.join("tansu.log");
+        let file = std::fs::File::create(&log).expect("creating the broker log");
+        let mut process = OwnProcess::spawn(
+            Command::new(binary)
+                .args([
+                    "broker",
+                    "--listener-url",
+                    &url,
+                    "--advertised-listener-url",
+                    &url,
+                ])
+                .args(["--storage-engine", "memory://tansu/"])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(file.try_clone().expect("cloning the log handle"))
+                .stderr(file),
+            "the test's Kafka broker (tansu)",
+        )
+        .logging_to(log);
+        process.wait_listening(port, Duration::from_secs(30));
+        Self {
             bootstrap: format!("127.0.0.1:{port}"),
-            child,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "tansu did not listen on {port} within 30s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            process,
         }
-        broker
     }
 
     /// The first line `binary --version` prints.
     pub fn version(binary: &Path) -> String {
         first_line(&binary.to_string_lossy(), &["--version"])
     }
-
-    /// SIGSTOP: the broker stops answering (connections stay open, requests hang) and
-    /// forgets nothing — what a hung or unreachable broker looks like to the relay.
-    pub fn freeze(&self) {
-        assert!(
-            signal_pid(self.child.id(), "STOP"),
-            "SIGSTOP of the test broker failed"
-        );
-    }
-
-    /// SIGCONT: the broker answers again.
-    pub fn thaw(&self) {
-        assert!(
-            signal_pid(self.child.id(), "CONT"),
-            "SIGCONT of the test broker failed"
-        );
-    }
 }
 
-#[async_trait]
-impl Fault for KafkaBrokerProcess {
-    fn describe(&self) -> String {
-        "the Kafka broker frozen (SIGSTOP) and thawed".to_owned()
-    }
-
-    async fn begin(&self) {
-        self.freeze();
-    }
-
-    async fn end(&self) {
-        self.thaw();
-    }
-}
-
-impl Drop for KafkaBrokerProcess {
-    fn drop(&mut self) {
-        signal_pid(self.child.id(), "CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl OwnServer for KafkaBrokerProcess {
+    fn process(&self) -> &OwnProcess {
+        &self.process
     }
 }
 

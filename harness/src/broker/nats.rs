@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use super::BrokerSide;
 use crate::delivery::{Committed, Delivered};
-use crate::scenario::Fault;
-use crate::util::{first_line, free_port, scratch_dir, signal_pid};
+use crate::process::{OwnProcess, OwnServer};
+use crate::util::{first_line, free_port, scratch_dir};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -380,10 +380,10 @@ impl outboxkit_core::testkit::sink_suite::SuiteConsumer for NatsSide {
 
 /// A test's own `nats-server`: JetStream on, a free port of 127.0.0.1, its own store
 /// directory, and the extra arguments the test gives (`--user`/`--pass`, `--tls`...). It can be
-/// frozen ([`Fault`]: SIGSTOP, by its own pid only). Dropping it always thaws and kills it.
+/// frozen ([`Fault`](crate::Fault): SIGSTOP, by its own pid only). Dropping it always thaws and kills it.
 #[derive(Debug)]
 pub struct PrivateNats {
-    child: Child,
+    process: OwnProcess,
     port: u16,
     dir: PathBuf,
 }
@@ -396,39 +396,25 @@ impl PrivateNats {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating the server's directory");
         let log = dir.join("server.log");
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(nats_server())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.join("store"))
-            .arg("-l")
-            .arg(&log)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting nats-server (through setpriv): {e}"));
-        let mut server = Self { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "the private nats-server exited ({status}) at start: {}",
-                    server.log()
-                );
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", server.port)).is_ok() {
-                return server;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the private nats-server does not listen on port {} after 20s: {}",
-                server.port,
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // setpriv execs nats-server: the child's pid is the server's.
+        let mut process = OwnProcess::spawn(
+            Command::new("setpriv")
+                .args(["--pdeathsig", "KILL", "--"])
+                .arg(nats_server())
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(dir.join("store"))
+                .arg("-l")
+                .arg(&log)
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "the test's nats-server",
+        )
+        .logging_to(log)
+        .owning(dir.clone());
+        process.wait_listening(port, Duration::from_secs(20));
+        Self { process, port, dir }
     }
 
     /// Its port.
@@ -448,21 +434,13 @@ impl PrivateNats {
 
     /// The server's log (for failure messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        self.process.log()
     }
+}
 
-    /// SIGSTOP: it keeps its connections and streams but answers nothing.
-    pub fn freeze(&self) {
-        if !signal_pid(self.child.id(), "STOP") {
-            eprintln!("SIGSTOP of the test's nats-server failed");
-        }
-    }
-
-    /// SIGCONT: it answers again.
-    pub fn thaw(&self) {
-        if !signal_pid(self.child.id(), "CONT") {
-            eprintln!("SIGCONT of the test's nats-server failed");
-        }
+impl OwnServer for PrivateNats {
+    fn process(&self) -> &OwnProcess {
+        &self.process
     }
 }
 
@@ -476,32 +454,4 @@ fn nats_server() -> PathBuf {
     panic!(
         "nats-server is required for this test and was not found: install it (scripts/services.sh)"
     )
-}
-
-#[async_trait]
-impl Fault for PrivateNats {
-    fn describe(&self) -> String {
-        "the NATS server frozen (SIGSTOP) and thawed".to_owned()
-    }
-
-    async fn begin(&self) {
-        self.freeze();
-    }
-
-    async fn end(&self) {
-        self.thaw();
-    }
-}
-
-impl Drop for PrivateNats {
-    fn drop(&mut self) {
-        // setpriv execs nats-server: the child's pid is the server's. Only while it has not
-        // been reaped is that pid surely still ours.
-        if let Ok(None) = self.child.try_wait() {
-            self.thaw();
-            signal_pid(self.child.id(), "KILL");
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }

@@ -7,19 +7,19 @@
 //! one on 6379).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
+use crate::process::OwnProcess;
 use crate::tls::{Leaf, TestPki};
-use crate::util::{free_port, scratch_dir, signal_pid};
+use crate::util::{free_port, scratch_dir};
 use crate::RedisSide;
 
 /// See the module's documentation. Killed and its directory deleted on drop.
 #[derive(Debug)]
 pub struct PrivateRedis {
-    dir: PathBuf,
+    process: OwnProcess,
     port: u16,
-    child: Child,
     pki: TestPki,
 }
 
@@ -46,60 +46,40 @@ impl PrivateRedis {
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let log = dir.join("redis.log");
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(redis_server())
-            .args(["--port", "0", "--bind", "127.0.0.1"])
-            .args(["--tls-port", &port.to_string()])
-            .arg("--tls-cert-file")
-            .arg(&pki.server.cert)
-            .arg("--tls-key-file")
-            .arg(&pki.server.key)
-            .arg("--tls-ca-cert-file")
-            .arg(&pki.ca)
-            .args([
-                "--tls-auth-clients",
-                if client_cert_required { "yes" } else { "no" },
-            ])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting redis-server (through setpriv): {e}"));
-        let mut server = Self {
-            dir,
+        // setpriv execs redis-server: the child's pid is the server's.
+        let mut process = OwnProcess::spawn(
+            Command::new("setpriv")
+                .args(["--pdeathsig", "KILL", "--"])
+                .arg(redis_server())
+                .args(["--port", "0", "--bind", "127.0.0.1"])
+                .args(["--tls-port", &port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&pki.server.cert)
+                .arg("--tls-key-file")
+                .arg(&pki.server.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&pki.ca)
+                .args([
+                    "--tls-auth-clients",
+                    if client_cert_required { "yes" } else { "no" },
+                ])
+                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .arg("--logfile")
+                .arg(&log)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "the private redis-server",
+        )
+        .logging_to(log)
+        .owning(dir);
+        process.wait_listening(port, Duration::from_secs(20));
+        Self {
+            process,
             port,
-            child,
             pki: pki.clone(),
-        };
-        server.wait_until_listening();
-        server
-    }
-
-    fn wait_until_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "the private redis-server exited ({status}) at start: {}",
-                    self.log()
-                );
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the private redis-server does not listen on port {} after 20s: {}",
-                self.port,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -153,18 +133,6 @@ impl PrivateRedis {
 
     /// The server's log (for failure messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        // setpriv execs redis-server: the child's pid is the server's. Only while it has not
-        // been reaped is that pid surely still ours.
-        if let Ok(None) = self.child.try_wait() {
-            signal_pid(self.child.id(), "KILL");
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.process.log()
     }
 }

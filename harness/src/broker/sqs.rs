@@ -2,8 +2,8 @@
 //! (`ReceiveMessage`, recorded, then deleted); and a private SQS server a test may freeze.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,8 +19,9 @@ use uuid::Uuid;
 
 use super::BrokerSide;
 use crate::delivery::{Committed, Delivered};
-use crate::scenario::{Fault, TRACEPARENT};
-use crate::util::{free_port, scratch_dir, signal_group, signal_pid};
+use crate::process::{OwnProcess, OwnServer};
+use crate::scenario::TRACEPARENT;
+use crate::util::{free_port, scratch_dir};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -667,20 +668,18 @@ fn delete_entries(handles: &[&str]) -> Vec<DeleteMessageBatchRequestEntry> {
 
 /// A LocalStack (SQS and SNS; or, where only the fallback is installed, a moto) server of the
 /// test's own,
-/// on a free port, in its own process group. Its [`Fault`] is a freeze (SIGSTOP of its pid:
+/// on a free port, in its own process group. Its [`Fault`](crate::Fault) is a freeze (SIGSTOP of its pid:
 /// it keeps its queues and messages but answers nothing) and a thaw. Dropping it always thaws
 /// it and kills its group, so a failing test never leaves a frozen server behind.
 #[derive(Debug)]
 pub struct OwnSqsServer {
-    child: Child,
+    process: OwnProcess,
     pub endpoint: String,
-    dir: PathBuf,
 }
 
 impl OwnSqsServer {
     /// Start it (files under the scratch directory `name`) and wait until it answers.
     pub async fn start(name: &str) -> Self {
-        use std::os::unix::process::CommandExt;
         let port = free_port();
         let dir = scratch_dir(name).join("sqs-server");
         std::fs::create_dir_all(dir.join("fs")).expect("creating the server's directory");
@@ -713,18 +712,18 @@ impl OwnSqsServer {
                  or set OUTBOX_TEST_LOCALSTACK_PYTHON"
             );
         };
-        let child = command
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("cloning the log handle"))
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("starting the SQS server");
+        let process = OwnProcess::spawn_group(
+            command
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("cloning the log handle"))
+                .stderr(log),
+            "the test's SQS server",
+        )
+        .logging_to(dir.join("server.log"));
         let server = Self {
-            child,
+            process,
             endpoint: format!("http://127.0.0.1:{port}"),
-            dir,
         };
         let client = sqs_client(&server.endpoint);
         let deadline = Instant::now() + Duration::from_secs(90);
@@ -736,48 +735,17 @@ impl OwnSqsServer {
                 Instant::now() < deadline,
                 "the test's own SQS server did not answer on {} within 90s; log:\n{}",
                 server.endpoint,
-                std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
+                server.process.log()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         server
     }
-
-    /// SIGSTOP: it keeps its queues and messages but answers nothing.
-    pub fn freeze(&self) {
-        if !signal_pid(self.child.id(), "STOP") {
-            eprintln!("SIGSTOP of the test's SQS server failed");
-        }
-    }
-
-    /// SIGCONT: it answers again.
-    pub fn thaw(&self) {
-        if !signal_pid(self.child.id(), "CONT") {
-            eprintln!("SIGCONT of the test's SQS server failed");
-        }
-    }
 }
 
-#[async_trait]
-impl Fault for OwnSqsServer {
-    fn describe(&self) -> String {
-        "the SQS server frozen (SIGSTOP) and thawed".to_owned()
-    }
-
-    async fn begin(&self) {
-        self.freeze();
-    }
-
-    async fn end(&self) {
-        self.thaw();
-    }
-}
-
-impl Drop for OwnSqsServer {
-    fn drop(&mut self) {
-        self.thaw();
-        signal_group(self.child.id(), "KILL");
-        let _ = self.child.wait();
+impl OwnServer for OwnSqsServer {
+    fn process(&self) -> &OwnProcess {
+        &self.process
     }
 }
 

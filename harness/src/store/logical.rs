@@ -152,18 +152,6 @@ impl LogicalSide {
         .map(|name: String| name.trim_start_matches("outbox-relay:").to_owned())
     }
 
-    /// Bytes of log the server keeps for the relay's slot.
-    pub async fn slot_lag_bytes(&self) -> i64 {
-        sqlx::query_scalar(
-            "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::int8 FROM pg_replication_slots \
-             WHERE slot_name = $1",
-        )
-        .bind(&self.slot)
-        .fetch_one(self.pool())
-        .await
-        .expect("reading the slot")
-    }
-
     /// Whether the relay confirmed the slot past every committed event (as the oracle saw
     /// them; without it, up to the server's log position now).
     async fn confirmed_all(&self) -> bool {
