@@ -381,9 +381,7 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
-        self.fence.ensure_live()?;
-        self.fence.check_shard(shard)?;
-        if self.fence.owned().contains(&shard) {
+        if !self.fence.needs_lock(shard)? {
             // Named locks stack within a session: never take one twice, one release must free it.
             return Ok(true);
         }
@@ -403,8 +401,7 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn release(&mut self, shard: i32) -> Result<()> {
-        self.fence.ensure_live()?;
-        if !self.fence.owned().contains(&shard) {
+        if !self.fence.holds_lock(shard)? {
             return Ok(());
         }
         let name = self.context.locks.shard(shard);
@@ -417,8 +414,7 @@ impl ShardSession for MySqlShardSession {
     }
 
     async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
-        self.fence.ensure_live()?;
-        if self.fence.owned().is_empty() || request.limit == 0 {
+        if !self.fence.may_claim(request.limit)? {
             return Ok(Vec::new());
         }
         let shards: Vec<i32> = self.fence.owned().iter().copied().collect();

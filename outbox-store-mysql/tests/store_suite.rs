@@ -4,43 +4,34 @@
 mod common;
 
 use std::str::FromStr;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
 use outboxkit_core::{NewEvent, Result, Store};
 use outboxkit_store_mysql::sqlx::mysql::MySqlConnectOptions;
-use outboxkit_store_mysql::sqlx::{
-    self, Connection, Executor, MySql, MySqlConnection, MySqlPool, Row,
-};
+use outboxkit_store_mysql::sqlx::{self, Connection, Executor, MySql, MySqlConnection, Row};
 use outboxkit_store_mysql::{
     MySqlShardSession, MySqlStore, MySqlStoreConfig, TableName, MAX_NAME_CHARS, SCHEMA_VERSION,
 };
-use outboxkit_store_sql::testkit;
-
-type Tx = sqlx::Transaction<'static, MySql>;
+use outboxkit_store_sql::testkit::{CreatedTables, SqlPool};
 
 /// Each store on a new random table; the tables are dropped when a case passes.
 #[derive(Debug, Default)]
 struct MySqlFactory {
-    tables: Mutex<Vec<TableName>>,
+    tables: CreatedTables<TableName>,
 }
 
 #[async_trait]
 impl StoreFactory for MySqlFactory {
     async fn fresh_store(&self) -> Box<dyn Store> {
         let store = common::connect(common::fresh_config()).await;
-        self.tables
-            .lock()
-            .expect("tables lock")
-            .push(store.table().clone());
+        self.tables.add(store.table().clone());
         Box::new(store)
     }
 
     async fn cleanup(&self) {
-        let tables = std::mem::take(&mut *self.tables.lock().expect("tables lock"));
-        for table in &tables {
-            common::drop_table(table).await;
+        for table in self.tables.take() {
+            common::drop_table(&table).await;
         }
     }
 }
@@ -66,8 +57,8 @@ impl LiveHarness for MySqlFactory {
     type Store = MySqlStore;
     type Session = MySqlShardSession;
     type Config = MySqlStoreConfig;
-    type Pool = MySqlPool;
-    type Tx = Tx;
+    type Pool = SqlPool<MySql>;
+    type Conn = MySqlConnection;
     type Blocker = MySqlConnection;
 
     const KIND: &'static str = "mysql";
@@ -164,19 +155,14 @@ impl LiveHarness for MySqlFactory {
 
     async fn schema_row(&self, store: &MySqlStore) -> (i32, i32, bool) {
         let database = store.table().database().unwrap();
-        let row = sqlx::query(&format!(
+        sqlx::query_as(&format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied \
              FROM `{database}`.outbox_relay_schema WHERE table_name = ?"
         ))
         .bind(store.table().name())
         .fetch_one(store.pool())
         .await
-        .unwrap();
-        (
-            row.get("version"),
-            row.get("shard_count"),
-            row.get("applied"),
-        )
+        .unwrap()
     }
 
     async fn columns(&self, store: &MySqlStore) -> Vec<(String, String)> {
@@ -282,56 +268,25 @@ impl LiveHarness for MySqlFactory {
         let _ = conn.close().await;
     }
 
-    fn pool(&self, store: &MySqlStore) -> MySqlPool {
-        store.pool().clone()
+    fn pool(&self, store: &MySqlStore) -> SqlPool<MySql> {
+        SqlPool(store.pool().clone())
     }
 
-    async fn pool_in(&self, namespace: &str) -> MySqlPool {
+    async fn pool_in(&self, namespace: &str) -> SqlPool<MySql> {
         let options = MySqlConnectOptions::from_str(&common::SERVER.url())
             .unwrap()
             .database(namespace);
         common::SERVER.orders_pool(options).await
     }
 
-    async fn begin(&self, pool: &MySqlPool) -> Tx {
-        pool.begin().await.unwrap()
-    }
-
-    async fn commit(&self, tx: Tx) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(&self, tx: Tx) {
-        tx.rollback().await.unwrap();
-    }
-
-    async fn insert_order(&self, tx: &mut Tx, id: &str) {
-        testkit::insert_order(&mut **tx, id).await;
-    }
-
-    async fn count_orders(&self, pool: &MySqlPool) -> i64 {
-        testkit::count_orders(pool).await
-    }
-
     async fn enqueue(
         &self,
         store: &MySqlStore,
-        tx: &mut Tx,
+        conn: &mut MySqlConnection,
         writer: Writer,
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
-        outboxkit_store_sql::enqueue_with!(outboxkit_store_mysql, store, tx, writer, events)
-    }
-
-    async fn enqueue_autocommit(
-        &self,
-        store: &MySqlStore,
-        pool: &MySqlPool,
-        writer: Writer,
-        events: &[NewEvent],
-    ) -> Result<Vec<i64>> {
-        let mut conn = pool.acquire().await.unwrap();
-        outboxkit_store_sql::enqueue_with!(outboxkit_store_mysql, store, &mut conn, writer, events)
+        outboxkit_store_sql::enqueue_with!(outboxkit_store_mysql, store, conn, writer, events)
     }
 }
 

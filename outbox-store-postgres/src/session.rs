@@ -290,9 +290,7 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn try_acquire(&mut self, shard: i32) -> Result<bool> {
-        self.fence.ensure_live()?;
-        self.fence.check_shard(shard)?;
-        if self.fence.owned().contains(&shard) {
+        if !self.fence.needs_lock(shard)? {
             // Advisory locks stack: never take one twice, one release must free it.
             return Ok(true);
         }
@@ -304,8 +302,7 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn release(&mut self, shard: i32) -> Result<()> {
-        self.fence.ensure_live()?;
-        if !self.fence.owned().contains(&shard) {
+        if !self.fence.holds_lock(shard)? {
             return Ok(());
         }
         let released = self.lock(UNLOCK, shard, "releasing a shard lock").await?;
@@ -317,8 +314,7 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
-        self.fence.ensure_live()?;
-        if self.fence.owned().is_empty() || request.limit == 0 {
+        if !self.fence.may_claim(request.limit)? {
             return Ok(Vec::new());
         }
         let shards: Vec<i16> = self

@@ -4,19 +4,16 @@
 mod common;
 
 use std::str::FromStr;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use outboxkit_core::testkit::store_suite::{LiveHarness, StoreFactory, Writer};
 use outboxkit_core::{NewEvent, Result, Store};
 use outboxkit_store_postgres::sqlx::postgres::PgConnectOptions;
-use outboxkit_store_postgres::sqlx::{
-    self, Connection, Executor, PgConnection, PgPool, Postgres, Row,
-};
+use outboxkit_store_postgres::sqlx::{self, Connection, Executor, PgConnection, Postgres};
 use outboxkit_store_postgres::{
     PostgresShardSession, PostgresStore, PostgresStoreConfig, TableName, SCHEMA_VERSION,
 };
-use outboxkit_store_sql::testkit;
+use outboxkit_store_sql::testkit::{self, CreatedTables, SqlPool};
 
 type Tx = sqlx::Transaction<'static, Postgres>;
 
@@ -25,14 +22,14 @@ type Tx = sqlx::Transaction<'static, Postgres>;
 struct PostgresFactory {
     /// The database the stores under test connect to.
     url: String,
-    tables: Mutex<Vec<TableName>>,
+    tables: CreatedTables<TableName>,
 }
 
 impl Default for PostgresFactory {
     fn default() -> Self {
         Self {
             url: common::SERVER.url(),
-            tables: Mutex::default(),
+            tables: CreatedTables::default(),
         }
     }
 }
@@ -66,17 +63,13 @@ impl StoreFactory for PostgresFactory {
                 store.describe()
             );
         }
-        self.tables
-            .lock()
-            .expect("tables lock")
-            .push(store.table().clone());
+        self.tables.add(store.table().clone());
         Box::new(store)
     }
 
     async fn cleanup(&self) {
-        let tables = std::mem::take(&mut *self.tables.lock().expect("tables lock"));
-        for table in &tables {
-            common::drop_table(table).await;
+        for table in self.tables.take() {
+            common::drop_table(&table).await;
         }
     }
 }
@@ -86,8 +79,8 @@ impl LiveHarness for PostgresFactory {
     type Store = PostgresStore;
     type Session = PostgresShardSession;
     type Config = PostgresStoreConfig;
-    type Pool = PgPool;
-    type Tx = Tx;
+    type Pool = SqlPool<Postgres>;
+    type Conn = PgConnection;
     type Blocker = Tx;
 
     const KIND: &'static str = "postgres";
@@ -192,19 +185,14 @@ impl LiveHarness for PostgresFactory {
             "\"{}\".outbox_relay_schema",
             store.table().schema().unwrap()
         );
-        let row = sqlx::query(&format!(
+        sqlx::query_as(&format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied FROM {schema_table} \
              WHERE table_name = $1"
         ))
         .bind(store.table().name())
         .fetch_one(store.pool())
         .await
-        .unwrap();
-        (
-            row.get("version"),
-            row.get("shard_count"),
-            row.get("applied"),
-        )
+        .unwrap()
     }
 
     async fn columns(&self, store: &PostgresStore) -> Vec<(String, String)> {
@@ -279,62 +267,25 @@ impl LiveHarness for PostgresFactory {
         let _ = conn.close().await;
     }
 
-    fn pool(&self, store: &PostgresStore) -> PgPool {
-        store.pool().clone()
+    fn pool(&self, store: &PostgresStore) -> SqlPool<Postgres> {
+        SqlPool(store.pool().clone())
     }
 
-    async fn pool_in(&self, namespace: &str) -> PgPool {
+    async fn pool_in(&self, namespace: &str) -> SqlPool<Postgres> {
         let options = PgConnectOptions::from_str(&self.url)
             .unwrap()
             .options([("search_path", namespace)]);
         common::SERVER.orders_pool(options).await
     }
 
-    async fn begin(&self, pool: &PgPool) -> Tx {
-        pool.begin().await.unwrap()
-    }
-
-    async fn commit(&self, tx: Tx) {
-        tx.commit().await.unwrap();
-    }
-
-    async fn rollback(&self, tx: Tx) {
-        tx.rollback().await.unwrap();
-    }
-
-    async fn insert_order(&self, tx: &mut Tx, id: &str) {
-        testkit::insert_order(&mut **tx, id).await;
-    }
-
-    async fn count_orders(&self, pool: &PgPool) -> i64 {
-        testkit::count_orders(pool).await
-    }
-
     async fn enqueue(
         &self,
         store: &PostgresStore,
-        tx: &mut Tx,
+        conn: &mut PgConnection,
         writer: Writer,
         events: &[NewEvent],
     ) -> Result<Vec<i64>> {
-        outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, tx, writer, events)
-    }
-
-    async fn enqueue_autocommit(
-        &self,
-        store: &PostgresStore,
-        pool: &PgPool,
-        writer: Writer,
-        events: &[NewEvent],
-    ) -> Result<Vec<i64>> {
-        let mut conn = pool.acquire().await.unwrap();
-        outboxkit_store_sql::enqueue_with!(
-            outboxkit_store_postgres,
-            store,
-            &mut conn,
-            writer,
-            events
-        )
+        outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, conn, writer, events)
     }
 }
 

@@ -246,6 +246,28 @@ impl<C, D: Dialect> Fence<C, D> {
         Ok(())
     }
 
+    /// Whether the lock of `shard` is still to take: `false` when the session holds it already
+    /// (locks stack within a session: never take one twice, one release must free it).
+    /// `LeaseLost` once poisoned; `Err` (permanent) for a shard the table does not have.
+    pub fn needs_lock(&self, shard: i32) -> Result<bool> {
+        self.ensure_live()?;
+        self.check_shard(shard)?;
+        Ok(!self.owned.contains(&shard))
+    }
+
+    /// Whether the session holds the lock of `shard`, to release; `LeaseLost` once poisoned.
+    pub fn holds_lock(&self, shard: i32) -> Result<bool> {
+        self.ensure_live()?;
+        Ok(self.owned.contains(&shard))
+    }
+
+    /// Whether a claim of at most `limit` rows can find any: the session owns shards and
+    /// `limit` is not 0. `LeaseLost` once poisoned.
+    pub fn may_claim(&self, limit: usize) -> Result<bool> {
+        self.ensure_live()?;
+        Ok(!self.owned.is_empty() && limit > 0)
+    }
+
     /// The lock of `shard` was taken.
     pub fn acquired(&mut self, shard: i32) {
         self.owned.insert(shard);
@@ -366,6 +388,13 @@ mod tests {
         fence.ensure_live().unwrap();
         fence.released(0);
         assert_eq!(fence.owned(), &BTreeSet::from([3]));
+        assert!(fence.needs_lock(0).unwrap() && !fence.needs_lock(3).unwrap());
+        let e = fence.needs_lock(4).unwrap_err();
+        assert!(e.message().contains("shards 0 to 3"), "{e}");
+        assert!(fence.holds_lock(3).unwrap() && !fence.holds_lock(0).unwrap());
+        assert!(fence.may_claim(1).unwrap() && !fence.may_claim(0).unwrap());
+        fence.released(3);
+        assert!(!fence.may_claim(1).unwrap());
     }
 
     #[test]

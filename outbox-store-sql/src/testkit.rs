@@ -1,20 +1,21 @@
 //! What every SQL store checks in its tests (feature `testkit`): the errors all servers share,
 //! classified with the store's wording ([`check_shared_errors`]); the test server of the live
 //! tests ([`TestServer`]); the steps of the store suite's live cases that are the same SQL on
-//! every server ([`insert_order`], [`count_orders`], [`enqueue_with!`](crate::enqueue_with));
+//! every server ([`SqlPool`], [`SqlTx`], [`enqueue_with!`](crate::enqueue_with));
 //! and the inbox cases on the store's `Inbox` ([`sql_inbox_suite!`](crate::sql_inbox_suite)).
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
+use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
 
 use sqlx::error::{DatabaseError, ErrorKind as SqlxErrorKind};
-use sqlx::pool::PoolOptions;
+use sqlx::pool::{PoolConnection, PoolOptions};
 use sqlx::{ColumnIndex, Connection, Database, Decode, Executor, Pool, Type};
 
+use outboxkit_core::testkit::store_suite::{WriterPool, WriterTx};
 use outboxkit_core::ErrorKind;
 
 use crate::classify::{classify, Dialect, Target};
@@ -221,7 +222,7 @@ impl TestServer {
     pub async fn orders_pool<DB>(
         &self,
         options: <DB::Connection as Connection>::Options,
-    ) -> Pool<DB>
+    ) -> SqlPool<DB>
     where
         DB: Database,
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -236,7 +237,7 @@ impl TestServer {
         ))
         .await
         .unwrap();
-        pool
+        SqlPool(pool)
     }
 }
 
@@ -247,25 +248,17 @@ pub fn fresh_config<S: SqlStore>(url: &str) -> SqlStoreConfig<S> {
     ))
 }
 
-/// `INSERT INTO orders VALUES ('<id>', 'confirmed')` on `conn`, a writer's transaction
-/// (`LiveHarness::insert_order`: `insert_order(&mut **tx, id)`). A boxed future: the future of
-/// an `async fn` with this bound cannot be awaited in an `#[async_trait]` method (the compiler
-/// does not prove it `Send` for every lifetime).
-pub fn insert_order<'c, C>(
-    conn: &'c mut C,
-    id: &str,
-) -> Pin<Box<dyn Future<Output = ()> + Send + 'c>>
-where
-    &'c mut C: Executor<'c>,
-{
-    let sql = format!("INSERT INTO orders VALUES ('{id}', 'confirmed')");
-    Box::pin(async move {
-        conn.execute(sqlx::raw_sql(&sql)).await.unwrap();
-    })
-}
+/// A writers' pool of the store suite's live cases (`LiveHarness::Pool`): the store's own pool,
+/// or one of [`TestServer::orders_pool`].
+#[derive(Debug, Clone)]
+pub struct SqlPool<DB: Database>(pub Pool<DB>);
 
-/// `SELECT COUNT(*) FROM orders` (`LiveHarness::count_orders`).
-pub async fn count_orders<DB>(pool: &Pool<DB>) -> i64
+/// A writer's transaction of the store suite's live cases (`WriterPool::Tx`), on its connection.
+#[derive(Debug)]
+pub struct SqlTx<DB: Database>(pub sqlx::Transaction<'static, DB>);
+
+#[async_trait::async_trait]
+impl<DB> WriterPool for SqlPool<DB>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -273,10 +266,80 @@ where
     i64: Type<DB> + for<'r> Decode<'r, DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM orders")
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    type Conn = DB::Connection;
+    type Tx = SqlTx<DB>;
+    type Lease = PoolConnection<DB>;
+
+    async fn begin(&self) -> SqlTx<DB> {
+        SqlTx(self.0.begin().await.unwrap())
+    }
+
+    async fn acquire(&self) -> PoolConnection<DB> {
+        self.0.acquire().await.unwrap()
+    }
+
+    async fn count_orders(&self) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+            .fetch_one(&self.0)
+            .await
+            .unwrap()
+    }
+}
+
+#[async_trait::async_trait]
+impl<DB> WriterTx for SqlTx<DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    async fn commit(self) {
+        self.0.commit().await.unwrap();
+    }
+
+    async fn rollback(self) {
+        self.0.rollback().await.unwrap();
+    }
+
+    async fn insert_order(&mut self, id: &str) {
+        let sql = format!("INSERT INTO orders VALUES ('{id}', 'confirmed')");
+        self.0.execute(sqlx::raw_sql(&sql)).await.unwrap();
+    }
+}
+
+impl<DB: Database> Deref for SqlTx<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.0
+    }
+}
+
+impl<DB: Database> DerefMut for SqlTx<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.0
+    }
+}
+
+/// The tables a store factory created, to drop when a case passes (`StoreFactory::cleanup`).
+#[derive(Debug)]
+pub struct CreatedTables<T>(Mutex<Vec<T>>);
+
+impl<T> Default for CreatedTables<T> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<T> CreatedTables<T> {
+    /// Remember `table`.
+    pub fn add(&self, table: T) {
+        self.0.lock().expect("tables lock").push(table);
+    }
+
+    /// The tables remembered so far; forget them.
+    pub fn take(&self) -> Vec<T> {
+        std::mem::take(&mut *self.0.lock().expect("tables lock"))
+    }
 }
 
 /// Enqueue `events` through `writer` (an `outboxkit_core::testkit::store_suite::Writer`) on
@@ -286,9 +349,9 @@ where
 /// Evaluates to the `Result<Vec<i64>>` of `LiveHarness::enqueue`:
 ///
 /// ```text
-/// async fn enqueue(&self, store: &PostgresStore, tx: &mut Tx, writer: Writer, events: &[NewEvent])
-///     -> Result<Vec<i64>> {
-///     outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, tx, writer, events)
+/// async fn enqueue(&self, store: &PostgresStore, conn: &mut PgConnection, writer: Writer,
+///     events: &[NewEvent]) -> Result<Vec<i64>> {
+///     outboxkit_store_sql::enqueue_with!(outboxkit_store_postgres, store, conn, writer, events)
 /// }
 /// ```
 #[macro_export]

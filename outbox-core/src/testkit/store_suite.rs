@@ -34,6 +34,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::ops::DerefMut;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -703,9 +704,10 @@ pub trait LiveHarness: StoreFactory {
     /// Its `[store]` settings: the store's plugin configuration type.
     type Config: SuiteConfig<Store = Self::Store>;
     /// A writers' connection pool (the store's own, or one on another schema or database).
-    type Pool: Send + Sync;
-    /// A writer's open transaction.
-    type Tx: Send;
+    type Pool: WriterPool<Conn = Self::Conn>;
+    /// A writer's connection, which [`Self::enqueue`] writes on: the connection of a
+    /// transaction, or one outside any transaction.
+    type Conn: Send;
     /// What keeps the outbox table locked (see [`Self::block_table`]).
     type Blocker: Send;
 
@@ -780,33 +782,44 @@ pub trait LiveHarness: StoreFactory {
     /// table `outbox`) by default, where a table `orders (id, status)` of 20 characters each
     /// was created.
     async fn pool_in(&self, namespace: &str) -> Self::Pool;
-    /// Begin a writer's transaction.
-    async fn begin(&self, pool: &Self::Pool) -> Self::Tx;
-    /// Commit it.
-    async fn commit(&self, tx: Self::Tx);
-    /// Roll it back.
-    async fn rollback(&self, tx: Self::Tx);
-    /// `INSERT INTO orders VALUES ('<id>', 'confirmed')` in the transaction.
-    async fn insert_order(&self, tx: &mut Self::Tx, id: &str);
-    /// `SELECT count(*) FROM orders`.
-    async fn count_orders(&self, pool: &Self::Pool) -> i64;
     /// Enqueue through `writer` (for [`Writer::Outbox`] and [`Writer::Free`], `events` is one
-    /// event) in the transaction; the ids of the rows.
+    /// event) on `conn` (a transaction's, or one outside any transaction); the ids of the rows.
     async fn enqueue(
         &self,
         store: &Self::Store,
-        tx: &mut Self::Tx,
+        conn: &mut Self::Conn,
         writer: Writer,
         events: &[NewEvent],
     ) -> Result<Vec<i64>>;
-    /// The same outside any transaction, on a connection of `pool`.
-    async fn enqueue_autocommit(
-        &self,
-        store: &Self::Store,
-        pool: &Self::Pool,
-        writer: Writer,
-        events: &[NewEvent],
-    ) -> Result<Vec<i64>>;
+}
+
+/// A writers' connection pool of the live cases ([`LiveHarness::Pool`]).
+#[async_trait]
+pub trait WriterPool: Send + Sync {
+    /// A connection ([`LiveHarness::Conn`]).
+    type Conn: Send;
+    /// A writer's open transaction, on its connection.
+    type Tx: WriterTx + DerefMut<Target = Self::Conn>;
+    /// A connection of the pool, outside any transaction.
+    type Lease: DerefMut<Target = Self::Conn> + Send;
+
+    /// Begin a writer's transaction.
+    async fn begin(&self) -> Self::Tx;
+    /// A connection outside any transaction.
+    async fn acquire(&self) -> Self::Lease;
+    /// `SELECT count(*) FROM orders`.
+    async fn count_orders(&self) -> i64;
+}
+
+/// A writer's open transaction of the live cases ([`WriterPool::Tx`]).
+#[async_trait]
+pub trait WriterTx: Send + Sized {
+    /// Commit it.
+    async fn commit(self);
+    /// Roll it back.
+    async fn rollback(self);
+    /// `INSERT INTO orders VALUES ('<id>', 'confirmed')` in the transaction.
+    async fn insert_order(&mut self, id: &str);
 }
 
 /// A random name such as `outbox_t_1f2e3d4c5b6a7980`.
@@ -857,6 +870,18 @@ async fn claim_all(session: &mut dyn ShardSession) -> Result<Vec<OutboxEvent>> {
         .await
 }
 
+/// [`LiveHarness::enqueue`] outside any transaction, on a connection of `pool`.
+async fn enqueue_autocommit<H: LiveHarness>(
+    harness: &H,
+    store: &H::Store,
+    pool: &H::Pool,
+    writer: Writer,
+    events: &[NewEvent],
+) -> Result<Vec<i64>> {
+    let mut conn = pool.acquire().await;
+    harness.enqueue(store, &mut conn, writer, events).await
+}
+
 async fn close_live<S: ShardSession + 'static>(session: S) {
     Box::new(session).close().await.expect("close session");
 }
@@ -883,7 +908,7 @@ pub async fn rolled_back_and_uncommitted_rows_are_never_claimed<H: LiveHarness>(
     let mut session = live_session(harness, &store, "rollback").await;
     let pool = harness.pool(&store);
 
-    let mut rolled_back = harness.begin(&pool).await;
+    let mut rolled_back = pool.begin().await;
     harness
         .enqueue(
             &store,
@@ -893,9 +918,9 @@ pub async fn rolled_back_and_uncommitted_rows_are_never_claimed<H: LiveHarness>(
         )
         .await
         .unwrap();
-    harness.rollback(rolled_back).await;
+    rolled_back.rollback().await;
 
-    let mut late = harness.begin(&pool).await;
+    let mut late = pool.begin().await;
     let late_id = harness
         .enqueue(&store, &mut late, Writer::Outbox, &[small_event("b", 1)])
         .await
@@ -905,7 +930,7 @@ pub async fn rolled_back_and_uncommitted_rows_are_never_claimed<H: LiveHarness>(
 
     // Only the committed row, although a lower id is in flight.
     assert_eq!(ids(&claim_all(&mut session).await.unwrap()), committed);
-    harness.commit(late).await;
+    late.commit().await;
     // The late commit is not skipped: rows are selected by state, not by "id > last seen".
     assert_eq!(
         ids(&claim_all(&mut session).await.unwrap()),
@@ -929,8 +954,8 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
     assert_eq!(harness.table(&store), format!("{namespace}.outbox"));
     let pool = harness.pool_in(&namespace).await;
 
-    let mut tx = harness.begin(&pool).await;
-    harness.insert_order(&mut tx, "o-1").await;
+    let mut tx = pool.begin().await;
+    tx.insert_order("o-1").await;
     let one = harness
         .enqueue(&store, &mut tx, Writer::Free, &[small_event("o-1", 1)])
         .await
@@ -952,15 +977,15 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
         .enqueue(&store, &mut tx, Writer::FreeMany, &[])
         .await;
     assert!(none.unwrap().is_empty());
-    harness.commit(tx).await;
+    tx.commit().await;
     assert_eq!(many.len(), 3);
     assert!(
         one < many[0] && many.windows(2).all(|w| w[0] < w[1]),
         "{one} {many:?}"
     );
 
-    let mut tx = harness.begin(&pool).await;
-    harness.insert_order(&mut tx, "o-3").await;
+    let mut tx = pool.begin().await;
+    tx.insert_order("o-3").await;
     harness
         .enqueue(
             &store,
@@ -970,7 +995,7 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
         )
         .await
         .unwrap();
-    harness.rollback(tx).await;
+    tx.rollback().await;
 
     let mut session = live_session(harness, &store, "enqueue").await;
     let claimed = claim_all(&mut session).await.unwrap();
@@ -978,30 +1003,29 @@ pub async fn enqueue_commits_and_rolls_back_with_the_business_row<H: LiveHarness
     expected.extend(&many);
     assert_eq!(ids(&claimed), expected);
     assert_payload::<H>(&claimed[1].payload, r#"{"n": 2}"#);
-    assert_eq!(harness.count_orders(&pool).await, 1);
+    assert_eq!(pool.count_orders().await, 1);
 
     // A duplicate event id is refused, and the whole statement with it.
     let event_id = claimed[0].event_id;
-    let error = harness
-        .enqueue_autocommit(
-            &store,
-            &pool,
-            Writer::OutboxMany,
-            &[
-                small_event("o-9", 1),
-                small_event("o-9", 2).event_id(event_id),
-            ],
-        )
-        .await
-        .unwrap_err();
+    let error = enqueue_autocommit(
+        harness,
+        &store,
+        &pool,
+        Writer::OutboxMany,
+        &[
+            small_event("o-9", 1),
+            small_event("o-9", 2).event_id(event_id),
+        ],
+    )
+    .await
+    .unwrap_err();
     assert_error(&error, ErrorKind::Other);
     assert!(!error.is_retryable());
     assert!(error.message().contains(H::DUPLICATE_KEY), "{error}");
     if let Some(max) = H::MAX_NAME_CHARS {
         // Values the columns cannot hold are refused before anything is sent.
         let long = small_event(&"x".repeat(max + 45), 1);
-        let error = harness
-            .enqueue_autocommit(&store, &pool, Writer::Free, &[long])
+        let error = enqueue_autocommit(harness, &store, &pool, Writer::Free, &[long])
             .await
             .unwrap_err();
         assert_error(&error, ErrorKind::InvalidMessage);
@@ -1052,7 +1076,7 @@ pub async fn text_and_binary_tables_keep_payloads_byte_for_byte<H: LiveHarness>(
             .iter()
             .map(|payload| NewEvent::new("order", "o-1", "Changed", payload.clone()))
             .collect();
-        let mut tx = harness.begin(&pool).await;
+        let mut tx = pool.begin().await;
         let mut expected = Vec::new();
         for (writer, written) in [
             (Writer::Outbox, &events[..1]),
@@ -1065,7 +1089,7 @@ pub async fn text_and_binary_tables_keep_payloads_byte_for_byte<H: LiveHarness>(
             assert_eq!(ids.len(), written.len());
             expected.extend(written.iter().map(|e| e.payload.as_bytes().to_vec()));
         }
-        harness.commit(tx).await;
+        tx.commit().await;
 
         let mut session = live_session(harness, &store, "payloads").await;
         let claimed = claim_all(&mut session).await.unwrap();
