@@ -208,6 +208,8 @@ mod tests {
 
     use figment::Jail;
 
+    use crate::adapters::in_jail;
+
     use super::*;
 
     fn pipelines(jail: &mut Jail, toml: &str) -> Result<Vec<Pipeline>, String> {
@@ -247,8 +249,7 @@ mod tests {
 
     #[test]
     fn one_top_level_store_is_the_pipeline_default() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             let all = pipelines(
                 jail,
                 "[store]\nkind = \"postgres\"\nurl = \"postgres://db/app\"\n[sink]\nkind = \"redis-streams\"\n",
@@ -268,8 +269,7 @@ mod tests {
 
     #[test]
     fn named_pipelines_inherit_relay_keys_and_the_sink() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             let all = pipelines(jail, THREE).unwrap();
             let names: Vec<&str> = all.iter().map(|p| p.name.as_str()).collect();
             assert_eq!(names, ["billing", "orders", "stock"]);
@@ -316,8 +316,7 @@ mod tests {
 
     #[test]
     fn the_environment_reaches_every_pipelines_keys() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.set_env("OUTBOX_PIPELINES__ORDERS__RELAY__BATCH_SIZE", "7");
             jail.set_env("OUTBOX_PIPELINES__BILLING__STORE__TABLE", "ledger.outbox");
             jail.set_env("OUTBOX_PIPELINES__BILLING__SINK__KIND", "rabbitmq");
@@ -340,8 +339,7 @@ mod tests {
 
     #[test]
     fn bad_pipelines_are_refused_naming_the_key() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             let e = pipelines(
                 jail,
                 "[pipelines.Billing.store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
@@ -422,8 +420,7 @@ mod tests {
 
     #[test]
     fn select_finds_one_or_names_the_configured_ones() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             let all = pipelines(jail, THREE).unwrap();
             assert_eq!(select(&all, None).unwrap().len(), 3);
             assert_eq!(select(&all, Some("orders")).unwrap()[0].name, "orders");

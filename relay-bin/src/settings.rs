@@ -572,6 +572,8 @@ mod tests {
     use super::*;
     use figment::Jail;
 
+    use crate::adapters::in_jail;
+
     const MINIMAL: &str = r#"
         [store]
         kind = "postgres"
@@ -617,12 +619,39 @@ mod tests {
         load(file.map(Path::new)).unwrap_err().to_string()
     }
 
+    /// The jail's `relay.toml`, as [`load`] reads it.
+    fn reload() -> (Settings, Figment) {
+        load(Some(Path::new("relay.toml"))).unwrap()
+    }
+
+    /// Write `toml` as the jail's `relay.toml`, then [`reload`] it.
+    fn load_toml(jail: &mut Jail, toml: &str) -> (Settings, Figment) {
+        jail.create_file("relay.toml", toml)
+            .expect("writing the test configuration");
+        reload()
+    }
+
+    /// The error reading `[sink.redis_streams]` of the loaded `relay.toml` as `T`.
+    fn redis_err<T: serde::de::DeserializeOwned + std::fmt::Debug>(figment: &Figment) -> String {
+        sink_section::<T>(figment, "redis_streams", Some(Path::new("relay.toml")))
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// The error reading `[store]` of the loaded `relay.toml` as the PostgreSQL store does.
+    fn pg_err(figment: &Figment) -> String {
+        store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
+            figment,
+            Some(Path::new("relay.toml")),
+        )
+        .unwrap_err()
+        .to_string()
+    }
+
     #[test]
     fn defaults_fill_in() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("relay.toml", MINIMAL)?;
-            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+        in_jail(|jail| {
+            let (s, figment) = load_toml(jail, MINIMAL);
             assert_eq!(s.store.as_ref().unwrap().kind, "postgres");
             let store = pg(&figment);
             assert_eq!(store.table, "outbox");
@@ -643,13 +672,9 @@ mod tests {
 
     #[test]
     fn human_durations_and_retention_are_read() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file(
-                "relay.toml",
-                &format!("{MINIMAL}\n[relay]\nbackoff_initial = \"250ms\"\nretention = \"7d\"\n"),
-            )?;
-            let (s, _) = load(Some(Path::new("relay.toml"))).unwrap();
+        in_jail(|jail| {
+            let relay = "[relay]\nbackoff_initial = \"250ms\"\nretention = \"7d\"";
+            let (s, _) = load_toml(jail, &format!("{MINIMAL}\n{relay}\n"));
             assert_eq!(s.relay.backoff_initial, Duration::from_millis(250));
             assert_eq!(
                 s.relay.retention,
@@ -661,18 +686,13 @@ mod tests {
 
     #[test]
     fn env_overrides_nest_with_double_underscore() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file(
-                "relay.toml",
-                &format!("{MINIMAL}\n[relay]\nbatch_size = 10\n"),
-            )?;
+        in_jail(|jail| {
             jail.set_env("OUTBOX_STORE__URL", "postgres://app:pw@other:6432/app");
             jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "20");
             jail.set_env("OUTBOX_STORE__SHARDS", "8");
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__URL", "redis://cache:6380/2");
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "1000");
-            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (s, figment) = load_toml(jail, &format!("{MINIMAL}\n[relay]\nbatch_size = 10\n"));
             assert_eq!(pg(&figment).url, "postgres://app:pw@other:6432/app");
             assert_eq!(s.relay.batch_size, 20, "the environment beats the file");
             assert_eq!(pg(&figment).shards, 8);
@@ -694,14 +714,12 @@ mod tests {
     /// (`store.table: "123" is not a valid table name`).
     #[test]
     fn ids_and_passwords_stay_strings() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("relay.toml", MINIMAL)?;
+        in_jail(|jail| {
             jail.set_env("OUTBOX_STORE__TABLE", "123");
             jail.set_env("OUTBOX_RELAY__RELAY_ID", "007");
             jail.set_env("OUTBOX_SINK__DESTINATION", "1e3");
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__PASSWORD", "0042");
-            let (s, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (s, figment) = load_toml(jail, MINIMAL);
             assert_eq!(pg(&figment).table, "123");
             assert_eq!(s.relay.relay_id.as_deref(), Some("007"));
             assert_eq!(s.sink.as_ref().unwrap().destination.as_deref(), Some("1e3"));
@@ -709,7 +727,7 @@ mod tests {
             assert_eq!(section.password, "0042");
 
             jail.set_env("OUTBOX_STORE__URL", "12345");
-            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (_, figment) = reload();
             assert_eq!(pg(&figment).url, "12345");
             Ok(())
         });
@@ -717,13 +735,11 @@ mod tests {
 
     #[test]
     fn outbox_test_variables_are_ignored() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("relay.toml", MINIMAL)?;
+        in_jail(|jail| {
             jail.set_env("OUTBOX_TEST_DATABASE_URL", "postgres://elsewhere/db");
             jail.set_env("OUTBOX_TEST__NESTED", "1");
             jail.set_env("outbox_test_lowercase", "1");
-            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (_, figment) = load_toml(jail, MINIMAL);
             assert_eq!(pg(&figment).url, "postgres://app@db:5432/app");
             Ok(())
         });
@@ -731,8 +747,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_the_file() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.create_file(
                 "relay.toml",
                 &format!("{MINIMAL}\n[relay]\nbatch_sise = 1\n"),
@@ -745,23 +760,14 @@ mod tests {
             assert!(e.ends_with("(in relay.toml)"), "{e}");
             assert!(!e.contains("default"), "no profile name in the key: {e}");
 
-            jail.create_file(
-                "relay.toml",
-                "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
-            )?;
             // `load` reads the kind; the store's own keys are its configuration type's.
-            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-            let e = store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
-                &figment,
-                Some(Path::new("relay.toml")),
-            )
-            .unwrap_err();
+            let (_, figment) =
+                load_toml(jail, "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n");
             assert_eq!(
-                e.to_string(),
+                pg_err(&figment),
                 "invalid configuration: store.url: missing required key (in relay.toml, or set OUTBOX_STORE__URL)"
             );
-            jail.create_file("relay.toml", "[sink]\nkind = \"x\"\n")?;
-            let (settings, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let (settings, figment) = load_toml(jail, "[sink]\nkind = \"x\"\n");
             assert_eq!(
                 crate::pipeline::resolve(&settings, &figment, Some(Path::new("relay.toml")))
                     .unwrap_err()
@@ -797,8 +803,7 @@ mod tests {
 
     #[test]
     fn env_errors_name_the_variable() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.create_file("relay.toml", MINIMAL)?;
             jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "0");
             assert_eq!(
@@ -814,13 +819,7 @@ mod tests {
             );
             jail.set_env("OUTBOX_RELAY__BATCH_SIZE", "5");
             jail.set_env("OUTBOX_STORE__TABEL", "x");
-            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-            let e = store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
-                &figment,
-                Some(Path::new("relay.toml")),
-            )
-            .unwrap_err()
-            .to_string();
+            let e = pg_err(&reload().1);
             assert!(
                 e.starts_with("invalid configuration: store.tabel: unknown key")
                     && e.ends_with("(from environment variable OUTBOX_STORE__TABEL)"),
@@ -832,17 +831,11 @@ mod tests {
 
     #[test]
     fn sink_section_errors_carry_the_section_prefix() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file(
-                "relay.toml",
-                &format!("{MINIMAL}\n[sink.redis_streams]\nulr = \"redis://x\"\n"),
-            )?;
+        in_jail(|jail| {
             let file = Path::new("relay.toml");
-            let (_, figment) = load(Some(file)).unwrap();
-            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
-                .unwrap_err()
-                .to_string();
+            let section = "[sink.redis_streams]\nulr = \"redis://x\"";
+            let (_, figment) = load_toml(jail, &format!("{MINIMAL}\n{section}\n"));
+            let e = redis_err::<Section>(&figment);
             assert!(
                 e.starts_with("invalid configuration: sink.redis_streams.ulr: unknown key (expected one of: url, password, maxlen)"),
                 "{e}"
@@ -850,35 +843,26 @@ mod tests {
             assert!(e.ends_with("(in relay.toml)"), "{e}");
 
             // An absent section deserializes from nothing: defaults, or the missing key named.
-            jail.create_file("relay.toml", MINIMAL)?;
-            let (_, figment) = load(Some(file)).unwrap();
+            let (_, figment) = load_toml(jail, MINIMAL);
             let section: Section = sink_section(&figment, "redis_streams", Some(file)).unwrap();
             assert_eq!(section, Section::default());
-            let e = sink_section::<Strict>(&figment, "redis_streams", Some(file))
-                .unwrap_err()
-                .to_string();
+            let e = redis_err::<Strict>(&figment);
             assert_eq!(
                 e,
                 "invalid configuration: sink.redis_streams.url: missing required key \
                  (in relay.toml, or set OUTBOX_SINK__REDIS_STREAMS__URL)"
             );
 
-            jail.create_file("relay.toml", &format!("{MINIMAL}\nredis_streams = 5\n"))?;
-            let (_, figment) = load(Some(file)).unwrap();
-            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
-                .unwrap_err()
-                .to_string();
+            let (_, figment) = load_toml(jail, &format!("{MINIMAL}\nredis_streams = 5\n"));
+            let e = redis_err::<Section>(&figment);
             assert!(
                 e.starts_with("invalid configuration: sink.redis_streams: expected a table"),
                 "{e}"
             );
 
-            jail.create_file("relay.toml", MINIMAL)?;
             jail.set_env("OUTBOX_SINK__REDIS_STREAMS__MAXLEN", "lots");
-            let (_, figment) = load(Some(file)).unwrap();
-            let e = sink_section::<Section>(&figment, "redis_streams", Some(file))
-                .unwrap_err()
-                .to_string();
+            let (_, figment) = load_toml(jail, MINIMAL);
+            let e = redis_err::<Section>(&figment);
             assert_eq!(
                 e,
                 "invalid configuration: sink.redis_streams.maxlen: expected u64, found string \"lots\" \
@@ -890,12 +874,10 @@ mod tests {
 
     #[test]
     fn locate_names_file_or_variable_and_leaves_other_messages() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("relay.toml", MINIMAL)?;
+        in_jail(|jail| {
             jail.set_env("OUTBOX_STORE__TABLE", "Bad");
             let file = Path::new("relay.toml");
-            let (_, figment) = load(Some(file)).unwrap();
+            let (_, figment) = load_toml(jail, MINIMAL);
             assert_eq!(
                 locate("store.table: bad", &figment, Some(file)),
                 "store.table: bad (from environment variable OUTBOX_STORE__TABLE)"
@@ -927,20 +909,16 @@ mod tests {
 
     #[test]
     fn secret_files_are_read_at_start_and_never_shown() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.create_file("db-password", "s3cr3t-from-file\n")?;
             jail.create_file("p12-password", "p12-s3cr3t")?;
-            jail.create_file(
-                "relay.toml",
-                &with_store(
-                    "password_file = \"db-password\"",
-                    "[sink.rabbitmq]\nurl = \"amqps://h\"\n[sink.rabbitmq.tls]\nca_file = \"ca.pem\"\n\
-                     pkcs12_password_file = \"p12-password\"\n\
-                     [sink.kafka]\n\"sasl.password_file\" = \"p12-password\"\n",
-                ),
-            )?;
-            let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
+            let toml = with_store(
+                "password_file = \"db-password\"",
+                "[sink.rabbitmq]\nurl = \"amqps://h\"\n[sink.rabbitmq.tls]\nca_file = \"ca.pem\"\n\
+                 pkcs12_password_file = \"p12-password\"\n\
+                 [sink.kafka]\n\"sasl.password_file\" = \"p12-password\"\n",
+            );
+            let (_, figment) = load_toml(jail, &toml);
             let store = pg(&figment);
             assert_eq!(store.password.as_deref(), Some("s3cr3t-from-file"));
             let debug = format!("{store:?}");
@@ -962,20 +940,9 @@ mod tests {
 
     #[test]
     fn a_secret_and_its_file_together_or_an_unreadable_file_are_refused() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.create_file("empty", "")?;
-            let store_err = |extra: &str| -> String {
-                jail.create_file("relay.toml", &with_store(extra, ""))
-                    .unwrap();
-                let (_, figment) = load(Some(Path::new("relay.toml"))).unwrap();
-                store_section::<outboxkit_store_postgres::PostgresStoreConfig>(
-                    &figment,
-                    Some(Path::new("relay.toml")),
-                )
-                .unwrap_err()
-                .to_string()
-            };
+            let mut store_err = |extra: &str| pg_err(&load_toml(jail, &with_store(extra, "")).1);
             let e = store_err("password = \"inline-s3cr3t\"\npassword_file = \"empty\"\n");
             assert!(
                 e.contains("store.password (in relay.toml) and store.password_file (in relay.toml) are both set"),

@@ -38,6 +38,12 @@ listen = "127.0.0.1:0"
     )
 }
 
+/// [`valid`] with a store URL where nothing listens: for errors found before connecting, and for
+/// the unreachable store.
+fn unreachable_store() -> String {
+    valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
+}
+
 /// A configuration file under the temp directory, removed on drop.
 struct TempConfig(PathBuf);
 
@@ -60,6 +66,11 @@ impl TempConfig {
 
     fn display(&self) -> String {
         self.0.display().to_string()
+    }
+
+    /// How an error names this file: `(in PATH)`.
+    fn named(&self) -> String {
+        format!("(in {})", self.display())
     }
 }
 
@@ -151,13 +162,19 @@ fn config_error(
     line
 }
 
+/// [`config_error`] of `command` run with no environment on a new file holding `contents`;
+/// returns the file (for its name) and the line.
+fn file_error(contents: &str, command: &str, expected: &[&str]) -> (TempConfig, String) {
+    let config = TempConfig::new(contents);
+    let line = config_error(&config, command, &[], expected);
+    (config, line)
+}
+
 #[test]
 fn unknown_top_level_key() {
-    let config = TempConfig::new(&format!("bogus = 1\n{}", valid()));
-    let line = config_error(
-        &config,
+    let (config, line) = file_error(
+        &format!("bogus = 1\n{}", valid()),
         "run",
-        &[],
         &[
             "bogus: unknown key",
             "(expected one of: store, relay, sink, pipelines, server, log)",
@@ -167,29 +184,21 @@ fn unknown_top_level_key() {
         line.starts_with("error: invalid configuration: bogus: "),
         "{line}"
     );
-    assert!(
-        line.ends_with(&format!("(in {})", config.display())),
-        "{line}"
-    );
+    assert!(line.ends_with(&config.named()), "{line}");
 }
 
 #[test]
 fn unknown_key_in_relay() {
-    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_sise = 100\n", valid()));
-    let line = config_error(
-        &config,
+    let (config, line) = file_error(
+        &format!("{}\n[relay]\nbatch_sise = 100\n", valid()),
         "run",
-        &[],
         &["relay.batch_sise: unknown key", "batch_size"],
     );
     assert!(
         line.starts_with("error: invalid configuration: relay.batch_sise: unknown key (expected one of: batch_size, "),
         "{line}"
     );
-    assert!(
-        line.ends_with(&format!("(in {})", config.display())),
-        "{line}"
-    );
+    assert!(line.ends_with(&config.named()), "{line}");
     assert!(
         !line.contains("default."),
         "no profile name in the key: {line}"
@@ -209,37 +218,30 @@ fn unknown_key_in_store() {
 
 #[test]
 fn wrong_type() {
-    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_size = \"many\"\n", valid()));
-    config_error(
-        &config,
+    file_error(
+        &format!("{}\n[relay]\nbatch_size = \"many\"\n", valid()),
         "run",
-        &[],
         &["relay.batch_size: expected usize, found string \"many\""],
     );
 }
 
 #[test]
 fn missing_store_url() {
-    let config =
-        TempConfig::new("[store]\nkind = \"postgres\"\n\n[sink]\nkind = \"redis-streams\"\n");
-    config_error(
-        &config,
+    file_error(
+        "[store]\nkind = \"postgres\"\n\n[sink]\nkind = \"redis-streams\"\n",
         "status",
-        &[],
         &["store.url: missing required key", "OUTBOX_STORE__URL"],
     );
 }
 
 #[test]
 fn empty_store_url() {
-    let config = TempConfig::new(
+    let (config, line) = file_error(
         "[store]\nkind = \"postgres\"\nurl = \"\"\n\n[sink]\nkind = \"redis-streams\"\n",
+        "run",
+        &["store.url: must not be empty"],
     );
-    let line = config_error(&config, "run", &[], &["store.url: must not be empty"]);
-    assert!(
-        line.ends_with(&format!("(in {})", config.display())),
-        "{line}"
-    );
+    assert!(line.ends_with(&config.named()), "{line}");
 }
 
 #[test]
@@ -255,34 +257,30 @@ fn missing_store_table() {
 
 #[test]
 fn missing_sink_kind() {
-    let config = TempConfig::new(&valid().replace(
-        "kind = \"redis-streams\"",
-        "destination = \"{aggregate_type}\"",
-    ));
-    config_error(&config, "run", &[], &["sink.kind: missing required key"]);
+    file_error(
+        &valid().replace(
+            "kind = \"redis-streams\"",
+            "destination = \"{aggregate_type}\"",
+        ),
+        "run",
+        &["sink.kind: missing required key"],
+    );
 }
 
 #[test]
 fn invalid_duration() {
-    let config = TempConfig::new(&format!(
-        "{}\n[relay]\nbackoff_initial = \"soon\"\n",
-        valid()
-    ));
-    config_error(
-        &config,
+    file_error(
+        &format!("{}\n[relay]\nbackoff_initial = \"soon\"\n", valid()),
         "run",
-        &[],
         &["relay.backoff_initial: expected a duration, found string \"soon\""],
     );
 }
 
 #[test]
 fn invalid_retention() {
-    let config = TempConfig::new(&format!("{}\n[relay]\nretention = \"forever\"\n", valid()));
-    let line = config_error(
-        &config,
+    let (_, line) = file_error(
+        &format!("{}\n[relay]\nretention = \"forever\"\n", valid()),
         "run",
-        &[],
         &[
             "relay.retention: expected \"delete\" or a duration",
             "\"forever\"",
@@ -296,11 +294,9 @@ fn invalid_retention() {
 
 #[test]
 fn unknown_sink_kind_lists_known_kinds() {
-    let config = TempConfig::new(&valid().replace("redis-streams", "carrier-pigeon"));
-    config_error(
-        &config,
+    file_error(
+        &valid().replace("redis-streams", "carrier-pigeon"),
         "run",
-        &[],
         &[
             "sink.kind = \"carrier-pigeon\" is not a known kind",
             "(known: ",
@@ -317,21 +313,17 @@ fn unknown_sink_kind_lists_known_kinds() {
 fn shipped_kind_not_compiled_in_names_the_feature() {
     #[cfg(not(feature = "sink-kafka"))]
     {
-        let config = TempConfig::new(&valid().replace("redis-streams", "kafka"));
-        config_error(
-            &config,
+        file_error(
+            &valid().replace("redis-streams", "kafka"),
             "run",
-            &[],
             &["sink.kind = \"kafka\"", "--features sink-kafka"],
         );
     }
     #[cfg(not(feature = "store-mysql"))]
     {
-        let config = TempConfig::new(&valid().replace("kind = \"postgres\"", "kind = \"mysql\""));
-        config_error(
-            &config,
+        file_error(
+            &valid().replace("kind = \"postgres\"", "kind = \"mysql\""),
             "status",
-            &[],
             &["store.kind = \"mysql\"", "--features store-mysql"],
         );
     }
@@ -339,14 +331,12 @@ fn shipped_kind_not_compiled_in_names_the_feature() {
 
 #[test]
 fn unknown_sink_sub_table() {
-    let config = TempConfig::new(&format!(
-        "{}\n[sink.redis]\nurl = \"redis://127.0.0.1:6379\"\n",
-        valid()
-    ));
-    config_error(
-        &config,
+    file_error(
+        &format!(
+            "{}\n[sink.redis]\nurl = \"redis://127.0.0.1:6379\"\n",
+            valid()
+        ),
         "run",
-        &[],
         &["sink.redis: unknown key", "redis_streams"],
     );
 }
@@ -354,18 +344,14 @@ fn unknown_sink_sub_table() {
 #[test]
 fn cloudevents_keys_flow_from_the_file_and_the_environment() {
     // Checked before connecting: the store is unreachable here and is never tried.
-    let config = TempConfig::new(&format!(
-        "{}\n[sink.redis_streams]\nformat = \"cloudevents\"\ncloudevents_source = \"/orders here\"\n",
-        valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
-    ));
-    config_error(
-        &config,
+    let section =
+        "[sink.redis_streams]\nformat = \"cloudevents\"\ncloudevents_source = \"/orders here\"";
+    file_error(
+        &format!("{}\n{section}\n", unreachable_store()),
         "run",
-        &[],
         &["sink.redis_streams.cloudevents_source = `/orders here` does not render to a URI-reference"],
     );
-    let config =
-        TempConfig::new(&valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test"));
+    let config = TempConfig::new(&unreachable_store());
     config_error(
         &config,
         "run",
@@ -389,23 +375,18 @@ fn cloudevents_keys_flow_from_the_file_and_the_environment() {
 #[test]
 fn unknown_key_in_sink_section() {
     // Reported before connecting: the store is unreachable here and is never tried.
-    let config = TempConfig::new(&format!(
-        "{}\n[sink.redis_streams]\nulr = \"redis://127.0.0.1:6379\"\n",
-        valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
-    ));
-    let line = config_error(
-        &config,
+    let (config, line) = file_error(
+        &format!(
+            "{}\n[sink.redis_streams]\nulr = \"redis://127.0.0.1:6379\"\n",
+            unreachable_store()
+        ),
         "run",
-        &[],
         &[
             "sink.redis_streams.ulr: unknown key",
             "url, password, stream",
         ],
     );
-    assert!(
-        line.ends_with(&format!("(in {})", config.display())),
-        "{line}"
-    );
+    assert!(line.ends_with(&config.named()), "{line}");
 }
 
 #[test]
@@ -473,8 +454,7 @@ fn environment_overrides_the_file() {
 
 #[test]
 fn unreachable_database() {
-    let config =
-        TempConfig::new(&valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test"));
+    let config = TempConfig::new(&unreachable_store());
     for command in ["status", "run"] {
         let line = error_line(&with_config(&config, command, &[]), 1);
         assert!(line.contains("127.0.0.1:1"), "{command}: {line}");
@@ -645,30 +625,27 @@ listen = "127.0.0.1:0"
 
 #[test]
 fn two_pipelines_on_one_table_are_refused_naming_both() {
-    let config = TempConfig::new(&two_pipelines("a.outbox"));
-    config_error(
-        &config,
+    file_error(
+        &two_pipelines("a.outbox"),
         "run",
-        &[],
         &[
             "pipelines.billing.store and pipelines.orders.store: pipelines `billing` and \
              `orders` both relay the table postgres 127.0.0.1:5432/test a.outbox",
         ],
     );
     // Checked before connecting: the server is unreachable here and never tried.
-    let config = TempConfig::new(
+    file_error(
         &two_pipelines("a.outbox").replace(&postgres_url(), "postgres://x@127.0.0.1:1/test"),
+        "run",
+        &["both relay the table"],
     );
-    config_error(&config, "run", &[], &["both relay the table"]);
 }
 
 #[test]
 fn pipeline_keys_are_named_with_their_pipeline() {
-    let config = TempConfig::new(&two_pipelines("Bad-Name"));
-    config_error(
-        &config,
+    file_error(
+        &two_pipelines("Bad-Name"),
         "run",
-        &[],
         &["pipelines.orders.store.table: \"Bad-Name\"", "(in "],
     );
     let config = TempConfig::new(&two_pipelines("b.outbox"));
@@ -681,14 +658,12 @@ fn pipeline_keys_are_named_with_their_pipeline() {
             "(from environment variable OUTBOX_PIPELINES__BILLING__STORE__SHARDS)",
         ],
     );
-    let config = TempConfig::new(&format!(
-        "{}\n[pipelines.Orders.store]\nkind = \"postgres\"\n",
-        two_pipelines("b.outbox")
-    ));
-    config_error(
-        &config,
+    file_error(
+        &format!(
+            "{}\n[pipelines.Orders.store]\nkind = \"postgres\"\n",
+            two_pipelines("b.outbox")
+        ),
         "run",
-        &[],
         &["pipelines.Orders: \"Orders\" is not a valid pipeline name"],
     );
     let config = TempConfig::new(&two_pipelines("b.outbox"));
@@ -712,7 +687,7 @@ fn pipeline_keys_are_named_with_their_pipeline() {
 
 #[test]
 fn a_pattern_that_must_match_and_matches_nothing_stops_the_start() {
-    let config = TempConfig::new(&format!(
+    let toml = format!(
         r#"[pipelines.tenants.store]
 kind = "postgres"
 url = "{}"
@@ -726,25 +701,18 @@ kind = "redis-streams"
 listen = "127.0.0.1:0"
 "#,
         postgres_url()
-    ));
-    config_error(
-        &config,
+    );
+    file_error(
+        &toml,
         "run",
-        &[],
         &[
             "pipelines.tenants.store.table: the pattern matches no table yet, and \
            pipelines.tenants.store.require_match is true",
         ],
     );
-    let config = TempConfig::new(
-        &std::fs::read_to_string(config.path())
-            .unwrap()
-            .replace("no_such_tenant_*.outbox", "no*such.outbox.x"),
-    );
-    config_error(
-        &config,
+    file_error(
+        &toml.replace("no_such_tenant_*.outbox", "no*such.outbox.x"),
         "run",
-        &[],
         &["pipelines.tenants.store.table: \"no*such.outbox.x\" is not a valid pattern"],
     );
 }

@@ -7,35 +7,29 @@
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
 
-    use figment::Jail;
+    use outboxkit_sink_kafka::KafkaSinkConfig;
+
+    use super::super::{checked, in_jail, refused};
 
     const BASE: &str = base!("kafka");
 
-    fn config_from(jail_file: &str) -> Result<outboxkit_sink_kafka::KafkaSinkConfig, String> {
-        super::super::read_sink(jail_file).map_err(|e| e.to_string())
-    }
-
     #[test]
     fn properties_pass_through_as_strings_and_the_environment_wins() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file(
-                "relay.toml",
-                &format!(
-                    "{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"file:9092\"\n\
-                     \"linger.ms\" = 20\n\"enable.idempotence\" = true\n\
-                     delivery_timeout = \"45s\"\nmax_batch_len = 300\n\
-                     \"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanisms\" = \"PLAIN\"\n\
-                     \"sasl.username\" = \"relay\"\n"
-                ),
-            )?;
+        in_jail(|jail| {
+            let toml = format!(
+                "{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"file:9092\"\n\
+                 \"linger.ms\" = 20\n\"enable.idempotence\" = true\n\
+                 delivery_timeout = \"45s\"\nmax_batch_len = 300\n\
+                 \"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanisms\" = \"PLAIN\"\n\
+                 \"sasl.username\" = \"relay\"\n"
+            );
             jail.set_env(
                 "OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS",
                 "env1:9092,env2:9092",
             );
             jail.set_env("OUTBOX_SINK__KAFKA__SASL__PASSWORD", "007");
             jail.set_env("OUTBOX_SINK__KAFKA__MAX_BATCH_LEN", "250");
-            let config = config_from("relay.toml").unwrap();
+            let config = checked::<KafkaSinkConfig>(jail, &toml).unwrap();
             assert_eq!(config.bootstrap_servers(), "env1:9092,env2:9092");
             assert_eq!(config.properties["linger.ms"], "20");
             assert_eq!(config.properties["enable.idempotence"], "true");
@@ -51,17 +45,13 @@ mod tests {
 
     #[test]
     fn sink_destination_overrides_the_topic() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file(
-                "relay.toml",
-                &format!(
-                    "{BASE}destination = \"app.{{aggregate_type}}\"\n\
-                     [sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\ntopic = \"ignored\"\n"
-                ),
-            )?;
+        in_jail(|jail| {
+            let toml = format!(
+                "{BASE}destination = \"app.{{aggregate_type}}\"\n\
+                 [sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\ntopic = \"ignored\"\n"
+            );
             assert_eq!(
-                config_from("relay.toml").unwrap().topic,
+                checked::<KafkaSinkConfig>(jail, &toml).unwrap().topic,
                 "app.{aggregate_type}"
             );
             Ok(())
@@ -70,35 +60,26 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_where_it_was_set() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("relay.toml", BASE)?;
-            let e = config_from("relay.toml").unwrap_err();
+        in_jail(|jail| {
+            let e = refused::<KafkaSinkConfig>(jail, BASE);
             assert!(
                 e.starts_with("sink.kafka.\"bootstrap.servers\": missing required key")
                     && e.contains("OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
                 "{e}"
             );
 
-            jail.create_file(
-                "relay.toml",
-                &format!(
-                    "{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\n\"lingr.ms\" = 5\n"
-                ),
-            )?;
-            let e = config_from("relay.toml").unwrap_err();
+            let servers = "[sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"";
+            let e =
+                refused::<KafkaSinkConfig>(jail, &format!("{BASE}\n{servers}\n\"lingr.ms\" = 5\n"));
             assert!(
                 e.starts_with("sink.kafka.\"lingr.ms\": No such configuration property")
                     && e.ends_with("(in relay.toml)"),
                 "{e}"
             );
 
-            jail.create_file(
-                "relay.toml",
-                &format!("{BASE}\n[sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\n"),
-            )?;
+            let toml = format!("{BASE}\n{servers}\n");
             jail.set_env("OUTBOX_SINK__KAFKA__ACKS", "most");
-            let e = config_from("relay.toml").unwrap_err();
+            let e = refused::<KafkaSinkConfig>(jail, &toml);
             assert!(
                 e.starts_with("sink.kafka.\"acks\": Invalid value")
                     && e.ends_with("(from environment variable OUTBOX_SINK__KAFKA__ACKS)"),
@@ -107,7 +88,7 @@ mod tests {
 
             jail.set_env("OUTBOX_SINK__KAFKA__ACKS", "all");
             jail.set_env("OUTBOX_SINK__KAFKA__DELIVERY_TIMEOUT", "soon");
-            let e = config_from("relay.toml").unwrap_err();
+            let e = refused::<KafkaSinkConfig>(jail, &toml);
             assert!(
                 e.starts_with("sink.kafka.delivery_timeout")
                     && e.contains("OUTBOX_SINK__KAFKA__DELIVERY_TIMEOUT"),

@@ -5,25 +5,18 @@
 #[allow(clippy::result_large_err)]
 mod tests {
 
-    use figment::Jail;
     use outboxkit_sink_nats::{NatsConfig, Storage};
+
+    use super::super::{checked, in_jail, refused};
 
     const BASE: &str = base!("nats");
 
-    /// Load `relay.toml` (written by the test) and run the `[sink.nats]` check on it.
-    fn checked(jail: &mut Jail, toml: &str) -> outboxkit_core::Result<NatsConfig> {
-        jail.create_file("relay.toml", toml)
-            .expect("writing the test configuration");
-        super::super::read_sink("relay.toml")
-    }
-
     #[test]
     fn defaults_and_keys_are_read() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let config = checked(jail, BASE).unwrap();
+        in_jail(|jail| {
+            let config = checked::<NatsConfig>(jail, BASE).unwrap();
             assert_eq!(config, NatsConfig::default());
-            let config = checked(
+            let config = checked::<NatsConfig>(
                 jail,
                 &format!(
                     "{BASE}\n[sink.nats]\nurl = \"nats://a:4222,nats://b:4222\"\n\
@@ -43,13 +36,11 @@ mod tests {
 
     #[test]
     fn sink_destination_overrides_the_subject_template() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let toml = BASE.replace(
-                "kind = \"nats\"",
-                "kind = \"nats\"\ndestination = \"audit.{event_type}\"",
+        in_jail(|jail| {
+            let toml = format!(
+                "{BASE}destination = \"audit.{{event_type}}\"\n[sink.nats]\nsubject = \"x\"\n"
             );
-            let config = checked(jail, &format!("{toml}\n[sink.nats]\nsubject = \"x\"\n")).unwrap();
+            let config = checked::<NatsConfig>(jail, &toml).unwrap();
             assert_eq!(config.subject, "audit.{event_type}");
             Ok(())
         });
@@ -57,11 +48,10 @@ mod tests {
 
     #[test]
     fn environment_values_stay_strings_and_secrets_stay_hidden() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.set_env("OUTBOX_SINK__NATS__TOKEN", "123456");
             jail.set_env("OUTBOX_SINK__NATS__MAX_BATCH_LEN", "50");
-            let config = checked(jail, BASE).unwrap();
+            let config = checked::<NatsConfig>(jail, BASE).unwrap();
             assert_eq!(config.token.as_deref(), Some("123456"));
             assert_eq!(config.max_batch_len, 50);
             assert!(!format!("{config:?}").contains("123456"));
@@ -71,24 +61,17 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_where_it_was_set() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let e = checked(jail, &format!("{BASE}\n[sink.nats]\nsubjet = \"x\"\n"))
-                .unwrap_err()
-                .to_string();
+        in_jail(|jail| {
+            let e = refused::<NatsConfig>(jail, &format!("{BASE}\n[sink.nats]\nsubjet = \"x\"\n"));
             assert!(e.starts_with("sink.nats.subjet: unknown key"), "{e}");
             assert!(e.contains("relay.toml"), "{e}");
-            let e = checked(
-                jail,
-                &format!("{BASE}\n[sink.nats]\nurl = \"http://relay:s3cr3t@a:4222\"\n"),
-            )
-            .unwrap_err()
-            .to_string();
+            let url = "url = \"http://relay:s3cr3t@a:4222\"";
+            let e = refused::<NatsConfig>(jail, &format!("{BASE}\n[sink.nats]\n{url}\n"));
             assert!(e.starts_with("sink.nats.url: "), "{e}");
             assert!(!e.contains("s3cr3t"), "{e}");
             assert!(e.ends_with("(in relay.toml)"), "{e}");
             jail.set_env("OUTBOX_SINK__NATS__SUBJECT", "orders..{event_type}");
-            let e = checked(jail, BASE).unwrap_err().to_string();
+            let e = refused::<NatsConfig>(jail, BASE);
             assert!(e.starts_with("sink.nats.subject: "), "{e}");
             assert!(e.contains("OUTBOX_SINK__NATS__SUBJECT"), "{e}");
             Ok(())

@@ -5,27 +5,18 @@
 #[allow(clippy::result_large_err)]
 mod tests {
 
-    use figment::Jail;
+    use outboxkit_sink_sqs::SqsConfig;
+
+    use super::super::{checked, in_jail, refused};
 
     const BASE: &str = base!("sqs");
 
-    /// Load `relay.toml` (written by the test) and run the `[sink.sqs]` check on it.
-    fn checked(
-        jail: &mut Jail,
-        toml: &str,
-    ) -> outboxkit_core::Result<outboxkit_sink_sqs::SqsConfig> {
-        jail.create_file("relay.toml", toml)
-            .expect("writing the test configuration");
-        super::super::read_sink("relay.toml")
-    }
-
     #[test]
     fn defaults_and_keys_are_read() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let config = checked(jail, BASE).unwrap();
-            assert_eq!(config, outboxkit_sink_sqs::SqsConfig::default());
-            let config = checked(
+        in_jail(|jail| {
+            let config = checked::<SqsConfig>(jail, BASE).unwrap();
+            assert_eq!(config, SqsConfig::default());
+            let config = checked::<SqsConfig>(
                 jail,
                 &format!(
                     "{BASE}\n[sink.sqs]\nqueue = \"app-{{aggregate_type}}.fifo\"\n\
@@ -45,13 +36,9 @@ mod tests {
 
     #[test]
     fn sink_destination_overrides_the_queue_template() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let toml = BASE.replace(
-                "kind = \"sqs\"",
-                "kind = \"sqs\"\ndestination = \"audit.fifo\"",
-            );
-            let config = checked(jail, &format!("{toml}\n[sink.sqs]\nqueue = \"x\"\n")).unwrap();
+        in_jail(|jail| {
+            let toml = format!("{BASE}destination = \"audit.fifo\"\n[sink.sqs]\nqueue = \"x\"\n");
+            let config = checked::<SqsConfig>(jail, &toml).unwrap();
             assert_eq!(config.queue, "audit.fifo");
             Ok(())
         });
@@ -59,11 +46,10 @@ mod tests {
 
     #[test]
     fn environment_values_stay_strings() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
+        in_jail(|jail| {
             jail.set_env("OUTBOX_SINK__SQS__QUEUE_OWNER_ACCOUNT_ID", "000000000000");
             jail.set_env("OUTBOX_SINK__SQS__MAX_BATCH_LEN", "50");
-            let config = checked(jail, BASE).unwrap();
+            let config = checked::<SqsConfig>(jail, BASE).unwrap();
             assert_eq!(
                 config.queue_owner_account_id.as_deref(),
                 Some("000000000000")
@@ -75,35 +61,24 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_where_it_was_set() {
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            let e = checked(jail, &format!("{BASE}\n[sink.sqs]\nendpont = \"x\"\n"))
-                .unwrap_err()
-                .to_string();
+        in_jail(|jail| {
+            let e = refused::<SqsConfig>(jail, &format!("{BASE}\n[sink.sqs]\nendpont = \"x\"\n"));
             assert!(e.starts_with("sink.sqs.endpont: unknown key"), "{e}");
             assert!(e.contains("relay.toml"), "{e}");
             // Credentials are not keys: they come from the AWS chain.
-            let e = checked(
-                jail,
-                &format!("{BASE}\n[sink.sqs]\nsecret_access_key = \"s3cr3t\"\n"),
-            )
-            .unwrap_err()
-            .to_string();
+            let secret = "secret_access_key = \"s3cr3t\"";
+            let e = refused::<SqsConfig>(jail, &format!("{BASE}\n[sink.sqs]\n{secret}\n"));
             assert!(
                 e.starts_with("sink.sqs.secret_access_key: unknown key"),
                 "{e}"
             );
             assert!(!e.contains("s3cr3t"), "{e}");
-            let e = checked(
-                jail,
-                &format!("{BASE}\n[sink.sqs]\nendpoint = \"127.0.0.1:4566\"\n"),
-            )
-            .unwrap_err()
-            .to_string();
+            let endpoint = "endpoint = \"127.0.0.1:4566\"";
+            let e = refused::<SqsConfig>(jail, &format!("{BASE}\n[sink.sqs]\n{endpoint}\n"));
             assert!(e.starts_with("sink.sqs.endpoint: "), "{e}");
             assert!(e.ends_with("(in relay.toml)"), "{e}");
             jail.set_env("OUTBOX_SINK__SQS__MAX_REQUEST_BYTES", "5000000");
-            let e = checked(jail, BASE).unwrap_err().to_string();
+            let e = refused::<SqsConfig>(jail, BASE);
             assert!(e.starts_with("sink.sqs.max_request_bytes: "), "{e}");
             assert!(e.contains("OUTBOX_SINK__SQS__MAX_REQUEST_BYTES"), "{e}");
             Ok(())
