@@ -15,42 +15,58 @@ use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
 use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result};
 
-use crate::classify::refuses_content;
-use crate::message::PreparedMessage;
+use crate::classify::{refuses_content, Hints};
+use crate::message::{prepare, PreparedMessage};
+use crate::sink::{SinkCore, Target};
 
 /// Most entries SQS and SNS take in one batch request.
 pub const MAX_ENTRIES_PER_REQUEST: usize = 10;
 
-/// A service's batch API, as [`publish`] drives it.
+/// A sink's service, as [`publish`] drives it: what the sink implements is its one batch call
+/// and the look-up of a destination; resolving once (cached), preparing messages, cutting and
+/// sending requests and reading their answers are written once, here.
 #[async_trait]
 pub trait BatchService: Send + Sync {
-    /// A destination resolved to what requests are sent to (a queue URL, a topic ARN...).
-    type Target: Clone + Send + Sync;
     /// The service as messages name it (`SQS`, `SNS`).
     const SERVICE: &'static str;
+    /// What to add to the errors an operator must act on.
+    const HINTS: Hints;
 
+    /// The sink's parts that are not its service's (template, resolved targets...).
+    fn core(&self) -> &SinkCore;
     /// Most bytes in one request.
     fn max_request_bytes(&self) -> usize;
     /// Most requests in flight at once.
     fn max_concurrent_requests(&self) -> usize;
-    /// Resolve `destination` (cached by the service).
-    async fn resolve_target(&self, destination: &str) -> Result<Self::Target>;
-    /// Forget a cached resolution (the target answered that it does not exist).
-    fn forget_target(&self, destination: &str);
-    /// What requests are grouped by, and messages name (`orders`, `orders.fifo`).
-    fn target_name<'a>(&self, target: &'a Self::Target) -> &'a str;
-    /// The message of `event` for `target`.
-    fn prepare_message(&self, event: &OutboxEvent, target: &Self::Target) -> PreparedMessage;
-    /// Send one request of `entries` (each with its id, see [`entry_id`]); its context
-    /// (operation and target) is what errors say first.
+    /// Resolve `destination` with the service, uncached (see [`resolve`](Self::resolve)).
+    async fn look_up(&self, destination: &str) -> Result<Target>;
+    /// Whether the messages to `target` carry a group id (FIFO targets always do).
+    fn group_id(&self, target: &Target) -> bool {
+        target.fifo
+    }
+    /// Send one request of `entries` (each with its id, see [`entry_id`]); its errors, and those
+    /// of its entries, are [`explain`](Self::explain)ed.
     async fn send_batch(
         &self,
-        target: &Self::Target,
+        target: &Target,
         entries: Vec<(String, &PreparedMessage)>,
     ) -> Result<BatchAnswer>;
     /// What the errors of a request to `target` start with (`SendMessageBatch to SQS queue
     /// `orders` (us-east-1)`).
-    fn context(&self, target: &Self::Target) -> String;
+    fn context(&self, target: &Target) -> String;
+
+    /// `destination` resolved once, then cached.
+    async fn resolve(&self, destination: &str) -> Result<Target> {
+        self.core()
+            .resolve(destination, self.look_up(destination))
+            .await
+    }
+
+    /// An error of a request to `target` (or of one of its entries): its context first, and
+    /// what to do.
+    fn explain(&self, error: Error, target: &Target) -> Error {
+        Self::HINTS.apply(error.context(self.context(target)))
+    }
 }
 
 /// The per-entry answer of one batch request.
@@ -62,15 +78,31 @@ pub struct BatchAnswer {
     pub failed: Vec<(String, Error)>,
 }
 
+impl BatchAnswer {
+    /// The answer of the ids of the entries accepted, and of those refused with their errors.
+    pub fn new<'a>(
+        successful: impl IntoIterator<Item = &'a str>,
+        failed: impl IntoIterator<Item = (&'a str, Error)>,
+    ) -> Self {
+        Self {
+            successful: successful.into_iter().map(str::to_owned).collect(),
+            failed: failed
+                .into_iter()
+                .map(|(id, error)| (id.to_owned(), error))
+                .collect(),
+        }
+    }
+}
+
 /// The id of the batch entry of the event at `index` in the call (`e0`, `e1`...).
 pub fn entry_id(index: usize) -> String {
     format!("e{index}")
 }
 
 /// One request: events (by index in the call) bound for one target.
-struct Request<T> {
+struct Request {
     destination: String,
-    target: T,
+    target: Target,
     members: Vec<usize>,
 }
 
@@ -84,33 +116,32 @@ enum Slot {
     Failed(Outcome),
 }
 
-/// Publish `batch`, event `i` to `destinations[i]`: one outcome per event, in order.
-pub async fn publish<S: BatchService>(
-    service: &S,
-    batch: &[OutboxEvent],
-    destinations: &[String],
-) -> Vec<Outcome> {
+/// Publish `batch`, each event to its destination (see [`SinkCore::destination`]): one outcome
+/// per event, in order.
+pub async fn publish<S: BatchService>(service: &S, batch: &[OutboxEvent]) -> Vec<Outcome> {
     let n = batch.len();
     let concurrency = service.max_concurrent_requests();
+    let core = service.core();
+    let destinations: Vec<String> = batch.iter().map(|e| core.destination(e)).collect();
     let mut slots: Vec<Slot> = vec![Slot::Pending; n];
 
     // Resolve every destination of the call (cached after the first time).
     let mut distinct: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
-    for destination in destinations {
+    for destination in &destinations {
         if seen.insert(destination.as_str()) {
             distinct.push(destination.clone());
         }
     }
-    let resolved: HashMap<String, Result<S::Target>> = stream::iter(distinct)
+    let resolved: HashMap<String, Result<Target>> = stream::iter(distinct)
         .map(|d: String| async move {
-            let target = service.resolve_target(&d).await;
+            let target = service.resolve(&d).await;
             (d, target)
         })
         .buffer_unordered(concurrency)
         .collect()
         .await;
-    let mut targets: Vec<Option<S::Target>> = vec![None; n];
+    let mut targets: Vec<Option<Target>> = vec![None; n];
     for (i, destination) in destinations.iter().enumerate() {
         match &resolved[destination] {
             Ok(target) => targets[i] = Some(target.clone()),
@@ -120,7 +151,12 @@ pub async fn publish<S: BatchService>(
     let messages: Vec<Option<PreparedMessage>> = batch
         .iter()
         .zip(&targets)
-        .map(|(event, target)| target.as_ref().map(|t| service.prepare_message(event, t)))
+        .map(|(event, target)| {
+            let cloudevents = core.cloudevents.as_ref();
+            target
+                .as_ref()
+                .map(|t| prepare(event, service.group_id(t), t.fifo, cloudevents))
+        })
         .collect();
 
     // Waves: the k-th event of an aggregate in this call goes in wave k.
@@ -154,9 +190,9 @@ pub async fn publish<S: BatchService>(
             }
             members.push(i);
         }
-        let mut requests = requests(service, &members, destinations, &targets, &messages);
+        let mut requests = requests(service, &members, &destinations, &targets, &messages);
         while !requests.is_empty() {
-            let results: Vec<(Request<S::Target>, Result<BatchAnswer>)> = stream::iter(requests)
+            let results: Vec<(Request, Result<BatchAnswer>)> = stream::iter(requests)
                 .map(|request| {
                     let messages = &messages;
                     async move {
@@ -174,7 +210,7 @@ pub async fn publish<S: BatchService>(
                 .await;
             let mut again = Vec::new();
             for (request, result) in results {
-                let name = service.target_name(&request.target);
+                let name = request.target.address.as_str();
                 match result {
                     Ok(answer) => {
                         let mut answered = HashSet::new();
@@ -232,7 +268,7 @@ pub async fn publish<S: BatchService>(
                         if error.kind() == ErrorKind::Unroutable {
                             // The target may have been deleted (and re-created elsewhere):
                             // resolve its name again next time.
-                            service.forget_target(&request.destination);
+                            core.forget(&request.destination);
                         }
                         for &i in &request.members {
                             slots[i] = request_failure(&error);
@@ -277,18 +313,18 @@ fn requests<S: BatchService>(
     service: &S,
     members: &[usize],
     destinations: &[String],
-    targets: &[Option<S::Target>],
+    targets: &[Option<Target>],
     messages: &[Option<PreparedMessage>],
-) -> Vec<Request<S::Target>> {
+) -> Vec<Request> {
     let max_bytes = service.max_request_bytes();
-    let mut requests: Vec<Request<S::Target>> = Vec::new();
+    let mut requests: Vec<Request> = Vec::new();
     // Open request per target, with its byte count.
     let mut open: HashMap<&str, (usize, usize)> = HashMap::new();
     for &i in members {
         let (Some(target), Some(message)) = (&targets[i], &messages[i]) else {
             continue;
         };
-        let name = service.target_name(target);
+        let name = target.address.as_str();
         if let Some((index, bytes)) = open.get_mut(name) {
             let request = &mut requests[*index];
             if request.members.len() < MAX_ENTRIES_PER_REQUEST && *bytes + message.size <= max_bytes
@@ -315,7 +351,7 @@ fn request_failure(error: &Error) -> Slot {
 }
 
 /// The event index of batch entry `id` (`e<index>`) if it belongs to `request`.
-fn member_of<T>(request: &Request<T>, id: &str) -> Option<usize> {
+fn member_of(request: &Request, id: &str) -> Option<usize> {
     let index: usize = id.strip_prefix('e')?.parse().ok()?;
     request.members.contains(&index).then_some(index)
 }
@@ -375,31 +411,31 @@ mod tests {
     use super::*;
 
     /// Targets are their names; nothing is sent.
-    struct Fake;
+    struct Fake(SinkCore);
 
     #[async_trait]
     impl BatchService for Fake {
-        type Target = String;
         const SERVICE: &'static str = "FAKE";
+        const HINTS: Hints = Hints {
+            missing_destination: "",
+            unauthorized: "",
+            config: "",
+        };
+        fn core(&self) -> &SinkCore {
+            &self.0
+        }
         fn max_request_bytes(&self) -> usize {
             256 * 1024
         }
         fn max_concurrent_requests(&self) -> usize {
             1
         }
-        async fn resolve_target(&self, destination: &str) -> Result<String> {
-            Ok(destination.to_owned())
-        }
-        fn forget_target(&self, _: &str) {}
-        fn target_name<'a>(&self, target: &'a String) -> &'a str {
-            target
-        }
-        fn prepare_message(&self, _: &OutboxEvent, _: &String) -> PreparedMessage {
-            message(0).unwrap()
+        async fn look_up(&self, destination: &str) -> Result<Target> {
+            Ok(target(destination))
         }
         async fn send_batch(
             &self,
-            _: &String,
+            _: &Target,
             entries: Vec<(String, &PreparedMessage)>,
         ) -> Result<BatchAnswer> {
             Ok(BatchAnswer {
@@ -407,8 +443,21 @@ mod tests {
                 failed: Vec::new(),
             })
         }
-        fn context(&self, target: &String) -> String {
-            target.clone()
+        fn context(&self, target: &Target) -> String {
+            target.name.clone()
+        }
+    }
+
+    fn fake() -> Fake {
+        let template = DestinationTemplate::parse("{aggregate_type}").unwrap();
+        Fake(SinkCore::new(template, None, "here".to_owned()))
+    }
+
+    fn target(name: &str) -> Target {
+        Target {
+            name: name.to_owned(),
+            address: name.to_owned(),
+            fifo: false,
         }
     }
 
@@ -427,16 +476,16 @@ mod tests {
         let n = 25;
         let members: Vec<usize> = (0..n).collect();
         let destinations = vec!["a".to_owned(); n];
-        let mut targets = vec![Some("a".to_owned()); n];
-        targets[3] = Some("b".to_owned());
+        let mut targets = vec![Some(target("a")); n];
+        targets[3] = Some(target("b"));
         let mut messages = vec![message(1000); n];
         messages[5] = message(200 * 1024);
         messages[6] = message(100 * 1024);
         messages[7] = message(400 * 1024);
-        let requests = requests(&Fake, &members, &destinations, &targets, &messages);
+        let requests = requests(&fake(), &members, &destinations, &targets, &messages);
         let shapes: Vec<(String, Vec<usize>)> = requests
             .iter()
-            .map(|r| (r.target.clone(), r.members.clone()))
+            .map(|r| (r.target.address.clone(), r.members.clone()))
             .collect();
         assert_eq!(
             shapes,

@@ -8,7 +8,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use outboxkit_core::error::{find_source, source_chain as chain};
-use outboxkit_core::{Error, ErrorKind};
+use outboxkit_core::{Error, ErrorKind, Result};
 
 /// Throttling codes of every AWS service.
 const THROTTLING: &[&str] = &[
@@ -257,6 +257,46 @@ pub fn with_hint(error: Error, hint: &str) -> Error {
     self::error(error.kind(), error.is_retryable(), text)
 }
 
+/// What to do about the errors an operator must act on, per sink: appended to them (see
+/// [`with_hint`]) by [`apply`](Hints::apply).
+#[derive(Debug, Clone, Copy)]
+pub struct Hints {
+    /// For a destination that does not exist (now): `Unroutable`, retryable.
+    pub missing_destination: &'static str,
+    /// For refused credentials or permissions: `Unauthorized`.
+    pub unauthorized: &'static str,
+    /// For a client misconfiguration: `Config`.
+    pub config: &'static str,
+}
+
+impl Hints {
+    /// `error` with the hint of its kind appended; other errors as they are.
+    pub fn apply(&self, error: Error) -> Error {
+        let hint = match error.kind() {
+            ErrorKind::Unroutable if error.is_retryable() => self.missing_destination,
+            ErrorKind::Unauthorized => self.unauthorized,
+            ErrorKind::Config => self.config,
+            _ => return error,
+        };
+        with_hint(error, hint)
+    }
+}
+
+/// The answer to a sink's `check` request: it passes when the service answered, or refused
+/// only for lack of permission (see [`is_access_denied`]: the endpoint and the credentials are
+/// proven, and the relay needs no permission beyond sending); otherwise the error `explain`
+/// makes of it.
+pub fn check_answer<T, E: ProvideErrorMetadata>(
+    answer: std::result::Result<T, SdkError<E, HttpResponse>>,
+    explain: impl FnOnce(SdkError<E, HttpResponse>) -> Error,
+) -> Result<()> {
+    match answer {
+        Ok(_) => Ok(()),
+        Err(e) if is_access_denied(&e) => Ok(()),
+        Err(e) => Err(explain(e)),
+    }
+}
+
 /// Whether the service refused an operation for lack of permission (`AccessDenied`): the
 /// endpoint answered and the credentials are valid — the caller may not do this particular
 /// thing.
@@ -351,5 +391,21 @@ mod tests {
         assert!(e.is_retryable());
         assert!(is_access_denied(&service("AuthorizationError", 403)));
         assert!(!is_access_denied(&service("Throttled", 400)));
+        let hints = Hints {
+            missing_destination: "create it",
+            unauthorized: "check the credentials",
+            config: "check the endpoint",
+        };
+        let e = hints.apply(error(ErrorKind::Unroutable, true, "gone".into()));
+        assert_eq!(e.message(), "gone — create it");
+        let e = hints.apply(error(ErrorKind::Unroutable, false, "malformed".into()));
+        assert_eq!(e.message(), "malformed");
+        let e = hints.apply(error(ErrorKind::Config, false, "bad".into()));
+        assert_eq!(e.message(), "bad — check the endpoint");
+        let explain =
+            |e: SdkError<ErrorMetadata, HttpResponse>| error(ErrorKind::Other, true, chain(&e));
+        assert!(check_answer(Ok::<_, SdkError<ErrorMetadata, HttpResponse>>(()), explain).is_ok());
+        assert!(check_answer::<(), _>(Err(service("AccessDenied", 403)), explain).is_ok());
+        assert!(check_answer::<(), _>(Err(service("Throttled", 400)), explain).is_err());
     }
 }

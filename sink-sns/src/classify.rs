@@ -1,6 +1,7 @@
 //! The error table: every SNS failure becomes an [`outboxkit_core::Error`] with a kind and a
 //! retryability, decided here once from the codes every AWS service shares
-//! ([`outboxkit_aws::classify`]) and SNS's own. The rest of the sink acts on [`ErrorKind`] only.
+//! ([`outboxkit_aws::classify`]) and SNS's own. The rest of the sink acts on
+//! [`ErrorKind`](outboxkit_core::ErrorKind) only.
 //!
 //! **Whole requests** (an `SdkError` of `PublishBatch`, `ListTopics`, `GetTopicAttributes`):
 //! each event of the request gets the request's error as its outcome.

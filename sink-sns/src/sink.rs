@@ -2,36 +2,29 @@
 //! `max_request_bytes`, sent concurrently (see [`outboxkit_aws::batch`]), one outcome per event
 //! from SNS's per-entry answer.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_sns::config::Region;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use aws_sdk_sns::Client;
-use outboxkit_aws::batch::{self, fixed_destination, BatchAnswer, BatchService};
-use outboxkit_aws::classify::with_hint as hint;
-use outboxkit_aws::message::{prepare, PreparedMessage, STRING_TYPE};
-use outboxkit_core::cloudevents::CloudEvents;
-use outboxkit_core::{
-    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
-};
+use outboxkit_aws::batch::{self, BatchAnswer, BatchService};
+use outboxkit_aws::classify::{check_answer, Hints};
+use outboxkit_aws::message::{PreparedMessage, STRING_TYPE};
+use outboxkit_aws::sink::{is_fifo_name, SinkCore, Target};
+use outboxkit_core::{Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities};
 
-use crate::classify::{classify_entry, classify_sdk_error, is_access_denied};
+use crate::classify::{classify_entry, classify_sdk_error};
 use crate::config::{SnsConfig, CONFIG_SECTION, SNS_MAX_REQUEST_BYTES};
-use crate::topic::{is_fifo_name, TopicRef};
+use crate::topic::TopicRef;
 
-/// Resolved topics kept at most; past it the cache starts over.
-const MAX_CACHED_TOPICS: usize = 10_000;
-
-/// A topic ready to publish to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ResolvedTopic {
-    name: String,
-    arn: String,
-    fifo: bool,
-}
+/// What to do about the errors an operator must act on.
+const HINTS: Hints = Hints {
+    missing_destination: "create the topic, or fix sink.sns.topic / the row's destination",
+    unauthorized: "check the AWS credentials of the relay and its sns:Publish / sns:ListTopics \
+         (and kms:GenerateDataKey, kms:Decrypt for encrypted topics) permissions",
+    config: "check sink.sns.endpoint and sink.sns.region",
+};
 
 /// Publishes outbox events to Amazon SNS (standard and FIFO topics) with `PublishBatch`.
 ///
@@ -45,18 +38,14 @@ struct ResolvedTopic {
 /// `Debug` shows the configuration, never credentials (which come from the AWS chain).
 pub struct SnsSink {
     config: SnsConfig,
-    template: DestinationTemplate,
-    cloudevents: Option<CloudEvents>,
-    fixed_destination: Option<String>,
     client: Client,
-    location: String,
-    topics: Mutex<HashMap<String, ResolvedTopic>>,
+    core: SinkCore,
 }
 
 impl fmt::Debug for SnsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SnsSink")
-            .field("location", &self.location)
+            .field("location", &self.core.location)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -87,8 +76,6 @@ impl SnsSink {
     /// keys of `config` still win over it.
     pub fn from_sdk_config(config: SnsConfig, sdk_config: &aws_config::SdkConfig) -> Result<Self> {
         config.validate()?;
-        let template = config.template()?;
-        let cloudevents = config.cloudevents()?;
         let settings = config.client_settings();
         let region = settings.region(sdk_config)?;
         let mut builder = aws_sdk_sns::config::Builder::from(sdk_config)
@@ -100,13 +87,9 @@ impl SnsSink {
         }
         let location = settings.location(&region);
         Ok(Self {
-            fixed_destination: fixed_destination(&template),
+            core: SinkCore::new(config.template()?, config.cloudevents()?, location),
             config,
-            template,
-            cloudevents,
             client: Client::from_conf(builder.build()),
-            location,
-            topics: Mutex::new(HashMap::new()),
         })
     }
 
@@ -122,38 +105,12 @@ impl SnsSink {
 
     /// The ARN of the topic `destination` names (a name or an ARN), resolved once and cached.
     pub async fn topic_arn(&self, destination: &str) -> Result<String> {
-        self.resolve(destination).await.map(|t| t.arn)
-    }
-
-    async fn resolve(&self, destination: &str) -> Result<ResolvedTopic> {
-        if let Some(topic) = self.lock().get(destination) {
-            return Ok(topic.clone());
-        }
-        let topic_ref = TopicRef::parse(destination)?;
-        let name = topic_ref.name().to_owned();
-        let arn = match topic_ref {
-            TopicRef::Arn { arn, .. } => arn,
-            TopicRef::Name(name) => match &self.config.topic_arn_prefix {
-                Some(prefix) => format!("{prefix}{name}"),
-                None => self.look_up(&name).await?,
-            },
-        };
-        let topic = ResolvedTopic {
-            fifo: is_fifo_name(&name),
-            name,
-            arn,
-        };
-        let mut topics = self.lock();
-        if topics.len() >= MAX_CACHED_TOPICS {
-            topics.clear();
-        }
-        topics.insert(destination.to_owned(), topic.clone());
-        Ok(topic)
+        Batches(self).resolve(destination).await.map(|t| t.address)
     }
 
     /// The ARN of topic `name`, from the pages of `ListTopics`.
     async fn look_up(&self, name: &str) -> Result<String> {
-        let context = || format!("ListTopics for SNS topic `{name}` ({})", self.location);
+        let context = || format!("ListTopics for SNS topic `{name}` ({})", self.core.location);
         let suffix = format!(":{name}");
         let mut next_token = None;
         loop {
@@ -163,7 +120,7 @@ impl SnsSink {
                 .set_next_token(next_token)
                 .send()
                 .await
-                .map_err(|e| with_hint(classify_sdk_error(&e).context(context())))?;
+                .map_err(|e| HINTS.apply(classify_sdk_error(&e).context(context())))?;
             if let Some(arn) = page
                 .topics()
                 .iter()
@@ -177,17 +134,13 @@ impl SnsSink {
                 _ => break,
             }
         }
-        Err(with_hint(
+        Err(HINTS.apply(
             Error::new(
                 ErrorKind::Unroutable,
                 format!("{}: no such topic", context()),
             )
             .temporary(),
         ))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ResolvedTopic>> {
-        self.topics.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -215,30 +168,18 @@ fn entry(id: String, message: &PreparedMessage) -> Result<PublishBatchRequestEnt
     builder.build().map_err(build_error)
 }
 
-/// Add what to do to the errors an operator must act on.
-fn with_hint(error: Error) -> Error {
-    let text = match error.kind() {
-        ErrorKind::Unroutable if error.is_retryable() => {
-            "create the topic, or fix sink.sns.topic / the row's destination"
-        }
-        ErrorKind::Unauthorized => {
-            "check the AWS credentials of the relay and its sns:Publish / sns:ListTopics \
-             (and kms:GenerateDataKey, kms:Decrypt for encrypted topics) permissions"
-        }
-        ErrorKind::Config => "check sink.sns.endpoint and sink.sns.region",
-        _ => return error,
-    };
-    hint(error, text)
-}
-
 /// The sink as [`batch::publish`] drives it (a private view, so the batch API stays out of the
 /// sink's public interface).
 struct Batches<'a>(&'a SnsSink);
 
 #[async_trait]
 impl BatchService for Batches<'_> {
-    type Target = ResolvedTopic;
     const SERVICE: &'static str = "SNS";
+    const HINTS: Hints = HINTS;
+
+    fn core(&self) -> &SinkCore {
+        &self.0.core
+    }
 
     fn max_request_bytes(&self) -> usize {
         self.0.config.max_request_bytes
@@ -248,25 +189,26 @@ impl BatchService for Batches<'_> {
         self.0.config.max_concurrent_requests
     }
 
-    async fn resolve_target(&self, destination: &str) -> Result<ResolvedTopic> {
-        self.0.resolve(destination).await
-    }
-
-    fn forget_target(&self, destination: &str) {
-        self.0.lock().remove(destination);
-    }
-
-    fn target_name<'a>(&self, topic: &'a ResolvedTopic) -> &'a str {
-        &topic.arn
-    }
-
-    fn prepare_message(&self, event: &OutboxEvent, topic: &ResolvedTopic) -> PreparedMessage {
-        prepare(event, topic.fifo, topic.fifo, self.0.cloudevents.as_ref())
+    async fn look_up(&self, destination: &str) -> Result<Target> {
+        let topic_ref = TopicRef::parse(destination)?;
+        let name = topic_ref.name().to_owned();
+        let arn = match topic_ref {
+            TopicRef::Arn { arn, .. } => arn,
+            TopicRef::Name(name) => match &self.0.config.topic_arn_prefix {
+                Some(prefix) => format!("{prefix}{name}"),
+                None => self.0.look_up(&name).await?,
+            },
+        };
+        Ok(Target {
+            fifo: is_fifo_name(&name),
+            name,
+            address: arn,
+        })
     }
 
     async fn send_batch(
         &self,
-        topic: &ResolvedTopic,
+        topic: &Target,
         entries: Vec<(String, &PreparedMessage)>,
     ) -> Result<BatchAnswer> {
         let entries = entries
@@ -277,32 +219,24 @@ impl BatchService for Batches<'_> {
             .0
             .client
             .publish_batch()
-            .topic_arn(&topic.arn)
+            .topic_arn(&topic.address)
             .set_publish_batch_request_entries(Some(entries))
             .send()
             .await
-            .map_err(|e| with_hint(classify_sdk_error(&e).context(self.context(topic))))?;
-        Ok(BatchAnswer {
-            successful: output
-                .successful()
-                .iter()
-                .filter_map(|ok| ok.id().map(str::to_owned))
-                .collect(),
-            failed: output
+            .map_err(|e| self.explain(classify_sdk_error(&e), topic))?;
+        Ok(BatchAnswer::new(
+            output.successful().iter().filter_map(|ok| ok.id()),
+            output
                 .failed()
                 .iter()
-                .map(|failed| {
-                    let error = with_hint(classify_entry(failed).context(self.context(topic)));
-                    (failed.id().to_owned(), error)
-                })
-                .collect(),
-        })
+                .map(|failed| (failed.id(), self.explain(classify_entry(failed), topic))),
+        ))
     }
 
-    fn context(&self, topic: &ResolvedTopic) -> String {
+    fn context(&self, topic: &Target) -> String {
         format!(
             "PublishBatch to SNS topic `{}` ({})",
-            topic.name, self.0.location
+            topic.name, self.0.core.location
         )
     }
 }
@@ -325,7 +259,7 @@ impl Sink for SnsSink {
     }
 
     fn destination(&self, event: &OutboxEvent) -> String {
-        self.template.render(event)
+        self.core.destination(event)
     }
 
     /// With a fixed topic: resolve it and `GetTopicAttributes` of it (reachable, credentials
@@ -340,82 +274,63 @@ impl Sink for SnsSink {
                 e
             }
         };
-        if let Some(destination) = &self.fixed_destination {
-            let topic = self.resolve(destination).await.map_err(missing_is_config)?;
+        if let Some(destination) = &self.core.fixed_destination {
+            let topic = Batches(self)
+                .resolve(destination)
+                .await
+                .map_err(missing_is_config)?;
             let answer = self
                 .client
                 .get_topic_attributes()
-                .topic_arn(&topic.arn)
+                .topic_arn(&topic.address)
                 .send()
                 .await;
-            return match answer {
-                Ok(_) => Ok(()),
-                Err(e) if is_access_denied(&e) => Ok(()),
-                Err(e) => {
-                    self.lock().remove(destination);
-                    Err(missing_is_config(with_hint(
-                        classify_sdk_error(&e).context(format!(
-                            "GetTopicAttributes of SNS topic `{}` ({})",
-                            topic.name, self.location
-                        )),
-                    )))
-                }
-            };
+            return check_answer(answer, |e| {
+                self.core.forget(destination);
+                missing_is_config(HINTS.apply(classify_sdk_error(&e).context(format!(
+                    "GetTopicAttributes of SNS topic `{}` ({})",
+                    topic.name, self.core.location
+                ))))
+            });
         }
-        match self.client.list_topics().send().await {
-            Ok(_) => Ok(()),
-            Err(e) if is_access_denied(&e) => Ok(()),
-            Err(e) => Err(with_hint(
-                classify_sdk_error(&e).context(format!("ListTopics on SNS ({})", self.location)),
-            )),
-        }
+        let answer = self.client.list_topics().send().await;
+        check_answer(answer, |e| {
+            HINTS.apply(
+                classify_sdk_error(&e)
+                    .context(format!("ListTopics on SNS ({})", self.core.location)),
+            )
+        })
     }
 
     async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
-        let destinations: Vec<String> = batch.iter().map(|e| self.destination(e)).collect();
-        Ok(batch::publish(&Batches(self), batch, &destinations).await)
+        Ok(batch::publish(&Batches(self), batch).await)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use outboxkit_aws::testkit;
+
     use super::*;
 
     #[test]
     fn region_is_required_and_credentials_never_show() {
-        let sdk = aws_config::SdkConfig::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .build();
-        let e = SnsSink::from_sdk_config(SnsConfig::default(), &sdk).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.message().starts_with("sink.sns.region: "), "{e}");
-        let sink = SnsSink::from_sdk_config(
-            SnsConfig {
-                region: Some("eu-west-1".into()),
-                endpoint: Some("http://user:pw@127.0.0.1:4566".into()),
-                ..SnsConfig::default()
+        testkit::assert_region_required_and_user_info_hidden(
+            "sink.sns",
+            |region, endpoint, sdk| {
+                let config = SnsConfig {
+                    region,
+                    endpoint,
+                    ..SnsConfig::default()
+                };
+                SnsSink::from_sdk_config(config, sdk)
             },
-            &sdk,
-        )
-        .unwrap();
-        let debug = format!("{sink:?}");
-        assert!(
-            debug.contains("eu-west-1 at http://127.0.0.1:4566"),
-            "{debug}"
         );
-        assert!(!debug.contains("pw"), "{debug}");
     }
 
     #[test]
     fn fifo_entries_carry_group_and_deduplication_ids() {
-        let message = PreparedMessage {
-            body: "{}".into(),
-            attributes: vec![("event_id".into(), "x".into())],
-            group_id: Some("42".into()),
-            deduplication_id: Some("x".into()),
-            size: 2,
-        };
-        let entry = entry(batch::entry_id(3), &message).unwrap();
+        let entry = entry(batch::entry_id(3), &testkit::fifo_message()).unwrap();
         assert_eq!(entry.id(), "e3");
         assert_eq!(entry.message(), "{}");
         assert_eq!(entry.message_group_id(), Some("42"));

@@ -1,5 +1,6 @@
 //! Destinations: a topic name or ARN, and whether it is a FIFO topic.
 
+pub use outboxkit_aws::sink::is_fifo_name;
 use outboxkit_core::{Error, ErrorKind, Result};
 
 /// Longest topic name SNS allows, `.fifo` suffix included.
@@ -53,33 +54,10 @@ impl TopicRef {
     }
 }
 
-/// Whether `name` names a FIFO topic.
-pub fn is_fifo_name(name: &str) -> bool {
-    name.ends_with(".fifo")
-}
-
-/// SNS topic names: 1 to 256 characters of `A-Z a-z 0-9 - _`, plus the `.fifo` suffix of FIFO
-/// topics (counted in the 256).
+/// SNS topic names: 1 to 256 characters of `A-Z a-z 0-9 - _`, plus the `.fifo`
+/// suffix of FIFO topics (counted in the 256).
 fn check_name(name: &str) -> std::result::Result<(), String> {
-    let base = name.strip_suffix(".fifo").unwrap_or(name);
-    if base.is_empty() {
-        return Err("a topic name must not be empty".to_owned());
-    }
-    if name.len() > MAX_TOPIC_NAME {
-        return Err(format!(
-            "a topic name has at most {MAX_TOPIC_NAME} characters, this one {}",
-            name.len()
-        ));
-    }
-    if let Some(bad) = base
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-    {
-        return Err(format!(
-            "a topic name may only hold letters, digits, `-` and `_` (and end in `.fifo`), not {bad:?}"
-        ));
-    }
-    Ok(())
+    outboxkit_aws::sink::check_name(name, "topic", MAX_TOPIC_NAME)
 }
 
 #[cfg(test)]

@@ -5,32 +5,20 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::time::Duration;
-
-use outboxkit_core::cloudevents::{Format, STRUCTURED_CONTENT_TYPE};
+use outboxkit_aws::testkit::{
+    assert_fifo_messages, assert_headers_arrived, assert_structured_messages,
+    event_past_the_attribute_limit, large_batch, publish, publish_fifo_case, READ_TIMEOUT,
+};
+use outboxkit_core::cloudevents::Format;
 use outboxkit_core::testkit::cloudevents::{
-    assert_bad_source_refused, check_structured, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
+    assert_bad_source_refused, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
-use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, sample_batch, sample_event, unique_prefix,
-};
-use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_core::testkit::sink_suite::{assert_all_published, sample_batch, unique_prefix};
+use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_sink_sns::{SnsConfig, SnsSink};
-
-const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn sink(config: SnsConfig) -> SnsSink {
     common::sink(config).expect("a valid sink configuration")
-}
-
-async fn publish(sink: &dyn Sink, batch: &[OutboxEvent]) -> Vec<Outcome> {
-    let outcomes = sink
-        .publish(batch)
-        .await
-        .unwrap_or_else(|e| panic!("publish failed as a whole: {e}"));
-    assert_eq!(outcomes.len(), batch.len());
-    outcomes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,43 +27,13 @@ async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
     let topic = format!("{}.fifo", unique_prefix());
     let (arn, url) = common::topic(&sns, &topic).await;
     let sink = sink(common::config(&topic));
-    // Several events per aggregate in one call (the sink sends them in waves), then the
-    // engine's way: one event per aggregate per call.
-    let batch = sample_batch(1, 40, "order", 4);
-    assert_all_published(&publish(&sink, &batch).await);
-    let more = sample_batch(41, 20, "order", 4);
-    for wave in more.chunks(4) {
-        assert_all_published(&publish(&sink, wave).await);
-    }
-    let all: Vec<OutboxEvent> = batch.into_iter().chain(more).collect();
+    let all = publish_fifo_case(&sink).await;
     let received = sns.queue().receive_all(&url, all.len(), READ_TIMEOUT).await;
-    assert_eq!(received.len(), all.len());
-    let by_id: HashMap<String, &OutboxEvent> =
-        all.iter().map(|e| (e.event_id.to_string(), e)).collect();
-    let mut order: HashMap<&str, Vec<i64>> = HashMap::new();
-    for message in &received {
-        let event = by_id[message.attribute("event_id")];
-        assert_eq!(
-            message.group_id.as_deref(),
-            Some(event.aggregate_id.as_str())
-        );
-        assert_eq!(
-            message.deduplication_id.as_deref(),
-            Some(event.event_id.to_string().as_str())
-        );
-        assert_eq!(message.body.as_bytes(), event.payload_bytes());
-        assert_eq!(
-            message.attribute("traceparent"),
-            event.headers["traceparent"]
-        );
-        order.entry(&event.aggregate_id).or_default().push(event.id);
-    }
-    for (aggregate, ids) in order {
-        let mut sorted = ids.clone();
-        sorted.sort_unstable();
-        assert_eq!(ids, sorted, "aggregate {aggregate} out of order");
-        assert_eq!(ids.len(), 15);
-    }
+    let fields = received.iter().map(|m| {
+        let (group_id, deduplication_id) = (m.group_id.as_deref(), m.deduplication_id.as_deref());
+        (m.body.as_str(), &m.attributes, group_id, deduplication_id)
+    });
+    assert_fifo_messages(&all, fields);
     sns.queue().delete_queue(&url).await;
     sns.delete_topic(&arn).await;
 }
@@ -187,22 +145,12 @@ async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
     let topic = unique_prefix();
     let (arn, url) = common::topic(&sns, &topic).await;
     let sink = sink(common::config(&topic));
-    let mut event = sample_event(1, "order", "42", "OrderPlaced");
-    for i in 0..8 {
-        event
-            .headers
-            .insert(format!("x-h{i}"), format!("value {i}"));
-    }
-    event.headers.insert("bad:name".into(), "kept".into());
-    event.headers.insert("empty".into(), String::new());
+    let event = event_past_the_attribute_limit();
     assert_all_published(&publish(&sink, std::slice::from_ref(&event)).await);
     let received = sns.queue().receive_all(&url, 1, READ_TIMEOUT).await;
     assert_eq!(received.len(), 1);
     let message = &received[0];
-    assert_eq!(message.attribute_count, 10, "the limit, fully used");
-    for (name, value) in &event.headers {
-        assert_eq!(message.attributes.get(name), Some(value), "header {name}");
-    }
+    assert_headers_arrived(&event, &message.attributes, message.attribute_count);
     sns.queue().delete_queue(&url).await;
     sns.delete_topic(&arn).await;
 }
@@ -225,16 +173,10 @@ async fn cloudevents_structured_mode_sends_the_document_as_the_message() {
     sns.queue().delete_queue(&url).await;
     sns.delete_topic(&arn).await;
     assert_eq!(received.len(), 3);
-    for event in &events {
-        let id = event.event_id.to_string();
-        let message = received
-            .iter()
-            .find(|m| m.attribute("event_id") == id)
-            .unwrap_or_else(|| panic!("no message of event {id}"));
-        assert_eq!(message.attribute_count, 5);
-        assert_eq!(message.attribute("content_type"), STRUCTURED_CONTENT_TYPE);
-        check_structured(event, message.body.as_bytes());
-    }
+    let fields = received
+        .iter()
+        .map(|m| (m.body.as_str(), &m.attributes, m.attribute_count));
+    assert_structured_messages(&events, fields);
 }
 
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
@@ -254,12 +196,7 @@ async fn large_calls_are_split_into_requests_sns_accepts() {
     let topic = unique_prefix();
     let (arn, url) = common::topic(&sns, &topic).await;
     let sink = sink(common::config(&topic));
-    // 60 events of 60 KiB: 3.6 MiB, far beyond one request (10 entries, 256 KiB).
-    let mut batch = sample_batch(1, 60, "order", 60);
-    for event in &mut batch {
-        event.payload = format!("{{\"blob\": \"{}\"}}", "y".repeat(60 * 1024)).into_bytes();
-    }
-    assert_all_published(&publish(&sink, &batch).await);
+    assert_all_published(&publish(&sink, &large_batch()).await);
     assert_eq!(
         sns.queue().receive_all(&url, 60, READ_TIMEOUT).await.len(),
         60

@@ -1,5 +1,6 @@
 //! Destinations: a queue name, URL or ARN, and whether it is a FIFO queue.
 
+pub use outboxkit_aws::sink::is_fifo_name;
 use outboxkit_core::{Error, ErrorKind, Result};
 
 /// Longest queue name SQS allows, `.fifo` suffix included.
@@ -83,33 +84,10 @@ impl QueueRef {
     }
 }
 
-/// Whether `name` names a FIFO queue.
-pub fn is_fifo_name(name: &str) -> bool {
-    name.ends_with(".fifo")
-}
-
-/// SQS queue names: 1 to 80 characters of `A-Z a-z 0-9 - _`, plus the `.fifo` suffix of FIFO
-/// queues (counted in the 80).
+/// SQS queue names: 1 to 80 characters of `A-Z a-z 0-9 - _`, plus the `.fifo`
+/// suffix of FIFO queues (counted in the 80).
 fn check_name(name: &str) -> std::result::Result<(), String> {
-    let base = name.strip_suffix(".fifo").unwrap_or(name);
-    if base.is_empty() {
-        return Err("a queue name must not be empty".to_owned());
-    }
-    if name.len() > MAX_QUEUE_NAME {
-        return Err(format!(
-            "a queue name has at most {MAX_QUEUE_NAME} characters, this one {}",
-            name.len()
-        ));
-    }
-    if let Some(bad) = base
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-    {
-        return Err(format!(
-            "a queue name may only hold letters, digits, `-` and `_` (and end in `.fifo`), not {bad:?}"
-        ));
-    }
-    Ok(())
+    outboxkit_aws::sink::check_name(name, "queue", MAX_QUEUE_NAME)
 }
 
 #[cfg(test)]

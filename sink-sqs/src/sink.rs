@@ -1,36 +1,30 @@
 //! The [`Sink`] implementation: `SendMessageBatch` requests of at most 10 entries and
 //! `max_request_bytes`, sent concurrently, one outcome per event from SQS's per-entry answer.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_sdk_sqs::config::Region;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
-use outboxkit_aws::batch::{self, fixed_destination, BatchAnswer, BatchService};
-use outboxkit_aws::message::{prepare, PreparedMessage, STRING_TYPE};
-use outboxkit_core::cloudevents::CloudEvents;
-use outboxkit_core::{
-    DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
-};
+use outboxkit_aws::batch::{self, BatchAnswer, BatchService};
+use outboxkit_aws::classify::{check_answer, Hints};
+use outboxkit_aws::message::{PreparedMessage, STRING_TYPE};
+use outboxkit_aws::sink::{SinkCore, Target};
+use outboxkit_core::{Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities};
 
-use crate::classify::{classify_entry, classify_sdk_error, is_access_denied};
+use crate::classify::{classify_entry, classify_sdk_error};
 use crate::config::{SqsConfig, SQS_MAX_REQUEST_BYTES};
 use crate::queue::QueueRef;
 
-/// Resolved queues kept at most; past it the cache starts over (rows with ever-new
-/// destinations must not grow memory without bound).
-const MAX_CACHED_QUEUES: usize = 10_000;
-
-/// A queue ready to send to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ResolvedQueue {
-    name: String,
-    url: String,
-    fifo: bool,
-}
+/// What to do about the errors an operator must act on.
+const HINTS: Hints = Hints {
+    missing_destination: "create the queue, or fix sink.sqs.queue / the row's destination",
+    unauthorized:
+        "check the AWS credentials of the relay and its sqs:SendMessage / sqs:GetQueueUrl \
+         (and kms:GenerateDataKey, kms:Decrypt for encrypted queues) permissions",
+    config: "check sink.sqs.endpoint and sink.sqs.region",
+};
 
 /// Publishes outbox events to Amazon SQS (standard and FIFO queues) with `SendMessageBatch`.
 ///
@@ -56,20 +50,14 @@ struct ResolvedQueue {
 /// they come from the AWS chain).
 pub struct SqsSink {
     config: SqsConfig,
-    template: DestinationTemplate,
-    cloudevents: Option<CloudEvents>,
-    /// The template's destination when it does not depend on the event.
-    fixed_destination: Option<String>,
     client: Client,
-    /// `us-east-1 at http://127.0.0.1:4566`, for messages.
-    location: String,
-    queues: Mutex<HashMap<String, ResolvedQueue>>,
+    core: SinkCore,
 }
 
 impl fmt::Debug for SqsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqsSink")
-            .field("location", &self.location)
+            .field("location", &self.core.location)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -101,8 +89,6 @@ impl SqsSink {
     /// client...); the `region` and `endpoint` keys of `config` still win over it.
     pub fn from_sdk_config(config: SqsConfig, sdk_config: &aws_config::SdkConfig) -> Result<Self> {
         config.validate()?;
-        let template = config.template()?;
-        let cloudevents = config.cloudevents()?;
         let settings = config.client_settings();
         let region = settings.region(sdk_config)?;
         let mut builder = aws_sdk_sqs::config::Builder::from(sdk_config)
@@ -112,17 +98,11 @@ impl SqsSink {
         if let Some(endpoint) = settings.endpoint_url() {
             builder = builder.endpoint_url(endpoint);
         }
-        let client = Client::from_conf(builder.build());
         let location = settings.location(&region);
-        let fixed_destination = fixed_destination(&template);
         Ok(Self {
+            core: SinkCore::new(config.template()?, config.cloudevents()?, location),
             config,
-            template,
-            cloudevents,
-            fixed_destination,
-            client,
-            location,
-            queues: Mutex::new(HashMap::new()),
+            client: Client::from_conf(builder.build()),
         })
     }
 
@@ -139,73 +119,7 @@ impl SqsSink {
     /// The URL of the queue `destination` names (a name, URL or ARN), resolved once with
     /// `GetQueueUrl` and cached.
     pub async fn queue_url(&self, destination: &str) -> Result<String> {
-        self.resolve(destination).await.map(|q| q.url)
-    }
-
-    async fn resolve(&self, destination: &str) -> Result<ResolvedQueue> {
-        if let Some(queue) = self.cached(destination) {
-            return Ok(queue);
-        }
-        let queue_ref = QueueRef::parse(destination)?;
-        let fifo = queue_ref.is_fifo();
-        let queue = match queue_ref {
-            QueueRef::Url { url, name } => ResolvedQueue { name, url, fifo },
-            QueueRef::Name { name, owner } => {
-                let owner = owner.or_else(|| self.config.queue_owner_account_id.clone());
-                let answer = self
-                    .client
-                    .get_queue_url()
-                    .queue_name(&name)
-                    .set_queue_owner_aws_account_id(owner)
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        let error = classify_sdk_error(&e).context(format!(
-                            "GetQueueUrl of SQS queue `{name}` ({})",
-                            self.location
-                        ));
-                        with_hint(error)
-                    })?;
-                let url = answer
-                    .queue_url()
-                    .filter(|u| !u.is_empty())
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Other,
-                            format!(
-                            "GetQueueUrl of SQS queue `{name}` ({}): the answer holds no queue URL",
-                            self.location
-                        ),
-                        )
-                    })?;
-                ResolvedQueue {
-                    url: url.to_owned(),
-                    name,
-                    fifo,
-                }
-            }
-        };
-        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        if queues.len() >= MAX_CACHED_QUEUES {
-            queues.clear();
-        }
-        queues.insert(destination.to_owned(), queue.clone());
-        Ok(queue)
-    }
-
-    fn cached(&self, destination: &str) -> Option<ResolvedQueue> {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(destination)
-            .cloned()
-    }
-
-    fn forget(&self, destination: &str) {
-        self.queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(destination);
+        Batches(self).resolve(destination).await.map(|q| q.address)
     }
 }
 
@@ -233,22 +147,6 @@ fn entry(id: String, message: &PreparedMessage) -> Result<SendMessageBatchReques
     builder.build().map_err(build_error)
 }
 
-/// Add what to do to the errors an operator must act on.
-fn with_hint(error: Error) -> Error {
-    let hint = match error.kind() {
-        ErrorKind::Unroutable if error.is_retryable() => {
-            "create the queue, or fix sink.sqs.queue / the row's destination"
-        }
-        ErrorKind::Unauthorized => {
-            "check the AWS credentials of the relay and its sqs:SendMessage / sqs:GetQueueUrl \
-             (and kms:GenerateDataKey, kms:Decrypt for encrypted queues) permissions"
-        }
-        ErrorKind::Config => "check sink.sqs.endpoint and sink.sqs.region",
-        _ => return error,
-    };
-    outboxkit_aws::classify::with_hint(error, hint)
-}
-
 /// The sink as [`batch::publish`] drives it (a private view, so the batch API stays out of the
 /// sink's public interface).
 struct Batches<'a>(&'a SqsSink);
@@ -263,8 +161,12 @@ impl std::ops::Deref for Batches<'_> {
 
 #[async_trait]
 impl BatchService for Batches<'_> {
-    type Target = ResolvedQueue;
     const SERVICE: &'static str = "SQS";
+    const HINTS: Hints = HINTS;
+
+    fn core(&self) -> &SinkCore {
+        &self.core
+    }
 
     fn max_request_bytes(&self) -> usize {
         self.config.max_request_bytes
@@ -274,26 +176,60 @@ impl BatchService for Batches<'_> {
         self.config.max_concurrent_requests
     }
 
-    async fn resolve_target(&self, destination: &str) -> Result<ResolvedQueue> {
-        self.resolve(destination).await
+    async fn look_up(&self, destination: &str) -> Result<Target> {
+        let queue_ref = QueueRef::parse(destination)?;
+        let fifo = queue_ref.is_fifo();
+        let (name, owner) = match queue_ref {
+            QueueRef::Url { url, name } => {
+                return Ok(Target {
+                    name,
+                    address: url,
+                    fifo,
+                })
+            }
+            QueueRef::Name { name, owner } => (name, owner),
+        };
+        let owner = owner.or_else(|| self.config.queue_owner_account_id.clone());
+        let answer = self
+            .client
+            .get_queue_url()
+            .queue_name(&name)
+            .set_queue_owner_aws_account_id(owner)
+            .send()
+            .await
+            .map_err(|e| {
+                let error = classify_sdk_error(&e).context(format!(
+                    "GetQueueUrl of SQS queue `{name}` ({})",
+                    self.core.location
+                ));
+                HINTS.apply(error)
+            })?;
+        let url = answer
+            .queue_url()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Other,
+                    format!(
+                        "GetQueueUrl of SQS queue `{name}` ({}): the answer holds no queue URL",
+                        self.core.location
+                    ),
+                )
+            })?;
+        Ok(Target {
+            address: url.to_owned(),
+            name,
+            fifo,
+        })
     }
 
-    fn forget_target(&self, destination: &str) {
-        self.forget(destination);
-    }
-
-    fn target_name<'a>(&self, queue: &'a ResolvedQueue) -> &'a str {
-        &queue.url
-    }
-
-    fn prepare_message(&self, event: &OutboxEvent, queue: &ResolvedQueue) -> PreparedMessage {
-        let group_id = queue.fifo || self.config.fair_queue_group;
-        prepare(event, group_id, queue.fifo, self.cloudevents.as_ref())
+    fn group_id(&self, queue: &Target) -> bool {
+        queue.fifo || self.config.fair_queue_group
     }
 
     async fn send_batch(
         &self,
-        queue: &ResolvedQueue,
+        queue: &Target,
         entries: Vec<(String, &PreparedMessage)>,
     ) -> Result<BatchAnswer> {
         let entries = entries
@@ -303,32 +239,24 @@ impl BatchService for Batches<'_> {
         let output = self
             .client
             .send_message_batch()
-            .queue_url(&queue.url)
+            .queue_url(&queue.address)
             .set_entries(Some(entries))
             .send()
             .await
-            .map_err(|e| with_hint(classify_sdk_error(&e).context(self.context(queue))))?;
-        Ok(BatchAnswer {
-            successful: output
-                .successful()
-                .iter()
-                .map(|ok| ok.id().to_owned())
-                .collect(),
-            failed: output
+            .map_err(|e| self.explain(classify_sdk_error(&e), queue))?;
+        Ok(BatchAnswer::new(
+            output.successful().iter().map(|ok| ok.id()),
+            output
                 .failed()
                 .iter()
-                .map(|failed| {
-                    let error = with_hint(classify_entry(failed).context(self.context(queue)));
-                    (failed.id().to_owned(), error)
-                })
-                .collect(),
-        })
+                .map(|failed| (failed.id(), self.explain(classify_entry(failed), queue))),
+        ))
     }
 
-    fn context(&self, queue: &ResolvedQueue) -> String {
+    fn context(&self, queue: &Target) -> String {
         format!(
             "SendMessageBatch to SQS queue `{}` ({})",
-            queue.name, self.location
+            queue.name, self.core.location
         )
     }
 }
@@ -353,72 +281,56 @@ impl Sink for SqsSink {
     }
 
     fn destination(&self, event: &OutboxEvent) -> String {
-        self.template.render(event)
+        self.core.destination(event)
     }
 
     /// With a fixed queue name: `GetQueueUrl` of it (reachable, credentials accepted, queue
     /// exists). Otherwise `ListQueues` (an `AccessDenied` answer proves the endpoint and the
     /// credentials, so it passes: the relay needs no permission to list queues).
     async fn check(&self) -> Result<()> {
-        if let Some(destination) = &self.fixed_destination {
+        if let Some(destination) = &self.core.fixed_destination {
             if matches!(QueueRef::parse(destination), Ok(QueueRef::Name { .. })) {
-                return self.resolve(destination).await.map(drop);
+                return Batches(self).resolve(destination).await.map(drop);
             }
         }
-        match self.client.list_queues().max_results(1).send().await {
-            Ok(_) => Ok(()),
-            Err(e) if is_access_denied(&e) => Ok(()),
-            Err(e) => Err(with_hint(
-                classify_sdk_error(&e).context(format!("ListQueues on SQS ({})", self.location)),
-            )),
-        }
+        let answer = self.client.list_queues().max_results(1).send().await;
+        check_answer(answer, |e| {
+            HINTS.apply(
+                classify_sdk_error(&e)
+                    .context(format!("ListQueues on SQS ({})", self.core.location)),
+            )
+        })
     }
 
     async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
-        let destinations: Vec<String> = batch.iter().map(|e| self.destination(e)).collect();
-        Ok(batch::publish(&Batches(self), batch, &destinations).await)
+        Ok(batch::publish(&Batches(self), batch).await)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use outboxkit_aws::testkit;
+
     use super::*;
 
     #[test]
     fn region_is_required() {
-        let sdk = aws_config::SdkConfig::builder()
-            .behavior_version(aws_config::BehaviorVersion::latest())
-            .build();
-        let e = SqsSink::from_sdk_config(SqsConfig::default(), &sdk).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.message().starts_with("sink.sqs.region: "), "{e}");
-        let sink = SqsSink::from_sdk_config(
-            SqsConfig {
-                region: Some("eu-west-1".into()),
-                endpoint: Some("http://user:pw@127.0.0.1:4566".into()),
-                ..SqsConfig::default()
+        testkit::assert_region_required_and_user_info_hidden(
+            "sink.sqs",
+            |region, endpoint, sdk| {
+                let config = SqsConfig {
+                    region,
+                    endpoint,
+                    ..SqsConfig::default()
+                };
+                SqsSink::from_sdk_config(config, sdk)
             },
-            &sdk,
-        )
-        .unwrap();
-        let debug = format!("{sink:?}");
-        assert!(
-            debug.contains("eu-west-1 at http://127.0.0.1:4566"),
-            "{debug}"
         );
-        assert!(!debug.contains("pw"), "{debug}");
     }
 
     #[test]
     fn batch_entries_carry_ids_attributes_and_fifo_fields() {
-        let message = PreparedMessage {
-            body: "{}".into(),
-            attributes: vec![("event_id".into(), "x".into())],
-            group_id: Some("42".into()),
-            deduplication_id: Some("x".into()),
-            size: 2,
-        };
-        let entry = entry(batch::entry_id(7), &message).unwrap();
+        let entry = entry(batch::entry_id(7), &testkit::fifo_message()).unwrap();
         assert_eq!(entry.id(), "e7");
         assert_eq!(entry.message_body(), "{}");
         assert_eq!(entry.message_group_id(), Some("42"));

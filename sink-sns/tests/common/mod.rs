@@ -4,9 +4,7 @@
 
 #![allow(dead_code)]
 
-use aws_credential_types::provider::SharedCredentialsProvider;
-use aws_credential_types::Credentials;
-use aws_sdk_sns::config::Region;
+use outboxkit_aws::testkit;
 use outboxkit_harness::{sqs_endpoint, SnsSide};
 use outboxkit_sink_sns::{SnsConfig, SnsSink, OVERFLOW_ATTRIBUTE};
 
@@ -21,13 +19,7 @@ pub fn config(topic: &str) -> SnsConfig {
 
 /// A sink built from `config` with the dummy credentials `test`/`test` LocalStack accepts.
 pub fn sink(config: SnsConfig) -> outboxkit_core::Result<SnsSink> {
-    let credentials = Credentials::new("test", "test", None, None, "outboxkit-tests");
-    let sdk_config = aws_config::SdkConfig::builder()
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(SharedCredentialsProvider::new(credentials))
-        .build();
-    SnsSink::from_sdk_config(config, &sdk_config)
+    SnsSink::from_sdk_config(config, &testkit::sdk_config())
 }
 
 /// The harness's SNS side on the test server, merging the sink's overflow attribute.

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use aws_sdk_sqs::config::{Credentials, Region};
+use outboxkit_aws::testkit;
 use outboxkit_harness::{sqs_endpoint, SqsSide};
 use outboxkit_sink_sqs::{SqsConfig, SqsSink, OVERFLOW_ATTRIBUTE};
 
@@ -18,15 +18,7 @@ pub fn config(queue: &str) -> SqsConfig {
 
 /// A sink built from `config` with the dummy credentials `test`/`test` LocalStack accepts.
 pub fn sink(config: SqsConfig) -> outboxkit_core::Result<SqsSink> {
-    let credentials = Credentials::new("test", "test", None, None, "outboxkit-tests");
-    let sdk_config = aws_config::SdkConfig::builder()
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(
-            aws_credential_types::provider::SharedCredentialsProvider::new(credentials),
-        )
-        .build();
-    SqsSink::from_sdk_config(config, &sdk_config)
+    SqsSink::from_sdk_config(config, &testkit::sdk_config())
 }
 
 /// The harness's SQS side on the test server, merging the sink's overflow attribute.
