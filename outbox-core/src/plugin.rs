@@ -44,11 +44,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sink::Sink;
 use crate::store::Store;
 
@@ -141,6 +142,31 @@ pub fn sink_section(kind: &str) -> String {
     kind.replace('-', "_")
 }
 
+/// The bytes of a file that setting `<section>.<key>` names (a CA certificate, a client key, a
+/// credentials file), read by `validate` so that a missing file stops the relay before it
+/// connects. The error names the setting: `sink.nats.tls.ca_file: cannot read `/etc/ca.pem`:
+/// No such file or directory (os error 2)`.
+pub fn read_setting_file(section: &str, key: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        Error::config(format!(
+            "{section}.{key}: cannot read `{}`: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// Refuse a zero duration: the first of `durations` (each a key under `section` and its value)
+/// that is zero is a configuration error naming it, `sink.nats.connect_timeout: must be longer
+/// than 0s`.
+pub fn refuse_zero_durations(section: &str, durations: &[(&str, Duration)]) -> Result<()> {
+    match durations.iter().find(|(_, value)| value.is_zero()) {
+        Some((key, _)) => Err(Error::config(format!(
+            "{section}.{key}: must be longer than 0s"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +175,34 @@ mod tests {
     fn sections_use_underscores() {
         assert_eq!(sink_section("redis-streams"), "redis_streams");
         assert_eq!(sink_section("kafka"), "kafka");
+    }
+
+    #[test]
+    fn the_first_zero_duration_is_refused() {
+        let second = Duration::from_secs(1);
+        refuse_zero_durations("sink.x", &[("a", second), ("b", second)]).unwrap();
+        refuse_zero_durations("sink.x", &[]).unwrap();
+        let e = refuse_zero_durations(
+            "sink.x",
+            &[("a", second), ("b", Duration::ZERO), ("c", Duration::ZERO)],
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        assert_eq!(e.message(), "sink.x.b: must be longer than 0s");
+    }
+
+    #[test]
+    fn an_unreadable_setting_file_names_the_setting() {
+        let missing = std::env::temp_dir().join("outboxkit-no-such-dir/ca.pem");
+        let e = read_setting_file("sink.nats", "tls.ca_file", &missing).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Config);
+        let expected = format!(
+            "sink.nats.tls.ca_file: cannot read `{}`: ",
+            missing.display()
+        );
+        assert!(e.message().starts_with(&expected), "{e}");
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let bytes = read_setting_file("sink.nats", "tls.ca_file", &here).unwrap();
+        assert_eq!(bytes, std::fs::read(&here).unwrap());
     }
 }

@@ -6,6 +6,11 @@
 /// unparsable value shows (a store shows nothing of it, a sink [`strip_userinfo`]).
 pub fn redact_url(raw: &str) -> Option<String> {
     let mut url = url::Url::parse(raw).ok()?;
+    if url.cannot_be_a_base() && raw.contains('@') {
+        // `word:s3cr3t@host` parses as scheme `word` and an opaque path: no user-info part
+        // to find the password in, so drop whatever stands before the `@`.
+        return Some(strip_userinfo(raw));
+    }
     if url.password().is_some() && url.set_password(Some("***")).is_err() {
         return Some(strip_userinfo(raw));
     }
@@ -24,6 +29,12 @@ pub fn redact_url(raw: &str) -> Option<String> {
         url.query_pairs_mut().clear().extend_pairs(pairs);
     }
     Some(url.to_string())
+}
+
+/// `raw` as an adapter shows it in messages and `Debug` output: [`redact_url`], or
+/// [`strip_userinfo`] when `raw` does not parse as a URL. Never the password either way.
+pub fn redact_url_or_strip(raw: &str) -> String {
+    redact_url(raw).unwrap_or_else(|| strip_userinfo(raw))
 }
 
 /// Text-level redaction for values that do not parse as URLs: everything between `://` (or
@@ -65,5 +76,19 @@ mod tests {
         assert_eq!(strip_userinfo("x://u:s3cr3t@h/p"), "x://***@h/p");
         assert_eq!(strip_userinfo("u:s3cr3t@h"), "***@h");
         assert_eq!(strip_userinfo("plain"), "plain");
+    }
+
+    #[test]
+    fn any_value_is_shown_without_its_password() {
+        assert_eq!(
+            redact_url_or_strip("amqp://app:s3cr3t@mq:5672/%2f"),
+            "amqp://app:***@mq:5672/%2f"
+        );
+        assert_eq!(redact_url_or_strip("not a url:s3cr3t@h"), "***@h");
+        assert_eq!(redact_url_or_strip("not-a-scheme:s3cr3t@h"), "***@h");
+        assert_eq!(
+            redact_url_or_strip("nats://127.0.0.1:4222"),
+            "nats://127.0.0.1:4222"
+        );
     }
 }

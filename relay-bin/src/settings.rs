@@ -553,8 +553,7 @@ where
 
 /// Replace the password of a URL by `***` for logs and errors.
 pub fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url(raw)
-        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
+    outboxkit_core::redact::redact_url_or_strip(raw)
 }
 
 /// The config file's path for messages.

@@ -1,10 +1,12 @@
 //! Configuration of the NATS JetStream sink (`[sink.nats]`).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
+use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -157,7 +159,11 @@ impl NatsConfig {
 
     /// The URL(s) with every password replaced by `***`, fit for logs.
     pub fn redacted_url(&self) -> String {
-        let servers: Vec<String> = self.url.split(',').map(redact_url).collect();
+        let servers: Vec<String> = self
+            .url
+            .split(',')
+            .map(|raw| redact_url_or_strip(raw.trim()))
+            .collect();
         servers.join(",")
     }
 
@@ -171,7 +177,7 @@ impl NatsConfig {
     pub fn servers(&self) -> Result<Vec<url::Url>> {
         let mut servers = Vec::new();
         for raw in self.url.split(',').map(str::trim) {
-            let shown = redact_url(raw);
+            let shown = redact_url_or_strip(raw);
             let url = url::Url::parse(raw).map_err(|e| {
                 Error::config(format!(
                     "{CONFIG_SECTION}.url: `{shown}` is not a URL: {e} \
@@ -230,7 +236,7 @@ impl NatsConfig {
             }
         }
         if let Some(path) = &self.credentials_file {
-            read_file("credentials_file", path)?;
+            read_setting_file(CONFIG_SECTION, "credentials_file", path)?;
         }
         let tls = &self.tls;
         if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
@@ -245,7 +251,7 @@ impl NatsConfig {
             ("tls.client_key_file", &tls.client_key_file),
         ] {
             if let Some(path) = path {
-                read_file(key, path)?;
+                read_setting_file(CONFIG_SECTION, key, path)?;
             }
         }
         if self.max_batch_len == 0 || self.max_batch_len > 10_000 {
@@ -254,16 +260,13 @@ impl NatsConfig {
                 self.max_batch_len
             )));
         }
-        for (key, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("request_timeout", self.request_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.{key}: must be longer than 0s"
-                )));
-            }
-        }
+        refuse_zero_durations(
+            CONFIG_SECTION,
+            &[
+                ("connect_timeout", self.connect_timeout),
+                ("request_timeout", self.request_timeout),
+            ],
+        )?;
         if let Some(stream) = &self.declare_stream {
             stream.validate()?;
         }
@@ -302,11 +305,7 @@ impl StreamDeclaration {
                 )));
             }
         }
-        if self.duplicate_window.is_zero() {
-            return Err(Error::config(format!(
-                "{key}.duplicate_window: must be longer than 0s"
-            )));
-        }
+        refuse_zero_durations(&key, &[("duplicate_window", self.duplicate_window)])?;
         if self.max_msg_size.is_some_and(|size| size < 1) {
             return Err(Error::config(format!(
                 "{key}.max_msg_size: must be at least 1 (leave it out for the server's limit)"
@@ -314,22 +313,6 @@ impl StreamDeclaration {
         }
         Ok(())
     }
-}
-
-fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        Error::config(format!(
-            "{CONFIG_SECTION}.{key}: cannot read `{}`: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
-fn redact_url(raw: &str) -> String {
-    let raw = raw.trim();
-    outboxkit_core::redact::redact_url(raw)
-        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
 /// `kind = "nats"`, settings in `[sink.nats]`; `sink.destination` is the subject template.

@@ -6,21 +6,20 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness, SuiteConsumer};
-use outboxkit_core::Sink;
+use outboxkit_core::testkit::sink_suite::{ConfigHarness, ReceivedMessage, SuiteConsumer};
 use outboxkit_harness::{nats_url, NatsSide};
 use outboxkit_sink_nats::{NatsConfig, NatsSink};
 
 /// The suite's templates are one token (`suite<hex>_{aggregate_type}`), so the sink's start-up
-/// check looks for a stream capturing `*`: `sink` makes one for the template's `probe` subject
-/// before the sink checks, as an operator makes the stream before starting the relay; it is
-/// deleted when the case ends.
-struct NatsHarness {
+/// check looks for a stream capturing `*`: `prepare_template` makes one for the template's
+/// `probe` subject before the sink checks, as an operator makes the stream before starting the
+/// relay; it is deleted when the case ends.
+struct ProbingSide {
     side: NatsSide,
     probes: Mutex<Vec<String>>,
 }
 
-impl Drop for NatsHarness {
+impl Drop for ProbingSide {
     fn drop(&mut self) {
         let probes = std::mem::take(&mut *self.probes.lock().unwrap());
         if probes.is_empty() {
@@ -45,57 +44,39 @@ impl Drop for NatsHarness {
 }
 
 #[async_trait]
-impl SinkHarness for NatsHarness {
-    async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
+impl SuiteConsumer for ProbingSide {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        self.side.read_back(to, expected, wait).await
+    }
+
+    async fn prepare_destination(&self, to: &str) {
+        self.side.prepare_destination(to).await;
+    }
+
+    async fn prepare_template(&self, template: &str) {
         let probe = ["{aggregate_type}", "{event_type}", "{aggregate_id}"]
             .iter()
-            .fold(destination_template.to_owned(), |t, p| {
-                t.replace(p, "probe")
-            });
+            .fold(template.to_owned(), |t, p| t.replace(p, "probe"));
         let stream = outboxkit_harness::nats_stream_name(&probe);
         self.side
             .create_stream(&stream, std::slice::from_ref(&probe), None)
             .await;
-        let config = NatsConfig {
-            subject: destination_template.to_owned(),
-            ..NatsConfig::new(nats_url())
-        };
-        let sink = NatsSink::connect_lazy(config).expect("a valid configuration");
         self.probes.lock().unwrap().push(stream);
-        if let Err(e) = sink.check().await {
-            panic!("nats sink: the test server does not answer: {e}");
-        }
-        Box::new(sink)
-    }
-
-    async fn unreachable_sink(&self) -> Box<dyn Sink> {
-        let config = NatsConfig {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(5),
-            ..NatsConfig::new("nats://127.0.0.1:1")
-        };
-        Box::new(NatsSink::connect_lazy(config).expect("a valid configuration"))
-    }
-
-    async fn read_back(
-        &self,
-        destination: &str,
-        expected: usize,
-        timeout: Duration,
-    ) -> Vec<ReceivedMessage> {
-        self.side.read_back(destination, expected, timeout).await
-    }
-
-    async fn prepare_destination(&self, destination: &str) {
-        self.side.prepare_destination(destination).await;
     }
 }
 
-async fn harness() -> NatsHarness {
-    NatsHarness {
+async fn harness() -> ConfigHarness<NatsConfig, ProbingSide> {
+    let unreachable = NatsConfig {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+        ..NatsConfig::new("nats://127.0.0.1:1")
+    };
+    let config = NatsConfig::new(nats_url());
+    let reader = ProbingSide {
         side: NatsSide::open("suite").await,
         probes: Mutex::new(Vec::new()),
-    }
+    };
+    ConfigHarness::new(config, unreachable, NatsSink::connect_lazy, reader)
 }
 
 outboxkit_core::sink_suite!(harness().await);

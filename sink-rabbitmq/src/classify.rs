@@ -170,6 +170,7 @@ mod tests {
 
     use lapin::protocol::AMQPError;
     use lapin::{ChannelState, ConnectionState};
+    use outboxkit_core::testkit::sink_suite::{assert_classified, CONNECTION_IO_ERRORS};
 
     use super::*;
 
@@ -184,23 +185,12 @@ mod tests {
 
     fn check(err: lapin::Error, kind: ErrorKind, retryable: bool, scope: Scope) -> Error {
         assert_eq!(super::scope(&err), scope, "{err}");
-        let e = classify(err);
-        assert_eq!(e.kind(), kind, "{e}");
-        assert_eq!(e.is_retryable(), retryable, "{e}");
-        e
+        assert_classified(classify(err), kind, retryable)
     }
 
     #[test]
     fn io_errors_are_connection_errors() {
-        for kind in [
-            io::ErrorKind::ConnectionRefused,
-            io::ErrorKind::ConnectionReset,
-            io::ErrorKind::ConnectionAborted,
-            io::ErrorKind::BrokenPipe,
-            io::ErrorKind::UnexpectedEof,
-            io::ErrorKind::NotConnected,
-            io::ErrorKind::Other,
-        ] {
+        for kind in CONNECTION_IO_ERRORS {
             check(io(kind), ErrorKind::Connection, true, Scope::Connection);
         }
         let e = check(

@@ -1,13 +1,15 @@
 //! Configuration of the RabbitMQ sink (`[sink.rabbitmq]`).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::ExchangeKind;
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
+use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -193,7 +195,7 @@ impl RabbitMqConfig {
 
     /// The URL with its password replaced by `***`, fit for logs.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        redact_url_or_strip(&self.url)
     }
 
     /// The keys the login comes from, for error messages: `sink.rabbitmq.url`, and
@@ -284,16 +286,13 @@ impl RabbitMqConfig {
                 "{CONFIG_SECTION}.max_message_bytes: must be at least 1"
             )));
         }
-        for (key, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("confirm_timeout", self.confirm_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.{key}: must be longer than 0s"
-                )));
-            }
-        }
+        refuse_zero_durations(
+            CONFIG_SECTION,
+            &[
+                ("connect_timeout", self.connect_timeout),
+                ("confirm_timeout", self.confirm_timeout),
+            ],
+        )?;
         self.validate_tls(&uri)
     }
 
@@ -402,7 +401,7 @@ impl RabbitMqConfig {
         let tls = &self.tls;
         let mut out = OwnedTLSConfig::default();
         if let Some(path) = &tls.ca_file {
-            let pem = read_file("tls.ca_file", path)?;
+            let pem = read_setting_file(CONFIG_SECTION, "tls.ca_file", path)?;
             let pem = String::from_utf8(pem).map_err(|_| {
                 Error::config(format!(
                     "{CONFIG_SECTION}.tls.ca_file: `{}` is not a PEM (text) file",
@@ -419,33 +418,18 @@ impl RabbitMqConfig {
         }
         if let (Some(cert), Some(key)) = (&tls.client_cert_file, &tls.client_key_file) {
             out.identity = Some(OwnedIdentity::PKCS8 {
-                pem: read_file("tls.client_cert_file", cert)?,
-                key: read_file("tls.client_key_file", key)?,
+                pem: read_setting_file(CONFIG_SECTION, "tls.client_cert_file", cert)?,
+                key: read_setting_file(CONFIG_SECTION, "tls.client_key_file", key)?,
             });
         }
         if let Some(path) = &tls.pkcs12_file {
             out.identity = Some(OwnedIdentity::PKCS12 {
-                der: read_file("tls.pkcs12_file", path)?,
+                der: read_setting_file(CONFIG_SECTION, "tls.pkcs12_file", path)?,
                 password: tls.pkcs12_password.clone().unwrap_or_default(),
             });
         }
         Ok(out)
     }
-}
-
-fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        Error::config(format!(
-            "{CONFIG_SECTION}.{key}: cannot read `{}`: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
-pub(crate) fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url(raw)
-        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
 }
 
 /// `kind = "rabbitmq"`, settings in `[sink.rabbitmq]`; `sink.destination` is the routing key

@@ -78,6 +78,8 @@ pub fn classify(err: RedisError) -> Error {
 mod tests {
     use std::io;
 
+    use outboxkit_core::testkit::sink_suite::{assert_classified, CONNECTION_IO_ERRORS};
+
     use super::*;
 
     /// A server error reply as it arrives on the wire, e.g. `-WRONGTYPE Operation ...`.
@@ -93,23 +95,12 @@ mod tests {
     }
 
     fn check(err: RedisError, kind: ErrorKind, retryable: bool) -> Error {
-        let e = classify(err);
-        assert_eq!(e.kind(), kind, "{e}");
-        assert_eq!(e.is_retryable(), retryable, "{e}");
-        e
+        assert_classified(classify(err), kind, retryable)
     }
 
     #[test]
     fn io_errors_are_connection_errors() {
-        for kind in [
-            io::ErrorKind::ConnectionRefused,
-            io::ErrorKind::ConnectionReset,
-            io::ErrorKind::ConnectionAborted,
-            io::ErrorKind::BrokenPipe,
-            io::ErrorKind::UnexpectedEof,
-            io::ErrorKind::NotConnected,
-            io::ErrorKind::Other,
-        ] {
+        for kind in CONNECTION_IO_ERRORS {
             check(io(kind), ErrorKind::Connection, true);
         }
     }

@@ -1,10 +1,12 @@
 //! Configuration of the Redis Streams sink (`[sink.redis_streams]`).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
+use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
 
@@ -118,7 +120,7 @@ impl RedisStreamsConfig {
 
     /// The URL with its password replaced by `***`, fit for logs.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        redact_url_or_strip(&self.url)
     }
 
     /// `host:port` of the URL, as named in connection errors.
@@ -149,16 +151,13 @@ impl RedisStreamsConfig {
                 "{CONFIG_SECTION}.max_batch_len: must be at least 1"
             )));
         }
-        for (key, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.{key}: must be longer than 0s"
-                )));
-            }
-        }
+        refuse_zero_durations(
+            CONFIG_SECTION,
+            &[
+                ("connect_timeout", self.connect_timeout),
+                ("response_timeout", self.response_timeout),
+            ],
+        )?;
         Ok(())
     }
 
@@ -190,7 +189,7 @@ impl RedisStreamsConfig {
         let tls = &self.tls;
         let root_cert = match &tls.ca_file {
             Some(path) => {
-                let pem = read_file("tls.ca_file", path)?;
+                let pem = read_setting_file(CONFIG_SECTION, "tls.ca_file", path)?;
                 if !pem
                     .windows(PEM_CERTIFICATE.len())
                     .any(|w| w == PEM_CERTIFICATE.as_bytes())
@@ -206,8 +205,8 @@ impl RedisStreamsConfig {
         };
         let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                client_cert: read_file("tls.client_cert_file", cert)?,
-                client_key: read_file("tls.client_key_file", key)?,
+                client_cert: read_setting_file(CONFIG_SECTION, "tls.client_cert_file", cert)?,
+                client_key: read_setting_file(CONFIG_SECTION, "tls.client_key_file", key)?,
             }),
             _ => None,
         };
@@ -250,21 +249,6 @@ impl RedisStreamsConfig {
 }
 
 const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
-
-fn read_file(key: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        Error::config(format!(
-            "{CONFIG_SECTION}.{key}: cannot read `{}`: {e}",
-            path.display()
-        ))
-    })
-}
-
-/// Replace the password of a URL by `***`; on unparsable input, drop the whole user-info part.
-fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url(raw)
-        .unwrap_or_else(|| outboxkit_core::redact::strip_userinfo(raw))
-}
 
 /// `kind = "redis-streams"`, settings in `[sink.redis_streams]`.
 impl outboxkit_core::SinkConfig for RedisStreamsConfig {

@@ -2,15 +2,16 @@
 //! `redis://127.0.0.1:6379`). Every test uses its own randomly named keys.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use chrono::{TimeZone, Utc};
 use outboxkit_core::cloudevents::{Format, STRUCTURED_CONTENT_TYPE};
 use outboxkit_core::testkit::cloudevents::{
     assert_bad_source_refused, check_structured, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+    assert_all_published, awkward_event, describe_outcomes, sample_batch, sample_event,
+    whole_call_error,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
 use outboxkit_harness::{redis_url, unique, RedisSide, StreamEntry};
@@ -27,6 +28,18 @@ async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
     RedisStreamsSink::connect(config)
         .await
         .unwrap_or_else(|e| panic!("connecting to the test Redis: {e}"))
+}
+
+/// Await `call`, which must fail (`why` says why it cannot succeed) within `limit`: its error.
+async fn fails_within<T: std::fmt::Debug>(
+    limit: Duration,
+    call: impl Future<Output = outboxkit_core::Result<T>>,
+    why: &str,
+) -> outboxkit_core::Error {
+    let started = Instant::now();
+    let error = call.await.expect_err(why);
+    assert!(started.elapsed() < limit, "took {:?}", started.elapsed());
+    error
 }
 
 /// `format = "cloudevents"`: structured content mode, read back with a plain `XRANGE` — the
@@ -120,17 +133,7 @@ async fn entries_carry_exactly_the_specified_fields() {
     let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
     let redis = RedisSide::open(&prefix).await;
 
-    let mut with_headers = sample_event(1, "order", "42", "OrderConfirmed");
-    with_headers.payload =
-        "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".into();
-    with_headers
-        .headers
-        .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
-    with_headers.created_at = Utc
-        .with_ymd_and_hms(2024, 5, 1, 12, 0, 0)
-        .unwrap()
-        .checked_add_signed(chrono::Duration::nanoseconds(123_456_789))
-        .unwrap();
+    let with_headers = awkward_event(1, "order", "42", "OrderConfirmed");
     let mut without_headers = sample_event(2, "order", "43", "OrderCancelled");
     without_headers.headers.clear();
     let third = sample_event(3, "order", "42", "OrderShipped");
@@ -240,15 +243,12 @@ async fn wrongtype_rejects_only_the_events_for_that_key() {
 
 #[tokio::test]
 async fn unreachable_url_fails_connect_naming_the_host() {
-    let started = Instant::now();
-    let error = RedisStreamsSink::connect(RedisStreamsConfig::new("redis://127.0.0.1:1"))
-        .await
-        .expect_err("nothing listens on port 1");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let error = fails_within(
+        Duration::from_secs(5),
+        RedisStreamsSink::connect(RedisStreamsConfig::new("redis://127.0.0.1:1")),
+        "nothing listens on port 1",
+    )
+    .await;
     assert_eq!(error.kind(), ErrorKind::Connection, "{error}");
     assert!(error.is_retryable());
     assert_eq!(
@@ -274,29 +274,22 @@ async fn silent_server_times_out() {
         ..RedisStreamsConfig::new(format!("redis://{address}"))
     };
 
-    let started = Instant::now();
-    let error = RedisStreamsSink::connect(config.clone())
-        .await
-        .expect_err("the server never answers");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        started.elapsed()
-    );
+    let error = fails_within(
+        Duration::from_secs(3),
+        RedisStreamsSink::connect(config.clone()),
+        "the server never answers",
+    )
+    .await;
     assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
     assert!(error.to_string().contains(&address.to_string()), "{error}");
 
     let sink = RedisStreamsSink::connect_lazy(config).unwrap();
-    let started = Instant::now();
-    let error = sink
-        .publish(&sample_batch(1, 3, "order", 1))
-        .await
-        .expect_err("the server never answers");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        started.elapsed()
-    );
+    let error = fails_within(
+        Duration::from_secs(3),
+        sink.publish(&sample_batch(1, 3, "order", 1)),
+        "the server never answers",
+    )
+    .await;
     assert!(error.is_retryable(), "{error}");
     assert!(
         matches!(error.kind(), ErrorKind::Timeout | ErrorKind::Connection),

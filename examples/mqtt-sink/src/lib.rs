@@ -11,7 +11,7 @@ use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, Incoming, Mqtt
 use tokio::{sync::oneshot, time::Instant};
 
 /// `[sink.mqtt]` (`kind = "mqtt"`); every key has a default.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MqttConfig {
     /// `mqtt://host[:port]` (port 1883 by default; plain TCP).
@@ -39,7 +39,7 @@ impl Default for MqttConfig {
 }
 
 /// A password; `Debug` shows `***`.
-#[derive(serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 pub struct Secret(pub String);
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -72,12 +72,8 @@ impl outboxkit_core::SinkConfig for MqttConfig {
     fn validate(&self) -> Result<()> {
         self.address()?;
         DestinationTemplate::parse(&self.topic).map_err(|e| e.context("sink.mqtt.topic"))?;
-        if self.publish_timeout.is_zero() {
-            return Err(Error::config(
-                "sink.mqtt.publish_timeout: must be longer than 0s",
-            ));
-        }
-        Ok(())
+        let timeout = [("publish_timeout", self.publish_timeout)];
+        outboxkit_core::plugin::refuse_zero_durations("sink.mqtt", &timeout)
     }
     /// Connects in the background: `check` waits for the CONNACK.
     async fn build(self) -> Result<MqttSink> {

@@ -10,7 +10,9 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use common::Subscriber;
-use outboxkit_core::testkit::relay_process::{self, RelayProcess};
+use outboxkit_core::testkit::relay_process::{
+    self, postgres_relay_toml, postgres_url, scratch_dir, unique, RelayProcess,
+};
 use outboxkit_core::NewEvent;
 use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
@@ -20,11 +22,6 @@ const AGGREGATES: usize = 10;
 
 fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_outbox-mqtt-relay")
-}
-
-fn postgres_url() -> String {
-    std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 async fn postgres_pool() -> sqlx::PgPool {
@@ -39,44 +36,11 @@ async fn postgres_pool() -> sqlx::PgPool {
         })
 }
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
-}
-
 /// A scratch directory with `relay.toml` for `table`, the given `[sink.mqtt]` body.
 fn write_config(table: &str, mqtt: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir()
-        .join("outbox-mqtt-relay-tests")
-        .join(table);
-    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
-    let text = format!(
-        r#"
-[store]
-kind = "postgres"
-url = "{pg}"
-table = "{table}"
-shards = 8
-
-[relay]
-batch_size = 100
-rebalance_interval = "200ms"
-poll_interval_max = "50ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-shutdown_grace = "10s"
-
-[sink]
-kind = "mqtt"
-
-[sink.mqtt]
-{mqtt}
-
-[server]
-listen = ""
-"#,
-        pg = postgres_url()
-    );
+    let dir = scratch_dir(binary(), table);
     let path = dir.join("relay.toml");
+    let text = postgres_relay_toml(table, 8, "mqtt", mqtt);
     std::fs::write(&path, text).expect("writing the configuration");
     (dir, path)
 }

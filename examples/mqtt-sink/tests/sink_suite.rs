@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{Received, Subscriber};
-use outboxkit_core::testkit::sink_suite::{ReceivedMessage, SinkHarness};
-use outboxkit_core::{Sink, SinkConfig};
+use outboxkit_core::testkit::sink_suite::{ConfigHarness, ReceivedMessage, SuiteConsumer};
 use outboxkit_mqtt_sink::MqttConfig;
 use rumqttc::v5::mqttbytes::QoS;
 use uuid::Uuid;
@@ -20,17 +19,20 @@ use uuid::Uuid;
 /// The user properties the sink sets itself; every other one is an event header.
 const FIELDS: [&str; 4] = ["event_id", "aggregate_type", "aggregate_id", "event_type"];
 
-struct MqttHarness {
-    subscriber: Subscriber,
+/// The sink under test, built by its configuration (it connects in the background), read back
+/// by a subscriber of the test broker.
+async fn harness() -> ConfigHarness<MqttConfig, Subscribed> {
+    let unreachable = MqttConfig {
+        url: "mqtt://127.0.0.1:1".into(),
+        publish_timeout: Duration::from_secs(5),
+        ..MqttConfig::default()
+    };
+    let subscriber = Subscribed(Subscriber::connect().await);
+    ConfigHarness::built_by_config(common::config(""), unreachable, subscriber)
 }
 
-impl MqttHarness {
-    async fn new() -> Self {
-        Self {
-            subscriber: Subscriber::connect().await,
-        }
-    }
-}
+/// What a subscriber of the suite's topics received.
+struct Subscribed(Subscriber);
 
 fn received(message: &Received) -> ReceivedMessage {
     assert_eq!(message.qos, QoS::AtLeastOnce, "{}: QoS", message.topic);
@@ -51,42 +53,15 @@ fn received(message: &Received) -> ReceivedMessage {
 }
 
 #[async_trait]
-impl SinkHarness for MqttHarness {
-    async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
-        let config = common::config(destination_template);
-        config.validate().expect("a valid configuration");
-        let sink = config.build().await.expect("building the sink");
-        sink.check()
-            .await
-            .unwrap_or_else(|e| panic!("the sink cannot reach Mosquitto: {e}"));
-        Box::new(sink)
-    }
-
-    async fn unreachable_sink(&self) -> Box<dyn Sink> {
-        let config = MqttConfig {
-            url: "mqtt://127.0.0.1:1".into(),
-            publish_timeout: Duration::from_secs(5),
-            ..MqttConfig::default()
-        };
-        Box::new(config.build().await.expect("building never connects"))
-    }
-
-    async fn read_back(
-        &self,
-        destination: &str,
-        expected: usize,
-        timeout: Duration,
-    ) -> Vec<ReceivedMessage> {
-        let messages = self
-            .subscriber
-            .wait_for(|topic| topic == destination, expected, timeout)
-            .await;
+impl SuiteConsumer for Subscribed {
+    async fn read_back(&self, to: &str, expected: usize, wait: Duration) -> Vec<ReceivedMessage> {
+        let messages = self.0.wait_for(|topic| topic == to, expected, wait).await;
         messages.iter().map(received).collect()
     }
 
-    async fn prepare_destination(&self, destination: &str) {
-        self.subscriber.subscribe(destination).await;
+    async fn prepare_destination(&self, to: &str) {
+        self.0.subscribe(to).await;
     }
 }
 
-outboxkit_core::sink_suite!(MqttHarness::new().await);
+outboxkit_core::sink_suite!(harness().await);

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Recorded, Reply, TestServer};
-use outboxkit_core::testkit::relay_process::{self, RelayProcess};
+use outboxkit_core::testkit::relay_process::{
+    self, postgres_relay_toml, postgres_url, scratch_dir, unique, RelayProcess,
+};
 use outboxkit_core::NewEvent;
 use outboxkit_store_postgres::Outbox;
 use uuid::Uuid;
@@ -22,11 +24,6 @@ const SECRET: &str = "Bearer e2e-s3cr3t";
 
 fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_outbox-webhook-relay")
-}
-
-fn postgres_url() -> String {
-    std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 async fn postgres_pool() -> sqlx::PgPool {
@@ -41,18 +38,6 @@ async fn postgres_pool() -> sqlx::PgPool {
         })
 }
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir()
-        .join("outbox-webhook-relay-tests")
-        .join(name);
-    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
-    dir
-}
-
 fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("relay.toml");
     std::fs::write(&path, text).expect("writing the configuration");
@@ -60,36 +45,10 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 }
 
 fn config(table: &str, webhook: &str) -> String {
-    format!(
-        r#"
-[store]
-kind = "postgres"
-url = "{pg}"
-table = "{table}"
-shards = 16
-
-[relay]
-batch_size = 100
-rebalance_interval = "200ms"
-poll_interval_max = "50ms"
-backoff_initial = "100ms"
-backoff_max = "1s"
-shutdown_grace = "10s"
-
-[sink]
-kind = "webhook"
-
-[sink.webhook]
-url = "{webhook}/hooks"
-path = "{{aggregate_type}}"
-timeout = "5s"
-concurrency = 8
-
-[server]
-listen = ""
-"#,
-        pg = postgres_url()
-    )
+    let settings = format!(
+        "url = \"{webhook}/hooks\"\npath = \"{{aggregate_type}}\"\ntimeout = \"5s\"\nconcurrency = 8"
+    );
+    postgres_relay_toml(table, 16, "webhook", &settings)
 }
 
 /// `outbox-webhook-relay --config FILE <args>` to completion: (exit status, stdout, stderr).
@@ -120,7 +79,7 @@ fn sequence(request: &Recorded) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_postgres_to_the_webhook_in_order_per_aggregate() {
     let table = unique("webhook_e2e");
-    let dir = scratch_dir(&table);
+    let dir = scratch_dir(binary(), &table);
     let server = TestServer::start().await;
 
     // The endpoint fails the first attempt of some events: a 500 for every 10th, a 429 with
@@ -305,7 +264,7 @@ async fn relays_postgres_to_the_webhook_in_order_per_aggregate() {
 #[tokio::test]
 async fn refuses_to_start_when_the_webhook_is_unreachable() {
     let table = unique("webhook_down");
-    let dir = scratch_dir(&table);
+    let dir = scratch_dir(binary(), &table);
     let port = common::free_port();
     let config = write_config(
         &dir,
@@ -333,7 +292,7 @@ async fn refuses_to_start_when_the_webhook_is_unreachable() {
 /// key and the file (the store URL points nowhere on purpose).
 #[test]
 fn configuration_errors_name_the_key_and_the_file() {
-    let dir = scratch_dir(&unique("webhook_config"));
+    let dir = scratch_dir(binary(), &unique("webhook_config"));
     let base = "[store]\nkind = \"postgres\"\nurl = \"postgres://nobody@127.0.0.1:1/none\"\n\
                 [sink]\nkind = \"webhook\"\n";
     let cases: &[(&str, &str)] = &[

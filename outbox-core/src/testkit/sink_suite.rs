@@ -37,6 +37,28 @@ pub const UNREACHABLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest batch the suite sends, even when a sink accepts more.
 pub const MAX_SUITE_BATCH: usize = 1000;
 
+/// The I/O error kinds of a refused, dropped or broken connection: a sink's error table makes
+/// each of them (and any other I/O error but a timeout) a retryable
+/// [`ErrorKind::Connection`]. For the unit tests of that table.
+pub const CONNECTION_IO_ERRORS: [std::io::ErrorKind; 7] = [
+    std::io::ErrorKind::ConnectionRefused,
+    std::io::ErrorKind::ConnectionReset,
+    std::io::ErrorKind::ConnectionAborted,
+    std::io::ErrorKind::BrokenPipe,
+    std::io::ErrorKind::UnexpectedEof,
+    std::io::ErrorKind::NotConnected,
+    std::io::ErrorKind::Other,
+];
+
+/// Assert that `error`, a sink's classification of a driver error, is of `kind` and retryable
+/// or not; returns it for checks of its message. For the unit tests of a sink's error table.
+#[track_caller]
+pub fn assert_classified(error: Error, kind: ErrorKind, retryable: bool) -> Error {
+    assert_eq!(error.kind(), kind, "{error}");
+    assert_eq!(error.is_retryable(), retryable, "{error}");
+    error
+}
+
 /// One message as a consumer of the broker received it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReceivedMessage {
@@ -95,11 +117,20 @@ pub trait SuiteConsumer: Send + Sync {
     /// As [`SinkHarness::prepare_destination`]. Default: nothing.
     async fn prepare_destination(&self, _to: &str) {}
 
+    /// Called before [`ConfigHarness`] builds and checks a sink routing with `template`, for
+    /// brokers where the sink's start-up check needs something in place first (a NATS stream
+    /// capturing the template's subjects, as an operator makes it before starting the relay).
+    /// Default: nothing.
+    async fn prepare_template(&self, _template: &str) {}
+
     /// As [`SinkHarness::keeps_order`]. Default: `true`.
     fn keeps_order(&self) -> bool {
         true
     }
 }
+
+/// A sink's constructor that does no network I/O (`connect_lazy`, `new`...).
+type SyncBuild<C> = fn(C) -> Result<<C as SinkConfig>::Sink>;
 
 /// A [`SinkHarness`] made of a sink's configuration and a [`SuiteConsumer`]: `config` reaches
 /// the test broker (each case's template replaces its destination), `unreachable` reaches
@@ -109,7 +140,8 @@ pub trait SuiteConsumer: Send + Sync {
 pub struct ConfigHarness<C: SinkConfig, R> {
     config: C,
     unreachable: C,
-    build: fn(C) -> Result<C::Sink>,
+    /// `None`: [`SinkConfig::validate`], then [`SinkConfig::build`].
+    build: Option<SyncBuild<C>>,
     consumer: R,
 }
 
@@ -120,9 +152,33 @@ impl<C: SinkConfig, R> ConfigHarness<C, R> {
         Self {
             config,
             unreachable,
-            build,
+            build: Some(build),
             consumer,
         }
+    }
+
+    /// The harness of the sink the configuration's own [`SinkConfig::build`] makes (after
+    /// [`SinkConfig::validate`], as the relay does), for a sink whose `build` connects in the
+    /// background rather than before it returns.
+    pub fn built_by_config(config: C, unreachable: C, consumer: R) -> Self {
+        Self {
+            config,
+            unreachable,
+            build: None,
+            consumer,
+        }
+    }
+
+    /// A sink made from `config`; fails the test when it cannot be made.
+    async fn build(&self, config: C) -> C::Sink {
+        let built = match self.build {
+            Some(build) => build(config),
+            None => match config.validate() {
+                Ok(()) => config.build().await,
+                Err(e) => Err(e),
+            },
+        };
+        built.unwrap_or_else(|e| panic!("{} sink: building it failed: {e}", C::KIND))
     }
 }
 
@@ -144,8 +200,8 @@ where
     async fn sink(&self, destination_template: &str) -> Box<dyn Sink> {
         let mut config = self.config.clone();
         *config.destination_mut() = destination_template.to_owned();
-        let sink = (self.build)(config)
-            .unwrap_or_else(|e| panic!("{} sink: building it failed: {e}", C::KIND));
+        self.consumer.prepare_template(destination_template).await;
+        let sink = self.build(config).await;
         if let Err(e) = sink.check().await {
             panic!("{} sink: the test broker does not answer: {e}", C::KIND);
         }
@@ -153,9 +209,7 @@ where
     }
 
     async fn unreachable_sink(&self) -> Box<dyn Sink> {
-        let sink = (self.build)(self.unreachable.clone())
-            .unwrap_or_else(|e| panic!("{} sink: building it failed: {e}", C::KIND));
-        Box::new(sink)
+        Box::new(self.build(self.unreachable.clone()).await)
     }
 
     async fn read_back(
@@ -223,6 +277,31 @@ pub fn sample_event(
             Payload::Json(payload),
         )
     }
+}
+
+/// A [`sample_event`] with what a sink must carry unchanged and a careless one would not: a JSON
+/// payload with two spaces after a colon, escaped quotes, non-ASCII text and a trailing
+/// newline; a `tenant` header whose value holds a space and quotes (`acme "eu"`); and a
+/// `created_at` with nanoseconds, 2024-05-01T12:00:00.123456789Z (written by the relay to the
+/// microsecond: `2024-05-01T12:00:00.123456Z`).
+pub fn awkward_event(
+    id: i64,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+) -> OutboxEvent {
+    use chrono::TimeZone;
+    let mut event = sample_event(id, aggregate_type, aggregate_id, event_type);
+    event.payload = "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".into();
+    event
+        .headers
+        .insert("tenant".to_owned(), "acme \"eu\"".to_owned());
+    event.created_at = chrono::Utc
+        .with_ymd_and_hms(2024, 5, 1, 12, 0, 0)
+        .unwrap()
+        .checked_add_signed(chrono::Duration::nanoseconds(123_456_789))
+        .unwrap();
+    event
 }
 
 /// `count` events of one aggregate type spread round-robin over `aggregates` aggregates
@@ -684,4 +763,122 @@ macro_rules! sink_suite {
             )+
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::memory::ScriptedSink;
+
+    /// A configuration of the scripted sink that is valid or not.
+    #[derive(Debug, Clone, serde::Deserialize)]
+    struct ScriptedConfig {
+        destination: String,
+        valid: bool,
+    }
+
+    impl SinkConfig for ScriptedConfig {
+        const KIND: &'static str = "scripted";
+        type Sink = ScriptedSink;
+
+        fn destination_mut(&mut self) -> &mut String {
+            &mut self.destination
+        }
+
+        fn validate(&self) -> Result<()> {
+            match self.valid {
+                true => Ok(()),
+                false => Err(Error::config("sink.scripted.valid: is false")),
+            }
+        }
+
+        async fn build(self) -> Result<ScriptedSink> {
+            Ok(ScriptedSink::new())
+        }
+    }
+
+    fn config(valid: bool) -> ScriptedConfig {
+        ScriptedConfig {
+            destination: String::new(),
+            valid,
+        }
+    }
+
+    /// Remembers the templates it prepared.
+    #[derive(Default)]
+    struct Prepared(Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl SuiteConsumer for Prepared {
+        async fn read_back(&self, _: &str, _: usize, _: Duration) -> Vec<ReceivedMessage> {
+            Vec::new()
+        }
+
+        async fn prepare_template(&self, template: &str) {
+            self.0.lock().unwrap().push(template.to_owned());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_template_is_prepared_before_the_sink_is_built_by_its_config() {
+        let harness =
+            ConfigHarness::built_by_config(config(true), config(true), Prepared::default());
+        let sink = harness.sink("suite_{aggregate_type}").await;
+        assert_eq!(sink.kind(), "scripted");
+        assert_eq!(harness.unreachable_sink().await.kind(), "scripted");
+        assert_eq!(
+            *harness.consumer.0.lock().unwrap(),
+            ["suite_{aggregate_type}"]
+        );
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "scripted sink: building it failed: sink.scripted.valid: is false")]
+    async fn a_sink_built_by_its_config_is_validated_first() {
+        let harness =
+            ConfigHarness::built_by_config(config(true), config(false), Prepared::default());
+        harness.unreachable_sink().await;
+    }
+
+    #[test]
+    fn classified_errors_are_returned_for_more_checks() {
+        let e = assert_classified(Error::config("bad"), ErrorKind::Config, false);
+        assert_eq!(e.message(), "bad");
+        let e = Error::new(ErrorKind::Unroutable, "no queue").temporary();
+        assert_classified(e, ErrorKind::Unroutable, true);
+    }
+
+    #[test]
+    #[should_panic(expected = "no queue")]
+    fn a_misclassified_error_fails_the_test() {
+        assert_classified(
+            Error::new(ErrorKind::Unroutable, "no queue"),
+            ErrorKind::Unroutable,
+            true,
+        );
+    }
+
+    #[test]
+    fn an_awkward_event_keeps_its_payload_header_and_nanoseconds() {
+        let event = awkward_event(1, "order", "42", "OrderConfirmed");
+        assert_eq!(
+            event.payload_bytes(),
+            "{\"total\":  12.50, \"note\": \"caf\u{e9} \\\"quoted\\\" \u{2713}\"}\n".as_bytes()
+        );
+        assert_eq!(event.headers["tenant"], "acme \"eu\"");
+        assert!(event.headers.contains_key("traceparent"));
+        assert_eq!(
+            event
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            "2024-05-01T12:00:00.123456789Z"
+        );
+    }
+
+    #[test]
+    fn connection_io_errors_leave_out_timeouts() {
+        assert!(!CONNECTION_IO_ERRORS.contains(&std::io::ErrorKind::TimedOut));
+    }
 }
