@@ -4,18 +4,27 @@
 //! cases both sinks' integration tests run (FIFO, attributes past the limit, CloudEvents,
 //! large calls). The messages read back are given as their fields, so that this crate needs no
 //! test harness.
+//!
+//! The cases both integration tests run the same way are written once, as functions taking a
+//! [`Fixture`] (make a destination, build the sink for it, read back what arrived, delete it):
+//! the SQS tests' fixture makes queues, the SNS tests' makes topics read back through queues
+//! subscribed to them. Each test stays a function of its crate calling its case.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::Credentials;
 use outboxkit_core::cloudevents::STRUCTURED_CONTENT_TYPE;
 use outboxkit_core::testkit::cloudevents::check_structured;
-use outboxkit_core::testkit::sink_suite::{assert_all_published, sample_batch, sample_event};
-use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Result, Sink};
+use outboxkit_core::testkit::cloudevents::sample_events;
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_published, sample_batch, sample_event, unique_prefix,
+};
+use outboxkit_core::{Error, ErrorKind, OutboxEvent, Outcome, Result, Sink};
 
 use crate::message::PreparedMessage;
 
@@ -209,5 +218,190 @@ pub fn assert_fifo_messages<'a>(
         sorted.sort_unstable();
         assert_eq!(ids, sorted, "aggregate {aggregate} out of order");
         assert_eq!(ids.len(), 15);
+    }
+}
+
+/// A message read back (from the SQS sink's queue, or from the queue subscribed with raw
+/// message delivery to the SNS sink's topic) as the shared cases look at it: its body, its
+/// attributes (the sink's overflow attribute merged in), how many attributes it had on the
+/// wire, its group id and its deduplication id.
+pub type Fields<'a> = (
+    &'a str,
+    &'a BTreeMap<String, String>,
+    usize,
+    Option<&'a str>,
+    Option<&'a str>,
+);
+
+/// What the shared cases need of a sink's integration tests: destinations on the test server,
+/// the sink under test, and what arrived.
+#[async_trait]
+pub trait Fixture: Sync {
+    /// The sink under test.
+    type Sink: Sink;
+    /// What a made destination is known by, to read it back and delete it.
+    type Destination: Send + Sync;
+    /// A message read back.
+    type Message: Send;
+
+    /// Make destination `name` (FIFO when it ends in `.fifo`), or fail the test.
+    async fn create(&self, name: &str) -> Self::Destination;
+
+    /// Make destination `name` refusing messages past 256 KiB, or fail the test.
+    async fn create_capped(&self, name: &str) -> Self::Destination;
+
+    /// A sink on the test server routing with `route`.
+    fn sink(&self, route: &str) -> Self::Sink;
+
+    /// The same in structured content mode (`format = "cloudevents"`, `cloudevents_source` the
+    /// [`SOURCE_TEMPLATE`](outboxkit_core::testkit::cloudevents::SOURCE_TEMPLATE)).
+    fn cloudevents_sink(&self, route: &str) -> Self::Sink;
+
+    /// What arrived at `destination`, waiting until `expected` messages did or
+    /// [`READ_TIMEOUT`] passed.
+    async fn receive(&self, destination: &Self::Destination, expected: usize)
+        -> Vec<Self::Message>;
+
+    /// The fields of `message`.
+    fn fields(message: &Self::Message) -> Fields<'_>;
+
+    /// Delete `destination` (errors ignored).
+    async fn delete(&self, destination: Self::Destination);
+}
+
+/// The FIFO case: [`publish_fifo_case`] to a new FIFO destination, checked by
+/// [`assert_fifo_messages`].
+pub async fn fifo_messages_in_order<F: Fixture>(fixture: &F) {
+    let name = format!("{}.fifo", unique_prefix());
+    let destination = fixture.create(&name).await;
+    let all = publish_fifo_case(&fixture.sink(&name)).await;
+    let received = fixture.receive(&destination, all.len()).await;
+    let fields = received.iter().map(F::fields);
+    let fields = fields.map(|(body, attributes, _, group, deduplication)| {
+        (body, attributes, group, deduplication)
+    });
+    assert_fifo_messages(&all, fields);
+    fixture.delete(destination).await;
+}
+
+/// Six events to a destination refusing messages past 256 KiB, the third with a payload of
+/// `payload_len` bytes: that one is rejected (`check_refusal` is given the destination's name
+/// and the error), the five others arrive.
+pub async fn oversized_event_rejected<F: Fixture>(
+    fixture: &F,
+    payload_len: usize,
+    check_refusal: impl Fn(&str, &Error),
+) {
+    let name = unique_prefix();
+    let destination = fixture.create_capped(&name).await;
+    let mut batch = sample_batch(1, 6, "order", 6);
+    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(payload_len)).into_bytes();
+    let outcomes = publish(&fixture.sink(&name), &batch).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 {
+            match outcome {
+                Outcome::Reject(e) => check_refusal(&name, e),
+                other => panic!("the oversized event: {other:?}"),
+            }
+        } else {
+            assert!(outcome.is_published(), "event {i}: {outcome:?}");
+        }
+    }
+    assert_eq!(fixture.receive(&destination, 5).await.len(), 5);
+    fixture.delete(destination).await;
+}
+
+/// Routing `<prefix>_{aggregate_type}` where only the `order` destination exists: the
+/// `invoice` events are retried as unroutable, naming the destination and saying each of
+/// `missing` (what the server answered, what to do), while the `order` events publish; once
+/// the destination exists, the retry goes through (a failed lookup is not cached).
+pub async fn missing_destination_retried<F: Fixture>(fixture: &F, missing: &[&str]) {
+    let prefix = unique_prefix();
+    let orders = format!("{prefix}_order");
+    let invoices = format!("{prefix}_invoice");
+    let orders_destination = fixture.create(&orders).await;
+    let sink = fixture.sink(&format!("{prefix}_{{aggregate_type}}"));
+    let mut batch = sample_batch(1, 4, "order", 4);
+    batch.extend(sample_batch(5, 3, "invoice", 3));
+    let outcomes = publish(&sink, &batch).await;
+    assert_all_published(&outcomes[..4]);
+    for outcome in &outcomes[4..] {
+        match outcome {
+            Outcome::Retry(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                let text = e.full_message();
+                assert!(text.contains(&format!("`{invoices}`")), "{text}");
+                for words in missing {
+                    assert!(text.contains(words), "{text}");
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let invoices_destination = fixture.create(&invoices).await;
+    assert_all_published(&publish(&sink, &batch[4..]).await);
+    assert_eq!(fixture.receive(&invoices_destination, 3).await.len(), 3);
+    assert_eq!(fixture.receive(&orders_destination, 4).await.len(), 4);
+    fixture.delete(orders_destination).await;
+    fixture.delete(invoices_destination).await;
+}
+
+/// [`event_past_the_attribute_limit`] published and read back, checked by
+/// [`assert_headers_arrived`].
+pub async fn headers_past_the_limit_arrive<F: Fixture>(fixture: &F) {
+    let name = unique_prefix();
+    let destination = fixture.create(&name).await;
+    let event = event_past_the_attribute_limit();
+    assert_all_published(&publish(&fixture.sink(&name), std::slice::from_ref(&event)).await);
+    let received = fixture.receive(&destination, 1).await;
+    assert_eq!(received.len(), 1);
+    let (_, attributes, attribute_count, _, _) = F::fields(&received[0]);
+    assert_headers_arrived(&event, attributes, attribute_count);
+    fixture.delete(destination).await;
+}
+
+/// The sample CloudEvents events published in structured content mode and read back, checked
+/// by [`assert_structured_messages`].
+pub async fn cloudevents_structured<F: Fixture>(fixture: &F) {
+    let name = unique_prefix();
+    let destination = fixture.create(&name).await;
+    let events = sample_events(1, "order");
+    assert_all_published(&publish(&fixture.cloudevents_sink(&name), &events).await);
+    let received = fixture.receive(&destination, 3).await;
+    fixture.delete(destination).await;
+    assert_eq!(received.len(), 3);
+    let fields = received.iter().map(F::fields);
+    let fields = fields.map(|(body, attributes, count, _, _)| (body, attributes, count));
+    assert_structured_messages(&events, fields);
+}
+
+/// [`large_batch`] published in one call: all 60 arrive.
+pub async fn large_calls_split<F: Fixture>(fixture: &F) {
+    let name = unique_prefix();
+    let destination = fixture.create(&name).await;
+    assert_all_published(&publish(&fixture.sink(&name), &large_batch()).await);
+    assert_eq!(fixture.receive(&destination, 60).await.len(), 60);
+    fixture.delete(destination).await;
+}
+
+/// Two events `malform` gives destinations the sink cannot use, published by a sink routing
+/// with `{aggregate_type}`: both rejected as unroutable, before any request, the error starting
+/// with `what` (e.g. ``SQS queue ` ``).
+pub async fn malformed_destinations_rejected<F: Fixture>(
+    fixture: &F,
+    malform: impl FnOnce(&mut [OutboxEvent]),
+    what: &str,
+) {
+    let sink = fixture.sink("{aggregate_type}");
+    let mut batch = sample_batch(1, 2, "order", 2);
+    malform(&mut batch);
+    for outcome in &publish(&sink, &batch).await {
+        match outcome {
+            Outcome::Reject(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                assert!(e.message().starts_with(what), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -5,16 +5,11 @@
 
 mod common;
 
-use outboxkit_aws::testkit::{
-    assert_fifo_messages, assert_headers_arrived, assert_structured_messages,
-    event_past_the_attribute_limit, large_batch, publish, publish_fifo_case, READ_TIMEOUT,
-};
+use outboxkit_aws::testkit::{self, publish, READ_TIMEOUT};
 use outboxkit_core::cloudevents::Format;
-use outboxkit_core::testkit::cloudevents::{
-    assert_bad_source_refused, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
-};
+use outboxkit_core::testkit::cloudevents::{assert_bad_source_refused, BAD_SOURCE};
 use outboxkit_core::testkit::sink_suite::{assert_all_published, sample_batch, unique_prefix};
-use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_core::{ErrorKind, OutboxEvent, Sink};
 use outboxkit_sink_sns::{SnsConfig, SnsSink};
 
 fn sink(config: SnsConfig) -> SnsSink {
@@ -23,19 +18,7 @@ fn sink(config: SnsConfig) -> SnsSink {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
-    let sns = common::server().await;
-    let topic = format!("{}.fifo", unique_prefix());
-    let (arn, url) = common::topic(&sns, &topic).await;
-    let sink = sink(common::config(&topic));
-    let all = publish_fifo_case(&sink).await;
-    let received = sns.queue().receive_all(&url, all.len(), READ_TIMEOUT).await;
-    let fields = received.iter().map(|m| {
-        let (group_id, deduplication_id) = (m.group_id.as_deref(), m.deduplication_id.as_deref());
-        (m.body.as_str(), &m.attributes, group_id, deduplication_id)
-    });
-    assert_fifo_messages(&all, fields);
-    sns.queue().delete_queue(&url).await;
-    sns.delete_topic(&arn).await;
+    testkit::fifo_messages_in_order(&common::topics().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,126 +40,39 @@ async fn standard_topics_carry_no_group_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_event_is_rejected_with_sns_error_while_the_others_publish() {
-    let sns = common::server().await;
-    let topic = unique_prefix();
-    let (arn, url) = common::topic(&sns, &topic).await;
-    let sink = sink(common::config(&topic));
-    let mut batch = sample_batch(1, 6, "order", 6);
     // Under the sink's 256 KiB payload limit, over SNS's message limit with the attributes.
-    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(256 * 1024 - 20)).into_bytes();
-    let outcomes = publish(&sink, &batch).await;
-    for (i, outcome) in outcomes.iter().enumerate() {
-        if i == 2 {
-            match outcome {
-                Outcome::Reject(e) => {
-                    let text = e.full_message();
-                    assert!(text.contains(&format!("SNS topic `{topic}`")), "{text}");
-                    assert!(
-                        matches!(
-                            e.kind(),
-                            ErrorKind::InvalidMessage | ErrorKind::MessageTooLarge
-                        ),
-                        "{text}"
-                    );
-                    eprintln!("SNS's refusal: {text}");
-                }
-                other => panic!("the oversized event: {other:?}"),
-            }
-        } else {
-            assert!(outcome.is_published(), "event {i}: {outcome:?}");
-        }
-    }
-    assert_eq!(
-        sns.queue().receive_all(&url, 5, READ_TIMEOUT).await.len(),
-        5
-    );
-    sns.queue().delete_queue(&url).await;
-    sns.delete_topic(&arn).await;
+    let topics = common::topics().await;
+    testkit::oversized_event_rejected(&topics, 256 * 1024 - 20, |topic, e| {
+        let text = e.full_message();
+        assert!(text.contains(&format!("SNS topic `{topic}`")), "{text}");
+        assert!(
+            matches!(
+                e.kind(),
+                ErrorKind::InvalidMessage | ErrorKind::MessageTooLarge
+            ),
+            "{text}"
+        );
+        eprintln!("SNS's refusal: {text}");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_retries_its_events_while_other_topics_flow() {
-    let sns = common::server().await;
-    let prefix = unique_prefix();
-    let orders = format!("{prefix}_order");
-    let invoices = format!("{prefix}_invoice");
-    let (orders_arn, orders_url) = common::topic(&sns, &orders).await;
-    let sink = sink(common::config(&format!("{prefix}_{{aggregate_type}}")));
-    let mut batch = sample_batch(1, 4, "order", 4);
-    batch.extend(sample_batch(5, 3, "invoice", 3));
-    let outcomes = publish(&sink, &batch).await;
-    assert_all_published(&outcomes[..4]);
-    for outcome in &outcomes[4..] {
-        match outcome {
-            Outcome::Retry(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
-                let text = e.full_message();
-                assert!(text.contains(&format!("`{invoices}`")), "{text}");
-                assert!(text.contains("no such topic"), "{text}");
-                assert!(text.contains("create the topic"), "{text}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-    // Once the topic exists, the retry goes through (a failed lookup is not cached).
-    let (invoices_arn, invoices_url) = common::topic(&sns, &invoices).await;
-    assert_all_published(&publish(&sink, &batch[4..]).await);
-    let queue = sns.queue();
-    assert_eq!(
-        queue
-            .receive_all(&invoices_url, 3, READ_TIMEOUT)
-            .await
-            .len(),
-        3
-    );
-    assert_eq!(
-        queue.receive_all(&orders_url, 4, READ_TIMEOUT).await.len(),
-        4
-    );
-    for (arn, url) in [(orders_arn, orders_url), (invoices_arn, invoices_url)] {
-        queue.delete_queue(&url).await;
-        sns.delete_topic(&arn).await;
-    }
+    let missing = ["no such topic", "create the topic"];
+    testkit::missing_destination_retried(&common::topics().await, &missing).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
-    let sns = common::server().await;
-    let topic = unique_prefix();
-    let (arn, url) = common::topic(&sns, &topic).await;
-    let sink = sink(common::config(&topic));
-    let event = event_past_the_attribute_limit();
-    assert_all_published(&publish(&sink, std::slice::from_ref(&event)).await);
-    let received = sns.queue().receive_all(&url, 1, READ_TIMEOUT).await;
-    assert_eq!(received.len(), 1);
-    let message = &received[0];
-    assert_headers_arrived(&event, &message.attributes, message.attribute_count);
-    sns.queue().delete_queue(&url).await;
-    sns.delete_topic(&arn).await;
+    testkit::headers_past_the_limit_arrive(&common::topics().await).await;
 }
 
 /// `format = "cloudevents"`: the message is the JSON event format document; the attributes
 /// the event's fields and `content_type`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_structured_mode_sends_the_document_as_the_message() {
-    let sns = common::server().await;
-    let topic = unique_prefix();
-    let (arn, url) = common::topic(&sns, &topic).await;
-    let sink = sink(SnsConfig {
-        format: Format::CloudEvents,
-        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
-        ..common::config(&topic)
-    });
-    let events = sample_events(1, "order");
-    assert_all_published(&publish(&sink, &events).await);
-    let received = sns.queue().receive_all(&url, 3, READ_TIMEOUT).await;
-    sns.queue().delete_queue(&url).await;
-    sns.delete_topic(&arn).await;
-    assert_eq!(received.len(), 3);
-    let fields = received
-        .iter()
-        .map(|m| (m.body.as_str(), &m.attributes, m.attribute_count));
-    assert_structured_messages(&events, fields);
+    testkit::cloudevents_structured(&common::topics().await).await;
 }
 
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
@@ -192,17 +88,7 @@ fn a_bad_cloudevents_source_is_refused_naming_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_calls_are_split_into_requests_sns_accepts() {
-    let sns = common::server().await;
-    let topic = unique_prefix();
-    let (arn, url) = common::topic(&sns, &topic).await;
-    let sink = sink(common::config(&topic));
-    assert_all_published(&publish(&sink, &large_batch()).await);
-    assert_eq!(
-        sns.queue().receive_all(&url, 60, READ_TIMEOUT).await.len(),
-        60
-    );
-    sns.queue().delete_queue(&url).await;
-    sns.delete_topic(&arn).await;
+    testkit::large_calls_split(&common::topics().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,19 +125,12 @@ async fn topic_arns_and_the_arn_prefix_work_as_destinations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_destinations_are_rejected_without_a_request() {
-    let sink = sink(common::config("{aggregate_type}"));
-    let mut batch = sample_batch(1, 2, "order", 2);
-    batch[0].destination = Some("not a topic!".into());
-    batch[1].destination = Some("arn:aws:sqs:us-east-1:000000000000:queue".into());
-    for outcome in &publish(&sink, &batch).await {
-        match outcome {
-            Outcome::Reject(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
-                assert!(e.message().starts_with("SNS topic `"), "{e}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
+    let malform = |batch: &mut [OutboxEvent]| {
+        batch[0].destination = Some("not a topic!".into());
+        batch[1].destination = Some("arn:aws:sqs:us-east-1:000000000000:queue".into());
+    };
+    let topics = common::topics().await;
+    testkit::malformed_destinations_rejected(&topics, malform, "SNS topic `").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,19 +4,13 @@
 
 mod common;
 
-use aws_sdk_sqs::types::QueueAttributeName;
-use outboxkit_aws::testkit::{
-    assert_fifo_messages, assert_headers_arrived, assert_structured_messages,
-    event_past_the_attribute_limit, large_batch, publish, publish_fifo_case, READ_TIMEOUT,
-};
+use outboxkit_aws::testkit::{self, publish, READ_TIMEOUT};
 use outboxkit_core::cloudevents::Format;
-use outboxkit_core::testkit::cloudevents::{
-    assert_bad_source_refused, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
-};
+use outboxkit_core::testkit::cloudevents::{assert_bad_source_refused, BAD_SOURCE};
 use outboxkit_core::testkit::sink_suite::{
     assert_all_published, sample_batch, sample_event, unique_prefix,
 };
-use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_core::{ErrorKind, OutboxEvent, Sink};
 use outboxkit_sink_sqs::{SqsConfig, SqsSink};
 
 fn sink(config: SqsConfig) -> SqsSink {
@@ -25,18 +19,7 @@ fn sink(config: SqsConfig) -> SqsSink {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_messages_carry_group_and_deduplication_ids_in_order() {
-    let sqs = common::server().await;
-    let queue = format!("{}.fifo", unique_prefix());
-    let url = sqs.create_queue(&queue, &[]).await;
-    let sink = sink(common::config(&queue));
-    let all = publish_fifo_case(&sink).await;
-    let received = sqs.receive_all(&url, all.len(), READ_TIMEOUT).await;
-    let fields = received.iter().map(|m| {
-        let (group_id, deduplication_id) = (m.group_id.as_deref(), m.deduplication_id.as_deref());
-        (m.body.as_str(), &m.attributes, group_id, deduplication_id)
-    });
-    assert_fifo_messages(&all, fields);
-    sqs.delete_queue(&url).await;
+    testkit::fifo_messages_in_order(&common::queues().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,87 +51,25 @@ async fn fifo_redelivery_of_an_event_id_is_deduplicated_by_sqs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_event_is_rejected_with_sqs_error_while_the_others_publish() {
-    let sqs = common::server().await;
-    let queue = unique_prefix();
-    let url = sqs
-        .create_queue(
-            &queue,
-            &[(QueueAttributeName::MaximumMessageSize, "262144")],
-        )
-        .await;
-    let sink = sink(common::config(&queue));
-    let mut batch = sample_batch(1, 6, "order", 6);
-    batch[2].payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(300 * 1024)).into_bytes();
-    let outcomes = publish(&sink, &batch).await;
-    for (i, outcome) in outcomes.iter().enumerate() {
-        if i == 2 {
-            match outcome {
-                Outcome::Reject(e) => {
-                    assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
-                    let text = e.full_message();
-                    assert!(text.contains(&format!("SQS queue `{queue}`")), "{text}");
-                    assert!(text.contains("262144"), "SQS's own error: {text}");
-                }
-                other => panic!("the oversized event: {other:?}"),
-            }
-        } else {
-            assert!(outcome.is_published(), "event {i}: {outcome:?}");
-        }
-    }
-    let received = sqs.receive_all(&url, 5, READ_TIMEOUT).await;
-    assert_eq!(received.len(), 5);
-    sqs.delete_queue(&url).await;
+    let queues = common::queues().await;
+    testkit::oversized_event_rejected(&queues, 300 * 1024, |queue, e| {
+        assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+        let text = e.full_message();
+        assert!(text.contains(&format!("SQS queue `{queue}`")), "{text}");
+        assert!(text.contains("262144"), "SQS's own error: {text}");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_queue_retries_its_events_while_other_queues_flow() {
-    let sqs = common::server().await;
-    let prefix = unique_prefix();
-    let orders = format!("{prefix}_order");
-    let invoices = format!("{prefix}_invoice");
-    let orders_url = sqs.create_queue(&orders, &[]).await;
-    let sink = sink(common::config(&format!("{prefix}_{{aggregate_type}}")));
-    let mut batch = sample_batch(1, 4, "order", 4);
-    batch.extend(sample_batch(5, 3, "invoice", 3));
-    let outcomes = publish(&sink, &batch).await;
-    assert_all_published(&outcomes[..4]);
-    for outcome in &outcomes[4..] {
-        match outcome {
-            Outcome::Retry(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
-                let text = e.full_message();
-                assert!(text.contains(&format!("`{invoices}`")), "{text}");
-                assert!(text.contains("does not exist"), "{text}");
-                assert!(text.contains("create the queue"), "{text}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-    // Once the queue exists, the retry goes through (a failed lookup is not cached).
-    let invoices_url = sqs.create_queue(&invoices, &[]).await;
-    assert_all_published(&publish(&sink, &batch[4..]).await);
-    assert_eq!(
-        sqs.receive_all(&invoices_url, 3, READ_TIMEOUT).await.len(),
-        3
-    );
-    assert_eq!(sqs.receive_all(&orders_url, 4, READ_TIMEOUT).await.len(), 4);
-    sqs.delete_queue(&orders_url).await;
-    sqs.delete_queue(&invoices_url).await;
+    let missing = ["does not exist", "create the queue"];
+    testkit::missing_destination_retried(&common::queues().await, &missing).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
-    let sqs = common::server().await;
-    let queue = unique_prefix();
-    let url = sqs.create_queue(&queue, &[]).await;
-    let sink = sink(common::config(&queue));
-    let event = event_past_the_attribute_limit();
-    assert_all_published(&publish(&sink, std::slice::from_ref(&event)).await);
-    let received = sqs.receive_all(&url, 1, READ_TIMEOUT).await;
-    assert_eq!(received.len(), 1);
-    let message = &received[0];
-    assert_headers_arrived(&event, &message.attributes, message.attribute_count);
-    sqs.delete_queue(&url).await;
+    testkit::headers_past_the_limit_arrive(&common::queues().await).await;
 }
 
 /// `format = "cloudevents"`: structured content mode, read back by a plain `ReceiveMessage` —
@@ -156,23 +77,7 @@ async fn headers_past_the_attribute_limit_travel_in_the_headers_attribute() {
 /// attributes the event's fields and `content_type`, no header attributes, no `body_encoding`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_structured_mode_sends_the_document_as_the_body() {
-    let sqs = common::server().await;
-    let queue = unique_prefix();
-    let url = sqs.create_queue(&queue, &[]).await;
-    let sink = sink(SqsConfig {
-        format: Format::CloudEvents,
-        cloudevents_source: SOURCE_TEMPLATE.to_owned(),
-        ..common::config(&queue)
-    });
-    let events = sample_events(1, "order");
-    assert_all_published(&publish(&sink, &events).await);
-    let received = sqs.receive_all(&url, 3, READ_TIMEOUT).await;
-    sqs.delete_queue(&url).await;
-    assert_eq!(received.len(), 3);
-    let fields = received
-        .iter()
-        .map(|m| (m.body.as_str(), &m.attributes, m.attribute_count));
-    assert_structured_messages(&events, fields);
+    testkit::cloudevents_structured(&common::queues().await).await;
 }
 
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
@@ -188,16 +93,7 @@ fn a_bad_cloudevents_source_is_refused_naming_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_calls_are_split_into_requests_sqs_accepts() {
-    let sqs = common::server().await;
-    let queue = unique_prefix();
-    let url = sqs.create_queue(&queue, &[]).await;
-    let sink = sink(SqsConfig {
-        max_batch_len: 100,
-        ..common::config(&queue)
-    });
-    assert_all_published(&publish(&sink, &large_batch()).await);
-    assert_eq!(sqs.receive_all(&url, 60, READ_TIMEOUT).await.len(), 60);
-    sqs.delete_queue(&url).await;
+    testkit::large_calls_split(&common::queues().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,20 +118,12 @@ async fn queue_urls_and_arns_work_as_destinations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_destinations_are_rejected_without_a_request() {
-    let sink = sink(common::config("{aggregate_type}"));
-    let mut batch = sample_batch(1, 2, "order", 2);
-    batch[0].destination = Some("not a queue!".into());
-    batch[1].aggregate_type = "caf\u{e9}".into();
-    let outcomes = publish(&sink, &batch).await;
-    for outcome in &outcomes {
-        match outcome {
-            Outcome::Reject(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
-                assert!(e.message().starts_with("SQS queue `"), "{e}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
+    let malform = |batch: &mut [OutboxEvent]| {
+        batch[0].destination = Some("not a queue!".into());
+        batch[1].aggregate_type = "caf\u{e9}".into();
+    };
+    let queues = common::queues().await;
+    testkit::malformed_destinations_rejected(&queues, malform, "SQS queue `").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

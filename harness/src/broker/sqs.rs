@@ -646,6 +646,24 @@ impl SqsMessage {
         }
     }
 
+    /// Its body, attributes, attribute count, group id and deduplication id, borrowed: a
+    /// message as the shared cases of the AWS sinks' tests look at it (`Fields` of
+    /// `outboxkit_aws::testkit`).
+    pub fn fields(
+        &self,
+    ) -> (
+        &str,
+        &BTreeMap<String, String>,
+        usize,
+        Option<&str>,
+        Option<&str>,
+    ) {
+        let group_id = self.group_id.as_deref();
+        let deduplication_id = self.deduplication_id.as_deref();
+        let (body, attributes, count) = (&self.body, &self.attributes, self.attribute_count);
+        (body, attributes, count, group_id, deduplication_id)
+    }
+
     /// The attribute `name`; fails the test when the message has none.
     pub fn attribute(&self, name: &str) -> &str {
         self.attributes

@@ -1,11 +1,14 @@
 //! Shared by the SNS integration tests: building the sink with the test credentials, and the
 //! harness's SNS side (topics read back through subscribed SQS queues) merging its overflow
-//! attribute.
+//! attribute, and the shared cases' fixture on topics.
 
 #![allow(dead_code)]
 
-use outboxkit_aws::testkit;
-use outboxkit_harness::{sqs_endpoint, SnsSide};
+use async_trait::async_trait;
+use outboxkit_aws::testkit::{self, Fields, READ_TIMEOUT};
+use outboxkit_core::cloudevents::Format;
+use outboxkit_core::testkit::cloudevents::SOURCE_TEMPLATE;
+use outboxkit_harness::{sqs_endpoint, SnsSide, SqsMessage};
 use outboxkit_sink_sns::{SnsConfig, SnsSink, OVERFLOW_ATTRIBUTE};
 
 /// A sink configuration for the test server routing with `topic`.
@@ -36,4 +39,61 @@ pub async fn topic(sns: &SnsSide, name: &str) -> (String, String) {
     let url = sns.queue().create_queue(name, &[]).await;
     sns.subscribe(&arn, &url).await;
     (arn, url)
+}
+
+/// The shared cases' fixture (see [`testkit::Fixture`]): destinations are topics, each read
+/// back through a queue of the same name subscribed to it, known by the topic's ARN and the
+/// queue's URL.
+pub struct Topics {
+    pub server: SnsSide,
+}
+
+/// The fixture on the test server.
+pub async fn topics() -> Topics {
+    Topics {
+        server: server().await,
+    }
+}
+
+#[async_trait]
+impl testkit::Fixture for Topics {
+    type Sink = SnsSink;
+    type Destination = (String, String);
+    type Message = SqsMessage;
+
+    async fn create(&self, name: &str) -> (String, String) {
+        topic(&self.server, name).await
+    }
+
+    /// SNS refuses messages past 256 KiB on every topic.
+    async fn create_capped(&self, name: &str) -> (String, String) {
+        self.create(name).await
+    }
+
+    fn sink(&self, route: &str) -> SnsSink {
+        sink(config(route)).expect("a valid sink configuration")
+    }
+
+    fn cloudevents_sink(&self, route: &str) -> SnsSink {
+        let config = SnsConfig {
+            format: Format::CloudEvents,
+            cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+            ..config(route)
+        };
+        sink(config).expect("a valid sink configuration")
+    }
+
+    async fn receive(&self, (_, url): &(String, String), expected: usize) -> Vec<SqsMessage> {
+        let queue = self.server.queue();
+        queue.receive_all(url, expected, READ_TIMEOUT).await
+    }
+
+    fn fields(message: &SqsMessage) -> Fields<'_> {
+        message.fields()
+    }
+
+    async fn delete(&self, (arn, url): (String, String)) {
+        self.server.queue().delete_queue(&url).await;
+        self.server.delete_topic(&arn).await;
+    }
 }
