@@ -93,19 +93,71 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
 }
 
 /// A SQL store crate's writers' handle on an outbox table (its `Outbox`), as a [`SqlSide`]
-/// opens it: the crate's store and sqlx database, the server and its test URL.
+/// opens it: the crate's store and sqlx database, the server and its test URL, and what the
+/// [`StoreSide`] of a [`SqlSide`] says or does differently on its server.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub trait SqlOutbox: Sized {
+#[async_trait]
+pub trait SqlOutbox: Sized + Send + Sync + std::fmt::Debug + 'static {
     /// The store, as the shared SQL code names it (`outboxkit_store_postgres::Postgres`).
     type Store: outboxkit_store_sql::SqlStore;
     /// The store's sqlx database.
     type Db: sqlx::Database;
+    /// How the outbox table's `event_id` column is bound and read (a `Uuid`, or its text).
+    type EventId: sqlx::Type<Self::Db>
+        + for<'q> sqlx::Encode<'q, Self::Db>
+        + for<'r> sqlx::Decode<'r, Self::Db>
+        + Send
+        + Unpin;
     /// The server, for messages ("PostgreSQL").
     const SERVER: &'static str;
+    /// The database, for [`StoreSide::name`] ("PostgreSQL", "MariaDB").
+    const NAME: &'static str;
+    /// [`StoreSide::server_version`]: the query of the server and its version.
+    const VERSION_SQL: &'static str;
+    /// [`StoreSide::truncate`]: the statement emptying the table named after it.
+    const TRUNCATE: &'static str;
+    /// [`StoreSide::publish_latencies`]: a published row's microseconds from insert to publish.
+    const LATENCY_MICROS: &'static str;
+    /// [`StoreSide::dead_rows`]: the columns after `id` (event id, attempts, last error).
+    const DEAD_COLUMNS: &'static str;
+    /// The first parameter of a statement (`$1`, `?`).
+    const PARAM: &'static str;
     /// The test server: `OUTBOX_TEST_*_URL`, default the machine's local server.
     fn test_url() -> String;
     /// The handle on `table`.
     fn on_table(table: &str) -> Self;
+    /// `event_id` as [`Self::EventId`] binds it.
+    fn event_id(event_id: Uuid) -> Self::EventId;
+    /// An `event_id` read back.
+    fn uuid(event_id: Self::EventId) -> Uuid;
+    /// The crate's `Outbox::enqueue`.
+    async fn enqueue(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        event: &NewEvent,
+    ) -> outboxkit_core::Result<i64>;
+    /// The crate's `Outbox::enqueue_many`.
+    async fn enqueue_many(
+        &self,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        events: &[NewEvent],
+    ) -> outboxkit_core::Result<Vec<i64>>;
+    /// [`StoreSide::analyze`] of `side`.
+    async fn analyze(side: &SqlSide<Self>);
+    /// [`StoreSide::bulk_load`] into `side`.
+    async fn bulk_load(
+        side: &SqlSide<Self>,
+        events: u64,
+        aggregates: u64,
+        pad: usize,
+        payload_type: PayloadType,
+    );
+    /// [`StoreSide::any_pending`] of `side`.
+    async fn any_pending(side: &SqlSide<Self>) -> bool;
+    /// [`StoreSide::create_orders`]: the statements (re)creating the business table `orders`.
+    fn create_orders_sql(orders: &str, aggregates: u64) -> String;
+    /// [`StoreSide::drop_tables`] after the tables: the store's bookkeeping rows of `side`.
+    async fn drop_bookkeeping(side: &SqlSide<Self>);
 }
 
 /// A SQL database and one test's tables in it: the outbox table and the business table
@@ -140,6 +192,8 @@ impl<O: SqlOutbox + Clone> Clone for SqlSide<O> {
 impl<O: SqlOutbox> SqlSide<O>
 where
     for<'c> &'c mut <O::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = O::Db>,
+    for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
+    String: sqlx::Type<O::Db> + for<'q> sqlx::Encode<'q, O::Db>,
 {
     /// The test server ([`SqlOutbox::test_url`]) with outbox table `table`; fails the test,
     /// saying what to start, when the server is unreachable.
@@ -184,8 +238,69 @@ where
         &self.pool
     }
 
-    /// [`StoreSide::store_toml`]: the same keys on both servers.
-    fn relay_toml(&self) -> String {
+    /// [`StoreSide::transact`], the aggregate's business row locked first when `lock` (the
+    /// writer contract of polling) or not at all (log-based capture needs no contract).
+    pub async fn transact_locking(
+        &self,
+        event: &NewEvent,
+        commit: bool,
+        lock: bool,
+    ) -> Result<i64, WriteError> {
+        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
+        if lock {
+            sqlx::query(&format!(
+                "UPDATE {} SET version = version + 1 WHERE id = {}",
+                self.orders,
+                O::PARAM
+            ))
+            .bind(&event.aggregate_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(WriteError::before)?;
+        }
+        let id = self
+            .outbox
+            .enqueue(&mut tx, event)
+            .await
+            .map_err(WriteError::before)?;
+        if commit {
+            tx.commit().await.map_err(WriteError::after)?;
+        } else {
+            tx.rollback().await.map_err(WriteError::after)?;
+        }
+        Ok(id)
+    }
+
+    /// Run `sql` (one statement or more) on the pool; fails the test with the server's error.
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// What is the same on both servers; [`SqlOutbox`] says what is not.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[async_trait]
+impl<O: SqlOutbox> StoreSide for SqlSide<O>
+where
+    for<'c> &'c mut <O::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = O::Db>,
+    for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
+    String: sqlx::Type<O::Db> + for<'q> sqlx::Encode<'q, O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
+    i64: sqlx::Type<O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
+    usize: sqlx::ColumnIndex<<O::Db as sqlx::Database>::Row>,
+{
+    fn name(&self) -> &str {
+        O::NAME
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The same keys on both servers.
+    fn store_toml(&self) -> String {
         format!(
             "[store]\nkind = \"{}\"\nurl = \"{}\"\ntable = \"{}\"\n",
             <O::Store as outboxkit_store_sql::SqlStore>::KIND,
@@ -194,9 +309,16 @@ where
         )
     }
 
-    /// [`StoreSide::connect_store`]: the store built as the relay builds it (the
-    /// configuration's own `build`) and migrated; fails the test with the store's error.
-    async fn connect_migrated(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
+    async fn server_version(&self) -> String {
+        sqlx::query_scalar(O::VERSION_SQL)
+            .fetch_one(&self.pool)
+            .await
+            .expect("reading the server version")
+    }
+
+    /// The store built as the relay builds it (the configuration's own `build`) and migrated;
+    /// fails the test with the store's error.
+    async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
         use outboxkit_core::StoreConfig;
         let (url, table) = (&self.url, &self.table);
         let mut config = outboxkit_store_sql::SqlStoreConfig::<O::Store>::new(url)
@@ -215,21 +337,46 @@ where
         Arc::new(store)
     }
 
-    /// Run `sql` (one statement or more) on the pool; fails the test with the server's error.
-    async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    async fn truncate(&self) {
+        self.exec(&format!("{} {}", O::TRUNCATE, self.table)).await;
     }
 
-    /// [`StoreSide::count_rows`]: the same SQL on both servers.
-    async fn count_where(&self, condition: &str) -> i64
-    where
-        for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
-        i64: sqlx::Type<O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
-        usize: sqlx::ColumnIndex<<O::Db as sqlx::Database>::Row>,
-    {
+    async fn analyze(&self) {
+        O::analyze(self).await;
+    }
+
+    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
+        O::bulk_load(self, events, aggregates, pad, payload_type).await;
+    }
+
+    async fn any_pending(&self) -> bool {
+        O::any_pending(self).await
+    }
+
+    async fn create_orders(&self, aggregates: u64) {
+        let orders = &self.orders;
+        sqlx::raw_sql(&O::create_orders_sql(orders, aggregates))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
+    }
+
+    async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
+        self.transact_locking(event, commit, true).await
+    }
+
+    async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {
+        let mut tx = self.pool.begin().await.expect("a transaction");
+        let ids = self
+            .outbox
+            .enqueue_many(&mut tx, events)
+            .await
+            .expect("enqueueing events");
+        tx.commit().await.expect("committing");
+        ids
+    }
+
+    async fn count_rows(&self, condition: &str) -> i64 {
         sqlx::query_scalar(&format!(
             "SELECT COUNT(*) FROM {} WHERE {condition}",
             self.table
@@ -239,13 +386,59 @@ where
         .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
     }
 
-    /// [`StoreSide::drop_tables`] up to the store's bookkeeping rows: the outbox table and the
-    /// business table.
-    async fn drop_both_tables(&self) {
+    async fn publish_latencies(&self) -> Vec<Duration> {
+        let micros: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT {} FROM {} WHERE published_at IS NOT NULL",
+            O::LATENCY_MICROS,
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading publish times");
+        micros
+            .into_iter()
+            .map(|us| Duration::from_micros(us.max(0) as u64))
+            .collect()
+    }
+
+    async fn row_of(&self, event_id: Uuid) -> Option<i64> {
+        sqlx::query_scalar(&format!(
+            "SELECT id FROM {} WHERE event_id = {}",
+            self.table,
+            O::PARAM
+        ))
+        .bind(O::event_id(event_id))
+        .fetch_optional(&self.pool)
+        .await
+        .expect("looking up a row")
+    }
+
+    async fn dead_rows(&self) -> Vec<DeadRow> {
+        let rows: Vec<(i64, O::EventId, i64, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT id, {} FROM {} WHERE dead_at IS NOT NULL ORDER BY id",
+            O::DEAD_COLUMNS,
+            self.table
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading dead rows");
+        rows.into_iter()
+            .map(|(id, event_id, attempts, last_error)| DeadRow {
+                id,
+                event_id: O::uuid(event_id),
+                attempts,
+                last_error: last_error.unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// The outbox table and the business table, then the store's bookkeeping rows.
+    async fn drop_tables(&self) {
         self.exec(&format!(
             "DROP TABLE IF EXISTS {}, {}",
             self.orders, self.table
         ))
         .await;
+        O::drop_bookkeeping(self).await;
     }
 }

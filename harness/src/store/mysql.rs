@@ -2,19 +2,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use outboxkit_core::{NewEvent, PayloadType, Store};
+use outboxkit_core::{NewEvent, PayloadType, Result};
 use outboxkit_store_mysql::MySql;
 use outboxkit_store_mysql::Outbox;
 use outboxkit_store_sql::payload::PayloadColumn;
-use sqlx::{Connection, Executor};
+use sqlx::{Connection, Executor, MySqlConnection};
 use uuid::Uuid;
 
-use super::{DeadRow, SqlOutbox, SqlSide, StoreSide};
-use crate::scenario::{Fault, WriteError};
+use super::{SqlOutbox, SqlSide, StoreSide};
+use crate::scenario::Fault;
 use crate::util::running_as_root;
 use crate::util::{free_port, scratch_dir};
 
@@ -27,10 +27,20 @@ pub fn mysql_url() -> String {
 /// The MySQL / MariaDB side: [`MySqlSide::open`] and the rest of [`SqlSide`].
 pub type MySqlSide = SqlSide<Outbox>;
 
+#[async_trait]
 impl SqlOutbox for Outbox {
     type Store = outboxkit_store_mysql::MySql;
     type Db = sqlx::MySql;
+    type EventId = String;
     const SERVER: &'static str = "MySQL";
+    const NAME: &'static str = "MariaDB";
+    const VERSION_SQL: &'static str = "SELECT CONCAT(@@version_comment, ' ', VERSION())";
+    const TRUNCATE: &'static str = "TRUNCATE TABLE";
+    const LATENCY_MICROS: &'static str =
+        "CAST(TIMESTAMPDIFF(MICROSECOND, created_at, published_at) AS SIGNED)";
+    const DEAD_COLUMNS: &'static str =
+        "CAST(event_id AS CHAR), CAST(attempts AS SIGNED), CAST(last_error AS CHAR)";
+    const PARAM: &'static str = "?";
 
     fn test_url() -> String {
         mysql_url()
@@ -39,53 +49,49 @@ impl SqlOutbox for Outbox {
     fn on_table(table: &str) -> Self {
         Outbox::new(table).expect("a valid outbox table name")
     }
-}
 
-#[async_trait]
-impl StoreSide for MySqlSide {
-    fn name(&self) -> &str {
-        "MariaDB"
+    fn event_id(event_id: Uuid) -> String {
+        event_id.to_string()
     }
 
-    fn table(&self) -> &str {
-        &self.table
+    fn uuid(event_id: String) -> Uuid {
+        Uuid::parse_str(&event_id).expect("a UUID event_id")
     }
 
-    fn store_toml(&self) -> String {
-        self.relay_toml()
+    async fn enqueue(&self, conn: &mut MySqlConnection, event: &NewEvent) -> Result<i64> {
+        Outbox::enqueue(self, conn, event).await
     }
 
-    async fn server_version(&self) -> String {
-        sqlx::query_scalar("SELECT CONCAT(@@version_comment, ' ', VERSION())")
-            .fetch_one(&self.pool)
-            .await
-            .expect("reading the server version")
+    async fn enqueue_many(
+        &self,
+        conn: &mut MySqlConnection,
+        events: &[NewEvent],
+    ) -> Result<Vec<i64>> {
+        Outbox::enqueue_many(self, conn, events).await
     }
 
-    async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
-        self.connect_migrated(shards, connections).await
-    }
-
-    async fn truncate(&self) {
-        self.exec(&format!("TRUNCATE TABLE {}", self.table)).await;
-    }
-
-    async fn analyze(&self) {
-        self.exec(&format!("ANALYZE TABLE {}, {}", self.table, self.orders))
+    async fn analyze(side: &MySqlSide) {
+        side.exec(&format!("ANALYZE TABLE {}, {}", side.table, side.orders))
             .await;
     }
 
     /// At most 1,000,000 events (the generated sequence's size).
-    async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
+    async fn bulk_load(
+        side: &MySqlSide,
+        events: u64,
+        aggregates: u64,
+        pad: usize,
+        payload_type: PayloadType,
+    ) {
         assert!(
             events <= 1_000_000,
             "the MySQL side loads at most 1,000,000 events"
         );
-        self.truncate().await;
+        side.truncate().await;
         let column = MySql::column_type(payload_type);
-        self.exec(&format!(
+        side.exec(&format!(
             "ALTER TABLE {} MODIFY payload {column} NOT NULL",
-            self.table
+            side.table
         ))
         .await;
         let json =
@@ -106,130 +112,45 @@ impl StoreSide for MySqlSide {
              FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
                    FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) nums \
              WHERE n < ? ORDER BY n",
-            self.table
+            side.table
         ))
         .bind(aggregates)
         .bind(aggregates)
         .bind(events)
-        .execute(&self.pool)
+        .execute(&side.pool)
         .await
         .unwrap_or_else(|e| panic!("loading {events} events: {e}"));
-        self.exec(&format!("ANALYZE TABLE {}", self.table)).await;
+        side.exec(&format!("ANALYZE TABLE {}", side.table)).await;
     }
 
     /// `pending = 1`: the store's generated column for [`PENDING`](super::PENDING), which its
     /// index covers.
-    async fn any_pending(&self) -> bool {
+    async fn any_pending(side: &MySqlSide) -> bool {
         let row: Option<i32> = sqlx::query_scalar(&format!(
             "SELECT 1 FROM {} WHERE pending = 1 LIMIT 1",
-            self.table
+            side.table
         ))
-        .fetch_optional(&self.pool)
+        .fetch_optional(&side.pool)
         .await
         .expect("looking for a pending row");
         row.is_some()
     }
 
-    async fn create_orders(&self, aggregates: u64) {
-        let orders = &self.orders;
+    fn create_orders_sql(orders: &str, aggregates: u64) -> String {
         let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
-        sqlx::raw_sql(&format!(
+        format!(
             "DROP TABLE IF EXISTS {orders}; \
              CREATE TABLE {orders} (id VARCHAR(16) PRIMARY KEY, version INT NOT NULL) ENGINE = InnoDB; \
              INSERT INTO {orders} VALUES {}",
             values.join(", ")
-        ))
-        .execute(&self.pool)
-        .await
-        .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
+        )
     }
 
-    async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
-        let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
-        sqlx::query(&format!(
-            "UPDATE {} SET version = version + 1 WHERE id = ?",
-            self.orders
-        ))
-        .bind(&event.aggregate_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(WriteError::before)?;
-        let id = self
-            .outbox
-            .enqueue(&mut tx, event)
-            .await
-            .map_err(WriteError::before)?;
-        if commit {
-            tx.commit().await.map_err(WriteError::after)?;
-        } else {
-            tx.rollback().await.map_err(WriteError::after)?;
-        }
-        Ok(id)
-    }
-
-    async fn enqueue_many(&self, events: &[NewEvent]) -> Vec<i64> {
-        let mut tx = self.pool.begin().await.expect("a transaction");
-        let ids = self
-            .outbox
-            .enqueue_many(&mut tx, events)
-            .await
-            .expect("enqueueing events");
-        tx.commit().await.expect("committing");
-        ids
-    }
-
-    async fn count_rows(&self, condition: &str) -> i64 {
-        self.count_where(condition).await
-    }
-
-    async fn publish_latencies(&self) -> Vec<Duration> {
-        let micros: Vec<i64> = sqlx::query_scalar(&format!(
-            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, created_at, published_at) AS SIGNED) FROM {} \
-             WHERE published_at IS NOT NULL",
-            self.table
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .expect("reading publish times");
-        micros
-            .into_iter()
-            .map(|us| Duration::from_micros(us.max(0) as u64))
-            .collect()
-    }
-
-    async fn row_of(&self, event_id: Uuid) -> Option<i64> {
-        sqlx::query_scalar(&format!("SELECT id FROM {} WHERE event_id = ?", self.table))
-            .bind(event_id.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .expect("looking up a row")
-    }
-
-    async fn dead_rows(&self) -> Vec<DeadRow> {
-        let rows: Vec<(i64, String, i64, Option<String>)> = sqlx::query_as(&format!(
-            "SELECT id, CAST(event_id AS CHAR), CAST(attempts AS SIGNED), CAST(last_error AS CHAR) \
-             FROM {} WHERE dead_at IS NOT NULL ORDER BY id",
-            self.table
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .expect("reading dead rows");
-        rows.into_iter()
-            .map(|(id, event_id, attempts, last_error)| DeadRow {
-                id,
-                event_id: Uuid::parse_str(&event_id).expect("a UUID event_id"),
-                attempts,
-                last_error: last_error.unwrap_or_default(),
-            })
-            .collect()
-    }
-
-    async fn drop_tables(&self) {
-        self.drop_both_tables().await;
+    async fn drop_bookkeeping(side: &MySqlSide) {
         for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
             sqlx::query(&format!("DELETE FROM {bookkeeping} WHERE table_name = ?"))
-                .bind(&self.table)
-                .execute(&self.pool)
+                .bind(&side.table)
+                .execute(&side.pool)
                 .await
                 .expect("deleting the bookkeeping rows");
         }
