@@ -4,12 +4,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use uuid::Uuid;
-
 /// A short random name part, so every test has its own tables, streams, topics and queues.
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..10])
-}
+pub use outboxkit_core::testkit::relay_process::unique;
 
 /// A scratch directory for config files and logs.
 pub fn scratch_dir(name: &str) -> PathBuf {

@@ -11,10 +11,7 @@ use uuid::Uuid;
 use super::{SqlOutbox, SqlSide, StoreSide, PENDING};
 
 /// PostgreSQL for tests: `OUTBOX_TEST_POSTGRES_URL`, default the machine's local server.
-pub fn postgres_url() -> String {
-    std::env::var("OUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+pub use outboxkit_core::testkit::relay_process::postgres_url;
 
 /// The PostgreSQL side: [`PostgresSide::open`] and the rest of [`SqlSide`].
 pub type PostgresSide = SqlSide<Outbox>;
