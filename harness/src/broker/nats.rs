@@ -263,12 +263,24 @@ impl BrokerSide for NatsSide {
     }
 
     /// The stream in order (which is each subject's order), every message it holds.
-    async fn read_back(&self, _expected: &HashSet<Uuid>, _timeout: Duration) -> Vec<Delivered> {
-        let held = self.count(&self.stream()).await as usize;
-        let messages = self
-            .messages(&self.stream(), ">", held, Duration::from_secs(60))
-            .await;
-        messages.into_iter().map(delivered).collect()
+    /// Everything the stream holds, read again until every `expected` event is among it or
+    /// `timeout` passes (an event the relay is still publishing).
+    async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let held = self.count(&self.stream()).await as usize;
+            let messages: Vec<Delivered> = self
+                .messages(&self.stream(), ">", held, Duration::from_secs(60))
+                .await
+                .into_iter()
+                .map(delivered)
+                .collect();
+            let ids: HashSet<Uuid> = messages.iter().map(|m| m.event_id).collect();
+            if expected.is_subset(&ids) || Instant::now() >= deadline {
+                return messages;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The stream's message count.
