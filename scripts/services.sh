@@ -7,15 +7,8 @@
 # is running.
 set -euo pipefail
 
-log() { printf '[services] %s\n' "$*" >&2; }
-
-apt_install() {
-  if [ -z "${APT_UPDATED:-}" ]; then
-    apt-get update -qq >/dev/null
-    APT_UPDATED=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+log_tag=services
+. "$(dirname "$0")/services-common.sh"
 
 wait_until() { # what, tries, command...
   local what=$1 tries=$2; shift 2

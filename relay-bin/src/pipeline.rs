@@ -340,15 +340,6 @@ mod tests {
     #[test]
     fn bad_pipelines_are_refused_naming_the_key() {
         in_jail(|jail| {
-            let e = pipelines(
-                jail,
-                "[pipelines.Billing.store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
-            )
-            .unwrap_err();
-            assert!(
-                e.starts_with("invalid configuration: pipelines.Billing: \"Billing\" is not a valid pipeline name"),
-                "{e}"
-            );
             for bad in ["a__b", "9lives", "trailing_", "with-dash"] {
                 assert!(check_name(bad).is_err(), "{bad}");
             }
@@ -356,64 +347,52 @@ mod tests {
                 check_name(good).unwrap();
             }
 
-            let e =
-                pipelines(jail, "[pipelines.billing.store]\nkind = \"postgres\"\n").unwrap_err();
-            assert_eq!(
-                e,
-                "invalid configuration: pipelines.billing.sink: missing required table: give the \
-                 pipeline a [pipelines.billing.sink], or give every pipeline one with a shared \
-                 [sink] (in relay.toml)"
-            );
-
-            let e = pipelines(
-                jail,
-                "[sink]\nkind = \"x\"\n[pipelines.billing]\nrelay = { batch_size = 0 }\n\
-                 [pipelines.billing.store]\nkind = \"postgres\"\n",
-            )
-            .unwrap_err();
-            assert_eq!(
-                e,
-                "invalid configuration: pipelines.billing.relay.batch_size: must be between 1 and \
-                 100000, got 0 (in relay.toml)"
-            );
-            let e = pipelines(
-                jail,
-                "[sink]\nkind = \"x\"\n[pipelines.billing.relay]\nbatch_sise = 3\n\
-                 [pipelines.billing.store]\nkind = \"postgres\"\n",
-            )
-            .unwrap_err();
-            assert!(
-                e.starts_with(
-                    "invalid configuration: pipelines.billing.relay.batch_sise: unknown key"
+            // Each configuration, and the start of its error.
+            for (toml, start) in [
+                (
+                    "[pipelines.Billing.store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n",
+                    "invalid configuration: pipelines.Billing: \"Billing\" is not a valid pipeline name",
                 ),
-                "{e}"
-            );
-            let e = pipelines(
-                jail,
-                "[sink]\nkind = \"x\"\n[pipelines.billing]\nstor = 1\n",
-            )
-            .unwrap_err();
-            assert!(
-                e.starts_with("invalid configuration: pipelines.billing.stor: unknown key"),
-                "{e}"
-            );
+                (
+                    "[sink]\nkind = \"x\"\n[pipelines.billing.relay]\nbatch_sise = 3\n\
+                     [pipelines.billing.store]\nkind = \"postgres\"\n",
+                    "invalid configuration: pipelines.billing.relay.batch_sise: unknown key",
+                ),
+                (
+                    "[sink]\nkind = \"x\"\n[pipelines.billing]\nstor = 1\n",
+                    "invalid configuration: pipelines.billing.stor: unknown key",
+                ),
+                (
+                    "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n\
+                     [pipelines.default.store]\nkind = \"postgres\"\n",
+                    "invalid configuration: pipelines.default: the top-level [store] is the pipeline `default` already",
+                ),
+            ] {
+                let e = pipelines(jail, toml).unwrap_err();
+                assert!(e.starts_with(start), "{e}");
+            }
 
-            let e = pipelines(
-                jail,
-                "[store]\nkind = \"postgres\"\n[sink]\nkind = \"x\"\n\
-                 [pipelines.default.store]\nkind = \"postgres\"\n",
-            )
-            .unwrap_err();
-            assert!(
-                e.starts_with("invalid configuration: pipelines.default: the top-level [store] is the pipeline `default` already"),
-                "{e}"
-            );
-
-            let e = pipelines(jail, "[relay]\nbatch_size = 5\n").unwrap_err();
-            assert_eq!(
-                e,
-                "invalid configuration: store: missing required table [store] (in relay.toml)"
-            );
+            // Each configuration, and its whole error.
+            for (toml, error) in [
+                (
+                    "[pipelines.billing.store]\nkind = \"postgres\"\n",
+                    "invalid configuration: pipelines.billing.sink: missing required table: give the \
+                     pipeline a [pipelines.billing.sink], or give every pipeline one with a shared \
+                     [sink] (in relay.toml)",
+                ),
+                (
+                    "[sink]\nkind = \"x\"\n[pipelines.billing]\nrelay = { batch_size = 0 }\n\
+                     [pipelines.billing.store]\nkind = \"postgres\"\n",
+                    "invalid configuration: pipelines.billing.relay.batch_size: must be between 1 and \
+                     100000, got 0 (in relay.toml)",
+                ),
+                (
+                    "[relay]\nbatch_size = 5\n",
+                    "invalid configuration: store: missing required table [store] (in relay.toml)",
+                ),
+            ] {
+                assert_eq!(pipelines(jail, toml).unwrap_err(), error);
+            }
             Ok(())
         });
     }

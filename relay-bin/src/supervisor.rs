@@ -25,7 +25,7 @@ use tracing::{error, info, warn, Instrument};
 
 use crate::cli::{Failure, Loaded};
 use crate::pipeline::Pipeline;
-use crate::registry::{DiscoveredTable, Registry};
+use crate::registry::{DiscoveredTable, FactoryContext, Registry};
 
 /// What each pipeline is doing, for `/healthz` and `/readyz`.
 #[derive(Debug, Clone, Default)]
@@ -116,12 +116,11 @@ struct Connected {
     sink: Arc<dyn Sink>,
 }
 
+/// Build the store and the sink of the pipeline `ctx` describes, and check both.
 async fn connect(
     registry: &Registry,
-    loaded: &Loaded,
-    pipeline: &Pipeline,
+    ctx: FactoryContext<'_>,
 ) -> outboxkit_core::Result<Connected> {
-    let ctx = loaded.context(pipeline);
     let store = registry.build_store(ctx).await?;
     let sink = registry.build_sink(ctx).await?;
     store.check().await?;
@@ -293,7 +292,7 @@ async fn start(
 ) -> outboxkit_core::Result<Started> {
     let ctx = loaded.context(pipeline);
     let Some(discovery) = registry.discovery(ctx)? else {
-        return Ok(Started::One(connect(registry, loaded, pipeline).await?));
+        return Ok(Started::One(connect(registry, ctx).await?));
     };
     let tables = registry.discover(ctx).await?;
     if tables.is_empty() {

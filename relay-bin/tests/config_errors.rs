@@ -20,22 +20,30 @@ fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// `tables` (a store or the pipelines' stores), then the `[sink]` (Redis Streams) and the
+/// `[server]` (any free port) every configuration of these tests has.
+fn with_sink_and_server(tables: &str) -> String {
+    format!("{tables}\n[sink]\nkind = \"redis-streams\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n")
+}
+
+/// The table `[key]` (`store`, `pipelines.<name>.store`) of a PostgreSQL store on the test
+/// server, with `lines` after its URL.
+fn postgres_store(key: &str, lines: &str) -> String {
+    format!(
+        "[{key}]\nkind = \"postgres\"\nurl = \"{}\"\n{lines}",
+        postgres_url()
+    )
+}
+
 /// A valid configuration, apart from what a test appends (TOML allows reopening no table, so
 /// tests append whole tables or write their own file).
 fn valid() -> String {
-    format!(
-        r#"[store]
-kind = "postgres"
-url = "{}"
+    with_sink_and_server(&postgres_store("store", ""))
+}
 
-[sink]
-kind = "redis-streams"
-
-[server]
-listen = "127.0.0.1:0"
-"#,
-        postgres_url()
-    )
+/// [`valid`] with a `[relay]` table holding `lines`.
+fn with_relay(lines: &str) -> String {
+    format!("{}\n[relay]\n{lines}\n", valid())
 }
 
 /// [`valid`] with a store URL where nothing listens: for errors found before connecting, and for
@@ -190,7 +198,7 @@ fn unknown_top_level_key() {
 #[test]
 fn unknown_key_in_relay() {
     let (config, line) = file_error(
-        &format!("{}\n[relay]\nbatch_sise = 100\n", valid()),
+        &with_relay("batch_sise = 100"),
         "run",
         &["relay.batch_sise: unknown key", "batch_size"],
     );
@@ -219,7 +227,7 @@ fn unknown_key_in_store() {
 #[test]
 fn wrong_type() {
     file_error(
-        &format!("{}\n[relay]\nbatch_size = \"many\"\n", valid()),
+        &with_relay("batch_size = \"many\""),
         "run",
         &["relay.batch_size: expected usize, found string \"many\""],
     );
@@ -270,7 +278,7 @@ fn missing_sink_kind() {
 #[test]
 fn invalid_duration() {
     file_error(
-        &format!("{}\n[relay]\nbackoff_initial = \"soon\"\n", valid()),
+        &with_relay("backoff_initial = \"soon\""),
         "run",
         &["relay.backoff_initial: expected a duration, found string \"soon\""],
     );
@@ -279,7 +287,7 @@ fn invalid_duration() {
 #[test]
 fn invalid_retention() {
     let (_, line) = file_error(
-        &format!("{}\n[relay]\nretention = \"forever\"\n", valid()),
+        &with_relay("retention = \"forever\""),
         "run",
         &[
             "relay.retention: expected \"delete\" or a duration",
@@ -419,7 +427,7 @@ fn toml_syntax_error_names_the_file() {
 
 #[test]
 fn environment_overrides_the_file() {
-    let config = TempConfig::new(&format!("{}\n[relay]\nbatch_size = 10\n", valid()));
+    let config = TempConfig::new(&with_relay("batch_size = 10"));
     let line = config_error(
         &config,
         "status",
@@ -602,25 +610,14 @@ fn logs_to_a_pipe_have_no_colour() {
 
 /// Two pipelines on one PostgreSQL server, tables `a.outbox` and `table_b`, and a shared sink.
 fn two_pipelines(table_b: &str) -> String {
-    format!(
-        r#"[sink]
-kind = "redis-streams"
-
-[pipelines.billing.store]
-kind = "postgres"
-url = "{url}"
-table = "a.outbox"
-
-[pipelines.orders.store]
-kind = "postgres"
-url = "{url}"
-table = "{table_b}"
-
-[server]
-listen = "127.0.0.1:0"
-"#,
-        url = postgres_url()
-    )
+    with_sink_and_server(&format!(
+        "{}\n{}",
+        postgres_store("pipelines.billing.store", "table = \"a.outbox\"\n"),
+        postgres_store(
+            "pipelines.orders.store",
+            &format!("table = \"{table_b}\"\n")
+        )
+    ))
 }
 
 #[test]
@@ -687,21 +684,10 @@ fn pipeline_keys_are_named_with_their_pipeline() {
 
 #[test]
 fn a_pattern_that_must_match_and_matches_nothing_stops_the_start() {
-    let toml = format!(
-        r#"[pipelines.tenants.store]
-kind = "postgres"
-url = "{}"
-table = "no_such_tenant_*.outbox"
-require_match = true
-
-[sink]
-kind = "redis-streams"
-
-[server]
-listen = "127.0.0.1:0"
-"#,
-        postgres_url()
-    );
+    let toml = with_sink_and_server(&postgres_store(
+        "pipelines.tenants.store",
+        "table = \"no_such_tenant_*.outbox\"\nrequire_match = true\n",
+    ));
     file_error(
         &toml,
         "run",

@@ -57,8 +57,8 @@ fn env_name(key: &str) -> String {
     format!("OUTBOX_{}", key.replace('.', "__").to_uppercase())
 }
 
-fn check_section(section: &str, keys: &[String], rows: &BTreeMap<String, (String, String)>) {
-    assert!(!keys.is_empty(), "no keys found for [{section}]");
+/// Every key of `keys` under `section` has a row with its environment variable.
+fn check_rows(section: &str, keys: &[String], rows: &BTreeMap<String, (String, String)>) {
     for key in keys {
         let full = format!("{section}.{key}");
         let (_, env) = rows
@@ -66,6 +66,13 @@ fn check_section(section: &str, keys: &[String], rows: &BTreeMap<String, (String
             .unwrap_or_else(|| panic!("docs/CONFIGURATION.md has no row for `{full}`"));
         assert_eq!(env, &env_name(&full), "environment variable of `{full}`");
     }
+}
+
+/// The section `[section]` has exactly the keys `keys`: a row for each ([`check_rows`]), and
+/// no row for another.
+fn check_section(section: &str, keys: &[String], rows: &BTreeMap<String, (String, String)>) {
+    assert!(!keys.is_empty(), "no keys found for [{section}]");
+    check_rows(section, keys, rows);
     // No row for a key that does not exist.
     for documented in rows.keys().filter(|k| {
         k.strip_prefix(section)
@@ -118,100 +125,81 @@ fn every_key_is_documented_with_its_variable_and_default() {
         );
     }
     store_keys.push("kind".to_owned());
-    check_section("store", &store_keys, &rows);
-    check_section("relay", &keys_of::<outboxkit_core::RelayConfig>(), &rows);
-    check_section("server", &keys_of::<ServerSettings>(), &rows);
-    check_section("log", &keys_of::<LogSettings>(), &rows);
-    check_section(
-        "sink",
-        &["kind".to_owned(), "destination".to_owned()],
-        &rows,
-    );
-    check_section(
-        "pipelines.<name>",
-        &keys_of::<outboxkit_relay::settings::PipelineSettings>(),
-        &rows,
-    );
-
-    check_defaults(
-        "relay",
-        serde_json::to_value(outboxkit_core::RelayConfig::default()).unwrap(),
-        &rows,
-    );
-    check_defaults(
-        "server",
-        serde_json::to_value(ServerSettings::default()).unwrap(),
-        &rows,
-    );
-    check_defaults(
-        "log",
-        serde_json::to_value(LogSettings::default()).unwrap(),
-        &rows,
-    );
-    let mut store = serde_json::to_value(PostgresStoreConfig::new("postgres://x")).unwrap();
-    store.as_object_mut().unwrap().remove("url");
-    let logical = store.as_object_mut().unwrap().remove("logical").unwrap();
-    check_defaults("store", store, &rows);
-    check_section(
-        "store.logical",
-        &keys_of::<outboxkit_store_postgres::LogicalSettings>(),
-        &rows,
-    );
-    check_defaults("store.logical", logical, &rows);
-
+    // Each section's keys; the sinks' when their feature is compiled in.
+    #[allow(unused_mut)]
+    let mut sections = vec![
+        ("store", store_keys),
+        ("relay", keys_of::<outboxkit_core::RelayConfig>()),
+        ("server", keys_of::<ServerSettings>()),
+        ("log", keys_of::<LogSettings>()),
+        ("sink", vec!["kind".to_owned(), "destination".to_owned()]),
+        (
+            "pipelines.<name>",
+            keys_of::<outboxkit_relay::settings::PipelineSettings>(),
+        ),
+        (
+            "store.logical",
+            keys_of::<outboxkit_store_postgres::LogicalSettings>(),
+        ),
+    ];
+    #[cfg(feature = "sink-rabbitmq")]
+    sections.extend([
+        (
+            "sink.rabbitmq",
+            keys_of::<outboxkit_sink_rabbitmq::RabbitMqConfig>(),
+        ),
+        (
+            "sink.rabbitmq.tls",
+            keys_of::<outboxkit_sink_rabbitmq::TlsConfig>(),
+        ),
+    ]);
+    #[cfg(feature = "sink-sqs")]
+    sections.push(("sink.sqs", keys_of::<outboxkit_sink_sqs::SqsConfig>()));
+    #[cfg(feature = "sink-sns")]
+    sections.push(("sink.sns", keys_of::<outboxkit_sink_sns::SnsConfig>()));
+    #[cfg(feature = "sink-redis-streams")]
+    sections.extend([
+        (
+            "sink.redis_streams",
+            keys_of::<outboxkit_sink_redis_streams::RedisStreamsConfig>(),
+        ),
+        (
+            "sink.redis_streams.tls",
+            keys_of::<outboxkit_sink_redis_streams::TlsConfig>(),
+        ),
+    ]);
+    for (section, keys) in &sections {
+        check_section(section, keys, &rows);
+    }
+    // Any other key of `[sink.kafka]` is a librdkafka property: the sink's own keys are listed
+    // by the crate, and only they have rows.
     #[cfg(feature = "sink-kafka")]
     {
-        // Any other key is a librdkafka property: the sink's own keys are listed by the crate.
         let mut keys: Vec<String> = outboxkit_sink_kafka::OWN_KEYS
             .iter()
             .map(|k| k.to_string())
             .collect();
         keys.push("bootstrap.servers".to_owned());
-        for key in &keys {
-            let full = format!("sink.kafka.{key}");
-            let (_, env) = rows
-                .get(&full)
-                .unwrap_or_else(|| panic!("docs/CONFIGURATION.md has no row for `{full}`"));
-            assert_eq!(env, &env_name(&full), "environment variable of `{full}`");
-        }
+        check_rows("sink.kafka", &keys, &rows);
     }
-    #[cfg(feature = "sink-rabbitmq")]
-    {
-        check_section(
-            "sink.rabbitmq",
-            &keys_of::<outboxkit_sink_rabbitmq::RabbitMqConfig>(),
-            &rows,
-        );
-        check_section(
-            "sink.rabbitmq.tls",
-            &keys_of::<outboxkit_sink_rabbitmq::TlsConfig>(),
-            &rows,
-        );
-    }
-    #[cfg(feature = "sink-sqs")]
-    check_section(
-        "sink.sqs",
-        &keys_of::<outboxkit_sink_sqs::SqsConfig>(),
-        &rows,
-    );
-    #[cfg(feature = "sink-sns")]
-    check_section(
-        "sink.sns",
-        &keys_of::<outboxkit_sink_sns::SnsConfig>(),
-        &rows,
-    );
-    #[cfg(feature = "sink-redis-streams")]
-    {
-        check_section(
-            "sink.redis_streams",
-            &keys_of::<outboxkit_sink_redis_streams::RedisStreamsConfig>(),
-            &rows,
-        );
-        check_section(
-            "sink.redis_streams.tls",
-            &keys_of::<outboxkit_sink_redis_streams::TlsConfig>(),
-            &rows,
-        );
+
+    let mut store = serde_json::to_value(PostgresStoreConfig::new("postgres://x")).unwrap();
+    store.as_object_mut().unwrap().remove("url");
+    let logical = store.as_object_mut().unwrap().remove("logical").unwrap();
+    for (section, defaults) in [
+        (
+            "relay",
+            serde_json::to_value(outboxkit_core::RelayConfig::default()).unwrap(),
+        ),
+        (
+            "server",
+            serde_json::to_value(ServerSettings::default()).unwrap(),
+        ),
+        ("log", serde_json::to_value(LogSettings::default()).unwrap()),
+        ("store", store),
+        ("store.logical", logical),
+    ] {
+        check_defaults(section, defaults, &rows);
     }
 }
 

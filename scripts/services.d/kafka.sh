@@ -18,7 +18,8 @@
 # `kill -CONT ...`.
 set -euo pipefail
 
-log() { printf '[services/kafka] %s\n' "$*" >&2; }
+log_tag=services/kafka
+. "$(dirname "$0")/../services-common.sh"
 
 TANSU_ROOT=${TANSU_ROOT:-/opt/outbox-relay/tansu}
 TANSU_BIN="$TANSU_ROOT/bin/tansu"
@@ -29,12 +30,7 @@ TANSU_VERSION=${TANSU_VERSION:-}   # empty: newest on crates.io; set e.g. 0.5.0 
 HOST=127.0.0.1
 PORT=9092
 
-kafka_up() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
-
-if kafka_up; then
-  log "a Kafka-API broker already listens on $HOST:$PORT"
-  exit 0
-fi
+exit_if_listening "$HOST" "$PORT" "a Kafka-API broker already listens on $HOST:$PORT"
 
 if [ ! -x "$TANSU_BIN" ]; then
   if ! command -v cargo >/dev/null; then
@@ -60,7 +56,7 @@ setsid nohup "$TANSU_BIN" broker \
 echo $! >"$TANSU_PID_FILE"
 
 for _ in $(seq 120); do
-  if kafka_up; then
+  if listening "$HOST" "$PORT"; then
     log "tansu is up (pid $(cat "$TANSU_PID_FILE"))"
     exit 0
   fi

@@ -7,7 +7,8 @@
 # Idempotent; takes well under a second when the server already runs.
 set -euo pipefail
 
-log() { printf '[services/mariadb] %s\n' "$*" >&2; }
+log_tag=services/mariadb
+. "$(dirname "$0")/../services-common.sh"
 
 mariadb_up() { mariadb -h127.0.0.1 -uroot -e 'select 1' >/dev/null 2>&1; }
 
@@ -17,8 +18,7 @@ fi
 
 if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
   log "installing MariaDB"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client >/dev/null
+  apt_install mariadb-server mariadb-client
 fi
 
 mariadb_socket_up() { mariadb -uroot -e 'select 1' >/dev/null 2>&1; }

@@ -8,24 +8,19 @@
 # Idempotent; takes well under a second when a broker already answers.
 set -euo pipefail
 
-log() { printf '[services/mosquitto] %s\n' "$*" >&2; }
+log_tag=services/mosquitto
+. "$(dirname "$0")/../services-common.sh"
 
 HOST=127.0.0.1
 PORT=${MOSQUITTO_PORT:-1883}
 MOSQUITTO_CONF=${MOSQUITTO_CONF:-/etc/outbox-relay/mosquitto.conf}
 MOSQUITTO_LOG=${MOSQUITTO_LOG:-/var/log/outbox-relay-mosquitto.log}
 
-mqtt_up() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
-
-if mqtt_up; then
-  log "an MQTT broker already answers on $HOST:$PORT"
-  exit 0
-fi
+exit_if_listening "$HOST" "$PORT" "an MQTT broker already answers on $HOST:$PORT"
 
 if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
   log "installing Mosquitto (apt package mosquitto)"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null
+  apt_install mosquitto
 fi
 mosquitto_bin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 
@@ -40,7 +35,7 @@ log "starting Mosquitto on $HOST:$PORT (log in $MOSQUITTO_LOG)"
 "$mosquitto_bin" -c "$MOSQUITTO_CONF" -d
 
 for _ in $(seq 60); do
-  if mqtt_up; then
+  if listening "$HOST" "$PORT"; then
     log "Mosquitto is up on $HOST:$PORT"
     exit 0
   fi

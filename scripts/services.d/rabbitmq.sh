@@ -11,24 +11,19 @@
 # Idempotent; takes well under a second when the broker already answers.
 set -euo pipefail
 
-log() { printf '[services/rabbitmq] %s\n' "$*" >&2; }
+log_tag=services/rabbitmq
+. "$(dirname "$0")/../services-common.sh"
 
 HOST=127.0.0.1
 PORT=5672
 
-rabbitmq_up() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
-
-if rabbitmq_up; then
-  log "RabbitMQ already answers on $HOST:$PORT"
-  exit 0
-fi
+exit_if_listening "$HOST" "$PORT" "RabbitMQ already answers on $HOST:$PORT"
 
 if ! command -v rabbitmq-server >/dev/null || ! command -v rabbitmqctl >/dev/null; then
   log "installing RabbitMQ (apt package rabbitmq-server)"
   fresh_config=
   [ -e /etc/rabbitmq/rabbitmq.conf ] || fresh_config=1
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+  apt_install rabbitmq-server
   if [ -n "$fresh_config" ]; then
     mkdir -p /etc/rabbitmq
     echo "listeners.tcp.local = $HOST:$PORT" >/etc/rabbitmq/rabbitmq.conf
@@ -52,7 +47,7 @@ until timeout 10 rabbitmqctl -q ping >/dev/null 2>&1; do
   sleep 1
 done
 timeout 120 rabbitmqctl -q await_startup --timeout 110 >/dev/null 2>&1 || true
-until rabbitmq_up; do
+until listening "$HOST" "$PORT"; do
   if [ "$SECONDS" -ge "$deadline" ]; then
     log "RabbitMQ did not come up on $HOST:$PORT (see /var/log/rabbitmq/)"; exit 1
   fi

@@ -11,7 +11,8 @@
 # OUTBOX_SQS_PORT (default 4566).
 set -euo pipefail
 
-log() { printf '[services] %s\n' "$*" >&2; }
+log_tag=services
+. "$(dirname "$0")/../services-common.sh"
 
 home=${OUTBOX_SQS_HOME:-/opt/outbox-relay}
 port=${OUTBOX_SQS_PORT:-4566}
@@ -37,7 +38,7 @@ sns_served() {
   health=$(curl -sf -m 3 "http://127.0.0.1:$port/_localstack/health" 2>/dev/null) || return 0
   printf '%s' "$health" | grep -Eq '"sns": *"(available|running)"'
 }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
+port_open() { listening 127.0.0.1 "$port"; }
 
 wait_until_up() { # what, seconds
   local what=$1 tries=$(( $2 * 2 ))
