@@ -8,6 +8,7 @@ use std::time::Duration;
 use aws_config::{Region, SdkConfig};
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
+use outboxkit_core::plugin::parse_url_setting;
 use outboxkit_core::{Error, Result};
 
 /// The keys of a sink's section that configure its AWS client, borrowed from its config type.
@@ -30,24 +31,13 @@ impl ClientSettings<'_> {
     pub fn validate(&self) -> Result<()> {
         let section = self.section;
         if let Some(endpoint) = self.endpoint {
-            let shown = redact_url(endpoint);
-            let url = url::Url::parse(endpoint).map_err(|e| {
-                Error::config(format!(
-                    "{section}.endpoint: `{shown}` is not a URL: {e} \
-                     (expected e.g. http://127.0.0.1:4566)"
-                ))
-            })?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(Error::config(format!(
-                    "{section}.endpoint: unsupported scheme `{}://` (expected http:// or https://)",
-                    url.scheme()
-                )));
-            }
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(Error::config(format!(
-                    "{section}.endpoint: `{shown}` has no host"
-                )));
-            }
+            parse_url_setting(
+                &format!("{section}.endpoint"),
+                endpoint,
+                &redact_url(endpoint),
+                &["http", "https"],
+                " (expected e.g. http://127.0.0.1:4566)",
+            )?;
         }
         if let Some(region) = self.region {
             let valid = !region.is_empty()

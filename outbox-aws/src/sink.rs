@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 
 use outboxkit_core::cloudevents::CloudEvents;
-use outboxkit_core::{DestinationTemplate, OutboxEvent, Result};
+use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Result};
 
 use crate::batch::fixed_destination;
 
@@ -95,6 +95,12 @@ pub fn is_fifo_name(name: &str) -> bool {
     name.ends_with(".fifo")
 }
 
+/// The error of a destination the sink cannot use (`what` names it: ``SQS queue `a b` ``):
+/// unroutable and permanent, so that the events routed to it are parked at once.
+pub fn malformed_destination(what: &str, why: &str) -> Error {
+    Error::new(ErrorKind::Unroutable, format!("{what}: {why}")).permanent()
+}
+
 /// SQS queue and SNS topic names (`noun`: `queue`, `topic`): 1 to `max_len` characters of
 /// `A-Z a-z 0-9 - _`, plus the `.fifo` suffix of FIFO ones (counted in `max_len`).
 pub fn check_name(name: &str, noun: &str, max_len: usize) -> std::result::Result<(), String> {
@@ -121,8 +127,6 @@ pub fn check_name(name: &str, noun: &str, max_len: usize) -> std::result::Result
 
 #[cfg(test)]
 mod tests {
-    use outboxkit_core::{Error, ErrorKind};
-
     use super::*;
 
     fn target(address: &str) -> Target {
@@ -154,6 +158,14 @@ mod tests {
         core.forget("orders");
         let again = core.resolve("orders", async { Ok(target("b")) }).await;
         assert_eq!(again.unwrap(), target("b"));
+    }
+
+    #[test]
+    fn malformed_destinations_are_unroutable_for_good() {
+        let e = malformed_destination("SQS queue `a b`", "why");
+        assert_eq!(e.kind(), ErrorKind::Unroutable);
+        assert!(!e.is_retryable());
+        assert_eq!(e.message(), "SQS queue `a b`: why");
     }
 
     #[test]

@@ -42,6 +42,23 @@ pub fn sdk_config() -> SdkConfig {
         .build()
 }
 
+/// Each of `destinations` is refused by `parse` (a sink's parser of destinations) with a
+/// permanent [`ErrorKind::Unroutable`] error whose message starts with `what` (e.g.
+/// ``SQS queue ` ``): the events routed to a malformed destination are parked at once.
+#[track_caller]
+pub fn assert_malformed_destinations<T: Debug>(
+    parse: impl Fn(&str) -> Result<T>,
+    destinations: &[&str],
+    what: &str,
+) {
+    for destination in destinations {
+        let e = parse(destination).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unroutable, "{destination}: {e}");
+        assert!(!e.is_retryable(), "{destination}");
+        assert!(e.message().starts_with(what), "{e}");
+    }
+}
+
 /// `sink.publish(batch)`, which must not fail as a whole: one outcome per event.
 pub async fn publish(sink: &dyn Sink, batch: &[OutboxEvent]) -> Vec<Outcome> {
     let outcomes = sink

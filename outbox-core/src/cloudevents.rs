@@ -100,6 +100,21 @@ impl CloudEvents {
         }
     }
 
+    /// The mapping of a sink whose settings are in `section` (`sink.kafka`), with its `format`
+    /// and `cloudevents_source` keys: [`for_format`](Self::for_format), errors naming
+    /// `<section>.cloudevents_source`.
+    pub fn for_section(
+        format: Format,
+        source_template: &str,
+        section: &str,
+    ) -> Result<Option<Self>> {
+        Self::for_format(
+            format,
+            source_template,
+            &format!("{section}.cloudevents_source"),
+        )
+    }
+
     /// The event's `source`: the template with its fields percent-encoded.
     pub fn source(&self, event: &OutboxEvent) -> String {
         self.source.render_fields(event, percent_encode)
@@ -392,6 +407,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("sink.x.cloudevents_source"));
+        assert!(CloudEvents::for_section(Format::Raw, "/a b", "sink.y")
+            .unwrap()
+            .is_none());
+        let e = CloudEvents::for_section(Format::CloudEvents, "/a b", "sink.y").unwrap_err();
+        assert!(
+            e.to_string().starts_with("sink.y.cloudevents_source"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -155,14 +155,63 @@ pub fn read_setting_file(section: &str, key: &str, path: &Path) -> Result<Vec<u8
     })
 }
 
+/// The value `raw` of URL setting `key` (`sink.nats.url`), parsed and checked: one of
+/// `schemes`, with a host. Errors name the key and show the value as `shown` (without its
+/// password, see [`crate::redact`]); `hint` ends the error of a value that is not a URL at all
+/// (`" (expected nats://host:4222)"`, or `""`): `sink.nats.url: `nats//a` is not a URL: relative
+/// URL without a base (expected ...)`, `sink.nats.url: unsupported scheme `http://` (expected
+/// nats:// or tls://)`, `sink.nats.url: `nats://` has no host`.
+pub fn parse_url_setting(
+    key: &str,
+    raw: &str,
+    shown: &str,
+    schemes: &[&str],
+    hint: &str,
+) -> Result<url::Url> {
+    let url = url::Url::parse(raw)
+        .map_err(|e| Error::config(format!("{key}: `{shown}` is not a URL: {e}{hint}")))?;
+    if !schemes.contains(&url.scheme()) {
+        let expected: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
+        return Err(Error::config(format!(
+            "{key}: unsupported scheme `{}://` (expected {})",
+            url.scheme(),
+            expected.join(" or ")
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(Error::config(format!("{key}: `{shown}` has no host")));
+    }
+    Ok(url)
+}
+
 /// Refuse a zero duration: the first of `durations` (each a key under `section` and its value)
 /// that is zero is a configuration error naming it, `sink.nats.connect_timeout: must be longer
 /// than 0s`.
 pub fn refuse_zero_durations(section: &str, durations: &[(&str, Duration)]) -> Result<()> {
-    match durations.iter().find(|(_, value)| value.is_zero()) {
-        Some((key, _)) => Err(Error::config(format!(
-            "{section}.{key}: must be longer than 0s"
-        ))),
+    refuse_first(
+        section,
+        durations,
+        Duration::is_zero,
+        "must be longer than 0s",
+    )
+}
+
+/// Refuse a zero count: the first of `counts` (each a key under `section` and its value) that is
+/// zero is a configuration error naming it, `sink.kafka.max_batch_len: must be at least 1`.
+pub fn refuse_zero_counts(section: &str, counts: &[(&str, usize)]) -> Result<()> {
+    refuse_first(section, counts, |count| *count == 0, "must be at least 1")
+}
+
+/// The first of `values` (each a key under `section` and its value) that is `bad`, refused as a
+/// configuration error naming it: `<section>.<key>: <reason>`.
+fn refuse_first<T>(
+    section: &str,
+    values: &[(&str, T)],
+    bad: impl Fn(&T) -> bool,
+    reason: &str,
+) -> Result<()> {
+    match values.iter().find(|(_, value)| bad(value)) {
+        Some((key, _)) => Err(Error::config(format!("{section}.{key}: {reason}"))),
         None => Ok(()),
     }
 }
@@ -189,6 +238,40 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Config);
         assert_eq!(e.message(), "sink.x.b: must be longer than 0s");
+    }
+
+    #[test]
+    fn the_first_zero_count_is_refused() {
+        refuse_zero_counts("sink.x", &[("a", 1), ("b", 2)]).unwrap();
+        let e = refuse_zero_counts("sink.x", &[("a", 1), ("b", 0), ("c", 0)]).unwrap_err();
+        let expected = (crate::ErrorKind::Config, "sink.x.b: must be at least 1");
+        assert_eq!((e.kind(), e.message()), expected);
+    }
+
+    #[test]
+    fn url_settings_are_parsed_and_errors_name_the_key() {
+        let parse = |raw: &str| {
+            parse_url_setting(
+                "sink.x.url",
+                raw,
+                "shown",
+                &["x", "xs"],
+                " (expected x://host)",
+            )
+            .map_err(|e| e.message().to_owned())
+        };
+        assert_eq!(parse("xs://h:1/p").unwrap().port(), Some(1));
+        for (raw, error) in [
+            ("h:1", "unsupported scheme `h://` (expected x:// or xs://)"),
+            (
+                "no url",
+                "`shown` is not a URL: relative URL without a base (expected x://host)",
+            ),
+            ("x://", "`shown` has no host"),
+            ("x:opaque", "`shown` has no host"),
+        ] {
+            assert_eq!(parse(raw).unwrap_err(), format!("sink.x.url: {error}"));
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::fmt;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
+use outboxkit_core::plugin::refuse_zero_counts;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -185,11 +186,7 @@ impl KafkaSinkConfig {
     /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
     /// not a URI-reference is refused naming `sink.kafka.cloudevents_source`.
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// Check every key without connecting: the relay's own keys, then every property through
@@ -198,11 +195,7 @@ impl KafkaSinkConfig {
     pub fn validate(&self) -> Result<()> {
         self.template()?;
         self.cloudevents()?;
-        if self.max_batch_len == 0 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_batch_len: must be at least 1"
-            )));
-        }
+        refuse_zero_counts(CONFIG_SECTION, &[("max_batch_len", self.max_batch_len)])?;
         for (key, value) in [
             ("delivery_timeout", self.delivery_timeout),
             ("check_timeout", self.check_timeout),
@@ -441,15 +434,14 @@ impl outboxkit_core::SinkConfig for KafkaSinkConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
 
-    fn from_json(value: serde_json::Value) -> std::result::Result<KafkaSinkConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
+    use super::*;
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({ "bootstrap.servers": "k1:9092" })).unwrap();
+        let config: KafkaSinkConfig =
+            from_json(serde_json::json!({ "bootstrap.servers": "k1:9092" })).unwrap();
         assert_eq!(config.topic, "{aggregate_type}.{event_type}");
         assert_eq!(config.delivery_timeout, Duration::from_secs(30));
         assert_eq!(config.check_timeout, Duration::from_secs(10));
@@ -467,7 +459,7 @@ mod tests {
 
     #[test]
     fn own_keys_and_properties_with_any_scalar_type() {
-        let config = from_json(serde_json::json!({
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
             "topic": "app.{aggregate_type}",
             "delivery_timeout": "1m",
             "check_timeout": "1500ms",
@@ -511,7 +503,7 @@ mod tests {
     #[test]
     fn nested_tables_continue_the_dotted_name_and_nested_wins() {
         // What TOML `[sink.kafka.ssl] "ca.location" = ...` or the environment's nesting give.
-        let config = from_json(serde_json::json!({
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
             "bootstrap.servers": "from-file:9092",
             "bootstrap": { "servers": "from-env:9092" },
             "ssl": { "ca.location": "/etc/ca.pem" },
@@ -528,7 +520,10 @@ mod tests {
 
     #[test]
     fn arrays_are_refused_with_what_is_expected() {
-        let e = from_json(serde_json::json!({ "bootstrap.servers": ["a:1", "b:2"] })).unwrap_err();
+        let e = from_json::<KafkaSinkConfig>(
+            serde_json::json!({ "bootstrap.servers": ["a:1", "b:2"] }),
+        )
+        .unwrap_err();
         assert!(e.contains("a string, a number or a boolean"), "{e}");
     }
 
@@ -555,47 +550,38 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key() {
-        let bad = |config: KafkaSinkConfig| config.validate().unwrap_err().to_string();
-
-        let e = bad(KafkaSinkConfig::default());
-        assert!(
-            e.starts_with("sink.kafka.\"bootstrap.servers\": missing required key")
-                && e.contains("OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
-            "{e}"
+        fn set(config: &mut KafkaSinkConfig, name: &str, value: &str) {
+            config.properties.insert(name.to_owned(), value.to_owned());
+        }
+        let errors = assert_refused(
+            &KafkaSinkConfig::new("k:9092"),
+            &[
+                ("\"bootstrap.servers\": missing required key", |c| {
+                    *c = KafkaSinkConfig::default()
+                }),
+                ("\"linger.mss\": No such configuration property", |c| {
+                    set(c, "linger.mss", "5")
+                }),
+                ("\"acks\": Invalid value", |c| set(c, "acks", "most")),
+                ("\"compression.type\"", |c| {
+                    set(c, "compression.type", "brotli")
+                }),
+                ("\"message.timeout.ms\": not allowed here", |c| {
+                    set(c, "message.timeout.ms", "5000")
+                }),
+                ("\"transactional.id\"", |c| set(c, "transactional.id", "x")),
+                ("topic: ", |c| c.topic = "{aggregate}".into()),
+                ("max_batch_len", |c| c.max_batch_len = 0),
+                ("delivery_timeout", |c| c.delivery_timeout = Duration::ZERO),
+            ],
         );
-        let e = bad(KafkaSinkConfig::new("k:9092").property("linger.mss", "5"));
-        assert!(
-            e.starts_with("sink.kafka.\"linger.mss\": No such configuration property"),
-            "{e}"
-        );
-        assert!(e.contains("topic, delivery_timeout"), "{e}");
-        let e = bad(KafkaSinkConfig::new("k:9092").property("acks", "most"));
-        assert!(e.starts_with("sink.kafka.\"acks\": Invalid value"), "{e}");
-        let e = bad(KafkaSinkConfig::new("k:9092").property("compression.type", "brotli"));
-        assert!(e.starts_with("sink.kafka.\"compression.type\""), "{e}");
-        let e = bad(KafkaSinkConfig::new("k:9092").property("message.timeout.ms", "5000"));
-        assert!(
-            e.starts_with("sink.kafka.\"message.timeout.ms\": not allowed here")
-                && e.contains("delivery_timeout"),
-            "{e}"
-        );
-        let e = bad(KafkaSinkConfig::new("k:9092").property("transactional.id", "x"));
-        assert!(e.starts_with("sink.kafka.\"transactional.id\""), "{e}");
-        let e = bad(KafkaSinkConfig {
-            topic: "{aggregate}".into(),
-            ..KafkaSinkConfig::new("k:9092")
-        });
-        assert!(e.starts_with("sink.kafka.topic: "), "{e}");
-        let e = bad(KafkaSinkConfig {
-            max_batch_len: 0,
-            ..KafkaSinkConfig::new("k:9092")
-        });
-        assert!(e.starts_with("sink.kafka.max_batch_len"), "{e}");
-        let e = bad(KafkaSinkConfig {
-            delivery_timeout: Duration::ZERO,
-            ..KafkaSinkConfig::new("k:9092")
-        });
-        assert!(e.starts_with("sink.kafka.delivery_timeout"), "{e}");
+        for (case, hint) in [
+            (0, "OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
+            (1, "topic, delivery_timeout"),
+            (4, "delivery_timeout"),
+        ] {
+            assert!(errors[case].contains(hint), "{}", errors[case]);
+        }
     }
 
     #[test]
@@ -615,11 +601,12 @@ mod tests {
 
     #[test]
     fn format_and_cloudevents_source() {
-        let config = from_json(serde_json::json!({ "bootstrap.servers": "k:9092" })).unwrap();
+        let config: KafkaSinkConfig =
+            from_json(serde_json::json!({ "bootstrap.servers": "k:9092" })).unwrap();
         assert_eq!(config.format, Format::Raw);
         assert_eq!(config.cloudevents_source, DEFAULT_SOURCE);
         assert!(config.cloudevents().unwrap().is_none());
-        let config = from_json(serde_json::json!({
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
             "bootstrap.servers": "k:9092",
             "format": "cloudevents",
             "cloudevents_source": "urn:shop:{aggregate_type}",
@@ -629,14 +616,16 @@ mod tests {
         config.validate().unwrap();
         assert!(config.cloudevents().unwrap().is_some());
         assert!(!config.properties.contains_key("format"));
-        let e = from_json(serde_json::json!({ "bootstrap.servers": "k:9092", "format": "xml" }))
-            .unwrap_err();
+        let e = from_json::<KafkaSinkConfig>(
+            serde_json::json!({ "bootstrap.servers": "k:9092", "format": "xml" }),
+        )
+        .unwrap_err();
         assert!(e.contains("raw") && e.contains("cloudevents"), "{e}");
     }
 
     #[test]
     fn unknown_key_typos_of_own_keys_are_reported_as_properties() {
-        let config = from_json(serde_json::json!({
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
             "bootstrap.servers": "k:9092",
             "delivery_timout": "5s",
         }))

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
-use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::plugin::{parse_url_setting, read_setting_file, refuse_zero_durations};
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
@@ -150,11 +150,7 @@ impl NatsConfig {
 
     /// The CloudEvents mapping (`None` with `format = "raw"`).
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// The URL(s) with every password replaced by `***`, fit for logs.
@@ -177,25 +173,13 @@ impl NatsConfig {
     pub fn servers(&self) -> Result<Vec<url::Url>> {
         let mut servers = Vec::new();
         for raw in self.url.split(',').map(str::trim) {
-            let shown = redact_url_or_strip(raw);
-            let url = url::Url::parse(raw).map_err(|e| {
-                Error::config(format!(
-                    "{CONFIG_SECTION}.url: `{shown}` is not a URL: {e} \
-                     (expected nats://host:4222 or tls://host:4222, comma-separated)"
-                ))
-            })?;
-            if !matches!(url.scheme(), "nats" | "tls") {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.url: unsupported scheme `{}://` (expected nats:// or tls://)",
-                    url.scheme()
-                )));
-            }
-            if url.host_str().is_none_or(str::is_empty) {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.url: `{shown}` has no host"
-                )));
-            }
-            servers.push(url);
+            servers.push(parse_url_setting(
+                &format!("{CONFIG_SECTION}.url"),
+                raw,
+                &redact_url_or_strip(raw),
+                &["nats", "tls"],
+                " (expected nats://host:4222 or tls://host:4222, comma-separated)",
+            )?);
         }
         Ok(servers)
     }
@@ -336,17 +320,15 @@ impl outboxkit_core::SinkConfig for NatsConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
 
-    fn from_json(value: serde_json::Value) -> std::result::Result<NatsConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
+    use super::*;
 
     const SEED: &str = "SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY";
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({})).unwrap();
+        let config: NatsConfig = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, NatsConfig::default());
         assert_eq!(config.url, "nats://127.0.0.1:4222");
         assert_eq!(config.subject, "{aggregate_type}.{event_type}");
@@ -359,7 +341,7 @@ mod tests {
 
     #[test]
     fn all_keys_and_human_durations() {
-        let config = from_json(serde_json::json!({
+        let config: NatsConfig = from_json(serde_json::json!({
             "url": "nats://a:4222, nats://b:4223",
             "subject": "app.{aggregate_type}.{aggregate_id}",
             "nkey": SEED,
@@ -394,10 +376,12 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = from_json(serde_json::json!({ "stream": "x" })).unwrap_err();
+        let e = from_json::<NatsConfig>(serde_json::json!({ "stream": "x" })).unwrap_err();
         assert!(e.contains("unknown field `stream`"), "{e}");
-        let e = from_json(serde_json::json!({ "declare_stream": { "name": "S", "replicas": 3 } }))
-            .unwrap_err();
+        let e = from_json::<NatsConfig>(
+            serde_json::json!({ "declare_stream": { "name": "S", "replicas": 3 } }),
+        )
+        .unwrap_err();
         assert!(e.contains("unknown field `replicas`"), "{e}");
     }
 
@@ -437,69 +421,61 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key() {
-        let bad = |config: NatsConfig| config.validate().unwrap_err().to_string();
-        let e = bad(NatsConfig::new("http://a:4222"));
-        assert!(e.starts_with("sink.nats.url: unsupported scheme"), "{e}");
-        let e = bad(NatsConfig::new("nats://a:4222,"));
-        assert!(e.starts_with("sink.nats.url: "), "{e}");
+        fn stream(name: &str, subjects: &[&str]) -> Option<StreamDeclaration> {
+            Some(StreamDeclaration {
+                name: name.into(),
+                subjects: subjects.iter().map(|s| s.to_string()).collect(),
+                storage: Storage::File,
+                duplicate_window: Duration::from_secs(1),
+                max_msg_size: None,
+            })
+        }
+        let errors = assert_refused(
+            &NatsConfig::default(),
+            &[
+                ("url: unsupported scheme", |c| {
+                    c.url = "http://a:4222".into()
+                }),
+                ("url: ", |c| c.url = "nats://a:4222,".into()),
+                ("token, ", |c| {
+                    c.token = Some("t".into());
+                    c.nkey = Some(SEED.into());
+                }),
+                (
+                    "credentials_file: cannot read `/nonexistent/relay.creds`",
+                    |c| c.credentials_file = Some("/nonexistent/relay.creds".into()),
+                ),
+                ("tls.client_cert_file and", |c| {
+                    c.tls.client_cert_file = Some("/etc/relay/client.pem".into())
+                }),
+                ("max_batch_len", |c| c.max_batch_len = 0),
+                ("request_timeout", |c| c.request_timeout = Duration::ZERO),
+                ("declare_stream.name: ", |c| {
+                    c.declare_stream = stream("a.b", &[])
+                }),
+                ("declare_stream.subjects: ", |c| {
+                    c.declare_stream = stream("S", &["a..b"])
+                }),
+            ],
+        );
+        assert!(errors[2].contains("set one of them"), "{}", errors[2]);
         for subject in [
             "{aggregate}",
             "orders..{event_type}",
             "a b.{event_type}",
             "orders.>",
         ] {
-            let e = bad(NatsConfig {
+            let config = NatsConfig {
                 subject: subject.into(),
                 ..Default::default()
-            });
+            };
+            let e = config.validate().unwrap_err().to_string();
             assert!(e.starts_with("sink.nats.subject: "), "{subject}: {e}");
         }
-        let e = bad(NatsConfig {
-            token: Some("t".into()),
-            nkey: Some(SEED.into()),
-            ..Default::default()
-        });
-        assert!(e.contains("set one of them"), "{e}");
-        let e = bad(NatsConfig {
-            credentials_file: Some("/nonexistent/relay.creds".into()),
-            ..Default::default()
-        });
-        assert!(
-            e.starts_with("sink.nats.credentials_file: cannot read `/nonexistent/relay.creds`"),
-            "{e}"
-        );
-        let e = bad(NatsConfig {
-            tls: TlsConfig {
-                client_cert_file: Some("/etc/relay/client.pem".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.nats.tls.client_cert_file and"), "{e}");
-        let e = bad(NatsConfig {
-            max_batch_len: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.nats.max_batch_len"), "{e}");
-        let e = bad(NatsConfig {
-            request_timeout: Duration::ZERO,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.nats.request_timeout"), "{e}");
-        let stream = |name: &str, subjects: &[&str]| NatsConfig {
-            declare_stream: Some(StreamDeclaration {
-                name: name.into(),
-                subjects: subjects.iter().map(|s| s.to_string()).collect(),
-                storage: Storage::File,
-                duplicate_window: Duration::from_secs(1),
-                max_msg_size: None,
-            }),
+        let config = NatsConfig {
+            declare_stream: stream("S", &["a.*", "b.>"]),
             ..Default::default()
         };
-        let e = bad(stream("a.b", &[]));
-        assert!(e.starts_with("sink.nats.declare_stream.name: "), "{e}");
-        let e = bad(stream("S", &["a..b"]));
-        assert!(e.starts_with("sink.nats.declare_stream.subjects: "), "{e}");
-        stream("S", &["a.*", "b.>"]).validate().unwrap();
+        config.validate().unwrap();
     }
 }

@@ -8,7 +8,9 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::ExchangeKind;
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
-use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::plugin::{
+    parse_url_setting, read_setting_file, refuse_zero_counts, refuse_zero_durations,
+};
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
@@ -177,11 +179,7 @@ impl RabbitMqConfig {
     /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
     /// not a URI-reference is refused naming `sink.rabbitmq.cloudevents_source`.
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// A configuration for `url` and `exchange` with every other key at its default.
@@ -276,16 +274,13 @@ impl RabbitMqConfig {
                 "{CONFIG_SECTION}.connection_name: at most 1024 bytes"
             )));
         }
-        if self.max_batch_len == 0 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_batch_len: must be at least 1"
-            )));
-        }
-        if self.max_message_bytes == 0 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_message_bytes: must be at least 1"
-            )));
-        }
+        refuse_zero_counts(
+            CONFIG_SECTION,
+            &[
+                ("max_batch_len", self.max_batch_len),
+                ("max_message_bytes", self.max_message_bytes),
+            ],
+        )?;
         refuse_zero_durations(
             CONFIG_SECTION,
             &[
@@ -349,32 +344,18 @@ impl RabbitMqConfig {
     /// included); `password`, when set, replaces the URL's. The password is kept but never
     /// printed.
     pub(crate) fn amqp_uri(&self) -> Result<AMQPUri> {
-        let url = url::Url::parse(&self.url).map_err(|e| {
-            Error::config(format!(
-                "{CONFIG_SECTION}.url: `{}` is not a URL: {e} \
-                 (expected amqp://user:password@host:5672/vhost)",
-                self.redacted_url()
-            ))
-        })?;
-        match url.scheme() {
-            "amqp" | "amqps" => {}
-            other => {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.url: unsupported scheme `{other}://` \
-                     (expected amqp:// or amqps://)"
-                )))
-            }
-        }
+        let url = parse_url_setting(
+            &format!("{CONFIG_SECTION}.url"),
+            &self.url,
+            &self.redacted_url(),
+            &["amqp", "amqps"],
+            " (expected amqp://user:password@host:5672/vhost)",
+        )?;
+        // The host as lapin takes it: an IPv6 address without its brackets.
         let host = match url.host() {
-            Some(url::Host::Domain(domain)) if !domain.is_empty() => domain.to_owned(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            _ => {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.url: `{}` has no host",
-                    self.redacted_url()
-                )))
-            }
+            _ => url.host_str().unwrap_or_default().to_owned(),
         };
         let mut uri: AMQPUri = self.url.parse().map_err(|e: String| {
             // lapin's message may quote the URL: never show it, password and all.
@@ -453,19 +434,13 @@ impl outboxkit_core::SinkConfig for RabbitMqConfig {
 
 #[cfg(test)]
 mod tests {
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
+
     use super::*;
-
-    fn from_json(value: serde_json::Value) -> std::result::Result<RabbitMqConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
-
-    fn bad(config: RabbitMqConfig) -> String {
-        config.validate().unwrap_err().to_string()
-    }
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({})).unwrap();
+        let config: RabbitMqConfig = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, RabbitMqConfig::default());
         assert_eq!(config.url, "amqp://127.0.0.1:5672/%2f");
         assert_eq!(config.password, None);
@@ -492,7 +467,7 @@ mod tests {
 
     #[test]
     fn human_durations_and_all_keys() {
-        let config = from_json(serde_json::json!({
+        let config: RabbitMqConfig = from_json(serde_json::json!({
             "url": "amqps://relay:pw@mq.example.com/prod?heartbeat=20",
             "exchange": "events",
             "routing_key": "app.{aggregate_type}",
@@ -553,11 +528,14 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = from_json(serde_json::json!({ "exchange_name": "x" })).unwrap_err();
+        let e =
+            from_json::<RabbitMqConfig>(serde_json::json!({ "exchange_name": "x" })).unwrap_err();
         assert!(e.contains("unknown field `exchange_name`"), "{e}");
-        let e = from_json(serde_json::json!({ "tls": { "verify": false } })).unwrap_err();
+        let e = from_json::<RabbitMqConfig>(serde_json::json!({ "tls": { "verify": false } }))
+            .unwrap_err();
         assert!(e.contains("unknown field `verify`"), "{e}");
-        let e = from_json(serde_json::json!({ "unroutable": "drop" })).unwrap_err();
+        let e =
+            from_json::<RabbitMqConfig>(serde_json::json!({ "unroutable": "drop" })).unwrap_err();
         assert!(e.contains("unknown variant `drop`"), "{e}");
     }
 
@@ -592,7 +570,7 @@ mod tests {
     #[test]
     fn the_password_key_replaces_the_urls_and_never_shows() {
         // The URL's user stays; the URL's password, if any, is replaced.
-        let config = from_json(serde_json::json!({
+        let config: RabbitMqConfig = from_json(serde_json::json!({
             "url": "amqp://relay:in-url@mq:5672/%2f",
             "password": "s3cr3t-key",
         }))
@@ -611,24 +589,18 @@ mod tests {
         assert!(!debug.contains("in-url"), "{debug}");
         assert!(debug.contains("password: Some(\"***\")"), "{debug}");
 
-        // A URL with a user and no password.
-        let config = RabbitMqConfig {
-            password: Some("s3cr3t-key".into()),
-            ..RabbitMqConfig::new("amqp://relay@mq/%2f", "")
-        };
-        let uri = config.amqp_uri().unwrap();
-        assert_eq!(uri.authority.userinfo.username, "relay");
-        assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
-        assert_eq!(config.redacted_url(), "amqp://relay@mq/%2f");
-
-        // Without a user, lapin logs in as `guest`, now with this password.
-        let config = RabbitMqConfig {
-            password: Some("s3cr3t-key".into()),
-            ..RabbitMqConfig::new("amqp://mq/%2f", "")
-        };
-        let uri = config.amqp_uri().unwrap();
-        assert_eq!(uri.authority.userinfo.username, "guest");
-        assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
+        // A URL with a user and no password; without a user, lapin logs in as `guest`, now
+        // with this password.
+        for (url, user) in [("amqp://relay@mq/%2f", "relay"), ("amqp://mq/%2f", "guest")] {
+            let config = RabbitMqConfig {
+                password: Some("s3cr3t-key".into()),
+                ..RabbitMqConfig::new(url, "")
+            };
+            let uri = config.amqp_uri().unwrap();
+            assert_eq!(uri.authority.userinfo.username, user);
+            assert_eq!(uri.authority.userinfo.password, "s3cr3t-key");
+            assert_eq!(config.redacted_url(), url);
+        }
 
         // Without the key: the URL's password, or lapin's default `guest`.
         let config = RabbitMqConfig::new("amqp://relay:in-url@mq/%2f", "");
@@ -645,110 +617,73 @@ mod tests {
         );
 
         // Non-string values are refused by serde, an empty one by validation.
-        let e = from_json(serde_json::json!({ "password": 123 })).unwrap_err();
+        let e = from_json::<RabbitMqConfig>(serde_json::json!({ "password": 123 })).unwrap_err();
         assert!(e.contains("invalid type"), "{e}");
-        let e = bad(RabbitMqConfig {
-            password: Some(String::new()),
-            ..Default::default()
-        });
-        assert!(
-            e.starts_with("sink.rabbitmq.password: must not be empty"),
-            "{e}"
+        assert_refused(
+            &RabbitMqConfig::default(),
+            &[("password: must not be empty", |c| {
+                c.password = Some(String::new())
+            })],
         );
     }
 
     #[test]
     fn invalid_values_name_the_key() {
-        let e = bad(RabbitMqConfig::new("http://mq:5672", "x"));
-        assert!(
-            e.starts_with("sink.rabbitmq.url: unsupported scheme"),
-            "{e}"
+        let errors = assert_refused(
+            &RabbitMqConfig::default(),
+            &[
+                ("url: unsupported scheme", |c| {
+                    *c = RabbitMqConfig::new("http://mq:5672", "x")
+                }),
+                ("url", |c| *c = RabbitMqConfig::new("mq:5672", "x")),
+                ("routing_key: ", |c| c.routing_key = "{aggregate}".into()),
+                ("exchange: ", |c| c.exchange = "x".repeat(256)),
+                ("declare_exchange: ", |c| c.declare_exchange = true),
+                ("declare_exchange: ", |c| {
+                    *c = RabbitMqConfig::new("amqp://mq", "amq.topic");
+                    c.declare_exchange = true;
+                }),
+                ("max_batch_len", |c| c.max_batch_len = 0),
+                ("max_message_bytes", |c| c.max_message_bytes = 0),
+                ("confirm_timeout", |c| c.confirm_timeout = Duration::ZERO),
+            ],
         );
-        let e = bad(RabbitMqConfig::new("mq:5672", "x"));
-        assert!(e.starts_with("sink.rabbitmq.url"), "{e}");
-        let e = bad(RabbitMqConfig {
-            routing_key: "{aggregate}".into(),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.routing_key: "), "{e}");
-        let e = bad(RabbitMqConfig {
-            exchange: "x".repeat(256),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.exchange: "), "{e}");
-        let e = bad(RabbitMqConfig {
-            declare_exchange: true,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.declare_exchange: "), "{e}");
-        let e = bad(RabbitMqConfig {
-            declare_exchange: true,
-            ..RabbitMqConfig::new("amqp://mq", "amq.topic")
-        });
-        assert!(e.contains("reserved"), "{e}");
-        let e = bad(RabbitMqConfig {
-            max_batch_len: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.max_batch_len"), "{e}");
-        let e = bad(RabbitMqConfig {
-            max_message_bytes: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.max_message_bytes"), "{e}");
-        let e = bad(RabbitMqConfig {
-            confirm_timeout: Duration::ZERO,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.rabbitmq.confirm_timeout"), "{e}");
+        assert!(errors[5].contains("reserved"), "{}", errors[5]);
     }
 
     #[test]
     fn tls_settings_are_checked() {
-        let tls = |tls: TlsConfig, url: &str| {
-            RabbitMqConfig {
-                tls,
-                ..RabbitMqConfig::new(url, "x")
-            }
-            .validate()
-            .map_err(|e| e.to_string())
+        let base = RabbitMqConfig::new("amqps://mq", "x");
+        let errors = assert_refused(
+            &base,
+            &[
+                ("tls: ", |c| {
+                    c.url = "amqp://mq".into();
+                    c.tls.ca_file = Some("/ca.pem".into());
+                }),
+                ("tls.client_cert_file", |c| {
+                    c.tls.client_cert_file = Some("/c.pem".into())
+                }),
+                ("tls.pkcs12_file", |c| {
+                    c.tls.client_cert_file = Some("/c.pem".into());
+                    c.tls.client_key_file = Some("/k.pem".into());
+                    c.tls.pkcs12_file = Some("/id.p12".into());
+                }),
+                ("tls.pkcs12_password", |c| {
+                    c.tls.pkcs12_password = Some("pw".into())
+                }),
+            ],
+        );
+        assert!(errors[1].contains("go together"), "{}", errors[1]);
+        // Files are read later (`tls_config`): with amqps://, a CA file is accepted here.
+        let ca = RabbitMqConfig {
+            tls: TlsConfig {
+                ca_file: Some("/ca.pem".into()),
+                ..Default::default()
+            },
+            ..base
         };
-        let ca = TlsConfig {
-            ca_file: Some("/ca.pem".into()),
-            ..Default::default()
-        };
-        let e = tls(ca.clone(), "amqp://mq").unwrap_err();
-        assert!(e.starts_with("sink.rabbitmq.tls: "), "{e}");
-        tls(ca, "amqps://mq").unwrap();
-        let e = tls(
-            TlsConfig {
-                client_cert_file: Some("/c.pem".into()),
-                ..Default::default()
-            },
-            "amqps://mq",
-        )
-        .unwrap_err();
-        assert!(e.contains("go together"), "{e}");
-        let e = tls(
-            TlsConfig {
-                client_cert_file: Some("/c.pem".into()),
-                client_key_file: Some("/k.pem".into()),
-                pkcs12_file: Some("/id.p12".into()),
-                ..Default::default()
-            },
-            "amqps://mq",
-        )
-        .unwrap_err();
-        assert!(e.starts_with("sink.rabbitmq.tls.pkcs12_file"), "{e}");
-        let e = tls(
-            TlsConfig {
-                pkcs12_password: Some("pw".into()),
-                ..Default::default()
-            },
-            "amqps://mq",
-        )
-        .unwrap_err();
-        assert!(e.starts_with("sink.rabbitmq.tls.pkcs12_password"), "{e}");
+        ca.validate().unwrap();
     }
 
     #[test]

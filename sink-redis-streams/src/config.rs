@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
-use outboxkit_core::plugin::{read_setting_file, refuse_zero_durations};
+use outboxkit_core::plugin::{
+    parse_url_setting, read_setting_file, refuse_zero_counts, refuse_zero_durations,
+};
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
@@ -103,11 +105,7 @@ impl RedisStreamsConfig {
     /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
     /// not a URI-reference is refused naming `sink.redis_streams.cloudevents_source`.
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// A configuration for `url` with every other key at its default.
@@ -146,11 +144,7 @@ impl RedisStreamsConfig {
                 "{CONFIG_SECTION}.maxlen: must be at least 1 (leave it out to never trim)"
             )));
         }
-        if self.max_batch_len == 0 {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.max_batch_len: must be at least 1"
-            )));
-        }
+        refuse_zero_counts(CONFIG_SECTION, &[("max_batch_len", self.max_batch_len)])?;
         refuse_zero_durations(
             CONFIG_SECTION,
             &[
@@ -223,28 +217,13 @@ impl RedisStreamsConfig {
     }
 
     pub(crate) fn parse_url(&self) -> Result<url::Url> {
-        let url = url::Url::parse(&self.url).map_err(|e| {
-            Error::config(format!(
-                "{CONFIG_SECTION}.url: `{}` is not a URL: {e}",
-                self.redacted_url()
-            ))
-        })?;
-        match url.scheme() {
-            "redis" | "rediss" => {}
-            other => {
-                return Err(Error::config(format!(
-                    "{CONFIG_SECTION}.url: unsupported scheme `{other}://` \
-                     (expected redis:// or rediss://)"
-                )))
-            }
-        }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(Error::config(format!(
-                "{CONFIG_SECTION}.url: `{}` has no host",
-                self.redacted_url()
-            )));
-        }
-        Ok(url)
+        parse_url_setting(
+            &format!("{CONFIG_SECTION}.url"),
+            &self.url,
+            &self.redacted_url(),
+            &["redis", "rediss"],
+            "",
+        )
     }
 }
 
@@ -270,15 +249,13 @@ impl outboxkit_core::SinkConfig for RedisStreamsConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
 
-    fn from_json(value: serde_json::Value) -> std::result::Result<RedisStreamsConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
+    use super::*;
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({})).unwrap();
+        let config: RedisStreamsConfig = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, RedisStreamsConfig::default());
         assert_eq!(config.url, "redis://127.0.0.1:6379");
         assert_eq!(config.stream, "{aggregate_type}");
@@ -291,7 +268,7 @@ mod tests {
 
     #[test]
     fn human_durations_and_all_keys() {
-        let config = from_json(serde_json::json!({
+        let config: RedisStreamsConfig = from_json(serde_json::json!({
             "url": "rediss://cache:6380/2",
             "stream": "app.{aggregate_type}",
             "maxlen": 100_000,
@@ -310,7 +287,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = from_json(serde_json::json!({ "stream_name": "x" })).unwrap_err();
+        let e =
+            from_json::<RedisStreamsConfig>(serde_json::json!({ "stream_name": "x" })).unwrap_err();
         assert!(e.contains("unknown field `stream_name`"), "{e}");
     }
 
@@ -331,39 +309,24 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key() {
-        let bad = |config: RedisStreamsConfig| config.validate().unwrap_err().to_string();
-        let e = bad(RedisStreamsConfig::new("http://cache:6379"));
-        assert!(
-            e.starts_with("sink.redis_streams.url: unsupported scheme"),
-            "{e}"
+        assert_refused(
+            &RedisStreamsConfig::default(),
+            &[
+                ("url: unsupported scheme", |c| {
+                    c.url = "http://cache:6379".into()
+                }),
+                ("url", |c| c.url = "cache:6379".into()),
+                ("stream: ", |c| c.stream = "{aggregate}".into()),
+                ("maxlen", |c| c.maxlen = Some(0)),
+                ("max_batch_len", |c| c.max_batch_len = 0),
+                ("response_timeout", |c| c.response_timeout = Duration::ZERO),
+            ],
         );
-        let e = bad(RedisStreamsConfig::new("cache:6379"));
-        assert!(e.starts_with("sink.redis_streams.url"), "{e}");
-        let e = bad(RedisStreamsConfig {
-            stream: "{aggregate}".into(),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.redis_streams.stream: "), "{e}");
-        let e = bad(RedisStreamsConfig {
-            maxlen: Some(0),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.redis_streams.maxlen"), "{e}");
-        let e = bad(RedisStreamsConfig {
-            max_batch_len: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.redis_streams.max_batch_len"), "{e}");
-        let e = bad(RedisStreamsConfig {
-            response_timeout: Duration::ZERO,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.redis_streams.response_timeout"), "{e}");
     }
 
     #[test]
     fn tls_and_password_keys() {
-        let config = from_json(serde_json::json!({
+        let config: RedisStreamsConfig = from_json(serde_json::json!({
             "url": "rediss://relay@cache:6380",
             "password": "s3cr3t",
             "tls": {
@@ -384,7 +347,8 @@ mod tests {
         assert!(!debug.contains("s3cr3t"), "{debug}");
         assert!(debug.contains("password: Some(\"***\")"), "{debug}");
         assert!(debug.contains("/etc/relay/ca.pem"), "{debug}");
-        let e = from_json(serde_json::json!({ "tls": { "verify": false } })).unwrap_err();
+        let e = from_json::<RedisStreamsConfig>(serde_json::json!({ "tls": { "verify": false } }))
+            .unwrap_err();
         assert!(e.contains("unknown field `verify`"), "{e}");
     }
 

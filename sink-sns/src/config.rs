@@ -115,11 +115,7 @@ impl SnsConfig {
     /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
     /// not a URI-reference is refused naming `sink.sns.cloudevents_source`.
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// Check every key; errors name the key (`sink.sns.endpoint: ...`).
@@ -194,15 +190,13 @@ impl outboxkit_core::SinkConfig for SnsConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
 
-    fn from_json(value: serde_json::Value) -> std::result::Result<SnsConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
+    use super::*;
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({})).unwrap();
+        let config: SnsConfig = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, SnsConfig::default());
         assert_eq!(config.topic, "{aggregate_type}");
         assert_eq!(config.topic_arn_prefix, None);
@@ -217,7 +211,7 @@ mod tests {
 
     #[test]
     fn all_keys_and_human_durations() {
-        let config = from_json(serde_json::json!({
+        let config: SnsConfig = from_json(serde_json::json!({
             "topic": "app-{aggregate_type}.fifo",
             "topic_arn_prefix": "arn:aws:sns:eu-west-1:123456789012:",
             "endpoint": "http://127.0.0.1:4566",
@@ -240,9 +234,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = from_json(serde_json::json!({ "topic_arn": "x" })).unwrap_err();
+        let e = from_json::<SnsConfig>(serde_json::json!({ "topic_arn": "x" })).unwrap_err();
         assert!(e.contains("unknown field `topic_arn`"), "{e}");
-        let e = from_json(serde_json::json!({ "secret_access_key": "x" })).unwrap_err();
+        let e =
+            from_json::<SnsConfig>(serde_json::json!({ "secret_access_key": "x" })).unwrap_err();
         assert!(e.contains("unknown field `secret_access_key`"), "{e}");
     }
 
@@ -259,29 +254,18 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key() {
-        let bad = |config: SnsConfig| config.validate().unwrap_err().to_string();
-        let e = bad(SnsConfig::new("{aggregate}"));
-        assert!(e.starts_with("sink.sns.topic: "), "{e}");
-        let e = bad(SnsConfig {
-            endpoint: Some("127.0.0.1:4566".into()),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sns.endpoint: "), "{e}");
-        let e = bad(SnsConfig {
-            topic_arn_prefix: Some("arn:aws:sns:eu-west-1:123:".into()),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sns.topic_arn_prefix: "), "{e}");
-        let e = bad(SnsConfig {
-            max_request_bytes: 300 * 1024,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sns.max_request_bytes: "), "{e}");
-        assert!(e.contains("SNS's limit"), "{e}");
-        let e = bad(SnsConfig {
-            retry_attempts: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sns.retry_attempts: "), "{e}");
+        let errors = assert_refused(
+            &SnsConfig::default(),
+            &[
+                ("topic: ", |c| c.topic = "{aggregate}".into()),
+                ("endpoint: ", |c| c.endpoint = Some("127.0.0.1:4566".into())),
+                ("topic_arn_prefix: ", |c| {
+                    c.topic_arn_prefix = Some("arn:aws:sns:eu-west-1:123:".into())
+                }),
+                ("max_request_bytes: ", |c| c.max_request_bytes = 300 * 1024),
+                ("retry_attempts: ", |c| c.retry_attempts = 0),
+            ],
+        );
+        assert!(errors[3].contains("SNS's limit"), "{}", errors[3]);
     }
 }

@@ -1,9 +1,11 @@
 //! Destinations: a topic name or ARN, and whether it is a FIFO topic.
 
 pub use outboxkit_aws::sink::is_fifo_name;
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_aws::sink::{check_name, malformed_destination};
+use outboxkit_core::Result;
 
-/// Longest topic name SNS allows, `.fifo` suffix included.
+/// Longest topic name SNS allows, `.fifo` suffix included: 1 to 256 characters of
+/// `A-Z a-z 0-9 - _`, plus the `.fifo` suffix of FIFO topics.
 const MAX_TOPIC_NAME: usize = 256;
 
 /// A destination as written in the template or a row's `destination` column.
@@ -19,19 +21,15 @@ impl TopicRef {
     /// Parse a destination: `arn:...:sns:...` is a topic ARN, anything else a topic name. A
     /// malformed destination is a permanent error for the events routed to it.
     pub(crate) fn parse(destination: &str) -> Result<Self> {
-        let invalid = |why: &str| {
-            Error::new(
-                ErrorKind::Unroutable,
-                format!("SNS topic `{destination}`: {why}"),
-            )
-            .permanent()
-        };
+        let invalid = |why: &str| malformed_destination(&format!("SNS topic `{destination}`"), why);
+        let check =
+            |name: &str| check_name(name, "topic", MAX_TOPIC_NAME).map_err(|why| invalid(&why));
         if destination.starts_with("arn:") {
             // arn:<partition>:sns:<region>:<account>:<name>
             let parts: Vec<&str> = destination.split(':').collect();
             return match parts.as_slice() {
                 ["arn", _partition, "sns", _region, _account, name] => {
-                    check_name(name).map_err(|why| invalid(&why))?;
+                    check(name)?;
                     Ok(TopicRef::Arn {
                         arn: destination.to_owned(),
                         name: (*name).to_owned(),
@@ -42,7 +40,7 @@ impl TopicRef {
                 )),
             };
         }
-        check_name(destination).map_err(|why| invalid(&why))?;
+        check(destination)?;
         Ok(TopicRef::Name(destination.to_owned()))
     }
 
@@ -52,12 +50,6 @@ impl TopicRef {
             TopicRef::Arn { name, .. } | TopicRef::Name(name) => name,
         }
     }
-}
-
-/// SNS topic names: 1 to 256 characters of `A-Z a-z 0-9 - _`, plus the `.fifo`
-/// suffix of FIFO topics (counted in the 256).
-fn check_name(name: &str) -> std::result::Result<(), String> {
-    outboxkit_aws::sink::check_name(name, "topic", MAX_TOPIC_NAME)
 }
 
 #[cfg(test)]
@@ -83,19 +75,18 @@ mod tests {
 
     #[test]
     fn malformed_destinations_are_permanent_errors_naming_the_topic() {
-        for bad in [
-            "orders placed",
-            "",
-            ".fifo",
-            "a.b",
-            &"x".repeat(257),
-            "arn:aws:sqs:eu-west-1:123456789012:queue",
-            "arn:aws:sns:eu-west-1:topic",
-        ] {
-            let e = TopicRef::parse(bad).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Unroutable, "{bad}: {e}");
-            assert!(!e.is_retryable(), "{bad}");
-            assert!(e.message().starts_with("SNS topic `"), "{e}");
-        }
+        outboxkit_aws::testkit::assert_malformed_destinations(
+            TopicRef::parse,
+            &[
+                "orders placed",
+                "",
+                ".fifo",
+                "a.b",
+                &"x".repeat(257),
+                "arn:aws:sqs:eu-west-1:123456789012:queue",
+                "arn:aws:sns:eu-west-1:topic",
+            ],
+            "SNS topic `",
+        );
     }
 }

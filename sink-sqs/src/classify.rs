@@ -125,6 +125,7 @@ mod tests {
     use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError;
     use aws_smithy_runtime_api::http::StatusCode;
     use aws_smithy_types::body::SdkBody;
+    use outboxkit_core::testkit::sink_suite::assert_classified;
 
     use super::*;
 
@@ -142,10 +143,7 @@ mod tests {
     }
 
     fn check(err: BatchSdkError, kind: ErrorKind, retryable: bool) -> Error {
-        let e = classify_sdk_error(&err);
-        assert_eq!(e.kind(), kind, "{e}");
-        assert_eq!(e.is_retryable(), retryable, "{e}");
-        e
+        assert_classified(classify_sdk_error(&err), kind, retryable)
     }
 
     fn entry(code: &str, sender_fault: bool) -> Error {
@@ -344,39 +342,39 @@ mod tests {
     #[test]
     fn sender_fault_entries_are_rejected_with_sqs_error() {
         let e = entry("InvalidParameterValueException", true);
-        assert_eq!(e.kind(), ErrorKind::InvalidMessage);
-        assert!(!e.is_retryable());
+        let e = assert_classified(e, ErrorKind::InvalidMessage, false);
         assert_eq!(
             e.message(),
             "InvalidParameterValueException: details from SQS (sender fault)"
         );
-        let e = entry("MessageTooLong", true);
-        assert_eq!(e.kind(), ErrorKind::MessageTooLarge);
-        assert!(!e.is_retryable());
-        let e = entry("SomethingNew", true);
-        assert_eq!(e.kind(), ErrorKind::InvalidMessage);
-        assert!(!e.is_retryable());
+        assert_classified(
+            entry("MessageTooLong", true),
+            ErrorKind::MessageTooLarge,
+            false,
+        );
+        assert_classified(
+            entry("SomethingNew", true),
+            ErrorKind::InvalidMessage,
+            false,
+        );
     }
 
     #[test]
     fn server_fault_entries_are_retried() {
-        let e = entry("InternalError", false);
-        assert_eq!(e.kind(), ErrorKind::Unavailable);
-        assert!(e.is_retryable());
-        let e = entry("RequestThrottled", false);
-        assert_eq!(e.kind(), ErrorKind::Unavailable);
-        assert!(e.is_retryable());
-        let e = entry("SomethingNew", false);
-        assert_eq!(e.kind(), ErrorKind::Other);
-        assert!(e.is_retryable());
+        assert_classified(entry("InternalError", false), ErrorKind::Unavailable, true);
+        assert_classified(
+            entry("RequestThrottled", false),
+            ErrorKind::Unavailable,
+            true,
+        );
+        assert_classified(entry("SomethingNew", false), ErrorKind::Other, true);
     }
 
     #[test]
     fn permission_entries_are_unauthorized_whatever_the_fault() {
         for sender_fault in [true, false] {
             let e = entry("KMS.AccessDeniedException", sender_fault);
-            assert_eq!(e.kind(), ErrorKind::Unauthorized);
-            assert!(!e.is_retryable());
+            assert_classified(e, ErrorKind::Unauthorized, false);
         }
     }
 }

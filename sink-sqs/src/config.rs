@@ -117,11 +117,7 @@ impl SqsConfig {
     /// The CloudEvents mapping (`None` with `format = "raw"`); a `cloudevents_source` that is
     /// not a URI-reference is refused naming `sink.sqs.cloudevents_source`.
     pub fn cloudevents(&self) -> Result<Option<CloudEvents>> {
-        CloudEvents::for_format(
-            self.format,
-            &self.cloudevents_source,
-            &format!("{CONFIG_SECTION}.cloudevents_source"),
-        )
+        CloudEvents::for_section(self.format, &self.cloudevents_source, CONFIG_SECTION)
     }
 
     /// A configuration routing to `queue` (a template) with every other key at its default.
@@ -202,15 +198,13 @@ impl outboxkit_core::SinkConfig for SqsConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use outboxkit_core::testkit::sink_suite::{assert_refused, from_json};
 
-    fn from_json(value: serde_json::Value) -> std::result::Result<SqsConfig, String> {
-        serde_json::from_value(value).map_err(|e| e.to_string())
-    }
+    use super::*;
 
     #[test]
     fn defaults() {
-        let config = from_json(serde_json::json!({})).unwrap();
+        let config: SqsConfig = from_json(serde_json::json!({})).unwrap();
         assert_eq!(config, SqsConfig::default());
         assert_eq!(config.queue, "{aggregate_type}");
         assert_eq!(config.endpoint, None);
@@ -227,7 +221,7 @@ mod tests {
 
     #[test]
     fn all_keys_and_human_durations() {
-        let config = from_json(serde_json::json!({
+        let config: SqsConfig = from_json(serde_json::json!({
             "queue": "app-{aggregate_type}.fifo",
             "endpoint": "http://127.0.0.1:4566",
             "region": "eu-west-1",
@@ -251,10 +245,11 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors() {
-        let e = from_json(serde_json::json!({ "queue_url": "x" })).unwrap_err();
+        let e = from_json::<SqsConfig>(serde_json::json!({ "queue_url": "x" })).unwrap_err();
         assert!(e.contains("unknown field `queue_url`"), "{e}");
         // Credentials are not configuration keys: they come from the AWS chain.
-        let e = from_json(serde_json::json!({ "secret_access_key": "x" })).unwrap_err();
+        let e =
+            from_json::<SqsConfig>(serde_json::json!({ "secret_access_key": "x" })).unwrap_err();
         assert!(e.contains("unknown field `secret_access_key`"), "{e}");
     }
 
@@ -276,56 +271,28 @@ mod tests {
 
     #[test]
     fn invalid_values_name_the_key() {
-        let bad = |config: SqsConfig| config.validate().unwrap_err().to_string();
-        let e = bad(SqsConfig::new("{aggregate}"));
-        assert!(e.starts_with("sink.sqs.queue: "), "{e}");
-        let e = bad(SqsConfig {
-            endpoint: Some("127.0.0.1:4566".into()),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.endpoint: "), "{e}");
-        let e = bad(SqsConfig {
-            endpoint: Some("ftp://127.0.0.1:4566".into()),
-            ..Default::default()
-        });
-        assert!(
-            e.starts_with("sink.sqs.endpoint: unsupported scheme"),
-            "{e}"
+        assert_refused(
+            &SqsConfig::default(),
+            &[
+                ("queue: ", |c| c.queue = "{aggregate}".into()),
+                ("endpoint: ", |c| c.endpoint = Some("127.0.0.1:4566".into())),
+                ("endpoint: unsupported scheme", |c| {
+                    c.endpoint = Some("ftp://127.0.0.1:4566".into())
+                }),
+                ("region: ", |c| c.region = Some("EU West".into())),
+                ("queue_owner_account_id: ", |c| {
+                    c.queue_owner_account_id = Some("1234".into())
+                }),
+                ("max_batch_len: ", |c| c.max_batch_len = 0),
+                ("max_request_bytes: ", |c| {
+                    c.max_request_bytes = 2 * 1024 * 1024
+                }),
+                ("max_concurrent_requests: ", |c| {
+                    c.max_concurrent_requests = 0
+                }),
+                ("retry_attempts: ", |c| c.retry_attempts = 0),
+                ("request_timeout: ", |c| c.request_timeout = Duration::ZERO),
+            ],
         );
-        let e = bad(SqsConfig {
-            region: Some("EU West".into()),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.region: "), "{e}");
-        let e = bad(SqsConfig {
-            queue_owner_account_id: Some("1234".into()),
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.queue_owner_account_id: "), "{e}");
-        let e = bad(SqsConfig {
-            max_batch_len: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.max_batch_len: "), "{e}");
-        let e = bad(SqsConfig {
-            max_request_bytes: 2 * 1024 * 1024,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.max_request_bytes: "), "{e}");
-        let e = bad(SqsConfig {
-            max_concurrent_requests: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.max_concurrent_requests: "), "{e}");
-        let e = bad(SqsConfig {
-            retry_attempts: 0,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.retry_attempts: "), "{e}");
-        let e = bad(SqsConfig {
-            request_timeout: Duration::ZERO,
-            ..Default::default()
-        });
-        assert!(e.starts_with("sink.sqs.request_timeout: "), "{e}");
     }
 }

@@ -1,9 +1,11 @@
 //! Destinations: a queue name, URL or ARN, and whether it is a FIFO queue.
 
 pub use outboxkit_aws::sink::is_fifo_name;
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_aws::sink::{check_name, malformed_destination};
+use outboxkit_core::Result;
 
-/// Longest queue name SQS allows, `.fifo` suffix included.
+/// Longest queue name SQS allows, `.fifo` suffix included: 1 to 80 characters of
+/// `A-Z a-z 0-9 - _`, plus the `.fifo` suffix of FIFO queues.
 const MAX_QUEUE_NAME: usize = 80;
 
 /// A destination as written in the template or a row's `destination` column.
@@ -20,13 +22,9 @@ impl QueueRef {
     /// queue ARN, anything else a queue name. A malformed destination is a permanent error
     /// for the events routed to it.
     pub(crate) fn parse(destination: &str) -> Result<Self> {
-        let invalid = |why: &str| {
-            Error::new(
-                ErrorKind::Unroutable,
-                format!("SQS queue `{destination}`: {why}"),
-            )
-            .permanent()
-        };
+        let invalid = |why: &str| malformed_destination(&format!("SQS queue `{destination}`"), why);
+        let check =
+            |name: &str| check_name(name, "queue", MAX_QUEUE_NAME).map_err(|why| invalid(&why));
         if destination.starts_with("https://") || destination.starts_with("http://") {
             let url = url::Url::parse(destination)
                 .map_err(|e| invalid(&format!("not a valid queue URL ({e})")))?;
@@ -35,7 +33,7 @@ impl QueueRef {
                 .and_then(|mut segments| segments.next_back())
                 .unwrap_or_default()
                 .to_owned();
-            check_name(&name).map_err(|why| {
+            check_name(&name, "queue", MAX_QUEUE_NAME).map_err(|why| {
                 invalid(&format!(
                     "the last path segment of a queue URL must be the queue name: {why}"
                 ))
@@ -50,7 +48,7 @@ impl QueueRef {
             let parts: Vec<&str> = rest.split(':').collect();
             match parts.as_slice() {
                 [_partition, "sqs", _region, account, name] => {
-                    check_name(name).map_err(|why| invalid(&why))?;
+                    check(name)?;
                     let owner = (!account.is_empty()).then(|| (*account).to_owned());
                     return Ok(QueueRef::Name {
                         name: (*name).to_owned(),
@@ -64,7 +62,7 @@ impl QueueRef {
                 }
             }
         }
-        check_name(destination).map_err(|why| invalid(&why))?;
+        check(destination)?;
         Ok(QueueRef::Name {
             name: destination.to_owned(),
             owner: None,
@@ -82,12 +80,6 @@ impl QueueRef {
     pub(crate) fn is_fifo(&self) -> bool {
         is_fifo_name(self.name())
     }
-}
-
-/// SQS queue names: 1 to 80 characters of `A-Z a-z 0-9 - _`, plus the `.fifo`
-/// suffix of FIFO queues (counted in the 80).
-fn check_name(name: &str) -> std::result::Result<(), String> {
-    outboxkit_aws::sink::check_name(name, "queue", MAX_QUEUE_NAME)
 }
 
 #[cfg(test)]
@@ -124,21 +116,20 @@ mod tests {
 
     #[test]
     fn malformed_destinations_are_permanent_errors_naming_the_queue() {
-        for bad in [
-            "orders placed",
-            "",
-            ".fifo",
-            "caf\u{e9}",
-            "a.b",
-            &"x".repeat(81),
-            "arn:aws:sns:eu-west-1:123456789012:topic",
-            "https://sqs.eu-west-1.amazonaws.com/",
-        ] {
-            let e = QueueRef::parse(bad).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Unroutable, "{bad}: {e}");
-            assert!(!e.is_retryable(), "{bad}");
-            assert!(e.message().starts_with("SQS queue `"), "{e}");
-        }
+        outboxkit_aws::testkit::assert_malformed_destinations(
+            QueueRef::parse,
+            &[
+                "orders placed",
+                "",
+                ".fifo",
+                "caf\u{e9}",
+                "a.b",
+                &"x".repeat(81),
+                "arn:aws:sns:eu-west-1:123456789012:topic",
+                "https://sqs.eu-west-1.amazonaws.com/",
+            ],
+            "SQS queue `",
+        );
         let longest = format!("{}.fifo", "x".repeat(75));
         assert!(QueueRef::parse(&longest).is_ok());
     }

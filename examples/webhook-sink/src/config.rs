@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use outboxkit_core::plugin::{parse_url_setting, refuse_zero_counts, refuse_zero_durations};
 use outboxkit_core::{DestinationTemplate, Error, Result, SinkConfig};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use url::Url;
@@ -76,27 +77,20 @@ impl SinkConfig for WebhookSinkConfig {
 
     fn validate(&self) -> Result<()> {
         self.parts()?;
-        let check = |ok: bool, key: &str, what: &str| match ok {
-            true => Ok(()),
-            false => Err(Error::config(format!("sink.webhook.{key}: {what}"))),
-        };
-        check(!self.timeout.is_zero(), "timeout", "must be longer than 0s")?;
-        check(
-            !self.connect_timeout.is_zero(),
-            "connect_timeout",
-            "must be longer than 0s",
+        refuse_zero_durations(
+            "sink.webhook",
+            &[
+                ("timeout", self.timeout),
+                ("connect_timeout", self.connect_timeout),
+            ],
         )?;
-        let concurrency = format!("must be between 1 and 1024, got {}", self.concurrency);
-        check(
-            (1..=1024).contains(&self.concurrency),
-            "concurrency",
-            &concurrency,
-        )?;
-        check(
-            self.max_batch_len > 0,
-            "max_batch_len",
-            "must be at least 1",
-        )
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err(Error::config(format!(
+                "sink.webhook.concurrency: must be between 1 and 1024, got {}",
+                self.concurrency
+            )));
+        }
+        refuse_zero_counts("sink.webhook", &[("max_batch_len", self.max_batch_len)])
     }
 
     async fn build(self) -> Result<WebhookSink> {
@@ -129,16 +123,13 @@ impl WebhookSinkConfig {
                     .into(),
             );
         }
-        let url = match Url::parse(&self.url) {
-            Ok(url) => url,
-            Err(e) => return err(format!("`{}` is not a URL: {e}", redact(&self.url))),
-        };
-        if !matches!(url.scheme(), "http" | "https") {
-            return err(format!(
-                "unsupported scheme `{}://` (expected http:// or https://)",
-                url.scheme()
-            ));
-        }
+        let url = parse_url_setting(
+            "sink.webhook.url",
+            &self.url,
+            &redact(&self.url),
+            &["http", "https"],
+            "",
+        )?;
         let template =
             DestinationTemplate::parse(&self.path).map_err(|e| e.context("sink.webhook.path"))?;
         let mut headers = HeaderMap::new();

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -57,6 +58,40 @@ pub fn assert_classified(error: Error, kind: ErrorKind, retryable: bool) -> Erro
     assert_eq!(error.kind(), kind, "{error}");
     assert_eq!(error.is_retryable(), retryable, "{error}");
     error
+}
+
+/// A sink's settings read from JSON the way serde reads its section, the error as text
+/// (`unknown field ...`). For the unit tests of a configuration type.
+pub fn from_json<C: DeserializeOwned>(value: serde_json::Value) -> std::result::Result<C, String> {
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+/// One invalid value for [`assert_refused`]: how its error goes on after `sink.<section>.`
+/// (the key, `"max_batch_len: "`, maybe with the start of the reason), and the change that
+/// makes the base configuration invalid.
+pub type Refusal<C> = (&'static str, fn(&mut C));
+
+/// The rule of every sink configuration: [`SinkConfig::validate`] refuses an invalid value
+/// with an error that starts with its key, `sink.<section>.<key>` (the section as
+/// [`sink_section`](crate::plugin::sink_section) makes it from the kind). Each of `cases`
+/// changes a copy of `base`. Returns the errors in the order of `cases`, for further checks of
+/// their text. For the unit tests of a configuration type.
+#[track_caller]
+pub fn assert_refused<C: SinkConfig + Clone>(base: &C, cases: &[Refusal<C>]) -> Vec<String> {
+    let section = format!("sink.{}.", crate::plugin::sink_section(C::KIND));
+    let mut errors = Vec::with_capacity(cases.len());
+    for (expected, change) in cases {
+        let mut config = base.clone();
+        change(&mut config);
+        let expected = format!("{section}{expected}");
+        let e = match config.validate() {
+            Ok(()) => panic!("{config:?} is accepted; expected an error starting with {expected}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.starts_with(&expected), "expected {expected}...: {e}");
+        errors.push(e);
+    }
+    errors
 }
 
 /// One message as a consumer of the broker received it.
@@ -858,6 +893,29 @@ mod tests {
             ErrorKind::Unroutable,
             true,
         );
+    }
+
+    #[test]
+    fn refused_values_name_their_key_and_settings_read_from_json() {
+        let errors = assert_refused(&config(true), &[("valid: ", |c| c.valid = false)]);
+        assert_eq!(errors, ["sink.scripted.valid: is false"]);
+        let read: ScriptedConfig =
+            from_json(serde_json::json!({ "destination": "d", "valid": true })).unwrap();
+        assert!(read.valid);
+        let e = from_json::<ScriptedConfig>(serde_json::json!({ "valid": true })).unwrap_err();
+        assert!(e.contains("missing field `destination`"), "{e}");
+    }
+
+    #[test]
+    #[should_panic(expected = "expected sink.scripted.destination")]
+    fn a_refusal_naming_another_key_fails_the_test() {
+        assert_refused(&config(true), &[("destination", |c| c.valid = false)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "is accepted")]
+    fn an_accepted_value_fails_the_test() {
+        assert_refused(&config(true), &[("valid", |c| c.valid = true)]);
     }
 
     #[test]
