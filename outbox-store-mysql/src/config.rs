@@ -1,9 +1,9 @@
 //! `[store]` settings of the MySQL / MariaDB store, and the outbox table name.
 
-use std::fmt;
+use outboxkit_core::Result;
+use outboxkit_store_sql::config::{NameRules, SqlStore, SqlStoreConfig, TableRules};
 
-use outboxkit_core::{Error, Result};
-use outboxkit_store_sql::config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig};
+pub(crate) use outboxkit_store_sql::config::SCHEMA_TABLE;
 
 /// The MySQL / MariaDB store as the shared SQL code sees it: its kind of [`SqlStoreConfig`]
 /// (`kind = "mysql"`: MySQL 8.0.16+ and MariaDB 10.6+), its wording and error codes.
@@ -38,7 +38,7 @@ impl SqlStore for MySql {
             "mysql {}:{} {}.{}",
             options.get_host().to_ascii_lowercase(),
             options.get_port(),
-            table.database().or(options.get_database())?,
+            table.qualifier().or(options.get_database())?,
             table.name()
         ))
     }
@@ -52,98 +52,39 @@ impl SqlStore for MySql {
     }
 }
 
-/// How MySQL qualifies and limits table names: the names of a table's CHECK constraints (unique
-/// per database in MySQL) add a suffix of up to 16 bytes to it, and MySQL identifiers are at
-/// most 64 bytes.
-const NAME_RULES: NameRules = NameRules {
-    qualifier: "database",
-    max_qualifier_len: 64,
-    max_name_len: 48,
-};
+/// How MySQL qualifies, limits and quotes table names: the names of a table's CHECK
+/// constraints (unique per database in MySQL) add a suffix of up to 16 bytes to it, and MySQL
+/// identifiers are at most 64 bytes. Names are limited to lowercase ASCII letters, digits and
+/// `_` (starting with a letter or `_`), so that the name used by the relay is the one writers
+/// get with plain unquoted SQL, whatever the server's `lower_case_table_names`; a database name
+/// from the URL may hold any character and is always quoted.
+impl TableRules for MySql {
+    const NAME_RULES: NameRules = NameRules {
+        qualifier: "database",
+        max_qualifier_len: 64,
+        max_name_len: 48,
+    };
+    const RESERVED: &'static [&'static str] = &[SCHEMA_TABLE, MEMBERS_TABLE];
+    const RESERVED_WORDING: &'static str = "is one of the relay's own bookkeeping tables";
 
-/// The bookkeeping table of migrations, in the outbox table's database.
-pub(crate) const SCHEMA_TABLE: &str = "outbox_relay_schema";
+    /// A MySQL identifier in backquotes, with backquotes doubled.
+    fn quote_ident(ident: &str) -> String {
+        format!("`{}`", ident.replace('`', "``"))
+    }
+}
+
 /// Which relay holds which membership slot (so `status` can name shard owners).
 pub(crate) const MEMBERS_TABLE: &str = "outbox_relay_members";
 
-/// A validated outbox table name, `table` or `database.table`.
-///
-/// Names are limited to lowercase ASCII letters, digits and `_` (starting with a letter or `_`),
-/// so that the name used by the relay is the one writers get with plain unquoted SQL, whatever
-/// the server's `lower_case_table_names`.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct TableName(QualifiedName);
-
-impl TableName {
-    /// Parse `table` or `database.table`.
-    pub fn parse(text: &str) -> Result<Self> {
-        let parsed = QualifiedName::parse(text, &NAME_RULES)?;
-        let name = parsed.name();
-        if name == SCHEMA_TABLE || name == MEMBERS_TABLE {
-            return Err(Error::config(format!(
-                "\"{}\": {name} is one of the relay's own bookkeeping tables, choose another name",
-                text.trim()
-            )));
-        }
-        Ok(Self(parsed))
-    }
-
-    /// The database, when qualified.
-    pub fn database(&self) -> Option<&str> {
-        self.0.qualifier()
-    }
-
-    /// The table name without database.
-    pub fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    /// The same table in `database` (when it had none). The database name comes from the URL
-    /// and may hold any character: it is always quoted.
-    pub(crate) fn in_database(self, database: &str) -> Self {
-        Self(self.0.or_in(database))
-    }
-
-    /// `` `database`.`table` `` or `` `table` ``, for SQL.
-    pub fn quoted(&self) -> String {
-        self.quoted_sibling(self.name())
-    }
-
-    /// Another table of the same database, quoted.
-    pub(crate) fn quoted_sibling(&self, name: &str) -> String {
-        match self.database() {
-            Some(database) => format!("{}.{}", quote_ident(database), quote_ident(name)),
-            None => quote_ident(name),
-        }
-    }
-}
-
-impl fmt::Debug for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TableName")
-            .field("database", &self.database())
-            .field("name", &self.name())
-            .finish()
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// A MySQL identifier in backquotes, with backquotes doubled.
-pub(crate) fn quote_ident(ident: &str) -> String {
-    format!("`{}`", ident.replace('`', "``"))
-}
+/// A validated outbox table name, `table` or `database.table` ([`TableRules`] of [`MySql`]).
+pub type TableName = outboxkit_store_sql::config::TableName<MySql>;
 
 #[cfg(test)]
 mod tests {
     use outboxkit_store_sql::config::check_store_settings;
+    use outboxkit_store_sql::testkit::check_table_names;
 
     use super::*;
-    use outboxkit_core::ErrorKind;
 
     /// The settings themselves are tested in `outboxkit-store-sql`; here, what is this store's.
     #[test]
@@ -156,42 +97,22 @@ mod tests {
 
     #[test]
     fn table_names_are_validated_and_quoted() {
-        let t = TableName::parse("outbox").unwrap();
-        assert_eq!((t.database(), t.name()), (None, "outbox"));
-        assert_eq!(t.quoted(), "`outbox`");
-        let t = t.in_database("shop");
-        assert_eq!(t.quoted(), "`shop`.`outbox`");
-        assert_eq!(t.to_string(), "shop.outbox");
-
-        let t = TableName::parse("app.outbox_2").unwrap();
-        assert_eq!(t.quoted(), "`app`.`outbox_2`");
-        assert_eq!(
-            t.quoted_sibling(SCHEMA_TABLE),
-            "`app`.`outbox_relay_schema`"
+        check_table_names::<MySql>(
+            &[
+                ("outbox", None, "`outbox`", "outbox"),
+                ("outbox", Some("shop"), "`shop`.`outbox`", "shop.outbox"),
+                ("app.outbox_2", None, "`app`.`outbox_2`", "app.outbox_2"),
+                // A database name from the URL is quoted, whatever it holds.
+                (
+                    "outbox",
+                    Some("we`ird-db"),
+                    "`we``ird-db`.`outbox`",
+                    "we`ird-db.outbox",
+                ),
+            ],
+            "`app`.`outbox_relay_schema`",
+            &["out`box", "outbox_relay_schema", "app.outbox_relay_members"],
+            48,
         );
-        assert_eq!(t.clone().in_database("other"), t);
-
-        // A database name from the URL is quoted, whatever it holds.
-        let t = TableName::parse("outbox").unwrap().in_database("we`ird-db");
-        assert_eq!(t.quoted(), "`we``ird-db`.`outbox`");
-
-        for bad in [
-            "",
-            "a.",
-            ".a",
-            "a.b.c",
-            "Outbox",
-            "1outbox",
-            "out box",
-            "out`box",
-            "outbox;drop table x",
-            "outbox_relay_schema",
-            "app.outbox_relay_members",
-            &"x".repeat(49),
-        ] {
-            let e = TableName::parse(bad).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
-        }
-        TableName::parse(&"x".repeat(48)).unwrap();
     }
 }

@@ -1,9 +1,5 @@
-//! The consumer's half of at-least-once: an inbox of processed event ids (MySQL / MariaDB).
-//!
-//! Call [`Inbox::try_mark_processed`] inside the consumer's own business transaction, before
-//! its side effects: `true` the first time `(consumer, event_id)` is seen, `false` afterwards.
-//! A rolled-back transaction leaves no mark; two consumers racing on one event serialize on the
-//! primary key and exactly one gets `true`.
+//! The consumer's half of at-least-once: an inbox of processed event ids (MySQL / MariaDB; see
+//! [`outboxkit_store_sql::inbox`]).
 //!
 //! ```no_run
 //! # async fn handle(pool: sqlx::MySqlPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
@@ -21,12 +17,11 @@
 
 use std::time::Duration;
 
-use sqlx::{MySqlConnection, MySqlPool};
 use uuid::Uuid;
 
-use outboxkit_core::{Error, Result};
+use outboxkit_store_sql::inbox::{InboxSql, InboxStatements};
 
-use crate::classify::{classify, Target};
+use crate::classify::MySql;
 use crate::config::TableName;
 
 /// Longest consumer name (the column is `VARCHAR(255)`).
@@ -34,21 +29,19 @@ pub const MAX_CONSUMER_CHARS: usize = 255;
 
 /// A `processed_events` table: `(consumer, event_id)` primary key, with the time it was
 /// processed.
-#[derive(Debug, Clone)]
-pub struct Inbox {
-    target: Target,
-    create: String,
-    insert: String,
-    purge: String,
-}
+pub type Inbox = outboxkit_store_sql::inbox::Inbox<MySql>;
 
-impl Inbox {
-    /// The inbox table `table` or `database.table` (e.g. `processed_events`).
-    pub fn new(table: &str) -> Result<Self> {
-        let name = TableName::parse(table)?;
+/// The inbox in MySQL / MariaDB: event ids as text, ages in microseconds, consumer names of at
+/// most [`MAX_CONSUMER_CHARS`].
+impl InboxSql for MySql {
+    type Database = sqlx::MySql;
+    type EventId = String;
+    type Age = i64;
+    const MAX_CONSUMER_CHARS: Option<usize> = Some(MAX_CONSUMER_CHARS);
+
+    fn statements(name: &TableName) -> InboxStatements {
         let t = name.quoted();
-        Ok(Self {
-            target: Target::table(name.to_string()),
+        InboxStatements {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                    consumer VARCHAR(255) NOT NULL, \
@@ -65,55 +58,18 @@ impl Inbox {
                 "DELETE FROM {t} WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                  ORDER BY processed_at LIMIT ?"
             ),
-        })
-    }
-
-    /// Create the table if it does not exist (idempotent).
-    pub async fn migrate(&self, pool: &MySqlPool) -> Result<()> {
-        sqlx::query(&self.create)
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(|e| classify(e, &self.target))
-    }
-
-    /// Record that `consumer` processed `event_id`, inside the caller's transaction. `true`:
-    /// first time — process it; `false`: already processed — skip it (and acknowledge it).
-    pub async fn try_mark_processed(
-        &self,
-        conn: &mut MySqlConnection,
-        consumer: &str,
-        event_id: Uuid,
-    ) -> Result<bool> {
-        if consumer.is_empty() || consumer.chars().count() > MAX_CONSUMER_CHARS {
-            return Err(Error::config(format!(
-                "inbox consumer name must be 1 to {MAX_CONSUMER_CHARS} characters, got {}",
-                consumer.chars().count()
-            )));
         }
-        let done = sqlx::query(&self.insert)
-            .bind(consumer)
-            .bind(event_id.hyphenated().to_string())
-            .execute(conn)
-            .await
-            .map_err(|e| classify(e, &self.target))?;
-        Ok(done.rows_affected() == 1)
     }
 
-    /// Forget marks older than `older_than`, at most `limit` per call; returns how many.
-    pub async fn purge_processed(
-        &self,
-        pool: &MySqlPool,
-        older_than: Duration,
-        limit: u32,
-    ) -> Result<u64> {
-        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.purge)
-            .bind(micros)
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await
-            .map_err(|e| classify(e, &self.target))?;
-        Ok(done.rows_affected())
+    fn event_id(event_id: Uuid) -> String {
+        event_id.hyphenated().to_string()
+    }
+
+    fn age(older_than: Duration) -> i64 {
+        i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX)
+    }
+
+    fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        done.rows_affected()
     }
 }

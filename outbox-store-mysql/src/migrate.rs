@@ -11,11 +11,14 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
-use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
+use outboxkit_store_sql::migrate::{
+    check_current, checked_payload_type, not_ours, render_table, Migration, TableCatalog,
+};
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, MySql, Target};
-use crate::config::{quote_ident, TableName, MEMBERS_TABLE, SCHEMA_TABLE};
+use crate::config::{TableName, MEMBERS_TABLE, SCHEMA_TABLE};
+use outboxkit_store_sql::config::TableRules;
 
 /// Schema version this crate creates and expects.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -37,11 +40,6 @@ const MIGRATION_LOCK_WAIT_SECS: i64 = 120;
 /// The table comment of a table created by the relay starts with this.
 const COMMENT_MARK: &str = "outbox-relay schema=";
 
-fn render(sql: &str, table: &TableName, shards: i32, payload_type: PayloadType) -> String {
-    let payload = MySql::column_type(payload_type);
-    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards, payload)
-}
-
 impl PayloadColumn for MySql {
     // LONGTEXT takes the table's character set and collation: utf8mb4, utf8mb4_bin.
     const COLUMN_TYPES: [&'static str; 3] = ["JSON", "LONGTEXT", "LONGBLOB"];
@@ -54,58 +52,70 @@ impl PayloadColumn for MySql {
     }
 }
 
-/// The payload type of `table`, read from `information_schema`. MariaDB's `JSON` is a
-/// `LONGTEXT` with a `json_valid` check, which tells it from a `text` table.
-pub(crate) async fn payload_type(
-    conn: &mut MySqlConnection,
-    table: &TableName,
-    target: &Target,
-) -> Result<PayloadType> {
-    let err = |e| classify(e, target).context(format!("reading the payload type of {table}"));
-    let database = table.database().unwrap_or_default();
-    let column: Option<String> = sqlx::query_scalar(
-        "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = 'payload'",
-    )
-    .bind(database)
-    .bind(table.name())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(err)?;
-    let column = column.map(|c| c.to_ascii_lowercase());
-    if column.as_deref() == Some("longtext") {
-        // Only MariaDB has TABLE_NAME here; on MySQL (whose JSON is `json`) this fails: text.
-        let checked: std::result::Result<i64, _> = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS \
-             WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ? \
-             AND CHECK_CLAUSE LIKE '%json\\_valid(`payload`)%'",
+/// The bookkeeping row and the payload column of an outbox table in MySQL / MariaDB.
+impl TableCatalog for MySql {
+    type Database = sqlx::MySql;
+    const SCHEMA_VERSION: i32 = SCHEMA_VERSION;
+
+    async fn schema_row(
+        conn: &mut MySqlConnection,
+        table: &TableName,
+        target: &Target,
+    ) -> Result<Option<(i32, i32)>> {
+        let statement = format!(
+            "SELECT version, shard_count FROM {} WHERE table_name = ?",
+            table.quoted_sibling(SCHEMA_TABLE)
+        );
+        outboxkit_store_sql::migrate::schema_row::<MySql, _, _>(
+            conn,
+            &statement,
+            table.name(),
+            target,
+        )
+        .await
+    }
+
+    /// Read from `information_schema`. MariaDB's `JSON` is a `LONGTEXT` with a `json_valid`
+    /// check, which tells it from a `text` table.
+    async fn payload_type(
+        conn: &mut MySqlConnection,
+        table: &TableName,
+        target: &Target,
+    ) -> Result<PayloadType> {
+        let err = |e| classify(e, target).context(format!("reading the payload type of {table}"));
+        let database = table.qualifier().unwrap_or_default();
+        let column: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = 'payload'",
         )
         .bind(database)
         .bind(table.name())
-        .fetch_one(&mut *conn)
-        .await;
-        if checked.is_ok_and(|n| n > 0) {
-            return Ok(PayloadType::Json);
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(err)?;
+        let column = column.map(|c| c.to_ascii_lowercase());
+        if column.as_deref() == Some("longtext") {
+            // Only MariaDB has TABLE_NAME here; on MySQL (whose JSON is `json`) this fails: text.
+            let checked: std::result::Result<i64, _> = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.CHECK_CONSTRAINTS \
+                 WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ? \
+                 AND CHECK_CLAUSE LIKE '%json\\_valid(`payload`)%'",
+            )
+            .bind(database)
+            .bind(table.name())
+            .fetch_one(&mut *conn)
+            .await;
+            if checked.is_ok_and(|n| n > 0) {
+                return Ok(PayloadType::Json);
+            }
         }
+        payload::from_catalog(table, column.as_deref(), |column| match column {
+            "json" => Some(PayloadType::Json),
+            "longtext" | "mediumtext" | "text" | "varchar" => Some(PayloadType::Text),
+            "longblob" | "mediumblob" | "blob" | "varbinary" => Some(PayloadType::Binary),
+            _ => None,
+        })
     }
-    payload::from_catalog(table, column.as_deref(), |column| match column {
-        "json" => Some(PayloadType::Json),
-        "longtext" | "mediumtext" | "text" | "varchar" => Some(PayloadType::Text),
-        "longblob" | "mediumblob" | "blob" | "varbinary" => Some(PayloadType::Binary),
-        _ => None,
-    })
-}
-
-/// The payload type of `table`, checked against `store.payload_type` when it is set.
-pub(crate) async fn checked_payload_type(
-    conn: &mut MySqlConnection,
-    table: &TableName,
-    configured: Option<PayloadType>,
-    target: &Target,
-) -> Result<PayloadType> {
-    let actual = payload_type(conn, table, target).await?;
-    payload::check_configured::<MySql>(configured, actual, table, &table.quoted())?;
-    Ok(actual)
 }
 
 /// `(version, shards)` read back from a table comment written by a migration.
@@ -115,20 +125,6 @@ fn parse_comment(comment: &str) -> Option<(i32, i32)> {
     let rest = rest.strip_prefix("shards=")?;
     let shards: String = rest.chars().take_while(char::is_ascii_digit).collect();
     Some((version.parse().ok()?, shards.parse().ok()?))
-}
-
-/// The version and shard count of `table`, or `None` when it was never migrated.
-pub(crate) async fn schema_row(
-    conn: &mut MySqlConnection,
-    table: &TableName,
-    target: &Target,
-) -> Result<Option<(i32, i32)>> {
-    let statement = format!(
-        "SELECT version, shard_count FROM {} WHERE table_name = ?",
-        table.quoted_sibling(SCHEMA_TABLE)
-    );
-    outboxkit_store_sql::migrate::schema_row::<MySql, _, _>(conn, &statement, table.name(), target)
-        .await
 }
 
 /// Which of the outbox table, `outbox_relay_schema` and `outbox_relay_members` exist, and the
@@ -144,7 +140,7 @@ pub(crate) async fn existing_tables(
     table: &TableName,
     target: &Target,
 ) -> Result<Existing> {
-    let database = table.database().unwrap_or_default();
+    let database = table.qualifier().unwrap_or_default();
     let rows = sqlx::query(
         "SELECT TABLE_NAME, TABLE_COMMENT FROM information_schema.TABLES \
          WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?)",
@@ -224,7 +220,7 @@ async fn migrate_on(
         ));
     }
 
-    let database = table.database().unwrap_or_default();
+    let database = table.qualifier().unwrap_or_default();
     let database_exists: Option<String> = sqlx::query_scalar(
         "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
     )
@@ -235,7 +231,7 @@ async fn migrate_on(
     if database_exists.is_none() {
         conn.execute(sqlx::raw_sql(&format!(
             "CREATE DATABASE IF NOT EXISTS {}",
-            quote_ident(database)
+            MySql::quote_ident(database)
         )))
         .await
         .map_err(err)?;
@@ -274,7 +270,7 @@ async fn migrate_on(
         .map_err(err)?;
     }
 
-    let (current, shard_count) = match schema_row(conn, table, target).await? {
+    let (current, shard_count) = match MySql::schema_row(conn, table, target).await? {
         Some(row) => row,
         None => match existing.outbox.as_deref() {
             None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
@@ -295,7 +291,7 @@ async fn migrate_on(
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
         let payload = payload_type.unwrap_or_default();
-        conn.execute(sqlx::raw_sql(&render(
+        conn.execute(sqlx::raw_sql(&render_table(
             migration.sql,
             table,
             shard_count,
@@ -308,7 +304,7 @@ async fn migrate_on(
             .map_err(err)?;
         migration.applied(table, shard_count);
     }
-    checked_payload_type(conn, table, payload_type, target).await?;
+    checked_payload_type::<MySql>(conn, table, payload_type, target).await?;
     sqlx::query("DO RELEASE_LOCK(?)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *conn)
@@ -347,11 +343,6 @@ async fn record_version(
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;
 
-/// The shard count of `table` from what [`schema_row`] read, when it is at [`SCHEMA_VERSION`].
-pub(crate) fn migrated_shards(table: &TableName, row: Result<Option<(i32, i32)>>) -> Result<u32> {
-    outboxkit_store_sql::migrate::migrated_shards(table, row, SCHEMA_VERSION)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,14 +350,14 @@ mod tests {
     #[test]
     fn render_substitutes_the_table_and_shards() {
         let table = TableName::parse("app.events").unwrap();
-        let sql = render(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
+        let sql = render_table(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
         assert!(sql.contains("CREATE TABLE `app`.`events` ("), "{sql}");
         assert!(sql.contains("payload            JSON NOT NULL,"), "{sql}");
         for (payload_type, column) in [
             (PayloadType::Text, "LONGTEXT"),
             (PayloadType::Binary, "LONGBLOB"),
         ] {
-            let sql = render(MIGRATIONS[0].sql, &table, 16, payload_type);
+            let sql = render_table(MIGRATIONS[0].sql, &table, 16, payload_type);
             assert!(sql.contains(&format!("payload            {column} NOT NULL,")));
         }
         assert!(sql.contains("CONSTRAINT events_headers_object CHECK"));

@@ -52,7 +52,7 @@ pub(crate) struct LockNames {
 
 impl LockNames {
     pub fn for_table(table: &TableName) -> Self {
-        let database = table.database().unwrap_or_default();
+        let database = table.qualifier().unwrap_or_default();
         let qualified = format!("{database}.{}", table.name());
         let plain = database
             .chars()
@@ -536,7 +536,7 @@ mod tests {
         assert!(hashed.shard(1023).starts_with("outbox:"), "{hashed:?}");
         assert!(hashed.shard(1023).len() <= MAX_LOCK_NAME);
         assert!(hashed.slot(MEMBER_SLOTS - 1).len() <= MAX_LOCK_NAME);
-        let odd = TableName::parse("outbox").unwrap().in_database("Shop-DB");
+        let odd = TableName::parse("outbox").unwrap().or_in("Shop-DB");
         assert!(!LockNames::for_table(&odd).shard(0).contains("Shop"));
 
         let all = names.all(4);

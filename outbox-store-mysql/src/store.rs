@@ -20,8 +20,9 @@ use crate::enqueue::Outbox;
 use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
-use outboxkit_store_sql::classify::connect_within;
+use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
+use outboxkit_store_sql::migrate::{table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What the store found out about the server when it connected.
@@ -147,42 +148,36 @@ fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: St
 }
 
 impl MySqlStore {
-    /// Check the configuration and connect. The first connection is made now, so an
-    /// unreachable server, refused credentials or an unsupported version fail here with a
-    /// one-line error.
-    ///
-    /// An unqualified table name lives in the URL's database.
     /// Every table the configuration's user can see, as (database, table), outside the server's
     /// own databases: what a pattern `store.table` is matched against. One short connection.
     pub async fn list_tables(config: &MySqlStoreConfig) -> Result<Vec<(String, String)>> {
         outboxkit_store_sql::ensure_crypto_provider();
         let options = config.connect_options(MySqlConnectOptions::password)?;
         let target = target_of(config, &options, config.table.clone());
-        let mut conn = connect_within::<MySql, _>(&options, &target, config.connect_timeout)
-            .await?
-            .map_err(|e| classify(e, &target))?;
-        let tables = sqlx::query_as(
+        list_tables::<MySql, _, _>(
+            &options,
+            &target,
+            config.connect_timeout,
             "SELECT CAST(table_schema AS CHAR), CAST(table_name AS CHAR) \
              FROM information_schema.tables WHERE table_type = 'BASE TABLE' \
              AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')",
         )
-        .fetch_all(&mut conn)
         .await
-        .map_err(|e| classify(e, &target))?;
-        if let Err(e) = conn.close().await {
-            tracing::debug!("closing the discovery connection: {e}");
-        }
-        Ok(tables)
     }
 
+    /// Check the configuration and connect. The first connection is made now, so an
+    /// unreachable server, refused credentials or an unsupported version fail here with a
+    /// one-line error.
+    ///
+    /// An unqualified table name lives in the URL's database.
     pub async fn connect(config: MySqlStoreConfig) -> Result<Self> {
         config.validate()?;
         outboxkit_store_sql::ensure_crypto_provider();
         let options = config.connect_options(MySqlConnectOptions::password)?;
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
-        let table = match (configured.database(), options.get_database()) {
+        let table = match (configured.qualifier(), options.get_database()) {
             (Some(_), _) => configured,
-            (None, Some(database)) => configured.in_database(database),
+            (None, Some(database)) => configured.or_in(database),
             (None, None) => {
                 return Err(Error::config(format!(
                     "store.table: \"{configured}\" names no database and neither does store.url \
@@ -194,9 +189,7 @@ impl MySqlStore {
         let target = target_of(&config, &options, table.to_string());
         let endpoint = target.endpoint.clone().unwrap_or_default();
 
-        let mut conn = connect_within::<MySql, _>(&options, &target, config.connect_timeout)
-            .await?
-            .map_err(|e| classify(e, &target))?;
+        let mut conn = connect::<MySql, _>(&options, &target, config.connect_timeout).await?;
         let row = sqlx::query(
             "SELECT VERSION(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
         )
@@ -296,7 +289,7 @@ impl MySqlStore {
     pub async fn open_mysql_session(&self, relay_id: &str) -> Result<MySqlShardSession> {
         let (shard_count, payload_type) = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+            let row = MySql::schema_row(&mut conn, &self.inner.table, self.target()).await;
             self.table_facts(&mut conn, row).await?
         };
         MySqlShardSession::open(
@@ -318,19 +311,19 @@ impl MySqlStore {
         conn: &mut MySqlConnection,
         row: Result<Option<(i32, i32)>>,
     ) -> Result<(u32, PayloadType)> {
-        let table = &self.inner.table;
-        let shard_count = migrate::migrated_shards(table, row)?;
         let configured = self.inner.config.payload_type;
-        let payload_type =
-            migrate::checked_payload_type(conn, table, configured, self.target()).await?;
-        Ok((shard_count, payload_type))
+        table_facts::<MySql>(conn, &self.inner.table, row, configured, self.target()).await
     }
 
     /// The table's shard count, checking its schema version.
     async fn shard_count(&self) -> Result<u32> {
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
-        migrate::migrated_shards(&self.inner.table, row)
+        let row = MySql::schema_row(&mut conn, &self.inner.table, self.target()).await;
+        outboxkit_store_sql::migrate::migrated_shards(
+            &self.inner.table,
+            row,
+            migrate::SCHEMA_VERSION,
+        )
     }
 
     /// Run `statement` (of `n` ids) on the pool for each chunk of `ids`, padded (see the `sql`
@@ -400,7 +393,7 @@ impl Store for MySqlStore {
         if existing.outbox.is_none() || !existing.schema_table || !existing.members_table {
             return Err(migrate::not_migrated(table));
         }
-        let row = migrate::schema_row(&mut conn, table, self.target()).await?;
+        let row = MySql::schema_row(&mut conn, table, self.target()).await?;
         self.table_facts(&mut conn, Ok(row)).await.map(drop)
     }
 

@@ -7,27 +7,13 @@ mod common;
 
 use std::time::Duration;
 
+use outboxkit_core::testkit::store_suite::{close_live, with_all_shards};
 use outboxkit_core::{
     ClaimRequest, ErrorKind, Failure, MarkMode, NewEvent, OutboxEvent, ShardSession, Store,
 };
 use outboxkit_store_mysql::sqlx::{self, Connection, Executor, Row};
-use outboxkit_store_mysql::{MySqlShardSession, MySqlStore, MySqlStoreConfig, Outbox};
+use outboxkit_store_mysql::{MySqlShardSession, Outbox};
 use serde_json::json;
-
-async fn migrated(config: MySqlStoreConfig) -> MySqlStore {
-    let store = common::connect(config).await;
-    store.migrate().await.expect("migrate");
-    store
-}
-
-async fn session_with_all_shards(store: &MySqlStore, relay_id: &str) -> MySqlShardSession {
-    let mut session = store
-        .open_mysql_session(relay_id)
-        .await
-        .expect("open session");
-    outboxkit_core::testkit::store_suite::acquire_all_shards(&mut session).await;
-    session
-}
 
 async fn claim_all(session: &mut MySqlShardSession) -> outboxkit_core::Result<Vec<OutboxEvent>> {
     claim_excluding(session, 10_000, &[]).await
@@ -47,10 +33,6 @@ async fn claim_excluding(
         .await
 }
 
-async fn close(session: MySqlShardSession) {
-    Box::new(session).close().await.expect("close session");
-}
-
 fn ids(events: &[OutboxEvent]) -> Vec<i64> {
     events.iter().map(|e| e.id).collect()
 }
@@ -63,7 +45,7 @@ fn event(aggregate_id: &str, n: u32) -> NewEvent {
 /// `auto_increment_increment` other than 1 (as on Galera or multi-primary setups).
 #[tokio::test]
 async fn enqueue_many_returns_each_rows_id_in_order() {
-    let store = migrated(common::fresh_config()).await;
+    let store = common::SERVER.migrated(common::fresh_config()).await;
     let mut conn = common::raw_connection().await;
     conn.execute("SET SESSION auto_increment_increment = 3")
         .await
@@ -99,8 +81,9 @@ async fn enqueue_many_returns_each_rows_id_in_order() {
 /// A migration that stopped between creating the table and recording it is completed.
 #[tokio::test]
 async fn an_interrupted_migration_is_completed() {
-    let store = migrated(common::fresh_config().shards(8)).await;
-    let database = store.table().database().unwrap();
+    let config = common::fresh_config().shards(8);
+    let store = common::SERVER.migrated(config).await;
+    let database = store.table().qualifier().unwrap();
     sqlx::query(&format!(
         "DELETE FROM `{database}`.outbox_relay_schema WHERE table_name = ?"
     ))
@@ -113,17 +96,24 @@ async fn an_interrupted_migration_is_completed() {
     store.check().await.unwrap();
     let session = store.open_mysql_session("after").await.unwrap();
     assert_eq!(session.shard_count(), 8);
-    close(session).await;
+    close_live(session).await;
     common::drop_table(store.table()).await;
 }
 
 /// Lists longer than one statement takes: exclusions read past, marks and failures in chunks.
 #[tokio::test]
 async fn long_id_lists_are_claimed_marked_and_failed_correctly() {
-    let store = migrated(common::fresh_config().shards(4)).await;
+    let config = common::fresh_config().shards(4);
+    let store = common::SERVER.migrated(config).await;
     let events: Vec<NewEvent> = (0..4500).map(|i| event(&format!("agg-{i}"), 0)).collect();
     let inserted = store.insert(&events).await.unwrap();
-    let mut session = session_with_all_shards(&store, "long-lists").await;
+    let mut session = with_all_shards(
+        store
+            .open_mysql_session("long-lists")
+            .await
+            .expect("open session"),
+    )
+    .await;
 
     let claimed = claim_excluding(&mut session, 10, &inserted[..4200])
         .await
@@ -171,6 +161,6 @@ async fn long_id_lists_are_claimed_marked_and_failed_correctly() {
     .try_get_unchecked(0)
     .unwrap();
     assert_eq!(last_error, format!("row {} refused", inserted[4499]));
-    close(session).await;
+    close_live(session).await;
     common::drop_table(store.table()).await;
 }

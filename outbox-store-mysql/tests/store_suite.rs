@@ -45,7 +45,7 @@ fn text(row: &sqlx::mysql::MySqlRow, index: usize) -> String {
 /// and name bound in that order).
 async fn about_table(store: &MySqlStore, sql: &str) -> Vec<sqlx::mysql::MySqlRow> {
     sqlx::query(sql)
-        .bind(store.table().database().unwrap())
+        .bind(store.table().qualifier().unwrap())
         .bind(store.table().name())
         .fetch_all(store.pool())
         .await
@@ -154,7 +154,7 @@ impl LiveHarness for MySqlFactory {
     }
 
     async fn schema_row(&self, store: &MySqlStore) -> (i32, i32, bool) {
-        let database = store.table().database().unwrap();
+        let database = store.table().qualifier().unwrap();
         sqlx::query_as(&format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied \
              FROM `{database}`.outbox_relay_schema WHERE table_name = ?"

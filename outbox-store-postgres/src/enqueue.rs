@@ -10,6 +10,7 @@ use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 
 use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
+use outboxkit_store_sql::migrate::TableCatalog;
 
 use crate::classify::{Postgres, Target};
 use crate::config::TableName;
@@ -110,7 +111,7 @@ impl Outbox {
         if let Some(payload_type) = self.payload_type.get() {
             return Ok(*payload_type);
         }
-        let read = crate::migrate::payload_type(conn, &self.table, &self.target).await?;
+        let read = Postgres::payload_type(conn, &self.table, &self.target).await?;
         Ok(*self.payload_type.get_or_init(|| read))
     }
 

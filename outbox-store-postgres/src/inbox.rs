@@ -1,12 +1,5 @@
-//! The consumer's half of at-least-once: an inbox of processed event ids.
-//!
-//! The relay delivers every event at least once, so a consumer may see an event twice (after a
-//! relay crash, a broker redelivery, a consumer restart). Call
-//! [`Inbox::try_mark_processed`] inside the consumer's own business transaction, before its
-//! side effects: it returns `true` the first time an `(consumer, event_id)` pair is seen and
-//! `false` afterwards. Because the mark is part of the business transaction, a rolled-back
-//! transaction leaves no mark, and two consumers racing on the same event serialize on the
-//! unique key: exactly one of them gets `true`.
+//! The consumer's half of at-least-once: an inbox of processed event ids (see
+//! [`outboxkit_store_sql::inbox`]).
 //!
 //! ```no_run
 //! # async fn handle(pool: sqlx::PgPool, event_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
@@ -24,31 +17,27 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use outboxkit_core::Result;
+use outboxkit_store_sql::config::TableRules;
+use outboxkit_store_sql::inbox::{InboxSql, InboxStatements};
 
-use crate::classify::{classify, Target};
+use crate::classify::Postgres;
 use crate::config::TableName;
 
 /// A `processed_events` table: `(consumer, event_id)` unique, with the time it was processed.
-#[derive(Debug, Clone)]
-pub struct Inbox {
-    target: Target,
-    create: String,
-    insert: String,
-    purge: String,
-}
+pub type Inbox = outboxkit_store_sql::inbox::Inbox<Postgres>;
 
-impl Inbox {
-    /// The inbox table `table` or `schema.table` (e.g. `processed_events`).
-    pub fn new(table: &str) -> Result<Self> {
-        let name = TableName::parse(table)?;
+/// The inbox in PostgreSQL: a purge index beside the table, ages as intervals.
+impl InboxSql for Postgres {
+    type Database = sqlx::Postgres;
+    type EventId = Uuid;
+    type Age = String;
+
+    fn statements(name: &TableName) -> InboxStatements {
         let t = name.quoted();
-        let index = format!("\"{}_processed_at_idx\"", name.name());
-        Ok(Self {
-            target: Target::table(name.to_string()),
+        let index = Postgres::quote_ident(&format!("{}_processed_at_idx", name.name()));
+        InboxStatements {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                    consumer text NOT NULL, \
@@ -65,50 +54,18 @@ impl Inbox {
                    SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1::interval \
                    ORDER BY processed_at LIMIT $2))"
             ),
-        })
+        }
     }
 
-    /// Create the table and its purge index if they do not exist (idempotent).
-    pub async fn migrate(&self, pool: &PgPool) -> Result<()> {
-        sqlx::raw_sql(&self.create)
-            .execute(pool)
-            .await
-            .map(drop)
-            .map_err(|e| classify(e, &self.target))
+    fn event_id(event_id: Uuid) -> Uuid {
+        event_id
     }
 
-    /// Record that `consumer` processed `event_id`, inside the caller's transaction. `true`:
-    /// first time — process it; `false`: already processed — skip it (and acknowledge it).
-    pub async fn try_mark_processed(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        event_id: Uuid,
-    ) -> Result<bool> {
-        let done = sqlx::query(&self.insert)
-            .bind(consumer)
-            .bind(event_id)
-            .execute(conn)
-            .await
-            .map_err(|e| classify(e, &self.target))?;
-        Ok(done.rows_affected() == 1)
+    fn age(older_than: Duration) -> String {
+        format!("{} milliseconds", older_than.as_millis())
     }
 
-    /// Forget marks older than `older_than` (longer than any redelivery can take), at most
-    /// `limit` per call; returns how many were deleted.
-    pub async fn purge_processed(
-        &self,
-        pool: &PgPool,
-        older_than: Duration,
-        limit: u32,
-    ) -> Result<u64> {
-        let interval = format!("{} milliseconds", older_than.as_millis());
-        let done = sqlx::query(&self.purge)
-            .bind(interval)
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await
-            .map_err(|e| classify(e, &self.target))?;
-        Ok(done.rows_affected())
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
     }
 }

@@ -8,7 +8,9 @@
 use sqlx::{Executor, PgPool};
 
 use outboxkit_core::{PayloadType, Result};
-use outboxkit_store_sql::migrate::{check_current, not_ours, Migration};
+use outboxkit_store_sql::migrate::{
+    check_current, checked_payload_type, not_ours, render_table, Migration, TableCatalog,
+};
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, Postgres, Target};
@@ -40,11 +42,6 @@ const fn fnv1a64(bytes: &[u8]) -> u64 {
     hash
 }
 
-fn render(sql: &str, table: &TableName, shards: i32, payload_type: PayloadType) -> String {
-    let payload = Postgres::column_type(payload_type);
-    outboxkit_store_sql::migrate::render(sql, &table.quoted(), table.name(), shards, payload)
-}
-
 impl PayloadColumn for Postgres {
     const COLUMN_TYPES: [&'static str; 3] = ["jsonb", "text", "bytea"];
 
@@ -66,59 +63,51 @@ impl PayloadColumn for Postgres {
     }
 }
 
-/// The payload type of `table`, read from the catalog.
-pub(crate) async fn payload_type(
-    conn: &mut sqlx::PgConnection,
-    table: &TableName,
-    target: &Target,
-) -> Result<PayloadType> {
-    let column: Option<String> = sqlx::query_scalar(
-        "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-         WHERE a.attrelid = to_regclass($1::text) AND a.attname = 'payload' \
-         AND NOT a.attisdropped",
-    )
-    .bind(table.quoted())
-    .fetch_optional(conn)
-    .await
-    .map_err(|e| classify(e, target).context(format!("reading the payload type of {table}")))?;
-    payload::from_catalog(table, column.as_deref(), |column| match column {
-        "jsonb" | "json" => Some(PayloadType::Json),
-        "text" => Some(PayloadType::Text),
-        "bytea" => Some(PayloadType::Binary),
-        other if other.starts_with("character varying") => Some(PayloadType::Text),
-        _ => None,
-    })
-}
+/// The bookkeeping row and the payload column of an outbox table in PostgreSQL.
+impl TableCatalog for Postgres {
+    type Database = sqlx::Postgres;
+    const SCHEMA_VERSION: i32 = SCHEMA_VERSION;
 
-/// The payload type of `table`, checked against `store.payload_type` when it is set.
-pub(crate) async fn checked_payload_type(
-    conn: &mut sqlx::PgConnection,
-    table: &TableName,
-    configured: Option<PayloadType>,
-    target: &Target,
-) -> Result<PayloadType> {
-    let actual = payload_type(conn, table, target).await?;
-    payload::check_configured::<Postgres>(configured, actual, table, &table.quoted())?;
-    Ok(actual)
-}
+    async fn schema_row(
+        conn: &mut sqlx::PgConnection,
+        table: &TableName,
+        target: &Target,
+    ) -> Result<Option<(i32, i32)>> {
+        let statement = format!(
+            "SELECT version, shard_count FROM {} WHERE table_name = $1",
+            table.quoted_sibling(SCHEMA_TABLE)
+        );
+        outboxkit_store_sql::migrate::schema_row::<Postgres, _, _>(
+            conn,
+            &statement,
+            table.name(),
+            target,
+        )
+        .await
+    }
 
-/// The version and shard count of `table`, or `None` when it was never migrated.
-pub(crate) async fn schema_row(
-    conn: &mut sqlx::PgConnection,
-    table: &TableName,
-    target: &Target,
-) -> Result<Option<(i32, i32)>> {
-    let statement = format!(
-        "SELECT version, shard_count FROM {} WHERE table_name = $1",
-        table.quoted_sibling(SCHEMA_TABLE)
-    );
-    outboxkit_store_sql::migrate::schema_row::<Postgres, _, _>(
-        conn,
-        &statement,
-        table.name(),
-        target,
-    )
-    .await
+    async fn payload_type(
+        conn: &mut sqlx::PgConnection,
+        table: &TableName,
+        target: &Target,
+    ) -> Result<PayloadType> {
+        let column: Option<String> = sqlx::query_scalar(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1::text) AND a.attname = 'payload' \
+             AND NOT a.attisdropped",
+        )
+        .bind(table.quoted())
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| classify(e, target).context(format!("reading the payload type of {table}")))?;
+        payload::from_catalog(table, column.as_deref(), |column| match column {
+            "jsonb" | "json" => Some(PayloadType::Json),
+            "text" => Some(PayloadType::Text),
+            "bytea" => Some(PayloadType::Binary),
+            other if other.starts_with("character varying") => Some(PayloadType::Text),
+            _ => None,
+        })
+    }
 }
 
 /// Create or upgrade `table` (fully qualified) to [`SCHEMA_VERSION`]. Idempotent.
@@ -139,7 +128,7 @@ pub(crate) async fn migrate(
         .await
         .map_err(err)?;
 
-    if let Some(schema) = table.schema() {
+    if let Some(schema) = table.qualifier() {
         let exists: bool =
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
                 .bind(schema)
@@ -175,7 +164,7 @@ pub(crate) async fn migrate(
         .map_err(err)?;
     }
 
-    let (current, shard_count) = match schema_row(&mut tx, table, target).await? {
+    let (current, shard_count) = match Postgres::schema_row(&mut tx, table, target).await? {
         Some(row) => row,
         None if outbox_exists => return Err(not_ours(table, SCHEMA_TABLE)),
         None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
@@ -183,7 +172,7 @@ pub(crate) async fn migrate(
     check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        let sql = render(
+        let sql = render_table(
             migration.sql,
             table,
             shard_count,
@@ -206,17 +195,12 @@ pub(crate) async fn migrate(
         .map_err(err)?;
         migration.applied(table, shard_count);
     }
-    checked_payload_type(&mut tx, table, payload_type, target).await?;
+    checked_payload_type::<Postgres>(&mut tx, table, payload_type, target).await?;
     tx.commit().await.map_err(err)?;
     Ok(())
 }
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;
-
-/// The shard count of `table` from what [`schema_row`] read, when it is at [`SCHEMA_VERSION`].
-pub(crate) fn migrated_shards(table: &TableName, row: Result<Option<(i32, i32)>>) -> Result<u32> {
-    outboxkit_store_sql::migrate::migrated_shards(table, row, SCHEMA_VERSION)
-}
 
 #[cfg(test)]
 mod tests {
@@ -225,7 +209,7 @@ mod tests {
     #[test]
     fn render_substitutes_the_table_and_shards() {
         let table = TableName::parse("app.events").unwrap();
-        let sql = render(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
+        let sql = render_table(MIGRATIONS[0].sql, &table, 16, PayloadType::Json);
         assert!(sql.contains("CREATE TABLE \"app\".\"events\" ("), "{sql}");
         assert!(sql.contains("payload         jsonb NOT NULL,"), "{sql}");
         assert!(sql.contains("CREATE INDEX \"events_pending_idx\" ON \"app\".\"events\""));
@@ -234,7 +218,7 @@ mod tests {
         assert!(!sql.contains("{table}") && !sql.contains("{name}") && !sql.contains("{shards}"));
         for (payload_type, column) in [(PayloadType::Text, "text"), (PayloadType::Binary, "bytea")]
         {
-            let sql = render(MIGRATIONS[0].sql, &table, 16, payload_type);
+            let sql = render_table(MIGRATIONS[0].sql, &table, 16, payload_type);
             assert!(sql.contains(&format!("payload         {column} NOT NULL,")));
         }
     }

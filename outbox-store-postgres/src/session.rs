@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgRow};
-use sqlx::{PgConnection, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgRow};
+use sqlx::{Arguments, PgConnection, Row};
 use uuid::Uuid;
 
 use outboxkit_core::{
@@ -217,40 +217,25 @@ fn decode_event(
     })
 }
 
-/// The arrays `Sql::record_failures` binds: ids, errors (cut to size), delays in milliseconds
-/// (`None`: dead).
-pub(crate) fn failure_arrays(failures: &[Failure]) -> (Vec<i64>, Vec<&str>, Vec<Option<i64>>) {
-    let ids = failures.iter().map(|f| f.id).collect();
-    let errors = failures.iter().map(|f| truncate_error(&f.error)).collect();
-    let delays = failures
+/// The arguments of `Sql::record_failures`, three arrays: ids, errors (cut to size), delays in
+/// milliseconds (`None`: dead).
+pub(crate) fn failure_arguments(
+    failures: &[Failure],
+) -> std::result::Result<PgArguments, sqlx::Error> {
+    let ids: Vec<i64> = failures.iter().map(|f| f.id).collect();
+    let errors: Vec<&str> = failures.iter().map(|f| truncate_error(&f.error)).collect();
+    let delays: Vec<Option<i64>> = failures
         .iter()
         .map(|f| {
             f.retry_in
                 .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         })
         .collect();
-    (ids, errors, delays)
-}
-
-/// Record `failures` on their rows through the session (`Sql::record_failures`): attempts, the
-/// error, and the next attempt or `dead_at`. Shared by the polling and the logical sessions.
-pub(crate) async fn record_failures(
-    fence: &mut Fence<PgConnection, Postgres>,
-    sql: &Sql,
-    failures: &[Failure],
-) -> Result<()> {
-    let (ids, errors, delays) = failure_arrays(failures);
-    fence
-        .run("recording failures", async |conn| {
-            sqlx::query(&sql.record_failures)
-                .bind(&ids)
-                .bind(&errors)
-                .bind(&delays)
-                .execute(conn)
-                .await
-        })
-        .await?;
-    Ok(())
+    let mut arguments = PgArguments::default();
+    arguments.add(ids).map_err(sqlx::Error::Encode)?;
+    arguments.add(errors).map_err(sqlx::Error::Encode)?;
+    arguments.add(delays).map_err(sqlx::Error::Encode)?;
+    Ok(arguments)
 }
 
 #[async_trait]
@@ -367,7 +352,15 @@ impl ShardSession for PostgresShardSession {
         if failures.is_empty() {
             return Ok(());
         }
-        record_failures(&mut self.fence, &self.context.sql, failures).await
+        // Attempts, the error, and the next attempt or `dead_at`.
+        let statement = &self.context.sql.record_failures;
+        self.fence
+            .run("recording failures", async |conn| {
+                let arguments = failure_arguments(failures)?;
+                sqlx::query_with(statement, arguments).execute(conn).await
+            })
+            .await?;
+        Ok(())
     }
 
     async fn close(self: Box<Self>) -> Result<()> {

@@ -21,8 +21,9 @@ use crate::logical::setup;
 use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
-use outboxkit_store_sql::classify::connect_within;
+use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
+use outboxkit_store_sql::migrate::{table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What errors name of the server `config` connects to, about `table`.
@@ -83,10 +84,8 @@ impl PostgresStore {
         let configured = TableName::parse(&config.table).map_err(|e| e.context("store.table"))?;
         let mut target = target_of(&config, &options, configured.to_string());
 
-        let mut conn = connect_within::<Postgres, _>(&options, &target, config.connect_timeout)
-            .await?
-            .map_err(|e| classify(e, &target))?;
-        let table = match configured.schema() {
+        let mut conn = connect::<Postgres, _>(&options, &target, config.connect_timeout).await?;
+        let table = match configured.qualifier() {
             Some(_) => configured,
             None => {
                 let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
@@ -100,7 +99,7 @@ impl PostgresStore {
                         options.get_username()
                     ))
                 })?;
-                configured.in_schema(&schema)
+                configured.or_in(&schema)
             }
         };
         let tls_version: Option<String> = sqlx::query_scalar(
@@ -161,22 +160,16 @@ impl PostgresStore {
         outboxkit_store_sql::ensure_crypto_provider();
         let options = config.connect_options(PgConnectOptions::password)?;
         let target = target_of(config, &options, config.table.clone());
-        let mut conn = connect_within::<Postgres, _>(&options, &target, config.connect_timeout)
-            .await?
-            .map_err(|e| classify(e, &target))?;
-        let tables = sqlx::query_as(
+        list_tables::<Postgres, _, _>(
+            &options,
+            &target,
+            config.connect_timeout,
             "SELECT table_schema::text, table_name::text FROM information_schema.tables \
              WHERE table_type = 'BASE TABLE' \
              AND table_schema NOT IN ('pg_catalog', 'information_schema') \
              AND table_schema NOT LIKE 'pg\\_%'",
         )
-        .fetch_all(&mut conn)
         .await
-        .map_err(|e| classify(e, &target))?;
-        if let Err(e) = conn.close().await {
-            tracing::debug!("closing the discovery connection: {e}");
-        }
-        Ok(tables)
     }
 
     /// The connection pool (not used by shard sessions, which have their own connections).
@@ -203,7 +196,7 @@ impl PostgresStore {
     pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
         let (shard_count, payload_type) = {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+            let row = Postgres::schema_row(&mut conn, &self.inner.table, self.target()).await;
             self.table_facts(&mut conn, row).await?
         };
         PostgresShardSession::open(
@@ -225,12 +218,8 @@ impl PostgresStore {
         conn: &mut sqlx::PgConnection,
         row: Result<Option<(i32, i32)>>,
     ) -> Result<(u32, PayloadType)> {
-        let table = &self.inner.table;
-        let shard_count = migrate::migrated_shards(table, row)?;
         let configured = self.inner.config.payload_type;
-        let payload_type =
-            migrate::checked_payload_type(conn, table, configured, self.target()).await?;
-        Ok((shard_count, payload_type))
+        table_facts::<Postgres>(conn, &self.inner.table, row, configured, self.target()).await
     }
 
     fn target(&self) -> &Target {
@@ -385,7 +374,7 @@ impl Store for PostgresStore {
         if let Some(logical) = self.inner.logical.as_deref() {
             let payload_type = {
                 let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-                migrate::payload_type(&mut conn, &self.inner.table, self.target()).await?
+                Postgres::payload_type(&mut conn, &self.inner.table, self.target()).await?
             };
             setup::migrate(
                 &self.inner.pool,
@@ -413,7 +402,7 @@ impl Store for PostgresStore {
         if !outbox_exists || !schema_table_exists {
             return Err(migrate::not_migrated(table));
         }
-        let row = migrate::schema_row(&mut conn, table, self.target()).await?;
+        let row = Postgres::schema_row(&mut conn, table, self.target()).await?;
         self.table_facts(&mut conn, Ok(row)).await?;
         if let Some(logical) = self.inner.logical.as_deref() {
             setup::check(&mut conn, table, &logical.names, self.target()).await?;
@@ -425,7 +414,7 @@ impl Store for PostgresStore {
         if let Some(logical) = self.inner.logical.as_ref() {
             let payload_type = {
                 let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-                let row = migrate::schema_row(&mut conn, &self.inner.table, self.target()).await;
+                let row = Postgres::schema_row(&mut conn, &self.inner.table, self.target()).await;
                 self.table_facts(&mut conn, row).await?.1
             };
             let session = LogicalSession::open(Arc::clone(logical), relay_id, payload_type).await?;
@@ -537,7 +526,7 @@ impl Store for PostgresStore {
         if let Some(logical) = self.inner.logical.as_deref() {
             let mut tx = self.inner.pool.begin().await.map_err(|e| self.error(e))?;
             let payload_type =
-                migrate::payload_type(&mut tx, &self.inner.table, self.target()).await?;
+                Postgres::payload_type(&mut tx, &self.inner.table, self.target()).await?;
             let n =
                 crate::logical::retry_dead(&mut tx, self, &logical.names, payload_type, selection)
                     .await

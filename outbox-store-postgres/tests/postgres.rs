@@ -7,28 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, ShardSession, Store};
+use outboxkit_core::testkit::store_suite::{close_live, with_all_shards};
+use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, ShardSession};
 use outboxkit_store_postgres::sqlx;
-use outboxkit_store_postgres::{PostgresShardSession, PostgresStore, PostgresStoreConfig};
-
-async fn migrated(config: PostgresStoreConfig) -> PostgresStore {
-    let store = common::connect(config).await;
-    store.migrate().await.expect("migrate");
-    store
-}
-
-async fn session_with_all_shards(store: &PostgresStore, relay_id: &str) -> PostgresShardSession {
-    let mut session = store
-        .open_postgres_session(relay_id)
-        .await
-        .expect("open session");
-    outboxkit_core::testkit::store_suite::acquire_all_shards(&mut session).await;
-    session
-}
-
-async fn close(session: PostgresShardSession) {
-    Box::new(session).close().await.expect("close session");
-}
 
 fn ids(events: &[OutboxEvent]) -> Vec<i64> {
     events.iter().map(|e| e.id).collect()
@@ -42,7 +23,7 @@ fn ids(events: &[OutboxEvent]) -> Vec<i64> {
 async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
     const PENDING: i64 = 30_000;
     const BATCH: usize = 500;
-    let store = migrated(common::fresh_config()).await;
+    let store = common::SERVER.migrated(common::fresh_config()).await;
     let t = store.table().quoted();
     // Whatever the server's autovacuum does, this table keeps the statistics it was born with.
     sqlx::query(&format!("ALTER TABLE {t} SET (autovacuum_enabled = false)"))
@@ -75,7 +56,13 @@ async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
             .await
             .unwrap();
 
-    let mut session = session_with_all_shards(&store, "stale-statistics").await;
+    let mut session = with_all_shards(
+        store
+            .open_postgres_session("stale-statistics")
+            .await
+            .expect("open session"),
+    )
+    .await;
     // Ten claims, marked as the relay marks them: PostgreSQL plans the first five for their
     // parameters and may then switch to a generic plan; both must be fast.
     let mut slowest = Duration::ZERO;
@@ -109,6 +96,6 @@ async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
         slowest < Duration::from_millis(250),
         "a claim of {BATCH} rows took {slowest:?} at {PENDING} pending rows with stale statistics"
     );
-    close(session).await;
+    close_live(session).await;
     common::drop_table(store.table()).await;
 }

@@ -183,7 +183,7 @@ impl LiveHarness for PostgresFactory {
     async fn schema_row(&self, store: &PostgresStore) -> (i32, i32, bool) {
         let schema_table = format!(
             "\"{}\".outbox_relay_schema",
-            store.table().schema().unwrap()
+            store.table().qualifier().unwrap()
         );
         sqlx::query_as(&format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied FROM {schema_table} \
@@ -200,7 +200,7 @@ impl LiveHarness for PostgresFactory {
             "SELECT column_name::text, data_type::text FROM information_schema.columns \
              WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
         )
-        .bind(store.table().schema().unwrap())
+        .bind(store.table().qualifier().unwrap())
         .bind(store.table().name())
         .fetch_all(store.pool())
         .await
@@ -211,7 +211,7 @@ impl LiveHarness for PostgresFactory {
         let indexes: Vec<String> = sqlx::query_scalar(
             "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2",
         )
-        .bind(store.table().schema().unwrap())
+        .bind(store.table().qualifier().unwrap())
         .bind(store.table().name())
         .fetch_all(store.pool())
         .await

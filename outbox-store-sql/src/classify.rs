@@ -198,6 +198,50 @@ where
         .map_err(|_| no_answer_within::<D>(target, connect_timeout))
 }
 
+/// Connect within `connect_timeout`; a refusal is classified as `D`'s error about `target`.
+pub async fn connect<D: Dialect, O: sqlx::ConnectOptions>(
+    options: &O,
+    target: &Target,
+    connect_timeout: Duration,
+) -> Result<O::Connection>
+where
+    O::Connection: Sized,
+{
+    connect_within::<D, O>(options, target, connect_timeout)
+        .await?
+        .map_err(|e| classify::<D>(e, target))
+}
+
+/// Every table `statement` lists, as (schema or database, table), read on one short
+/// connection with `options`: what a store's [`SqlStore::list_tables`](crate::SqlStore::list_tables)
+/// returns.
+pub async fn list_tables<D, O, DB>(
+    options: &O,
+    target: &Target,
+    connect_timeout: Duration,
+    statement: &str,
+) -> Result<Vec<(String, String)>>
+where
+    D: Dialect,
+    O: sqlx::ConnectOptions,
+    O::Connection: sqlx::Connection<Database = DB> + Sized,
+    DB: sqlx::Database,
+    for<'c> &'c mut O::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'r> (String, String): sqlx::FromRow<'r, DB::Row> + Send + Unpin,
+{
+    use sqlx::Connection;
+    let mut conn = connect::<D, O>(options, target, connect_timeout).await?;
+    let tables = sqlx::query_as(statement)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| classify::<D>(e, target))?;
+    if let Err(e) = conn.close().await {
+        tracing::debug!("closing the discovery connection: {e}");
+    }
+    Ok(tables)
+}
+
 /// The error of a connection attempt that got no answer within `store.connect_timeout`.
 pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) -> Error {
     Error::new(

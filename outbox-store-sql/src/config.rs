@@ -629,6 +629,121 @@ impl fmt::Display for QualifiedName {
     }
 }
 
+/// The bookkeeping table of migrations, beside each outbox table (same schema or database).
+pub const SCHEMA_TABLE: &str = "outbox_relay_schema";
+
+/// What a server's outbox table names are: how they are qualified and limited, which names the
+/// relay's own tables beside them take, and how an identifier is quoted in SQL.
+pub trait TableRules: 'static {
+    /// How names are qualified and limited.
+    const NAME_RULES: NameRules;
+    /// The relay's own tables beside an outbox table: no outbox table may take these names.
+    const RESERVED: &'static [&'static str];
+    /// What the error says of a reserved name: `is the relay's own bookkeeping table`.
+    const RESERVED_WORDING: &'static str;
+
+    /// `ident` quoted for SQL.
+    fn quote_ident(ident: &str) -> String;
+}
+
+/// A validated outbox table name of a server `R`, `table` or `qualifier.table` (a schema in
+/// PostgreSQL, a database in MySQL): [`QualifiedName`] under `R`'s rules, not one of the
+/// relay's own tables, quoted the server's way. Each store names it `TableName`.
+pub struct TableName<R> {
+    name: QualifiedName,
+    rules: PhantomData<fn() -> R>,
+}
+
+impl<R: TableRules> TableName<R> {
+    /// Parse `table` or `qualifier.table`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let name = QualifiedName::parse(text, &R::NAME_RULES)?;
+        if R::RESERVED.contains(&name.name()) {
+            return Err(Error::config(format!(
+                "\"{}\": {} {}, choose another name",
+                text.trim(),
+                name.name(),
+                R::RESERVED_WORDING
+            )));
+        }
+        Ok(Self {
+            name,
+            rules: PhantomData,
+        })
+    }
+
+    /// The schema or database, when qualified.
+    pub fn qualifier(&self) -> Option<&str> {
+        self.name.qualifier()
+    }
+
+    /// The table name without qualifier.
+    pub fn name(&self) -> &str {
+        self.name.name()
+    }
+
+    /// The same table in `qualifier` (when it had none). The qualifier may come from the
+    /// server or the URL and hold any character: it is always quoted.
+    pub fn or_in(self, qualifier: &str) -> Self {
+        Self {
+            name: self.name.or_in(qualifier),
+            rules: PhantomData,
+        }
+    }
+
+    /// The table quoted for SQL: `"schema"."table"`, `` `table` ``.
+    pub fn quoted(&self) -> String {
+        self.quoted_sibling(self.name())
+    }
+
+    /// Another table of the same schema or database, quoted.
+    pub fn quoted_sibling(&self, name: &str) -> String {
+        match self.qualifier() {
+            Some(qualifier) => format!("{}.{}", R::quote_ident(qualifier), R::quote_ident(name)),
+            None => R::quote_ident(name),
+        }
+    }
+}
+
+impl<R> Clone for TableName<R> {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            rules: PhantomData,
+        }
+    }
+}
+
+impl<R> PartialEq for TableName<R> {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl<R> Eq for TableName<R> {}
+
+impl<R> std::hash::Hash for TableName<R> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+/// `TableName { schema: Some("app"), name: "outbox" }` (`database` for MySQL).
+impl<R: TableRules> fmt::Debug for TableName<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TableName")
+            .field(R::NAME_RULES.qualifier, &self.qualifier())
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
+impl<R> fmt::Display for TableName<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.name.fmt(f)
+    }
+}
+
 fn check_identifier(whole: &str, ident: &str, max_len: usize, rules: &NameRules) -> Result<()> {
     let mut chars = ident.chars();
     let valid_start = chars

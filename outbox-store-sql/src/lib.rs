@@ -3,6 +3,7 @@
 pub mod classify;
 pub mod config;
 pub mod enqueue;
+pub mod inbox;
 pub mod migrate;
 pub mod payload;
 pub mod rows;
@@ -11,7 +12,7 @@ pub mod session;
 pub mod testkit;
 
 pub use classify::{classify, Dialect, Target};
-pub use config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig};
+pub use config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig, TableName, TableRules};
 pub use session::Fence;
 
 /// Make ring the process's default TLS crypto provider unless one is set (each store calls

@@ -2,11 +2,14 @@
 //! messages, the reading of its schema row, and the rendering and logging of a migration.
 
 use std::fmt;
+use std::future::Future;
 
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use crate::classify::{classify, Dialect, Target};
+use crate::config::{TableName, TableRules};
+use crate::payload::PayloadColumn;
 
 /// One version of a store's schema.
 #[derive(Debug)]
@@ -104,6 +107,58 @@ where
         .map_err(|e: sqlx::Error| classify::<D>(e, target))
 }
 
+/// What a store reads of its outbox table on a connection of its server: the bookkeeping row
+/// and the payload column's type. What is checked of them is written once
+/// ([`checked_payload_type`], [`table_facts`]).
+pub trait TableCatalog: Dialect + TableRules + PayloadColumn + Sized {
+    /// The store's sqlx database.
+    type Database: Database;
+    /// The schema version the store creates and expects.
+    const SCHEMA_VERSION: i32;
+
+    /// The version and shard count of `table`, or `None` when it was never migrated.
+    fn schema_row(
+        conn: &mut <Self::Database as Database>::Connection,
+        table: &TableName<Self>,
+        target: &Target,
+    ) -> impl Future<Output = Result<Option<(i32, i32)>>> + Send;
+
+    /// The payload type of `table`, read from the catalog.
+    fn payload_type(
+        conn: &mut <Self::Database as Database>::Connection,
+        table: &TableName<Self>,
+        target: &Target,
+    ) -> impl Future<Output = Result<PayloadType>> + Send;
+}
+
+/// The payload type of `table`, checked against `store.payload_type` (`configured`) when it is
+/// set.
+pub async fn checked_payload_type<S: TableCatalog>(
+    conn: &mut <S::Database as Database>::Connection,
+    table: &TableName<S>,
+    configured: Option<PayloadType>,
+    target: &Target,
+) -> Result<PayloadType> {
+    let actual = S::payload_type(conn, table, target).await?;
+    crate::payload::check_configured::<S>(configured, actual, table, &table.quoted())?;
+    Ok(actual)
+}
+
+/// The shard count of `table` from its schema `row` (checking the version, see
+/// [`migrated_shards`]) and its payload type, read on `conn` and checked against
+/// `store.payload_type` (`configured`).
+pub async fn table_facts<S: TableCatalog>(
+    conn: &mut <S::Database as Database>::Connection,
+    table: &TableName<S>,
+    row: Result<Option<(i32, i32)>>,
+    configured: Option<PayloadType>,
+    target: &Target,
+) -> Result<(u32, PayloadType)> {
+    let shard_count = migrated_shards(table, row, S::SCHEMA_VERSION)?;
+    let payload_type = checked_payload_type::<S>(conn, table, configured, target).await?;
+    Ok((shard_count, payload_type))
+}
+
 /// The shard count of `table` from what [`schema_row`] read: `Schema` errors when it has no row
 /// (or there is no bookkeeping table) or it is at another version than `expected`.
 pub fn migrated_shards(
@@ -130,6 +185,18 @@ pub fn render(sql: &str, quoted_table: &str, name: &str, shards: i32, payload: &
         .replace("{name}", name)
         .replace("{shards}", &shards.to_string())
         .replace("{payload}", payload)
+}
+
+/// A migration's SQL for the outbox table `table` of `shards` shards storing `payload_type`
+/// payloads, in the column type of its server ([`render`]).
+pub fn render_table<S: PayloadColumn + TableRules>(
+    sql: &str,
+    table: &TableName<S>,
+    shards: i32,
+    payload_type: PayloadType,
+) -> String {
+    let payload = S::column_type(payload_type);
+    render(sql, &table.quoted(), table.name(), shards, payload)
 }
 
 /// The table does not exist or has no schema row.

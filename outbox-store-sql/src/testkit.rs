@@ -19,7 +19,7 @@ use outboxkit_core::testkit::store_suite::{WriterPool, WriterTx};
 use outboxkit_core::ErrorKind;
 
 use crate::classify::{classify, Dialect, Target};
-use crate::config::{SqlStore, SqlStoreConfig};
+use crate::config::{SqlStore, SqlStoreConfig, TableName, TableRules, SCHEMA_TABLE};
 
 /// What [`sql_inbox_suite!`](crate::sql_inbox_suite) expands to needs.
 #[doc(hidden)]
@@ -129,6 +129,51 @@ pub fn check_shared_errors<D: Dialect>(target: &Target) {
     );
 }
 
+/// What every store checks of its table names under its rules `R`: a plain name has no
+/// qualifier; each of `quoted` — (a name, the qualifier it is put in or `None`, its quoted form,
+/// its text) — quotes and shows as given; the bookkeeping table beside `app.outbox_2` is
+/// `sibling`, and a qualified name keeps its qualifier; names valid nowhere, this server's
+/// `bad` ones, its reserved names and names longer than `longest` bytes are configuration
+/// errors, a name of `longest` bytes is valid.
+pub fn check_table_names<R: TableRules>(
+    quoted: &[(&str, Option<&str>, &str, &str)],
+    sibling: &str,
+    bad: &[&str],
+    longest: usize,
+) {
+    let t = TableName::<R>::parse("outbox").unwrap();
+    assert_eq!((t.qualifier(), t.name()), (None, "outbox"));
+    for (name, qualifier, expected, text) in quoted {
+        let mut t = TableName::<R>::parse(name).unwrap();
+        if let Some(qualifier) = qualifier {
+            t = t.or_in(qualifier);
+        }
+        assert_eq!(t.quoted(), *expected);
+        assert_eq!(t.to_string(), *text);
+    }
+    let t = TableName::<R>::parse("app.outbox_2").unwrap();
+    assert_eq!(t.quoted_sibling(SCHEMA_TABLE), sibling);
+    assert_eq!(t.clone().or_in("other"), t);
+
+    let too_long = "x".repeat(longest + 1);
+    let anywhere = [
+        "",
+        "a.",
+        ".a",
+        "a.b.c",
+        "Outbox",
+        "1outbox",
+        "out box",
+        "outbox;drop table x",
+        too_long.as_str(),
+    ];
+    for bad in anywhere.iter().chain(bad).chain(R::RESERVED) {
+        let e = TableName::<R>::parse(bad).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config, "{bad}");
+    }
+    TableName::<R>::parse(&"x".repeat(longest)).unwrap();
+}
+
 /// The settings the store suite's live cases vary, once for every SQL store.
 impl<S: crate::SqlStore> outboxkit_core::testkit::store_suite::SuiteConfig
     for crate::SqlStoreConfig<S>
@@ -194,6 +239,15 @@ impl TestServer {
         S::connect(config)
             .await
             .unwrap_or_else(|e| self.required(e))
+    }
+
+    /// Connect a store and migrate its table, failing the test when the server is unreachable.
+    pub async fn migrated<S: SqlStore>(&self, config: SqlStoreConfig<S>) -> S::Store {
+        let store = self.connect(config).await;
+        outboxkit_core::Store::migrate(&store)
+            .await
+            .expect("migrate");
+        store
     }
 
     /// A plain connection to the test database.

@@ -855,7 +855,11 @@ async fn live_migrated<H: LiveHarness>(harness: &H, config: H::Config) -> H::Sto
 }
 
 async fn live_session<H: LiveHarness>(harness: &H, store: &H::Store, relay_id: &str) -> H::Session {
-    let mut session = harness.open_session(store, relay_id).await;
+    with_all_shards(harness.open_session(store, relay_id).await).await
+}
+
+/// `session`, holding every shard of its table now ([`acquire_all_shards`]).
+pub async fn with_all_shards<S: ShardSession>(mut session: S) -> S {
     acquire_all_shards(&mut session).await;
     session
 }
@@ -882,7 +886,8 @@ async fn enqueue_autocommit<H: LiveHarness>(
     harness.enqueue(store, &mut conn, writer, events).await
 }
 
-async fn close_live<S: ShardSession + 'static>(session: S) {
+/// Close `session`, which must succeed.
+pub async fn close_live<S: ShardSession + 'static>(session: S) {
     Box::new(session).close().await.expect("close session");
 }
 

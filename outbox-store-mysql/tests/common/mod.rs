@@ -41,7 +41,7 @@ pub async fn drop_table(table: &TableName) {
     .expect("drop table");
     for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
         let database = table
-            .database()
+            .qualifier()
             .expect("a connected store's table is qualified");
         let exists: Option<String> = sqlx::query_scalar(
             "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \

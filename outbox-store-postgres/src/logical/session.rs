@@ -397,7 +397,7 @@ impl LogicalSession {
                 }
                 Ok(Change::Insert(oid, values)) => {
                     let ours = reader.relations.get(&oid).is_some_and(|r| {
-                        r.schema == context.table.schema().unwrap_or("public")
+                        r.schema == context.table.qualifier().unwrap_or("public")
                             && r.name == context.table.name()
                     });
                     if ours && context.names.style == CaptureStyle::Table {
@@ -582,14 +582,11 @@ impl LogicalSession {
         let started = Instant::now();
         let mut left: Vec<Failure> = failures.to_vec();
         loop {
-            let (ids, errors, delays) = crate::session::failure_arrays(&left);
             let recorded: Vec<i64> = self
                 .fence
                 .run("recording failures", async |conn| {
-                    sqlx::query_scalar(&statement)
-                        .bind(&ids)
-                        .bind(&errors)
-                        .bind(&delays)
+                    let arguments = crate::session::failure_arguments(&left)?;
+                    sqlx::query_scalar_with(&statement, arguments)
                         .fetch_all(conn)
                         .await
                 })

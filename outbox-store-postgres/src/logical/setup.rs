@@ -33,7 +33,7 @@ pub struct LogicalNames {
 
 impl LogicalNames {
     pub fn new(table: &TableName, settings: &LogicalSettings) -> Self {
-        let schema = table.schema().unwrap_or("public");
+        let schema = table.qualifier().unwrap_or("public");
         let mut slot = settings
             .slot
             .clone()
@@ -328,7 +328,7 @@ pub(crate) async fn migrate(
              WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
         )
         .bind(&names.publication)
-        .bind(table.schema().unwrap_or("public"))
+        .bind(table.qualifier().unwrap_or("public"))
         .bind(table.name())
         .fetch_one(&mut *conn)
         .await

@@ -39,7 +39,7 @@ pub async fn drop_table(table: &TableName) {
     )))
     .await
     .expect("drop table");
-    let schema = table.schema().unwrap_or("public");
+    let schema = table.qualifier().unwrap_or("public");
     let regclass = format!("\"{schema}\".outbox_relay_schema");
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(&regclass)
