@@ -2,6 +2,8 @@
 //! with `FOR UPDATE SKIP LOCKED`, publishes them one by one awaiting each acknowledgement, marks
 //! them `published_at` and commits. Its SQL is the store's own dialect.
 
+use std::future::Future;
+
 use outboxkit_core::{OutboxEvent, Payload, Sink};
 use sqlx::Row;
 use uuid::Uuid;
@@ -16,29 +18,69 @@ impl Article {
     /// One round over `table`; the rows handled.
     pub async fn round(&self, table: &str, sink: &dyn Sink) -> Result<usize, String> {
         match self {
-            Self::Postgres(pool) => postgres_round(pool, table, sink).await,
-            Self::MySql(pool) => mysql_round(pool, table, sink).await,
+            Self::Postgres(pool) => round(pool, table, sink).await,
+            Self::MySql(pool) => round(pool, table, sink).await,
         }
     }
 }
 
-async fn postgres_round(
-    pool: &sqlx::PgPool,
+/// The round's statements in a database's dialect.
+trait Dialect: sqlx::Database {
+    /// Up to 100 pending rows of `table` in `id` order, locked, skipping locked ones: `id`,
+    /// `event_id`, `aggregate_type`, `aggregate_id`, `event_type`, the payload as text and
+    /// `created_at`.
+    fn select(table: &str) -> String;
+
+    /// The event of a selected row.
+    fn event(row: &Self::Row) -> Result<OutboxEvent, String>;
+
+    /// Mark the rows `ids` of `table` published, in the round's transaction `tx`.
+    fn mark(
+        tx: &mut Self::Connection,
+        table: &str,
+        ids: &[i64],
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// One round of the article's relay on `pool`: select and lock, publish one by one, mark,
+/// commit.
+async fn round<D: Dialect>(
+    pool: &sqlx::Pool<D>,
     table: &str,
     sink: &dyn Sink,
-) -> Result<usize, String> {
+) -> Result<usize, String>
+where
+    for<'c> &'c mut D::Connection: sqlx::Executor<'c, Database = D>,
+    for<'q> D::Arguments<'q>: sqlx::IntoArguments<'q, D>,
+{
     let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
-    let rows = sqlx::query(&format!(
-        "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, created_at \
-         FROM {table} WHERE published_at IS NULL AND dead_at IS NULL \
-         ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
-    ))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(|e| e.to_string())?;
+    let rows = sqlx::query(&D::select(table))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut ids = Vec::with_capacity(rows.len());
     for row in &rows {
-        let event = OutboxEvent {
+        let event = D::event(row)?;
+        // One by one, waiting for each acknowledgement, inside the transaction.
+        publish_one(sink, &event).await?;
+        ids.push(event.id);
+    }
+    D::mark(&mut tx, table, &ids).await?;
+    tx.commit().await.map_err(|e| e.to_string())?;
+    Ok(ids.len())
+}
+
+impl Dialect for sqlx::Postgres {
+    fn select(table: &str) -> String {
+        format!(
+            "SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload::text, created_at \
+             FROM {table} WHERE published_at IS NULL AND dead_at IS NULL \
+             ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
+        )
+    }
+
+    fn event(row: &sqlx::postgres::PgRow) -> Result<OutboxEvent, String> {
+        Ok(OutboxEvent {
             event_id: row.get(1),
             created_at: row.get(6),
             ..OutboxEvent::new(
@@ -48,43 +90,36 @@ async fn postgres_round(
                 row.get::<String, _>(4),
                 Payload::Json(row.get(5)),
             )
-        };
-        // One by one, waiting for each acknowledgement, inside the transaction.
-        publish_one(sink, &event).await?;
-        ids.push(event.id);
+        })
     }
-    sqlx::query(&format!(
-        "UPDATE {table} SET published_at = now() WHERE id = ANY($1)"
-    ))
-    .bind(&ids)
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| e.to_string())?;
-    tx.commit().await.map_err(|e| e.to_string())?;
-    Ok(ids.len())
+
+    async fn mark(tx: &mut sqlx::PgConnection, table: &str, ids: &[i64]) -> Result<(), String> {
+        sqlx::query(&format!(
+            "UPDATE {table} SET published_at = now() WHERE id = ANY($1)"
+        ))
+        .bind(ids)
+        .execute(tx)
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(())
+    }
 }
 
-async fn mysql_round(
-    pool: &sqlx::MySqlPool,
-    table: &str,
-    sink: &dyn Sink,
-) -> Result<usize, String> {
-    let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
-    let rows = sqlx::query(&format!(
-        "SELECT id, CAST(event_id AS CHAR), CAST(aggregate_type AS CHAR), \
-                CAST(aggregate_id AS CHAR), CAST(event_type AS CHAR), \
-                CAST(payload AS CHAR), created_at \
-         FROM {table} WHERE pending = 1 \
-         ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
-    ))
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut ids = Vec::with_capacity(rows.len());
-    for row in &rows {
+impl Dialect for sqlx::MySql {
+    fn select(table: &str) -> String {
+        format!(
+            "SELECT id, CAST(event_id AS CHAR), CAST(aggregate_type AS CHAR), \
+                    CAST(aggregate_id AS CHAR), CAST(event_type AS CHAR), \
+                    CAST(payload AS CHAR), created_at \
+             FROM {table} WHERE pending = 1 \
+             ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED"
+        )
+    }
+
+    fn event(row: &sqlx::mysql::MySqlRow) -> Result<OutboxEvent, String> {
         let text = |i: usize| row.try_get::<String, _>(i).map_err(|e| e.to_string());
         let created_at: chrono::NaiveDateTime = row.try_get(6).map_err(|e| e.to_string())?;
-        let event = OutboxEvent {
+        Ok(OutboxEvent {
             event_id: Uuid::parse_str(&text(1)?).map_err(|e| e.to_string())?,
             created_at: created_at.and_utc(),
             ..OutboxEvent::new(
@@ -94,22 +129,22 @@ async fn mysql_round(
                 text(4)?,
                 Payload::Json(text(5)?),
             )
-        };
-        publish_one(sink, &event).await?;
-        ids.push(event.id);
+        })
     }
-    if !ids.is_empty() {
-        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
-        sqlx::query(&format!(
-            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE id IN ({})",
-            list.join(",")
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
+
+    async fn mark(tx: &mut sqlx::MySqlConnection, table: &str, ids: &[i64]) -> Result<(), String> {
+        if !ids.is_empty() {
+            let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+            sqlx::query(&format!(
+                "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE id IN ({})",
+                list.join(",")
+            ))
+            .execute(tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
-    tx.commit().await.map_err(|e| e.to_string())?;
-    Ok(ids.len())
 }
 
 /// The article's publish: one event, waiting for its acknowledgement.

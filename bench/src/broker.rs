@@ -209,43 +209,31 @@ impl Broker {
             Kind::Redis(url) => {
                 let mut config = RedisStreamsConfig::new(url);
                 config.stream = destination;
-                Arc::new(
-                    RedisStreamsSink::connect(config)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                )
+                shared(RedisStreamsSink::connect(config).await)?
             }
             Kind::Kafka(_) => {
                 let bootstrap = kafka.map(|k| k.bootstrap.clone()).unwrap_or_default();
                 let mut config = KafkaSinkConfig::new(bootstrap);
                 config.topic = destination;
-                Arc::new(
-                    KafkaSink::connect(config)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                )
+                shared(KafkaSink::connect(config).await)?
             }
             Kind::RabbitMq(url) => {
                 let mut config = RabbitMqConfig::new(url, PREFIX);
                 config.declare_exchange = true;
                 config.exchange_type = "topic".to_owned();
-                Arc::new(
-                    RabbitMqSink::connect(config)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                )
+                shared(RabbitMqSink::connect(config).await)?
             }
             Kind::Sqs(endpoint, sdk) => {
                 let mut config = SqsConfig::new(destination);
                 config.endpoint = Some(endpoint.clone());
                 config.region = Some(REGION.to_owned());
-                Arc::new(SqsSink::from_sdk_config(config, sdk).map_err(|e| e.to_string())?)
+                shared(SqsSink::from_sdk_config(config, sdk))?
             }
             Kind::Sns(endpoint, sdk) => {
                 let mut config = SnsConfig::new(destination);
                 config.endpoint = Some(endpoint.clone());
                 config.region = Some(REGION.to_owned());
-                Arc::new(SnsSink::from_sdk_config(config, sdk).map_err(|e| e.to_string())?)
+                shared(SnsSink::from_sdk_config(config, sdk))?
             }
             Kind::Nats(url) => {
                 let config = NatsConfig {
@@ -257,6 +245,16 @@ impl Broker {
                 Arc::new(sink)
             }
         })
+    }
+}
+
+/// A sink as the pair holds it, or the error's text.
+fn shared<S: Sink + 'static>(
+    sink: Result<S, impl std::fmt::Display>,
+) -> Result<Arc<dyn Sink>, String> {
+    match sink {
+        Ok(sink) => Ok(Arc::new(sink)),
+        Err(e) => Err(e.to_string()),
     }
 }
 

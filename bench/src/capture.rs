@@ -147,7 +147,7 @@ impl Contender {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let rate = events as f64 / started.elapsed().as_secs_f64();
-        let rss = peak_rss_mib(relay.child.id());
+        let rss = peak_rss_mib(relay.id());
         // Not timed: the relay confirms (or marks) the last events before it stops.
         let side = self.pair.store();
         let settle = Instant::now() + Duration::from_secs(120);
@@ -179,25 +179,15 @@ pub async fn compare(args: &Args, command: String) -> Result<Comparison, String>
         LogicalSide::open_with_pool(&server, "bench_log_message", "message", connections).await,
     );
     let version = poll.server_version().await;
-    let mut contenders = vec![
-        Contender::new(args, "poll", poll.clone(), poll.pool(), None).await?,
-        Contender::new(
-            args,
-            "logical, table style",
-            table.clone(),
-            table.pool(),
-            Some(table.slot()),
-        )
-        .await?,
-        Contender::new(
-            args,
-            "logical, message style",
-            message.clone(),
-            message.pool(),
-            Some(message.slot()),
-        )
-        .await?,
-    ];
+    let mut contenders = vec![Contender::new(args, "poll", poll.clone(), poll.pool(), None).await?];
+    for (name, side) in [
+        ("logical, table style", table),
+        ("logical, message style", message),
+    ] {
+        let contender =
+            Contender::new(args, name, side.clone(), side.pool(), Some(side.slot())).await?;
+        contenders.push(contender);
+    }
     for c in &contenders {
         let config = c.pair.config();
         let out = std::process::Command::new(&args.relay_bin)

@@ -249,7 +249,7 @@ impl Pair {
         }
         let peak_rss_mib = processes
             .first()
-            .map(|p| peak_rss_mib(p.child.id()))
+            .map(|p| peak_rss_mib(p.id()))
             .unwrap_or(0.0);
         for p in processes {
             stop(p);

@@ -147,8 +147,8 @@ async fn drain(
     let mut rss_mib = 0.0;
     let mut cpu = 0.0;
     for p in &processes {
-        rss_mib += peak_rss_mib(p.child.id());
-        cpu += cpu_secs(p.child.id(), ticks);
+        rss_mib += peak_rss_mib(p.id());
+        cpu += cpu_secs(p.id(), ticks);
     }
     for mut p in processes {
         p.terminate(Duration::from_secs(30));

@@ -31,6 +31,27 @@ use crate::delivery::{Committed, Delivered};
 /// prepares a destination for each where its destinations depend on the type.
 pub const AGGREGATE_TYPES: [&str; 2] = ["order", "customer"];
 
+/// The relay's `[sink]` table for a sink of kind `kind` — with `sink.destination =
+/// "<prefix>.{aggregate_type}"` when `prefix` is given (the sides' destinations by aggregate
+/// type) — then the sink's own table (`[sink.<kind with - as _>]`) with the lines `settings`:
+/// what [`BrokerSide::sink_toml`] returns.
+#[cfg(any(
+    feature = "redis-streams",
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "sqs",
+    feature = "nats"
+))]
+pub(crate) fn sink_tables(kind: &str, prefix: Option<&str>, settings: &str) -> String {
+    let destination = prefix
+        .map(|prefix| format!("destination = \"{prefix}.{{aggregate_type}}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[sink]\nkind = \"{kind}\"\n{destination}\n[sink.{}]\n{settings}",
+        outboxkit_core::plugin::sink_section(kind)
+    )
+}
+
 /// One broker and one test's destinations on it.
 #[async_trait]
 pub trait BrokerSide: Send + Sync + std::fmt::Debug {
@@ -75,4 +96,31 @@ pub trait BrokerSide: Send + Sync + std::fmt::Debug {
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed);
     /// Delete what [`Self::prepare`] created, and stop its consumers.
     async fn cleanup(&self);
+}
+
+#[cfg(all(
+    test,
+    any(
+        feature = "redis-streams",
+        feature = "kafka",
+        feature = "rabbitmq",
+        feature = "sqs",
+        feature = "nats"
+    )
+))]
+mod tests {
+    use super::sink_tables;
+
+    #[test]
+    fn the_sink_tables_have_the_kind_the_destination_and_the_own_table_last() {
+        assert_eq!(
+            sink_tables("redis-streams", Some("t"), "url = \"u\"\n"),
+            "[sink]\nkind = \"redis-streams\"\ndestination = \"t.{aggregate_type}\"\n\n\
+             [sink.redis_streams]\nurl = \"u\"\n"
+        );
+        assert_eq!(
+            sink_tables("sqs", None, "queue = \"q\"\n"),
+            "[sink]\nkind = \"sqs\"\n\n[sink.sqs]\nqueue = \"q\"\n"
+        );
+    }
 }

@@ -28,16 +28,18 @@ pub struct Delivered {
 impl Delivered {
     /// A header (or field, or attribute), or "".
     pub fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .map(String::as_str)
-            .unwrap_or_default()
+        entry(&self.headers, name)
     }
 
     /// A `meta` entry, or "".
     pub fn meta(&self, name: &str) -> &str {
-        self.meta.get(name).map(String::as_str).unwrap_or_default()
+        entry(&self.meta, name)
     }
+}
+
+/// The entry `name` of a message's headers (fields, attributes...), or "" when it has none.
+pub(crate) fn entry<'a>(entries: &'a HashMap<String, String>, name: &str) -> &'a str {
+    entries.get(name).map(String::as_str).unwrap_or_default()
 }
 
 /// The result of checking delivered messages against what was committed.

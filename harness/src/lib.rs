@@ -71,8 +71,8 @@ pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 pub use process::{OwnProcess, OwnServer};
 pub use relay::{pipelines_config, relay_binary, relay_config, run_cli, RelayProcess, Settings};
 pub use scenario::{
-    aggregate_type, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan, Writers, Writes,
-    TRACEPARENT,
+    aggregate_type, placed_events, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan,
+    Writers, Writes, TRACEPARENT,
 };
 #[cfg(feature = "postgres")]
 pub use store::logical::LogicalSide;
@@ -86,6 +86,6 @@ pub use store::{DeadRow, StoreSide, PENDING};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use store::{SqlOutbox, SqlSide};
 pub use util::{
-    free_port, http_get, metric_value, running_as_root, scratch_dir, unique, wait_for,
-    wait_for_ready, write_file,
+    free_port, http_get, metric_at, metric_value, running_as_root, scratch_dir, unique, wait_for,
+    wait_for_metric, wait_for_ready, write_file,
 };

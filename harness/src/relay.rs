@@ -1,12 +1,11 @@
 //! The `outbox-relay` binary: its configuration, `run` processes and one-shot CLI commands.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use outboxkit_core::testkit::relay_process;
 
 use crate::broker::BrokerSide;
 use crate::store::StoreSide;
-use crate::util::signal_pid;
 
 /// The `outbox-relay` binary: `OUTBOX_TEST_RELAY_BIN`, or the one `cargo build -p
 /// outboxkit-relay` built.
@@ -133,16 +132,13 @@ listen = "{listen}"
     )
 }
 
-/// A relay process (`outbox-relay --config <config> run`); killed (SIGKILL) when dropped if
-/// still running.
+/// A relay process (`outbox-relay --config <config> run`) with relay id `name`, logging to
+/// `dir/<name>.log`: the testkit's [`relay_process::RelayProcess`] of `outboxkit-core` (SIGTERM,
+/// SIGKILL and start again, its log; killed when dropped if still running), whose methods it
+/// offers, started the harness's way.
 #[derive(Debug)]
 pub struct RelayProcess {
-    pub name: String,
-    pub child: Child,
-    pub log: PathBuf,
-    binary: PathBuf,
-    config: PathBuf,
-    env: Vec<(String, String)>,
+    process: relay_process::RelayProcess,
 }
 
 impl RelayProcess {
@@ -160,120 +156,40 @@ impl RelayProcess {
         name: &str,
         env: &[(String, String)],
     ) -> Self {
+        let mut all = vec![("OUTBOX_RELAY__RELAY_ID".to_owned(), name.to_owned())];
+        all.extend_from_slice(env);
         let log = dir.join(format!("{name}.log"));
-        let child = Self::spawn(binary, config, &log, name, env);
         Self {
-            name: name.to_owned(),
-            child,
-            log,
-            binary: binary.to_owned(),
-            config: config.to_owned(),
-            env: env.to_vec(),
+            process: relay_process::RelayProcess::start_appending(name, binary, config, all, log),
         }
     }
 
-    fn spawn(
-        binary: &Path,
-        config: &Path,
-        log: &Path,
-        name: &str,
-        env: &[(String, String)],
-    ) -> Child {
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("opening the relay log");
-        let err = out.try_clone().expect("cloning the log handle");
-        Command::new(binary)
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("OUTBOX_RELAY__RELAY_ID", name)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()))
-    }
-
-    /// Start it again as it was started (same name, configuration, environment and log), once
-    /// it exited (after [`Self::kill_hard`]).
-    pub fn respawn(&mut self) {
-        assert!(!self.is_running(), "{} is still running", self.name);
-        self.child = Self::spawn(&self.binary, &self.config, &self.log, &self.name, &self.env);
-    }
-
-    /// SIGKILL: no chance to finish anything.
-    pub fn kill_hard(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then wait for the exit status (bounded: SIGKILL and fail after `timeout`).
-    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        signal_pid(self.child.id(), "TERM");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting for the relay") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "{} did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGTERM and require a clean exit.
-    pub fn stop(&mut self, timeout: Duration) {
-        let exit = self.terminate(timeout);
-        assert!(
-            exit.success(),
-            "{} exited with {exit} on SIGTERM; log:\n{}",
-            self.name,
-            self.log_text()
-        );
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Its log so far.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    /// SIGKILL it, and start it again 700 ms later.
+    pub async fn sigkill_and_restart(&mut self) {
+        self.kill_hard();
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        self.respawn();
     }
 }
 
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        if self.is_running() {
-            self.kill_hard();
-        }
+impl std::ops::Deref for RelayProcess {
+    type Target = relay_process::RelayProcess;
+
+    fn deref(&self) -> &Self::Target {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for RelayProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.process
     }
 }
 
 /// Run `outbox-relay --config FILE <args>` to completion; (success, stdout, stderr).
 pub fn run_cli(config: &Path, args: &[&str], env: &[(String, String)]) -> (bool, String, String) {
-    let out = Command::new(relay_binary())
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("running outbox-relay");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let binary = relay_binary();
+    let (status, out, err) = relay_process::run_cli(&binary.to_string_lossy(), config, args, &env);
+    (status.success(), out, err)
 }

@@ -41,6 +41,21 @@ fn aggregate_type_of(aggregate_id: &str) -> &'static str {
     )
 }
 
+/// `events` events `Placed` of type `order`, event `i` of order `o<i % orders>` with payload
+/// `{"i": i}`: a small backlog for a test that checks something else than the scenario's.
+pub fn placed_events(events: usize, orders: usize) -> Vec<NewEvent> {
+    (0..events)
+        .map(|i| {
+            NewEvent::new(
+                "order",
+                format!("o{}", i % orders),
+                "Placed",
+                serde_json::json!({ "i": i }),
+            )
+        })
+        .collect()
+}
+
 /// The event writer `w` writes as its `n`-th for `aggregate`.
 fn scenario_event(w: u64, n: u64, aggregate: u64) -> NewEvent {
     NewEvent::new(
@@ -426,6 +441,14 @@ impl Scenario {
         scenario
     }
 
+    /// [`Self::prepare`] from the outbox table `table` of the test PostgreSQL
+    /// ([`crate::PostgresSide::open`]).
+    #[cfg(feature = "postgres")]
+    pub async fn on_postgres(table: &str, broker: Arc<dyn BrokerSide>, settings: Settings) -> Self {
+        let store = crate::PostgresSide::open(table).await;
+        Self::prepare(Arc::new(store), broker, settings).await
+    }
+
     /// Run `outbox-relay --config <config> <args>` to completion; (success, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         run_cli(&self.config, args, &self.broker.relay_env())
@@ -456,9 +479,7 @@ impl Scenario {
 
     /// SIGKILL relay `i`, and start it again 700 ms later.
     pub async fn sigkill_and_restart(&mut self, i: usize) {
-        self.relays[i].kill_hard();
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        self.relays[i].respawn();
+        self.relays[i].sigkill_and_restart().await;
     }
 
     /// (Re)create the business table and start writers.
@@ -483,7 +504,7 @@ impl Scenario {
             assert!(
                 relay.is_running(),
                 "{} died; log:\n{}",
-                relay.name,
+                relay.name(),
                 relay.log_text()
             );
         }
@@ -635,7 +656,7 @@ impl Scenario {
         let relay_logs = self
             .relays
             .iter()
-            .map(|r| (r.name.clone(), r.log_text()))
+            .map(|r| (r.name().to_owned(), r.log_text()))
             .collect();
 
         assert_eq!(writes.committed.len() as u64, events);

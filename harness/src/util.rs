@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 /// A short random name part, so every test has its own tables, streams, topics and queues.
 pub use outboxkit_core::testkit::relay_process::unique;
 
-/// A scratch directory for config files and logs.
+/// A scratch directory for config files and logs: `<temp dir>/outbox-relay-tests/<name>`
+/// (created).
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join("outbox-relay-tests").join(name);
-    std::fs::create_dir_all(&dir).expect("creating the scratch directory");
-    dir
+    outboxkit_core::testkit::relay_process::scratch_dir("outbox-relay", name)
 }
 
 /// Write `text` to `dir/name` and return the path.
@@ -42,6 +41,27 @@ where
 pub async fn wait_for_ready(what: &str, port: u16, code: u16, timeout: Duration) {
     wait_for(what, timeout, || async move {
         matches!(http_get(port, "/readyz"), Some((c, _)) if c == code)
+    })
+    .await;
+}
+
+/// The value of metric `name` (see [`metric_value`]) on `/metrics` of the relay listening on
+/// `port`, if it answers and has the metric.
+pub fn metric_at(port: u16, name: &str) -> Option<f64> {
+    http_get(port, "/metrics").and_then(|(_, body)| metric_value(&body, name))
+}
+
+/// Wait until metric `name` of the relay listening on `port` ([`metric_at`]) satisfies `cond`.
+pub async fn wait_for_metric(
+    what: &str,
+    port: u16,
+    name: &str,
+    timeout: Duration,
+    cond: impl Fn(f64) -> bool,
+) {
+    wait_for(what, timeout, || {
+        let met = metric_at(port, name).is_some_and(&cond);
+        async move { met }
     })
     .await;
 }
@@ -108,16 +128,15 @@ pub(crate) fn first_line(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| format!("{cmd} (version unknown)"))
 }
 
-/// A process id that may be signalled: never 0 or 1 (`kill -- 0` is the caller's own group,
-/// 1 is init) — the guard every signal of the harness goes through.
-pub(crate) fn signal_pid(pid: u32, signal: &str) -> bool {
-    assert!(pid > 1, "refusing to signal process {pid}");
-    std::process::Command::new("kill")
-        .args(["-s", signal, "--"])
-        .arg(pid.to_string())
-        .status()
-        .is_ok_and(|s| s.success())
-}
+/// The guard every signal of the harness goes through: never pid 0 or 1.
+#[cfg(any(
+    test,
+    feature = "kafka",
+    feature = "nats",
+    feature = "sqs",
+    feature = "redis-streams"
+))]
+pub(crate) use outboxkit_core::testkit::relay_process::signal_pid;
 
 #[cfg(any(
     feature = "kafka",

@@ -18,8 +18,8 @@ async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover()
     let name = unique("e2e_nats_outage");
     let server = Arc::new(PrivateNats::start(&name, &[]));
     let nats = Arc::new(NatsSide::open_at(&server.url(), &name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         nats,
         Settings::default().sink("request_timeout = \"3s\"\nconnect_timeout = \"2s\""),
     )
@@ -50,12 +50,7 @@ async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover()
 async fn an_event_over_the_stream_max_msg_size_ends_dead_while_others_flow() {
     let name = unique("e2e_nats_big");
     let nats = Arc::new(NatsSide::open(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
-        nats.clone(),
-        Settings::default(),
-    )
-    .await;
+    let mut scenario = Scenario::on_postgres(&name, nats.clone(), Settings::default()).await;
     nats.limit_message_size(Some(64 * 1024)).await;
 
     scenario

@@ -35,14 +35,38 @@ struct Pipelines {
 async fn leg(
     name: &'static str,
     store: impl StoreSide + 'static,
-    broker: impl BrokerSide + 'static,
-    sink_lines: &'static str,
+    (broker, sink_lines): (impl BrokerSide + 'static, &'static str),
 ) -> (&'static str, Scenario, &'static str) {
     let scenario = Scenario::prepare(Arc::new(store), Arc::new(broker), Settings::default()).await;
     (name, scenario, sink_lines)
 }
 
+/// The names of the tables and destinations of the pipelines `a`, `b` and `c` of test `name`:
+/// `<name>_a`, `<name>_b`, `<name>_c`.
+fn leg_names(name: &str) -> [String; 3] {
+    ["a", "b", "c"].map(|leg| format!("{name}_{leg}"))
+}
+
 impl Pipelines {
+    /// The pipelines `a`, `b` and `c` of test `name` ([`leg_names`]): `a` and `b` from the
+    /// outbox tables of PostgreSQL schemas `<name>_a` and `<name>_b` (the tenant-per-schema
+    /// layout), `c` from MariaDB table `<name>_c`; each to the broker side given for it (with
+    /// lines for the sink's own table).
+    async fn open(
+        name: &str,
+        a: (impl BrokerSide + 'static, &'static str),
+        b: (impl BrokerSide + 'static, &'static str),
+        c: (impl BrokerSide + 'static, &'static str),
+    ) -> Self {
+        let [schema_a, schema_b, table_c] = leg_names(name);
+        let legs = vec![
+            leg("a", PostgresSide::open_in_schema(&schema_a).await, a).await,
+            leg("b", PostgresSide::open_in_schema(&schema_b).await, b).await,
+            leg("c", MySqlSide::open(&table_c).await, c).await,
+        ];
+        Self::new(name, legs, vec![schema_a, schema_b])
+    }
+
     /// `legs`: (name, scenario, lines for the sink's own table).
     fn new(name: &str, legs: Vec<(&'static str, Scenario, &str)>, schemas: Vec<String>) -> Self {
         let port = free_port();
@@ -134,31 +158,14 @@ impl Pipelines {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     let name = unique("pipelines");
-    let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
-    let legs = vec![
-        leg(
-            "a",
-            PostgresSide::open_in_schema(&schema_a).await,
-            RedisSide::open(&schema_a).await,
-            "",
-        )
-        .await,
-        leg(
-            "b",
-            PostgresSide::open_in_schema(&schema_b).await,
-            RabbitMqSide::open(&schema_b).await,
-            "",
-        )
-        .await,
-        leg(
-            "c",
-            MySqlSide::open(&format!("{name}_c")).await,
-            KafkaSide::open(&format!("{name}_c")).await,
-            "",
-        )
-        .await,
-    ];
-    let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
+    let [a, b, c] = leg_names(&name);
+    let pipelines = Pipelines::open(
+        &name,
+        (RedisSide::open(&a).await, ""),
+        (RabbitMqSide::open(&b).await, ""),
+        (KafkaSide::open(&c).await, ""),
+    )
+    .await;
     let (config, env, port) = (&pipelines.config, &pipelines.env, pipelines.port);
 
     // migrate migrates every pipeline (idempotent: each scenario migrated its own table).
@@ -192,9 +199,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     )
     .await;
     let killed_at: u64 = writers.iter().map(Writers::written).sum();
-    relays[0].kill_hard();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    relays[0].respawn();
+    relays[0].sigkill_and_restart().await;
 
     let writes = pipelines
         .finish_and_drain(writers, Duration::from_secs(300))
@@ -204,7 +209,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         assert!(
             relay.is_running(),
             "{} died:\n{}",
-            relay.name,
+            relay.name(),
             relay.log_text()
         );
     }
@@ -530,31 +535,17 @@ fn quantile_between(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> (f64
 async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
     let name = unique("isolation");
     let nats_server = PrivateNats::start(&name, &[]);
-    let (schema_a, schema_b) = (format!("{name}_a"), format!("{name}_b"));
-    let legs = vec![
-        leg(
-            "a",
-            PostgresSide::open_in_schema(&schema_a).await,
-            NatsSide::open_at(&nats_server.url(), &schema_a).await,
+    let [a, b, c] = leg_names(&name);
+    let pipelines = Pipelines::open(
+        &name,
+        (
+            NatsSide::open_at(&nats_server.url(), &a).await,
             "request_timeout = \"3s\"\nconnect_timeout = \"2s\"",
-        )
-        .await,
-        leg(
-            "b",
-            PostgresSide::open_in_schema(&schema_b).await,
-            RedisSide::open(&schema_b).await,
-            "",
-        )
-        .await,
-        leg(
-            "c",
-            MySqlSide::open(&format!("{name}_c")).await,
-            RabbitMqSide::open(&format!("{name}_c")).await,
-            "",
-        )
-        .await,
-    ];
-    let pipelines = Pipelines::new(&name, legs, vec![schema_a, schema_b]);
+        ),
+        (RedisSide::open(&b).await, ""),
+        (RabbitMqSide::open(&c).await, ""),
+    )
+    .await;
     let port = pipelines.port;
     let mut relay = RelayProcess::start(
         &pipelines.config,
@@ -640,17 +631,7 @@ async fn a_pattern_finds_the_outbox_of_every_matching_mysql_database() {
         side.connect_store(8, 2).await;
         sides.push(side);
     }
-    let events: Vec<_> = (0..30)
-        .map(|i| {
-            outboxkit_core::NewEvent::new(
-                "order",
-                format!("o{}", i % 3),
-                "Placed",
-                serde_json::json!({ "i": i }),
-            )
-        })
-        .collect();
-    sides[0].enqueue_many(&events).await;
+    sides[0].enqueue_many(&placed_events(30, 3)).await;
     let redis = RedisSide::open(&prefix).await;
     let dir = scratch_dir(&prefix);
     let config = write_file(

@@ -22,8 +22,8 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
     let name = unique("e2ek");
     let broker = KafkaBrokerProcess::start(&scratch_dir(&name));
     let port = free_port();
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         Arc::new(
             KafkaSide::open_at(&broker.bootstrap, &name)
                 .await
@@ -51,13 +51,11 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
         let (samples, sampling) = (samples.clone(), sampling.clone());
         tokio::spawn(async move {
             while sampling.load(Ordering::Relaxed) {
-                let pending = tokio::task::spawn_blocking(move || {
-                    http_get(port, "/metrics")
-                        .and_then(|(_, body)| metric_value(&body, "outbox_pending_events"))
-                })
-                .await
-                .ok()
-                .flatten();
+                let pending =
+                    tokio::task::spawn_blocking(move || metric_at(port, "outbox_pending_events"))
+                        .await
+                        .ok()
+                        .flatten();
                 if let Some(pending) = pending {
                     samples
                         .lock()
@@ -88,14 +86,12 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
         .drain("the backlog to drain", Duration::from_secs(120))
         .await;
     let drained_after = thawed.elapsed().as_secs_f64();
-    wait_for(
+    wait_for_metric(
         "/metrics to show the drained backlog",
+        port,
+        "outbox_pending_events",
         Duration::from_secs(30),
-        || async move {
-            http_get(port, "/metrics")
-                .and_then(|(_, body)| metric_value(&body, "outbox_pending_events"))
-                .is_some_and(|v| v == 0.0)
-        },
+        |v| v == 0.0,
     )
     .await;
     sampling.store(false, Ordering::Relaxed);
@@ -206,8 +202,8 @@ async fn an_oversized_event_ends_dead_with_its_error_while_others_flow() {
             .partitions(3)
             .topic_config("max.message.bytes", &MAX.to_string()),
     );
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         kafka.clone(),
         Settings::default().sink(&format!("\"message.max.bytes\" = {MAX}")),
     )

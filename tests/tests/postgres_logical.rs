@@ -324,11 +324,7 @@ async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
         .start_writers(&WriterPlan::steady(2, 100, Duration::from_millis(10)))
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let lag = |name: &'static str| {
-        http_get(port, "/metrics")
-            .and_then(|(_, body)| metric_value(&body, name))
-            .unwrap_or(-1.0)
-    };
+    let lag = |name: &'static str| metric_at(port, name).unwrap_or(-1.0);
     let before = (lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds"));
 
     nats_server.freeze();

@@ -13,8 +13,8 @@ async fn unroutable_events_are_never_published_and_end_dead_with_their_error() {
     let port = free_port();
     let rabbit = Arc::new(RabbitMqSide::open(&name).await);
     // Only orders (and customers) are bound; invoices are unroutable.
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         rabbit.clone(),
         Settings::default()
             .listen_on(port)
@@ -51,11 +51,13 @@ async fn unroutable_events_are_never_published_and_end_dead_with_their_error() {
     let published = scenario.store.count_rows("dead_at IS NULL").await;
     assert_eq!(published, 0, "retention = delete: published rows are gone");
 
-    wait_for("the metrics", Duration::from_secs(10), || async move {
-        http_get(port, "/metrics")
-            .and_then(|(_, body)| metric_value(&body, "outbox_events_dead_total"))
-            .is_some_and(|v| v >= 10.0)
-    })
+    wait_for_metric(
+        "the metrics",
+        port,
+        "outbox_events_dead_total",
+        Duration::from_secs(10),
+        |v| v >= 10.0,
+    )
     .await;
     let (_, metrics) = http_get(port, "/metrics").unwrap();
     assert_eq!(

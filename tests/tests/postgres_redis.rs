@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -12,8 +11,8 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
     let name = unique("e2e");
     let port = free_port();
     let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         redis.clone(),
         Settings::default()
             .listen_on(port)
@@ -22,17 +21,7 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
     .await;
 
     // Before any relay runs: a backlog that status reports.
-    let events: Vec<NewEvent> = (0..300)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o{}", i % 7),
-                "Placed",
-                serde_json::json!({ "i": i }),
-            )
-        })
-        .collect();
-    scenario.store.enqueue_many(&events).await;
+    scenario.store.enqueue_many(&placed_events(300, 7)).await;
     let (ok, text, err) = scenario.cli(&["status"]);
     assert!(ok, "status failed: {err}");
     assert!(text.contains("pending              300"), "{text}");
@@ -40,23 +29,23 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     scenario.start_relay("relay-metrics", &[]);
     wait_for_ready("/readyz", port, 200, Duration::from_secs(20)).await;
-    wait_for(
+    wait_for_metric(
         "300 published in /metrics",
+        port,
+        "outbox_events_published_total",
         Duration::from_secs(30),
-        || async move {
-            http_get(port, "/metrics")
-                .and_then(|(_, body)| metric_value(&body, "outbox_events_published_total"))
-                .is_some_and(|v| v >= 300.0)
-        },
+        |v| v >= 300.0,
     )
     .await;
     let (code, _) = http_get(port, "/healthz").unwrap();
     assert_eq!(code, 200);
-    wait_for("gauges refreshed", Duration::from_secs(10), || async move {
-        http_get(port, "/metrics")
-            .and_then(|(_, body)| metric_value(&body, "outbox_pending_events"))
-            .is_some_and(|v| v == 0.0)
-    })
+    wait_for_metric(
+        "gauges refreshed",
+        port,
+        "outbox_pending_events",
+        Duration::from_secs(10),
+        |v| v == 0.0,
+    )
     .await;
     let (_, metrics) = http_get(port, "/metrics").unwrap();
     for name in [

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::tls::{TestPki, CLIENT_NAME};
 use outboxkit_harness::*;
 
@@ -33,13 +32,7 @@ async fn the_readme_tls_setup_delivers_with_passwords_from_files() {
     pg.set_password(CLIENT_NAME, db_password);
     let redis_server = PrivateRedis::start(&name, &pki, true);
     let redis = redis_server.side(&name).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg(redis_password)
-        .query_async(&mut redis.connection())
-        .await
-        .expect("CONFIG SET requirepass");
+    redis.require_password(redis_password).await;
 
     let ca = pki.ca.display().to_string();
     let config = readme_example()
@@ -90,17 +83,7 @@ async fn the_readme_tls_setup_delivers_with_passwords_from_files() {
         "{out}"
     );
 
-    let events: Vec<NewEvent> = (0..120)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o{}", i % 5),
-                "Placed",
-                serde_json::json!({ "i": i }),
-            )
-        })
-        .collect();
-    store.enqueue_many(&events).await;
+    store.enqueue_many(&placed_events(120, 5)).await;
     let mut relay = RelayProcess::start(&config, &dir, "relay-tls", &[]);
     wait_for(
         "120 events published over TLS",

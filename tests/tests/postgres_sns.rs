@@ -29,9 +29,5 @@ async fn an_event_over_256_kib_ends_dead_while_others_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sns_frozen_for_30s_under_steady_writes_loses_nothing_and_recovers_by_itself() {
-    let name = unique("sns");
-    let server = OwnSqsServer::start(&name).await;
-    let sns = Arc::new(SnsSide::fifo_at(&server.endpoint, &name).await.consumers(2));
-    aws::frozen_for_30s_under_steady_writes(&name, &server, sns.clone(), sns.queue()).await;
-    drop(server);
+    aws::own_server_frozen_for_30s_under_steady_writes("sns").await;
 }

@@ -29,12 +29,7 @@ use uuid::Uuid;
 async fn fifo_queue_drops_a_redelivered_event_id() {
     let name = unique("e2e_fifo");
     let sqs = Arc::new(SqsSide::fifo(&name).await);
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
-        sqs.clone(),
-        Settings::default(),
-    )
-    .await;
+    let mut scenario = Scenario::on_postgres(&name, sqs.clone(), Settings::default()).await;
     scenario
         .run(Plan::new(Scale {
             events: 300,
@@ -115,9 +110,5 @@ async fn an_event_over_256_kib_ends_dead_with_sqs_error_while_others_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqs_frozen_for_30s_under_steady_writes_loses_nothing_and_recovers_by_itself() {
-    let name = unique("sqs");
-    let server = OwnSqsServer::start(&name).await;
-    let sqs = Arc::new(SqsSide::fifo_at(&server.endpoint, &name).await.consumers(2));
-    aws::frozen_for_30s_under_steady_writes(&name, &server, sqs.clone(), &sqs).await;
-    drop(server);
+    aws::own_server_frozen_for_30s_under_steady_writes("sqs").await;
 }

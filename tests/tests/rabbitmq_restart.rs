@@ -13,8 +13,8 @@ use outboxkit_harness::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect() {
     let name = unique("e2e_rmq_restart");
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(&name).await),
+    let mut scenario = Scenario::on_postgres(
+        &name,
         Arc::new(RabbitMqSide::open(&name).await),
         Settings::default(),
     )
@@ -72,7 +72,7 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
         assert!(
             relay.is_running(),
             "{} died during the outage; log:\n{}",
-            relay.name,
+            relay.name(),
             relay.log_text()
         );
         wait_for_ready("the relays ready again", port, 200, Duration::from_secs(30)).await;
@@ -82,14 +82,14 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
         assert!(
             exit.success(),
             "{} exited with {exit}; log:\n{}",
-            relay.name,
+            relay.name(),
             relay.log_text()
         );
         let log = relay.log_text();
         assert!(
             log.matches("connected to RabbitMQ").count() >= 2,
             "{} never reconnected; log:\n{log}",
-            relay.name
+            relay.name()
         );
     }
 

@@ -8,25 +8,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::tls::{TestPki, CLIENT_NAME, EXPIRED_ON, WRONG_NAME};
 use outboxkit_harness::*;
 
 /// A password the servers do not check (trust auth / no password), to look for in the output.
 const PASSWORD: &str = "tls-test-s3cr3t";
-
-fn events(n: usize) -> Vec<NewEvent> {
-    (0..n)
-        .map(|i| {
-            NewEvent::new(
-                "order",
-                format!("o{}", i % 9),
-                "Placed",
-                serde_json::json!({ "i": i }),
-            )
-        })
-        .collect()
-}
 
 /// The scenario's configuration with its store URL replaced by `url`, as a new file.
 fn config_with_url(scenario: &Scenario, url: &str, name: &str) -> std::path::PathBuf {
@@ -85,7 +71,7 @@ fn assert_run_fails_at_start(scenario: &Scenario, url: &str, expected: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let exit = relay.child.wait().unwrap();
+    let exit = relay.exited().expect("the relay exited");
     let log = relay.log_text();
     assert_eq!(
         exit.code(),
@@ -105,7 +91,7 @@ async fn deliver(scenario: &mut Scenario, redis: &RedisSide, tls: &str) {
     let (ok, text, err) = scenario.cli(&["status"]);
     assert!(ok, "status failed: {err}");
     assert!(text.contains(tls), "status does not say {tls:?}:\n{text}");
-    scenario.store.enqueue_many(&events(300)).await;
+    scenario.store.enqueue_many(&placed_events(300, 9)).await;
     scenario.start_relay("relay-tls", &[]);
     scenario
         .drain("300 events published over TLS", Duration::from_secs(60))

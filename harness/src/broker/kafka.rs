@@ -13,7 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::{BrokerSide, AGGREGATE_TYPES};
+use super::{sink_tables, BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::process::{OwnProcess, OwnServer};
 use crate::scenario::TRACEPARENT;
@@ -169,10 +169,10 @@ impl BrokerSide for KafkaSide {
     }
 
     fn sink_toml(&self) -> String {
-        format!(
-            "[sink]\nkind = \"kafka\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
-             [sink.kafka]\n\"bootstrap.servers\" = \"{}\"\n",
-            self.prefix, self.bootstrap
+        sink_tables(
+            "kafka",
+            Some(&self.prefix),
+            &format!("\"bootstrap.servers\" = \"{}\"\n", self.bootstrap),
         )
     }
 

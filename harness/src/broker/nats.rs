@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::BrokerSide;
+use super::{sink_tables, BrokerSide};
 use crate::delivery::{Committed, Delivered};
 use crate::process::{OwnProcess, OwnServer};
 use crate::util::{first_line, free_port, scratch_dir};
@@ -39,10 +39,7 @@ pub struct NatsMessage {
 impl NatsMessage {
     /// A header, or "".
     pub fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .map(String::as_str)
-            .unwrap_or_default()
+        crate::delivery::entry(&self.headers, name)
     }
 }
 
@@ -245,10 +242,10 @@ impl BrokerSide for NatsSide {
     }
 
     fn sink_toml(&self) -> String {
-        format!(
-            "[sink]\nkind = \"nats\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
-             [sink.nats]\nurl = \"{}\"\n",
-            self.prefix, self.url
+        sink_tables(
+            "nats",
+            Some(&self.prefix),
+            &format!("url = \"{}\"\n", self.url),
         )
     }
 

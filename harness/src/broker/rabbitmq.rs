@@ -17,7 +17,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::{BrokerSide, AGGREGATE_TYPES};
+use super::{sink_tables, BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::scenario::{Fault, TRACEPARENT};
 use crate::util::{first_line, unique};
@@ -217,11 +217,14 @@ impl BrokerSide for RabbitMqSide {
     }
 
     fn sink_toml(&self) -> String {
-        format!(
-            "[sink]\nkind = \"rabbitmq\"\n\n[sink.rabbitmq]\nurl = \"{}\"\nexchange = \"{}\"\n\
-             declare_exchange = true\nexchange_type = \"topic\"\nconnect_timeout = \"5s\"\n\
-             confirm_timeout = \"15s\"\n",
-            self.url, self.exchange
+        sink_tables(
+            "rabbitmq",
+            None,
+            &format!(
+                "url = \"{}\"\nexchange = \"{}\"\ndeclare_exchange = true\n\
+                 exchange_type = \"topic\"\nconnect_timeout = \"5s\"\nconfirm_timeout = \"15s\"\n",
+                self.url, self.exchange
+            ),
         )
     }
 

@@ -11,7 +11,7 @@ use redis::Value;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::{BrokerSide, AGGREGATE_TYPES};
+use super::{sink_tables, BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::util::first_line;
 #[cfg(feature = "sink-suite")]
@@ -112,6 +112,18 @@ impl RedisSide {
     /// machine busy with other tests outlasts the client's default).
     pub fn connection(&self) -> MultiplexedConnection {
         self.connection.clone()
+    }
+
+    /// `CONFIG SET requirepass password`: from now on the server requires `password` of new
+    /// connections (the side's own stays authenticated). For a private server only.
+    pub async fn require_password(&self, password: &str) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg(password)
+            .query_async(&mut self.connection())
+            .await
+            .expect("CONFIG SET requirepass");
     }
 
     /// XLEN of `stream`.
@@ -299,10 +311,10 @@ impl BrokerSide for RedisSide {
     }
 
     fn sink_toml(&self) -> String {
-        let mut toml = format!(
-            "[sink]\nkind = \"redis-streams\"\ndestination = \"{}.{{aggregate_type}}\"\n\n\
-             [sink.redis_streams]\nurl = \"{}\"\n",
-            self.prefix, self.url
+        let mut toml = sink_tables(
+            "redis-streams",
+            Some(&self.prefix),
+            &format!("url = \"{}\"\n", self.url),
         );
         // An inline table, so that lines a test adds (`Settings::sink`) stay in
         // `[sink.redis_streams]`.

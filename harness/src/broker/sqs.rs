@@ -17,7 +17,7 @@ use aws_sdk_sqs::types::{
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::BrokerSide;
+use super::{sink_tables, BrokerSide};
 use crate::delivery::{Committed, Delivered};
 use crate::process::{OwnProcess, OwnServer};
 use crate::scenario::TRACEPARENT;
@@ -62,9 +62,10 @@ pub(crate) fn aws_sdk_config(endpoint: &str) -> aws_types::SdkConfig {
 /// The `[sink]` and `[sink.<kind>]` tables of an AWS sink sending to `destination` (under
 /// `key`: `queue`, `topic`) on the server at `endpoint`.
 pub(crate) fn aws_sink_toml(kind: &str, key: &str, destination: &str, endpoint: &str) -> String {
-    format!(
-        "[sink]\nkind = \"{kind}\"\n\n[sink.{kind}]\n{key} = \"{destination}\"\n\
-         endpoint = \"{endpoint}\"\nregion = \"{REGION}\"\n"
+    sink_tables(
+        kind,
+        None,
+        &format!("{key} = \"{destination}\"\nendpoint = \"{endpoint}\"\nregion = \"{REGION}\"\n"),
     )
 }
 

@@ -1,7 +1,8 @@
 //! A custom relay binary under test — your `main` calling `outboxkit_relay::main` with your
 //! registry — run as an operator runs it: [`run_cli`] for the subcommands that run to completion
 //! (`migrate`, `--version`, a `run` refused at start), [`RelayProcess`] for `run` in the
-//! background, its output in a log file, stopped with SIGTERM. Unix only (`kill -TERM`).
+//! background, its output in a log file, stopped with SIGTERM (or killed with SIGKILL and
+//! started again). Unix only (`kill`, through the guard of [`signal_pid`]).
 //! [`postgres_relay_toml`] writes a configuration for it, in a [`scratch_dir`] of its own.
 //!
 //! ```text
@@ -107,32 +108,79 @@ pub fn run_cli(
     )
 }
 
+/// Send `signal` (`TERM`, `KILL`, `STOP`, `CONT`...) to the process `pid` with kill(1);
+/// whether it was sent. Never to pid 0 or 1 (`kill -- 0` is the caller's own group, 1 is init):
+/// the test fails instead — the guard every signal of the test tools goes through.
+pub fn signal_pid(pid: u32, signal: &str) -> bool {
+    assert!(pid > 1, "refusing to signal process {pid}");
+    Command::new("kill")
+        .args(["-s", signal, "--"])
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// A running `binary --config <config> run`; SIGKILLed when dropped if still running.
 #[derive(Debug)]
 pub struct RelayProcess {
     child: Child,
     log: PathBuf,
+    /// The process in failure messages: "the relay", or the name it was started with.
+    name: String,
+    /// How it was started, to start it again ([`Self::respawn`]).
+    binary: PathBuf,
+    config: PathBuf,
+    env: Vec<(String, String)>,
 }
 
 impl RelayProcess {
     /// Start `binary --config <config> run` with `RUST_LOG=info` and `env` added to its
     /// environment, stdout and stderr written to the file `log`.
     pub fn start(binary: &str, config: &Path, env: &[(&str, &str)], log: PathBuf) -> Self {
-        let out = std::fs::File::create(&log)
+        std::fs::File::create(&log)
             .unwrap_or_else(|e| panic!("creating the relay log {}: {e}", log.display()));
-        let err = out.try_clone().expect("cloning the log handle");
-        let child = Command::new(binary)
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {binary}: {e}"));
-        Self { child, log }
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::start_appending("the relay", Path::new(binary), config, env, log)
+    }
+
+    /// [`Self::start`] as `name` in failure messages ("relay-0 did not exit..."), its output
+    /// appended to `log` after what an earlier process left there.
+    pub fn start_appending(
+        name: &str,
+        binary: &Path,
+        config: &Path,
+        env: Vec<(String, String)>,
+        log: PathBuf,
+    ) -> Self {
+        let child = spawn(binary, config, &env, &log);
+        Self {
+            child,
+            log,
+            name: name.to_owned(),
+            binary: binary.to_owned(),
+            config: config.to_owned(),
+            env,
+        }
+    }
+
+    /// Start it again as it was started (same binary, configuration, environment and log), once
+    /// it exited (after [`Self::kill_hard`]).
+    pub fn respawn(&mut self) {
+        assert!(!self.is_running(), "{} is still running", self.name);
+        self.child = spawn(&self.binary, &self.config, &self.env, &self.log);
+    }
+
+    /// Its name in failure messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its process id (for reading `/proc/<pid>`).
+    pub fn id(&self) -> u32 {
+        self.child.id()
     }
 
     /// What it has written so far.
@@ -145,37 +193,81 @@ impl RelayProcess {
         self.child.try_wait().expect("waiting for the relay")
     }
 
-    /// SIGTERM, then its exit status; fails the test, with the log, unless it exits within
-    /// `timeout`.
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then its exit status (at once when it has exited already); fails the test, with
+    /// the log, unless it exits within `timeout` (SIGKILLed first).
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
-        let sent = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("running kill");
-        assert!(sent.success(), "kill -TERM failed");
+        if let Some(status) = self.exited() {
+            return status;
+        }
+        assert!(signal_pid(self.child.id(), "TERM"), "kill -TERM failed");
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited() {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the relay did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                self.log_text()
-            );
+            if Instant::now() > deadline {
+                self.kill_hard();
+                panic!(
+                    "{} did not exit within {timeout:?} of SIGTERM; log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// SIGTERM and require a clean exit (see [`Self::terminate`]).
+    pub fn stop(&mut self, timeout: Duration) {
+        let exit = self.terminate(timeout);
+        assert!(
+            exit.success(),
+            "{} exited with {exit} on SIGTERM; log:\n{}",
+            self.name,
+            self.log_text()
+        );
     }
 }
 
 impl Drop for RelayProcess {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if self.is_running() {
+            self.kill_hard();
         }
     }
+}
+
+/// `binary --config <config> run` with `RUST_LOG=info` and `env`, its stdout and stderr
+/// appended to `log`.
+fn spawn(binary: &Path, config: &Path, env: &[(String, String)], log: &Path) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("opening the relay log {}: {e}", log.display()));
+    let err = out.try_clone().expect("cloning the log handle");
+    Command::new(binary)
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()))
 }
 
 #[cfg(test)]
@@ -191,6 +283,12 @@ mod tests {
         assert!(dir.is_dir());
         assert!(dir.ends_with(format!("outbox-my-relay-tests/{name}")));
         std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "refusing to signal process 0")]
+    fn the_callers_own_group_is_never_signalled() {
+        signal_pid(0, "TERM");
     }
 
     #[test]

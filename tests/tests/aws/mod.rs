@@ -15,30 +15,47 @@ pub async fn an_event_over_256_kib_ends_dead_while_others_flow(
     broker: Arc<dyn BrokerSide>,
     expected_error: impl Fn(&str) -> bool,
 ) {
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(name).await),
-        broker,
-        Settings::default(),
-    )
-    .await;
+    let mut scenario = Scenario::on_postgres(name, broker, Settings::default()).await;
     scenario
         .oversized_event_ends_dead(300, expected_error)
         .await;
     scenario.cleanup().await;
 }
 
+/// A LocalStack of the test's own (on a free port), a FIFO destination of the sink `kind` on it
+/// (`sqs`: a queue; `sns`: a topic, read through the queue subscribed to it; two consumers),
+/// then [`frozen_for_30s_under_steady_writes`]: only that server is frozen, and it is stopped
+/// at the end, whatever the outcome.
+pub async fn own_server_frozen_for_30s_under_steady_writes(kind: &str) {
+    let name = unique(kind);
+    let server = OwnSqsServer::start(&name).await;
+    let endpoint = &server.endpoint;
+    match kind {
+        "sqs" => {
+            let sqs = Arc::new(SqsSide::fifo_at(endpoint, &name).await.consumers(2));
+            frozen_for_30s_under_steady_writes(&name, &server, sqs.clone(), &sqs).await;
+        }
+        "sns" => {
+            let sns = Arc::new(SnsSide::fifo_at(endpoint, &name).await.consumers(2));
+            frozen_for_30s_under_steady_writes(&name, &server, sns.clone(), sns.queue()).await;
+        }
+        other => panic!("not an AWS sink: {other}"),
+    }
+    drop(server);
+}
+
 /// The private server frozen (SIGSTOP) for 30 s under steady writes: nothing lost, the relay
 /// recovers by itself; `reader` is the queue the broker side reads (`broker` itself, or behind
 /// it). Prints the recovery figures.
-pub async fn frozen_for_30s_under_steady_writes(
+async fn frozen_for_30s_under_steady_writes(
     name: &str,
     server: &OwnSqsServer,
     broker: Arc<dyn BrokerSide>,
     reader: &SqsSide,
 ) {
     let port = free_port();
-    let mut scenario = Scenario::prepare(
-        Arc::new(PostgresSide::open(name).await),
+    let mut scenario = Scenario::on_postgres(
+        name,
         broker,
         Settings::default()
             .listen_on(port)
