@@ -62,17 +62,7 @@ impl TableCatalog for MySql {
         table: &TableName,
         target: &Target,
     ) -> Result<Option<(i32, i32)>> {
-        let statement = format!(
-            "SELECT version, shard_count FROM {} WHERE table_name = ?",
-            table.quoted_sibling(SCHEMA_TABLE)
-        );
-        outboxkit_store_sql::migrate::schema_row::<MySql, _, _>(
-            conn,
-            &statement,
-            table.name(),
-            target,
-        )
-        .await
+        outboxkit_store_sql::migrate::schema_row(conn, table, "?", target).await
     }
 
     /// Read from `information_schema`. MariaDB's `JSON` is a `LONGTEXT` with a `json_valid`

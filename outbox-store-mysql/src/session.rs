@@ -488,18 +488,15 @@ impl ShardSession for MySqlShardSession {
 
     async fn close(self: Box<Self>) -> Result<()> {
         let Self {
-            mut fence,
+            fence,
             context,
             slot,
             ..
         } = *self;
-        if fence.is_poisoned() {
-            return Ok(());
-        }
         // Leave and unlock explicitly, so that other relays see the shards free as soon as this
         // returns.
-        let left = fence
-            .run("releasing shard locks", async |conn| {
+        fence
+            .leave(async |conn| {
                 if let Some(slot) = slot {
                     sqlx::query(&context.sql.leave_members)
                         .bind(&context.table_name)
@@ -510,8 +507,6 @@ impl ShardSession for MySqlShardSession {
                 sqlx::query(UNLOCK_ALL).execute(&mut *conn).await
             })
             .await
-            .map(drop);
-        fence.close(left).await
     }
 }
 

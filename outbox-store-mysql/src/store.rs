@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
@@ -22,7 +22,7 @@ use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What the store found out about the server when it connected.
@@ -287,11 +287,14 @@ impl MySqlStore {
 
     /// Like [`Store::open_session`], with the concrete session type.
     pub async fn open_mysql_session(&self, relay_id: &str) -> Result<MySqlShardSession> {
-        let (shard_count, payload_type) = {
-            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let row = MySql::schema_row(&mut conn, &self.inner.table, self.target()).await;
-            self.table_facts(&mut conn, row).await?
-        };
+        let configured = self.inner.config.payload_type;
+        let (shard_count, payload_type) = pooled_table_facts(
+            &self.inner.pool,
+            &self.inner.table,
+            configured,
+            self.target(),
+        )
+        .await?;
         MySqlShardSession::open(
             &self.inner.options,
             Arc::clone(&self.inner.context),
@@ -302,17 +305,6 @@ impl MySqlStore {
             self.inner.config.session_timeout,
         )
         .await
-    }
-
-    /// The table's shard count, from its schema `row` (checking the version), and its payload
-    /// type, read on `conn` and checked against `store.payload_type`.
-    async fn table_facts(
-        &self,
-        conn: &mut MySqlConnection,
-        row: Result<Option<(i32, i32)>>,
-    ) -> Result<(u32, PayloadType)> {
-        let configured = self.inner.config.payload_type;
-        table_facts::<MySql>(conn, &self.inner.table, row, configured, self.target()).await
     }
 
     /// The table's shard count, checking its schema version.
@@ -394,7 +386,10 @@ impl Store for MySqlStore {
             return Err(migrate::not_migrated(table));
         }
         let row = MySql::schema_row(&mut conn, table, self.target()).await?;
-        self.table_facts(&mut conn, Ok(row)).await.map(drop)
+        let configured = self.inner.config.payload_type;
+        table_facts::<MySql>(&mut conn, table, Ok(row), configured, self.target())
+            .await
+            .map(drop)
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

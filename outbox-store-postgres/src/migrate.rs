@@ -73,17 +73,7 @@ impl TableCatalog for Postgres {
         table: &TableName,
         target: &Target,
     ) -> Result<Option<(i32, i32)>> {
-        let statement = format!(
-            "SELECT version, shard_count FROM {} WHERE table_name = $1",
-            table.quoted_sibling(SCHEMA_TABLE)
-        );
-        outboxkit_store_sql::migrate::schema_row::<Postgres, _, _>(
-            conn,
-            &statement,
-            table.name(),
-            target,
-        )
-        .await
+        outboxkit_store_sql::migrate::schema_row(conn, table, "$1", target).await
     }
 
     async fn payload_type(

@@ -364,19 +364,11 @@ impl ShardSession for PostgresShardSession {
     }
 
     async fn close(self: Box<Self>) -> Result<()> {
-        let mut fence = self.fence;
-        if fence.is_poisoned() {
-            return Ok(());
-        }
         // Unlock explicitly: the backend may take a moment to exit after the connection closes,
         // and other relays should see the shards free as soon as this returns.
-        let unlocked = fence
-            .run("releasing shard locks", async |conn| {
-                sqlx::query(UNLOCK_ALL).execute(conn).await
-            })
+        self.fence
+            .leave(async |conn| sqlx::query(UNLOCK_ALL).execute(conn).await)
             .await
-            .map(drop);
-        fence.close(unlocked).await
     }
 }
 

@@ -23,7 +23,7 @@ use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What errors name of the server `config` connects to, about `table`.
@@ -194,11 +194,7 @@ impl PostgresStore {
 
     /// Like [`Store::open_session`], with the concrete session type.
     pub async fn open_postgres_session(&self, relay_id: &str) -> Result<PostgresShardSession> {
-        let (shard_count, payload_type) = {
-            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            let row = Postgres::schema_row(&mut conn, &self.inner.table, self.target()).await;
-            self.table_facts(&mut conn, row).await?
-        };
+        let (shard_count, payload_type) = self.table_facts().await?;
         PostgresShardSession::open(
             &self.inner.options,
             Arc::clone(&self.inner.context),
@@ -211,15 +207,17 @@ impl PostgresStore {
         .await
     }
 
-    /// The table's shard count, from its schema `row` (checking the version), and its payload
-    /// type, read on `conn` and checked against `store.payload_type`.
-    async fn table_facts(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        row: Result<Option<(i32, i32)>>,
-    ) -> Result<(u32, PayloadType)> {
+    /// The table's shard count (checking its schema version) and its payload type, checked
+    /// against `store.payload_type`.
+    async fn table_facts(&self) -> Result<(u32, PayloadType)> {
         let configured = self.inner.config.payload_type;
-        table_facts::<Postgres>(conn, &self.inner.table, row, configured, self.target()).await
+        pooled_table_facts(
+            &self.inner.pool,
+            &self.inner.table,
+            configured,
+            self.target(),
+        )
+        .await
     }
 
     fn target(&self) -> &Target {
@@ -403,7 +401,8 @@ impl Store for PostgresStore {
             return Err(migrate::not_migrated(table));
         }
         let row = Postgres::schema_row(&mut conn, table, self.target()).await?;
-        self.table_facts(&mut conn, Ok(row)).await?;
+        let configured = self.inner.config.payload_type;
+        table_facts::<Postgres>(&mut conn, table, Ok(row), configured, self.target()).await?;
         if let Some(logical) = self.inner.logical.as_deref() {
             setup::check(&mut conn, table, &logical.names, self.target()).await?;
         }
@@ -412,11 +411,7 @@ impl Store for PostgresStore {
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {
         if let Some(logical) = self.inner.logical.as_ref() {
-            let payload_type = {
-                let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-                let row = Postgres::schema_row(&mut conn, &self.inner.table, self.target()).await;
-                self.table_facts(&mut conn, row).await?.1
-            };
+            let (_, payload_type) = self.table_facts().await?;
             let session = LogicalSession::open(Arc::clone(logical), relay_id, payload_type).await?;
             return Ok(Box::new(session));
         }

@@ -8,7 +8,7 @@ use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use crate::classify::{classify, Dialect, Target};
-use crate::config::{TableName, TableRules};
+use crate::config::{TableName, TableRules, SCHEMA_TABLE};
 use crate::payload::PayloadColumn;
 
 /// One version of a store's schema.
@@ -80,31 +80,36 @@ pub fn check_current(
     Ok(())
 }
 
-/// The `(version, shard_count)` row that `statement` reads of the store's bookkeeping table for
-/// the table `name` (its one placeholder), or `None` when it was never migrated.
-pub async fn schema_row<'q, 'c, D, E, DB>(
+/// The `(version, shard_count)` row of `table` in the store's bookkeeping table
+/// ([`SCHEMA_TABLE`] beside it), or `None` when it was never migrated. `placeholder` is the
+/// server's marker of the one bound value, the table's bare name (`$1`, `?`).
+pub async fn schema_row<'c, S, E, DB>(
     conn: E,
-    statement: &'q str,
-    name: &'q str,
+    table: &TableName<S>,
+    placeholder: &str,
     target: &Target,
 ) -> Result<Option<(i32, i32)>>
 where
-    D: Dialect,
+    S: Dialect + TableRules,
     DB: Database,
     E: Executor<'c, Database = DB>,
-    DB::Arguments<'q>: IntoArguments<'q, DB>,
-    &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     i32: for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    let row = sqlx::query(statement)
-        .bind(name)
+    let statement = format!(
+        "SELECT version, shard_count FROM {} WHERE table_name = {placeholder}",
+        table.quoted_sibling(SCHEMA_TABLE)
+    );
+    let row = sqlx::query(&statement)
+        .bind(table.name())
         .fetch_optional(conn)
         .await
-        .map_err(|e| classify::<D>(e, target))?;
+        .map_err(|e| classify::<S>(e, target))?;
     row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .transpose()
-        .map_err(|e: sqlx::Error| classify::<D>(e, target))
+        .map_err(|e: sqlx::Error| classify::<S>(e, target))
 }
 
 /// What a store reads of its outbox table on a connection of its server: the bookkeeping row
@@ -157,6 +162,19 @@ pub async fn table_facts<S: TableCatalog>(
     let shard_count = migrated_shards(table, row, S::SCHEMA_VERSION)?;
     let payload_type = checked_payload_type::<S>(conn, table, configured, target).await?;
     Ok((shard_count, payload_type))
+}
+
+/// [`table_facts`] of `table`, read on a connection of `pool`: what a store checks before it
+/// opens a shard session.
+pub async fn pooled_table_facts<S: TableCatalog>(
+    pool: &sqlx::Pool<S::Database>,
+    table: &TableName<S>,
+    configured: Option<PayloadType>,
+    target: &Target,
+) -> Result<(u32, PayloadType)> {
+    let mut conn = pool.acquire().await.map_err(|e| classify::<S>(e, target))?;
+    let row = S::schema_row(&mut *conn, table, target).await;
+    table_facts::<S>(&mut *conn, table, row, configured, target).await
 }
 
 /// The shard count of `table` from what [`schema_row`] read: `Schema` errors when it has no row

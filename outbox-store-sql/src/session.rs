@@ -280,6 +280,19 @@ impl<C, D: Dialect> Fence<C, D> {
 }
 
 impl<C: sqlx::Connection, D: Dialect> Fence<C, D> {
+    /// End the session: unless it is lost already (its locks went with the connection), run
+    /// `leave` (unlock every shard, ...) as `releasing shard locks`, then [`Self::close`].
+    pub async fn leave<T>(
+        mut self,
+        leave: impl AsyncFnOnce(&mut C) -> std::result::Result<T, sqlx::Error>,
+    ) -> Result<()> {
+        if self.is_poisoned() {
+            return Ok(());
+        }
+        let left = self.run("releasing shard locks", leave).await.map(drop);
+        self.close(left).await
+    }
+
     /// End the session: `left` is the outcome of leaving (unlocking every shard, ...) through
     /// [`Self::settle`]. The connection is closed; a session already lost closes fine, since
     /// its locks went with the connection.

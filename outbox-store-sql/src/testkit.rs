@@ -67,6 +67,20 @@ pub fn database_error(sqlstate: &'static str) -> sqlx::Error {
     sqlx::Error::Database(Box::new(FakeDbError(sqlstate)))
 }
 
+/// Check a store's table of server error codes (SQLSTATEs, error numbers): `kind_of` gives
+/// every code of a row that row's kind and retryability.
+#[track_caller]
+pub fn check_kinds<C: Copy + fmt::Display>(
+    kind_of: impl Fn(C) -> (ErrorKind, bool),
+    table: &[(&[C], ErrorKind, bool)],
+) {
+    for (codes, kind, retryable) in table {
+        for &code in *codes {
+            assert_eq!(kind_of(code), (*kind, *retryable), "{code}");
+        }
+    }
+}
+
 /// Check what `D` classifies the way every server does, for a `target` with an endpoint: I/O,
 /// TLS, protocol and pool errors are retryable connection errors naming the server and its
 /// endpoint; a bad URL is a configuration error; rows that do not decode are permanent errors
