@@ -10,7 +10,7 @@ use outboxkit_core::testkit::cloudevents::{
     assert_bad_source_refused, check_binary, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, awkward_event, describe_outcomes, sample_batch, whole_call_error,
+    awkward_event, describe_outcomes, publish_all, sample_batch, whole_call_error,
 };
 use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_harness::{
@@ -137,8 +137,7 @@ async fn cloudevents_binary_mode_maps_every_attribute_to_a_header() {
     })
     .await;
     let events = sample_events(1, "order");
-    let outcomes = sink.publish(&events).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &events).await;
     let got = kafka.read_topic(&topic, 3, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 3);
     for event in &events {
@@ -178,8 +177,7 @@ async fn each_aggregate_stays_in_one_partition_in_order() {
     // event per aggregate per call, call after call.
     let batch = sample_batch(1, 300, "order", 20);
     for wave in batch.chunks(20) {
-        let outcomes = sink.publish(wave).await.expect("publish");
-        assert_all_published(&outcomes);
+        publish_all(&sink, wave).await;
     }
     let got = kafka.read_topic(&topic, 300, Duration::from_secs(20)).await;
     assert_eq!(got.len(), 300);
@@ -265,8 +263,7 @@ async fn librdkafka_properties_pass_through() {
         .property("partitioner", "murmur2_random");
     let sink = connect(config).await;
     let batch = sample_batch(1, 50, "order", 50);
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
     let got = kafka.read_topic(&topic, 50, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 50, "zstd-compressed batches read back");
 }

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+    assert_all_published, describe_outcomes, publish_all, sample_batch, sample_event,
+    whole_call_error,
 };
 use outboxkit_core::{ErrorKind, Outcome, Sink};
 use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
@@ -57,8 +58,7 @@ async fn refused_topic_authorization_fails_the_whole_call() {
     // Once the broker accepts again, the same events go through (with a new producer, which
     // does not remember the refusal).
     assert_eq!(sink.producer_generation(), 1);
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
 }
 
 #[tokio::test]
@@ -107,8 +107,7 @@ async fn transient_broker_errors_are_retried_inside_the_call() {
         ],
     );
     let batch = sample_batch(1, 10, "order", 10);
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
     assert_eq!(sink.producer_generation(), 0);
 }
 
@@ -173,6 +172,5 @@ async fn a_broker_that_stops_answering_fails_the_call_as_a_timeout() {
         "says which setting bounded the wait: {e}"
     );
     cluster.broker_up(1).expect("bringing the mock broker back");
-    let outcomes = sink.publish(&batch).await.expect("publish after recovery");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
 }

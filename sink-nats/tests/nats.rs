@@ -10,7 +10,8 @@ use outboxkit_core::testkit::cloudevents::{
     assert_bad_source_refused, check_binary, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, describe_outcomes, sample_batch, sample_event, whole_call_error,
+    assert_all_failed, assert_all_published, describe_outcomes, sample_batch, sample_event,
+    whole_call_error,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
 use outboxkit_harness::tls::TestPki;
@@ -210,12 +211,7 @@ async fn an_invalid_rendered_subject_rejects_that_event() {
     batch.push(bad_header);
     let outcomes = publish(&sink, &batch).await;
     assert!(outcomes[0].is_published() && outcomes[1].is_published());
-    for outcome in &outcomes[2..] {
-        assert!(
-            matches!(outcome, Outcome::Reject(e) if e.kind() == ErrorKind::InvalidMessage),
-            "{outcome:?}"
-        );
-    }
+    assert_all_failed(&outcomes[2..], ErrorKind::InvalidMessage, false);
     assert_eq!(side.count(&side.stream()).await, 2);
     side.cleanup().await;
 }
@@ -264,6 +260,24 @@ fn a_bad_cloudevents_source_is_refused_naming_the_key() {
     );
 }
 
+/// A configuration for a private server at `url` publishing to `<prefix>.{aggregate_type}` and
+/// declaring the stream `<PREFIX>` over `<prefix>.>` on `storage` (a one-minute duplicate window,
+/// no message size limit).
+fn private_config(url: String, prefix: &str, storage: Storage) -> NatsConfig {
+    let declaration = StreamDeclaration {
+        name: prefix.to_uppercase(),
+        subjects: vec![format!("{prefix}.>")],
+        storage,
+        duplicate_window: Duration::from_secs(60),
+        max_msg_size: None,
+    };
+    NatsConfig {
+        subject: format!("{prefix}.{{aggregate_type}}"),
+        declare_stream: Some(declaration),
+        ..NatsConfig::new(url)
+    }
+}
+
 /// A private TLS-only server: the sink connects trusting the test CA (`tls://` URL), and a
 /// sink trusting only the system's CAs is refused at start as a configuration error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,22 +293,13 @@ async fn tls_with_the_test_ca() {
     ];
     let server = PrivateNats::start(&name, &args);
     let url = format!("tls://127.0.0.1:{}", server.port());
-    let declaration = StreamDeclaration {
-        name: "TLS".into(),
-        subjects: vec!["tls.>".into()],
-        storage: Storage::File,
-        duplicate_window: Duration::from_secs(60),
-        max_msg_size: None,
-    };
     let config = NatsConfig {
-        subject: "tls.{aggregate_type}".into(),
-        declare_stream: Some(declaration),
         tls: TlsConfig {
             required: true,
             ca_file: Some(pki.ca.clone()),
             ..TlsConfig::default()
         },
-        ..NatsConfig::new(&url)
+        ..private_config(url, "tls", Storage::File)
     };
     let sink = checked(config.clone()).await;
     assert_all_published(&publish(&sink, &sample_batch(1, 3, "order", 3)).await);
@@ -318,17 +323,9 @@ async fn credentials_are_used_and_never_shown() {
     let name = unique("nats_auth");
     let args = ["--user", "relay", "--pass", "pa55-s3cr3t"].map(String::from);
     let server = PrivateNats::start(&name, &args);
-    let declaration = StreamDeclaration {
-        name: "AUTH".into(),
-        subjects: vec!["auth.>".into()],
-        storage: Storage::Memory,
-        duplicate_window: Duration::from_secs(60),
-        max_msg_size: None,
-    };
-    let at = |credentials: &str, port: u16| NatsConfig {
-        subject: "auth.{aggregate_type}".into(),
-        declare_stream: Some(declaration.clone()),
-        ..NatsConfig::new(format!("nats://{credentials}@127.0.0.1:{port}"))
+    let at = |credentials: &str, port: u16| {
+        let url = format!("nats://{credentials}@127.0.0.1:{port}");
+        private_config(url, "auth", Storage::Memory)
     };
     let sink = checked(at("relay:pa55-s3cr3t", server.port())).await;
     assert_all_published(&publish(&sink, &sample_batch(1, 2, "order", 2)).await);

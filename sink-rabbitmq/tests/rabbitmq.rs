@@ -9,7 +9,8 @@ use outboxkit_core::testkit::cloudevents::{
     assert_bad_source_refused, check_binary, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, awkward_event, describe_outcomes, sample_batch, sample_event,
+    assert_all_published, assert_failed, awkward_event, describe_outcomes, publish_all,
+    sample_batch, sample_event,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
 use outboxkit_harness::{
@@ -25,6 +26,18 @@ fn config(routing_key: &str) -> RabbitMqConfig {
         routing_key: routing_key.to_owned(),
         ..RabbitMqConfig::new(rabbitmq_url(), TEST_EXCHANGE)
     }
+}
+
+/// A test's own prefix, its own exchange `<prefix>.<name>` (not declared here), and a
+/// configuration publishing to that exchange with routing key `<prefix>.{aggregate_type}`.
+fn own_exchange(name: &str) -> (String, String, RabbitMqConfig) {
+    let prefix = unique("rabbitmq");
+    let exchange = format!("{prefix}.{name}");
+    let config = RabbitMqConfig {
+        routing_key: format!("{prefix}.{{aggregate_type}}"),
+        ..RabbitMqConfig::new(rabbitmq_url(), &exchange)
+    };
+    (prefix, exchange, config)
 }
 
 /// A test's own prefix, and the test exchange (declared) with queue `<prefix>.order` bound to
@@ -113,8 +126,7 @@ async fn messages_carry_the_specified_properties_and_headers() {
     third.destination = Some(format!("{prefix}.audit"));
     let batch = vec![first, second, third];
 
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
     let deliveries = broker.drain(&queue, 3, Duration::from_secs(10)).await;
     broker.delete_queue(&queue).await;
     assert_eq!(deliveries.len(), 3);
@@ -179,8 +191,7 @@ async fn cloudevents_binary_mode_maps_every_attribute_to_a_header() {
     })
     .await;
     let events = sample_events(1, "order");
-    let outcomes = sink.publish(&events).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &events).await;
     let deliveries = broker.drain(&queue, 3, Duration::from_secs(10)).await;
     broker.delete_queue(&queue).await;
     assert_eq!(deliveries.len(), 3);
@@ -267,11 +278,7 @@ async fn unroutable_messages_never_count_as_published() {
         "{}",
         describe_outcomes(&outcomes)
     );
-    assert!(
-        matches!(&outcomes[1], Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable),
-        "{}",
-        describe_outcomes(&outcomes)
-    );
+    assert_failed(&outcomes, 1, ErrorKind::Unroutable, false);
 
     // mandatory = false: RabbitMQ drops unroutable messages silently and acks them (documented).
     let lax = connect(RabbitMqConfig {
@@ -279,8 +286,7 @@ async fn unroutable_messages_never_count_as_published() {
         ..config(&format!("{prefix}.{{aggregate_type}}"))
     })
     .await;
-    let outcomes = lax.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&lax, &batch).await;
     assert_eq!(
         broker.drain(&bound, 2, Duration::from_secs(10)).await.len(),
         2
@@ -419,12 +425,7 @@ async fn a_message_the_broker_refuses_is_rejected_and_the_rest_published() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_exchange_fails_the_call_and_is_named() {
-    let prefix = unique("rabbitmq");
-    let exchange = format!("{prefix}.missing");
-    let config = RabbitMqConfig {
-        routing_key: format!("{prefix}.{{aggregate_type}}"),
-        ..RabbitMqConfig::new(rabbitmq_url(), &exchange)
-    };
+    let (prefix, exchange, config) = own_exchange("missing");
     let e = RabbitMqSink::connect(config.clone()).await.unwrap_err();
     let text = e.to_string();
     assert!(
@@ -445,8 +446,7 @@ async fn a_missing_exchange_fails_the_call_and_is_named() {
     broker.declare_exchange().await;
     let queue = format!("{prefix}.order");
     broker.bind_queue(&queue, &queue, &[]).await;
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
     assert_eq!(
         broker.drain(&queue, 4, Duration::from_secs(10)).await.len(),
         4
@@ -457,22 +457,19 @@ async fn a_missing_exchange_fails_the_call_and_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declares_the_exchange_when_asked_and_names_a_conflict() {
-    let prefix = unique("rabbitmq");
-    let exchange = format!("{prefix}.declared");
+    let (prefix, exchange, config) = own_exchange("declared");
     let declaring = RabbitMqConfig {
-        routing_key: format!("{prefix}.{{aggregate_type}}"),
         declare_exchange: true,
         exchange_type: "direct".to_owned(),
         exchange_durable: false,
-        ..RabbitMqConfig::new(rabbitmq_url(), &exchange)
+        ..config
     };
     let sink = connect(declaring.clone()).await;
     let broker = RabbitMqSide::open(&exchange).await;
     let queue = format!("{prefix}.order");
     broker.bind_queue(&queue, &queue, &[]).await;
     let batch = sample_batch(1, 3, "order", 3);
-    let outcomes = sink.publish(&batch).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &batch).await;
     assert_eq!(
         broker.drain(&queue, 3, Duration::from_secs(10)).await.len(),
         3
@@ -808,8 +805,7 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
 
     // It answers again: the next call goes through a new connection.
     frozen.store(false, Ordering::Relaxed);
-    let outcomes = sink.publish(&second).await.expect("publish after the hang");
-    assert_all_published(&outcomes);
+    publish_all(&sink, &second).await;
     let sent: Vec<&OutboxEvent> = first.iter().chain(&second).collect();
     assert_arrived(&broker, &queue, &sent).await;
     broker.delete_queue(&queue).await;

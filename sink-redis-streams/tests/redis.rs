@@ -10,8 +10,8 @@ use outboxkit_core::testkit::cloudevents::{
     assert_bad_source_refused, check_structured, sample_events, BAD_SOURCE, SOURCE_TEMPLATE,
 };
 use outboxkit_core::testkit::sink_suite::{
-    assert_all_published, awkward_event, describe_outcomes, sample_batch, sample_event,
-    whole_call_error,
+    assert_all_published, awkward_event, describe_outcomes, publish_all, sample_batch,
+    sample_event, whole_call_error,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
 use outboxkit_harness::{redis_url, unique, RedisSide, StreamEntry};
@@ -28,6 +28,19 @@ async fn connect(config: RedisStreamsConfig) -> RedisStreamsSink {
     RedisStreamsSink::connect(config)
         .await
         .unwrap_or_else(|e| panic!("connecting to the test Redis: {e}"))
+}
+
+/// A test's own prefix, stream `<prefix>_order`, a sink connected with
+/// `configure(config("<prefix>_{aggregate_type}"))` (which sends orders there), and the Redis
+/// side under the prefix: (prefix, stream, sink, side).
+async fn order_stream(
+    configure: impl FnOnce(RedisStreamsConfig) -> RedisStreamsConfig,
+) -> (String, String, RedisStreamsSink, RedisSide) {
+    let prefix = unique("redis");
+    let stream = format!("{prefix}_order");
+    let sink = connect(configure(config(&format!("{prefix}_{{aggregate_type}}")))).await;
+    let redis = RedisSide::open(&prefix).await;
+    (prefix, stream, sink, redis)
 }
 
 /// Await `call`, which must fail (`why` says why it cannot succeed) within `limit`: its error.
@@ -48,15 +61,12 @@ async fn fails_within<T: std::fmt::Debug>(
 /// only for headers that are not extension attributes.
 #[tokio::test]
 async fn cloudevents_structured_mode_puts_the_document_in_payload() {
-    let prefix = unique("redis");
-    let stream = format!("{prefix}_order");
-    let sink = connect(RedisStreamsConfig {
+    let (prefix, stream, sink, redis) = order_stream(|config| RedisStreamsConfig {
         format: Format::CloudEvents,
         cloudevents_source: SOURCE_TEMPLATE.to_owned(),
-        ..config(&format!("{prefix}_{{aggregate_type}}"))
+        ..config
     })
     .await;
-    let redis = RedisSide::open(&prefix).await;
     let events = sample_events(1, "order");
     let entries = publish_and_read(
         &sink,
@@ -108,8 +118,7 @@ async fn publish_and_read(
 ) -> Vec<StreamEntry> {
     let event_fields = ["event_id", "aggregate_type", "aggregate_id", "event_type"];
     let fields = [&event_fields[..], more].concat();
-    let outcomes = sink.publish(events).await.expect("publish");
-    assert_all_published(&outcomes);
+    publish_all(sink, events).await;
 
     let entries = redis.entries(stream).await;
     redis.expire(stream, 600).await;
@@ -128,10 +137,7 @@ async fn publish_and_read(
 
 #[tokio::test]
 async fn entries_carry_exactly_the_specified_fields() {
-    let prefix = unique("redis");
-    let stream = format!("{prefix}_order");
-    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
-    let redis = RedisSide::open(&prefix).await;
+    let (_, stream, sink, redis) = order_stream(std::convert::identity).await;
 
     let with_headers = awkward_event(1, "order", "42", "OrderConfirmed");
     let mut without_headers = sample_event(2, "order", "43", "OrderCancelled");
@@ -159,14 +165,11 @@ async fn entries_carry_exactly_the_specified_fields() {
 
 #[tokio::test]
 async fn maxlen_trims_the_stream() {
-    let prefix = unique("redis");
-    let stream = format!("{prefix}_order");
-    let sink = connect(RedisStreamsConfig {
+    let (_, stream, sink, redis) = order_stream(|config| RedisStreamsConfig {
         maxlen: Some(100),
-        ..config(&format!("{prefix}_{{aggregate_type}}"))
+        ..config
     })
     .await;
-    let redis = RedisSide::open(&prefix).await;
     let batch = sample_batch(1, 5000, "order", 50);
     for chunk in batch.chunks(sink.capabilities().max_batch_len) {
         let outcomes = sink.publish(chunk).await.expect("publish");
@@ -300,10 +303,7 @@ async fn silent_server_times_out() {
 
 #[tokio::test]
 async fn reconnects_after_its_connection_is_killed() {
-    let prefix = unique("redis");
-    let stream = format!("{prefix}_order");
-    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
-    let redis = RedisSide::open(&prefix).await;
+    let (_, stream, sink, redis) = order_stream(std::convert::identity).await;
     let batch = sample_batch(1, 30, "order", 3);
     let outcomes = sink.publish(&batch[..10]).await.expect("first publish");
     assert!(outcomes.iter().all(Outcome::is_published));

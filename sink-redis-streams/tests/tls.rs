@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use outboxkit_core::testkit::sink_suite::{assert_all_published, sample_batch};
+use outboxkit_core::testkit::sink_suite::{publish_all, sample_batch};
 use outboxkit_core::{Error, ErrorKind, Sink};
-use outboxkit_harness::tls::{TestPki, EXPIRED_ON, WRONG_NAME};
+use outboxkit_harness::tls::{Leaf, TestPki, EXPIRED_ON, WRONG_NAME};
 use outboxkit_harness::{scratch_dir, unique, PrivateRedis, RedisSide};
 use outboxkit_sink_redis_streams::{RedisStreamsConfig, RedisStreamsSink, TlsConfig};
 
@@ -46,8 +46,13 @@ async fn check(config: RedisStreamsConfig) -> Result<RedisStreamsSink, Error> {
     sink.check().await.map(|()| sink)
 }
 
-/// `check()` fails with a configuration error (not retryable); its message.
-async fn config_error(config: RedisStreamsConfig, server: &PrivateRedis) -> String {
+/// `check()` fails with a configuration error (not retryable) naming the server and saying
+/// `says`.
+async fn assert_config_error(
+    config: RedisStreamsConfig,
+    server: &PrivateRedis,
+    says: impl AsRef<str>,
+) {
     let error = check(config)
         .await
         .map(drop)
@@ -64,15 +69,14 @@ async fn config_error(config: RedisStreamsConfig, server: &PrivateRedis) -> Stri
         message.contains(&format!("Redis at 127.0.0.1:{}", server.port())),
         "{message}"
     );
-    message
+    assert!(message.contains(says.as_ref()), "{message}");
 }
 
 /// Publish a batch with `sink` and read it back with the harness's TLS side `side`.
 async fn publishes(sink: &RedisStreamsSink, side: &RedisSide, prefix: &str) {
     let stream = format!("{prefix}.order");
     let batch = sample_batch(1, 20, "order", 4);
-    let outcomes = sink.publish(&batch).await.expect("publish over TLS");
-    assert_all_published(&outcomes);
+    publish_all(sink, &batch).await;
     let got: Vec<String> = side
         .entries(&stream)
         .await
@@ -124,14 +128,15 @@ async fn a_ca_file_without_the_servers_ca_is_a_config_error() {
     let other_ca = server.pki().other_ca.clone();
     let mut wrong = config(&server, &prefix);
     wrong.tls.ca_file = Some(other_ca.clone());
-    let message = config_error(wrong, &server).await;
-    assert!(
-        message.contains(&format!(
+    assert_config_error(
+        wrong,
+        &server,
+        format!(
             "is not trusted by sink.redis_streams.tls.ca_file ({})",
             other_ca.display()
-        )),
-        "{message}"
-    );
+        ),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -139,48 +144,47 @@ async fn without_a_ca_file_the_system_cas_do_not_trust_the_test_ca() {
     let (server, prefix) = server(false);
     let mut system = config(&server, &prefix);
     system.tls.ca_file = None;
-    let message = config_error(system, &server).await;
-    assert!(
-        message.contains(
-            "is not trusted by the system's CA certificates: set sink.redis_streams.tls.ca_file"
-        ),
-        "{message}"
-    );
+    assert_config_error(
+        system,
+        &server,
+        "is not trusted by the system's CA certificates: set sink.redis_streams.tls.ca_file",
+    )
+    .await;
+}
+
+/// The server presents the certificate `leaf` picks from its test PKI: `check()` fails with a
+/// configuration error saying `says`.
+async fn assert_certificate_refused(leaf: fn(&TestPki) -> &Leaf, says: String) {
+    let (server, prefix) = server(false);
+    server.serve(leaf(server.pki())).await;
+    assert_config_error(config(&server, &prefix), &server, says).await;
 }
 
 #[tokio::test]
 async fn a_certificate_for_another_host_is_a_config_error() {
-    let (server, prefix) = server(false);
-    server.serve(&server.pki().wrong_name).await;
-    let message = config_error(config(&server, &prefix), &server).await;
-    assert!(
-        message.contains(&format!(
-            "is for {WRONG_NAME}, not for 127.0.0.1 (the host of sink.redis_streams.url)"
-        )),
-        "{message}"
-    );
+    assert_certificate_refused(
+        |pki| &pki.wrong_name,
+        format!("is for {WRONG_NAME}, not for 127.0.0.1 (the host of sink.redis_streams.url)"),
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn an_expired_certificate_is_a_config_error_with_its_date() {
-    let (server, prefix) = server(false);
-    server.serve(&server.pki().expired).await;
-    let message = config_error(config(&server, &prefix), &server).await;
-    assert!(
-        message.contains(&format!("expired on {EXPIRED_ON}")),
-        "{message}"
-    );
+    let expired_on = format!("expired on {EXPIRED_ON}");
+    assert_certificate_refused(|pki| &pki.expired, expired_on).await;
 }
 
 #[tokio::test]
 async fn a_required_client_certificate_is_named_when_missing_and_works_when_given() {
     let (server, prefix) = server(true);
     let without = config(&server, &format!("{prefix}.{{aggregate_type}}"));
-    let message = config_error(without.clone(), &server).await;
-    assert!(
-        message.contains("sink.redis_streams.tls.client_cert_file"),
-        "{message}"
-    );
+    assert_config_error(
+        without.clone(),
+        &server,
+        "sink.redis_streams.tls.client_cert_file",
+    )
+    .await;
     let sink = check(with_client_certificate(without, &server))
         .await
         .unwrap_or_else(|e| {

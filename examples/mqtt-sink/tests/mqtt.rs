@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::Subscriber;
+use common::{Received, Subscriber};
 use outboxkit_core::testkit::sink_suite::{
     assert_refused, sample_batch, sample_event, unique_prefix,
 };
@@ -31,6 +31,22 @@ fn kinds(outcomes: &[Outcome]) -> Vec<String> {
             Outcome::Reject(e) => format!("reject:{}", e.kind()),
         })
         .collect()
+}
+
+/// Publish `batch` with `sink`, every event published; then what `subscriber` received on the
+/// topics under `prefix`, once `total` messages there arrived (or 10 s passed).
+async fn publish_and_receive(
+    sink: &MqttSink,
+    batch: &[OutboxEvent],
+    subscriber: &Subscriber,
+    prefix: &str,
+    total: usize,
+) -> Vec<Received> {
+    let outcomes = sink.publish(batch).await.expect("publishing");
+    assert_eq!(kinds(&outcomes), vec!["published"; batch.len()]);
+    subscriber
+        .wait_for(|t| t.starts_with(prefix), total, Duration::from_secs(10))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,11 +117,7 @@ async fn rejects_what_mosquitto_would_close_the_connection_for() {
     );
     // The connection survived: the good events arrived and the next batch goes through.
     let more = sample_batch(7, 3, "order", 3);
-    let outcomes = sink.publish(&more).await.expect("publishing again");
-    assert_eq!(kinds(&outcomes), ["published"; 3]);
-    let received = subscriber
-        .wait_for(|t| t.starts_with(&prefix), 6, Duration::from_secs(10))
-        .await;
+    let received = publish_and_receive(&sink, &more, &subscriber, &prefix, 6).await;
     let ids: Vec<&str> = received.iter().map(|m| m.property("event_id")).collect();
     let expected: Vec<String> = [0, 2, 5]
         .iter()
@@ -285,11 +297,7 @@ async fn a_cut_connection_fails_the_waiting_events_then_the_sink_reconnects() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let again = sample_batch(6, 5, "order", 5);
-    let outcomes = sink.publish(&again).await.expect("outcomes");
-    assert_eq!(kinds(&outcomes), ["published"; 5]);
-    let received = subscriber
-        .wait_for(|t| t.starts_with(&prefix), 10, Duration::from_secs(10))
-        .await;
+    let received = publish_and_receive(&sink, &again, &subscriber, &prefix, 10).await;
     for event in &again {
         let id = event.event_id.to_string();
         assert!(

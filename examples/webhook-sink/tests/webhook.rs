@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{Reply, TestServer};
-use outboxkit_core::testkit::sink_suite::{assert_all_failed, sample_batch, sample_event};
-use outboxkit_core::{whole_call_failure, ErrorKind, OutboxEvent, Outcome, Result, Sink};
+use outboxkit_core::testkit::sink_suite::{
+    assert_all_failed, assert_failed, sample_batch, sample_event,
+};
+use outboxkit_core::{whole_call_failure, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink};
 use outboxkit_webhook_sink::{WebhookSink, WebhookSinkConfig};
 
 fn config(server: &TestServer) -> WebhookSinkConfig {
@@ -35,6 +37,13 @@ async fn answering(reply: Reply) -> (TestServer, WebhookSink) {
 async fn publish_batch(sink: &WebhookSink, events: usize) -> Vec<Outcome> {
     let batch = sample_batch(1, events, "order", events);
     sink.publish(&batch).await.expect("outcomes")
+}
+
+/// `outcomes` all failed as `kind`, retried or not, and the engine fails the whole call: the
+/// error it fails the call with.
+fn call_failure(outcomes: &[Outcome], kind: ErrorKind, retried: bool) -> Error {
+    assert_all_failed(outcomes, kind, retried);
+    whole_call_failure(outcomes).expect("the engine fails the whole call")
 }
 
 #[tokio::test]
@@ -159,14 +168,8 @@ async fn each_answer_becomes_its_events_outcome() {
         }
         other => panic!("500: {other:?}"),
     }
-    assert!(
-        matches!(&outcomes[4], Outcome::Retry(e) if e.kind() == ErrorKind::Unavailable),
-        "{text}"
-    );
-    assert!(
-        matches!(&outcomes[5], Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable),
-        "{text}"
-    );
+    assert_failed(&outcomes, 4, ErrorKind::Unavailable, true);
+    assert_failed(&outcomes, 5, ErrorKind::Unroutable, false);
     match &outcomes[6] {
         Outcome::Reject(e) => {
             assert_eq!(e.kind(), ErrorKind::InvalidMessage);
@@ -238,9 +241,8 @@ async fn every_status_has_its_kind() {
 async fn throttling_on_every_request_fails_the_call_in_the_engine() {
     let (server, sink) = answering(Reply::status(429).header("Retry-After", "2")).await;
     let outcomes = publish_batch(&sink, 4).await;
-    assert_all_failed(&outcomes, ErrorKind::Unavailable, true);
+    let e = call_failure(&outcomes, ErrorKind::Unavailable, true);
     assert_eq!(server.requests().len(), 4);
-    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
 
@@ -251,8 +253,7 @@ async fn unreachable_endpoint_fails_every_event_as_a_connection_error() {
         "http://127.0.0.1:{port}/hooks?token=s3cr3t"
     )));
     let outcomes = publish_batch(&sink, 3).await;
-    assert_all_failed(&outcomes, ErrorKind::Connection, true);
-    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    let e = call_failure(&outcomes, ErrorKind::Connection, true);
     assert!(
         e.message().contains(&format!(
             "cannot reach the webhook at 127.0.0.1:{port} (sink.webhook.url)"
@@ -276,8 +277,7 @@ async fn connection_closed_without_an_answer_is_a_connection_error() {
     let outcomes = sink.publish(&sample_batch(1, 2, "order", 2)).await;
     closer.abort();
     let outcomes = outcomes.expect("outcomes");
-    assert_all_failed(&outcomes, ErrorKind::Connection, true);
-    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    let e = call_failure(&outcomes, ErrorKind::Connection, true);
     assert!(
         e.message()
             .contains("the connection failed before an answer arrived"),
@@ -299,8 +299,7 @@ async fn server_errors_on_every_request_are_retried_per_event() {
 async fn refused_credentials_fail_the_call_in_the_engine() {
     let (_server, sink) = answering(Reply::status(401).body("invalid token")).await;
     let outcomes = publish_batch(&sink, 3).await;
-    assert_all_failed(&outcomes, ErrorKind::Unauthorized, false);
-    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    let e = call_failure(&outcomes, ErrorKind::Unauthorized, false);
     assert!(
         e.message()
             .ends_with("credentials refused: check sink.webhook.headers: invalid token"),
@@ -331,8 +330,7 @@ async fn slow_endpoint_times_out() {
         "{:?}",
         started.elapsed()
     );
-    assert_all_failed(&outcomes, ErrorKind::Timeout, true);
-    let e = whole_call_failure(&outcomes).expect("the engine fails the whole call");
+    let e = call_failure(&outcomes, ErrorKind::Timeout, true);
     assert!(
         e.message()
             .contains("the answer took longer than 300ms (sink.webhook.timeout)"),
@@ -401,16 +399,8 @@ async fn bad_events_are_rejected_without_a_request() {
     escaping.destination = Some("../admin".into());
     let good = sample_event(3, "order", "3", "Happened");
     let outcomes = sink.publish(&[not_json, escaping, good]).await.unwrap();
-    assert!(
-        matches!(&outcomes[0], Outcome::Reject(e) if e.kind() == ErrorKind::InvalidMessage),
-        "{}",
-        describe(&outcomes)
-    );
-    assert!(
-        matches!(&outcomes[1], Outcome::Reject(e) if e.kind() == ErrorKind::Unroutable),
-        "{}",
-        describe(&outcomes)
-    );
+    assert_failed(&outcomes, 0, ErrorKind::InvalidMessage, false);
+    assert_failed(&outcomes, 1, ErrorKind::Unroutable, false);
     assert!(outcomes[2].is_published());
     assert_eq!(server.requests().len(), 1);
 }

@@ -407,17 +407,34 @@ pub fn assert_all_published(outcomes: &[Outcome]) {
     );
 }
 
-/// Assert that every outcome is a failure of `kind`, retried (`Retry`, with `retried`) or
-/// rejected (`Reject`), listing them all when one is not.
-pub fn assert_all_failed(outcomes: &[Outcome], kind: ErrorKind, retried: bool) {
-    let as_expected = |outcome: &Outcome| match outcome {
+/// Whether `outcome` is a failure of `kind`, retried (`Retry`, with `retried`) or rejected
+/// (`Reject`).
+fn failed_as(outcome: &Outcome, kind: ErrorKind, retried: bool) -> bool {
+    match outcome {
         Outcome::Retry(e) => retried && e.kind() == kind,
         Outcome::Reject(e) => !retried && e.kind() == kind,
         Outcome::Published => false,
-    };
+    }
+}
+
+/// Assert that every outcome is a failure of `kind`, retried (`Retry`, with `retried`) or
+/// rejected (`Reject`), listing them all when one is not.
+pub fn assert_all_failed(outcomes: &[Outcome], kind: ErrorKind, retried: bool) {
     assert!(
-        outcomes.iter().all(as_expected),
+        outcomes.iter().all(|o| failed_as(o, kind, retried)),
         "expected every outcome {} with {kind:?}: {}",
+        if retried { "retried" } else { "rejected" },
+        describe_outcomes(outcomes)
+    );
+}
+
+/// Assert that outcome `index` of `outcomes` is a failure of `kind`, retried (`Retry`, with
+/// `retried`) or rejected (`Reject`), listing them all when it is not.
+#[track_caller]
+pub fn assert_failed(outcomes: &[Outcome], index: usize, kind: ErrorKind, retried: bool) {
+    assert!(
+        failed_as(&outcomes[index], kind, retried),
+        "expected outcome {index} {} with {kind:?}: {}",
         if retried { "retried" } else { "rejected" },
         describe_outcomes(outcomes)
     );
@@ -875,6 +892,28 @@ mod tests {
         let harness =
             ConfigHarness::built_by_config(config(true), config(false), Prepared::default());
         harness.unreachable_sink().await;
+    }
+
+    #[test]
+    fn one_outcome_is_checked_for_its_kind_and_whether_it_is_retried() {
+        let outcomes = [
+            Outcome::Published,
+            Outcome::Retry(Error::new(ErrorKind::Unavailable, "busy")),
+            Outcome::Reject(Error::new(ErrorKind::Unroutable, "nowhere")),
+        ];
+        assert_failed(&outcomes, 1, ErrorKind::Unavailable, true);
+        assert_failed(&outcomes, 2, ErrorKind::Unroutable, false);
+        for (index, kind, retried) in [
+            (0, ErrorKind::Unavailable, true),
+            (1, ErrorKind::Unavailable, false),
+            (1, ErrorKind::Connection, true),
+            (2, ErrorKind::Unroutable, true),
+        ] {
+            let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                assert_failed(&outcomes, index, kind, retried);
+            }));
+            assert!(failed.is_err(), "outcome {index} as {kind:?}, {retried}");
+        }
     }
 
     #[test]
