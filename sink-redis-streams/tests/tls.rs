@@ -202,13 +202,7 @@ async fn the_password_key_overrides_the_urls_and_never_shows() {
     let (server, prefix) = server(false);
     let password = "tls-s3cr3t-pw";
     let side = server.side(&prefix).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg(password)
-        .query_async(&mut side.connection())
-        .await
-        .expect("CONFIG SET requirepass");
+    side.require_password(password).await;
     let stream = format!("{prefix}.{{aggregate_type}}");
 
     let no_password = config(&server, &stream);
