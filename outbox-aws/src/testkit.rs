@@ -1,9 +1,9 @@
 //! What the SQS and SNS sinks' tests share (feature `testkit`, for their dev-dependencies):
-//! the SDK configuration of the test server, publishing a call that must not fail as a whole,
-//! the checks of a sink's `from_sdk_config` and batch entries, and the events and checks of the
-//! cases both sinks' integration tests run (FIFO, attributes past the limit, CloudEvents,
-//! large calls). The messages read back are given as their fields, so that this crate needs no
-//! test harness.
+//! the SDK configuration of the test server, the service errors their error tables classify,
+//! publishing a call that must not fail as a whole, the checks of a sink's `from_sdk_config`
+//! and batch entries, and the events and checks of the cases both sinks' integration tests run
+//! (FIFO, attributes past the limit, CloudEvents, large calls). The messages read back are
+//! given as their fields, so that this crate needs no test harness.
 //!
 //! The cases both integration tests run the same way are written once, as functions taking a
 //! [`Fixture`] (make a destination, build the sink for it, read back what arrived, delete it):
@@ -18,6 +18,11 @@ use async_trait::async_trait;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_credential_types::Credentials;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::error::ErrorMetadata;
 use outboxkit_core::cloudevents::STRUCTURED_CONTENT_TYPE;
 use outboxkit_core::testkit::cloudevents::check_structured;
 use outboxkit_core::testkit::cloudevents::sample_events;
@@ -40,6 +45,20 @@ pub fn sdk_config() -> SdkConfig {
         .region(Region::new("us-east-1"))
         .credentials_provider(SharedCredentialsProvider::new(credentials))
         .build()
+}
+
+/// The SDK error of an answer with HTTP `status` and the service error `code` and `message`,
+/// as the operation's error type makes it of the error's metadata (`generic`, e.g.
+/// `PublishBatchError::generic`): what the tests of a sink's error table classify.
+pub fn service_error<E>(
+    generic: impl FnOnce(ErrorMetadata) -> E,
+    code: &str,
+    message: &str,
+    status: u16,
+) -> SdkError<E, HttpResponse> {
+    let meta = ErrorMetadata::builder().code(code).message(message).build();
+    let answer = HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty());
+    SdkError::service_error(generic(meta), answer)
 }
 
 /// Each of `destinations` is refused by `parse` (a sink's parser of destinations) with a

@@ -69,23 +69,14 @@ pub fn classify_entry(entry: &BatchResultErrorEntry) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use aws_sdk_sns::error::ErrorMetadata;
     use aws_sdk_sns::operation::publish_batch::PublishBatchError;
-    use aws_smithy_runtime_api::http::StatusCode;
-    use aws_smithy_types::body::SdkBody;
+    use outboxkit_aws::testkit::service_error;
     use outboxkit_core::ErrorKind;
 
     use super::*;
 
     fn service(code: &str, status: u16) -> SdkError<PublishBatchError, HttpResponse> {
-        let meta = ErrorMetadata::builder()
-            .code(code)
-            .message("details from SNS")
-            .build();
-        SdkError::service_error(
-            PublishBatchError::generic(meta),
-            HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty()),
-        )
+        service_error(PublishBatchError::generic, code, "details from SNS", status)
     }
 
     fn check(code: &str, status: u16, kind: ErrorKind, retryable: bool) {

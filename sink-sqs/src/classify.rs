@@ -121,10 +121,11 @@ mod tests {
     use std::io;
 
     use aws_credential_types::provider::error::CredentialsError;
-    use aws_sdk_sqs::error::{ConnectorError, ErrorMetadata};
+    use aws_sdk_sqs::error::ConnectorError;
     use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError;
     use aws_smithy_runtime_api::http::StatusCode;
     use aws_smithy_types::body::SdkBody;
+    use outboxkit_aws::testkit::service_error;
     use outboxkit_core::testkit::sink_suite::assert_classified;
 
     use super::*;
@@ -132,13 +133,11 @@ mod tests {
     type BatchSdkError = SdkError<SendMessageBatchError, HttpResponse>;
 
     fn service(code: &str, status: u16) -> BatchSdkError {
-        let meta = ErrorMetadata::builder()
-            .code(code)
-            .message("details from SQS")
-            .build();
-        SdkError::service_error(
-            SendMessageBatchError::generic(meta),
-            HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::empty()),
+        service_error(
+            SendMessageBatchError::generic,
+            code,
+            "details from SQS",
+            status,
         )
     }
 
