@@ -551,11 +551,6 @@ where
         .map_err(|e| ConfigError::from_figment(e, figment, file, key))
 }
 
-/// Replace the password of a URL by `***` for logs and errors.
-pub fn redact_url(raw: &str) -> String {
-    outboxkit_core::redact::redact_url_or_strip(raw)
-}
-
 /// The config file's path for messages.
 pub fn describe_file(file: Option<&PathBuf>) -> String {
     file.map(|f| f.display().to_string())
@@ -966,6 +961,7 @@ mod tests {
 
     #[test]
     fn redact_url_hides_passwords() {
+        use outboxkit_core::redact::redact_url_or_strip as redact_url;
         assert_eq!(
             redact_url("postgres://app:s3cr3t@db:5432/app"),
             "postgres://app:***@db:5432/app"
