@@ -91,4 +91,27 @@ mod tests {
             "nats://127.0.0.1:4222"
         );
     }
+
+    #[test]
+    fn connection_urls_of_every_kind_lose_their_password() {
+        assert_eq!(
+            redact_url_or_strip("postgres://app:s3cr3t@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(
+            redact_url_or_strip("redis://:s3cr3t@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(
+            redact_url_or_strip("postgres://app@db/app"),
+            "postgres://app@db/app"
+        );
+        for raw in ["not a url:s3cr3t@db", "postgres://app:s3cr3t@"] {
+            assert!(
+                !redact_url_or_strip(raw).contains("s3cr3t"),
+                "{raw} -> {}",
+                redact_url_or_strip(raw)
+            );
+        }
+    }
 }
