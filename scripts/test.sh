@@ -12,5 +12,7 @@ if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --no-fail-fast "$@"
   cargo test --workspace --doc --all-features
 else
-  cargo test --workspace --all-features --no-fail-fast "$@"
+  # One test at a time: without nextest's groups, tests that restart or reconfigure the
+  # machine's RabbitMQ would run beside others that use it.
+  RUST_TEST_THREADS=1 cargo test --workspace --all-features --no-fail-fast "$@"
 fi

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use outboxkit_harness::*;
 
-mod aws;
+use crate::aws;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_over_256_kib_ends_dead_while_others_flow() {

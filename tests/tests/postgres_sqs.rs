@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
-
-mod aws;
 use uuid::Uuid;
+
+use crate::aws;
 
 /// FIFO: SQS drops a second copy of an `event_id` for 5 minutes, even after the first was
 /// consumed and deleted. After a small scenario, enqueue 20 already delivered event ids again
