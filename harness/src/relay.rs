@@ -7,8 +7,9 @@ use outboxkit_core::testkit::relay_process;
 use crate::broker::BrokerSide;
 use crate::store::StoreSide;
 
-/// The `outbox-relay` binary: `OUTBOX_TEST_RELAY_BIN`, or the one `cargo build -p
-/// outboxkit-relay` built.
+/// The `outbox-relay` binary: `OUTBOX_TEST_RELAY_BIN`, or `target/debug/outbox-relay`, which a
+/// test build of the workspace builds (for relay-bin's integration tests), as does `cargo build
+/// -p outboxkit-relay`.
 pub fn relay_binary() -> PathBuf {
     if let Ok(path) = std::env::var("OUTBOX_TEST_RELAY_BIN") {
         return PathBuf::from(path);
@@ -19,8 +20,8 @@ pub fn relay_binary() -> PathBuf {
     let path = target.join("debug").join("outbox-relay");
     assert!(
         path.exists(),
-        "{} does not exist: build it first with `cargo build -p outboxkit-relay` (scripts/test.sh does), \
-         or point OUTBOX_TEST_RELAY_BIN at it",
+        "{} does not exist: build it first with `cargo build -p outboxkit-relay` (a test build of \
+         the whole workspace builds it too), or point OUTBOX_TEST_RELAY_BIN at it",
         path.display()
     );
     path

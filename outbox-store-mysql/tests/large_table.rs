@@ -3,7 +3,7 @@
 //! the claim is timed beside the same claim on an empty table and on a table holding only the
 //! 1,000 pending rows, and its plan is checked with EXPLAIN.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

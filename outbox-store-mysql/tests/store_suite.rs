@@ -1,7 +1,7 @@
 //! The store conformance suite of outboxkit-core, on a real MySQL / MariaDB: the common cases
 //! and the live ones.
 
-mod common;
+use crate::common;
 
 use std::str::FromStr;
 

@@ -3,7 +3,7 @@
 //! connection and configuration errors) are the live cases of the store suite
 //! (tests/store_suite.rs).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

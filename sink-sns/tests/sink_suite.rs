@@ -3,7 +3,7 @@
 //! topics, read back through subscribed SQS queues by the harness's SNS side. FIFO topics are
 //! covered by `tests/sns.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

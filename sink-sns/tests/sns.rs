@@ -3,7 +3,7 @@
 //! delivery: FIFO groups and deduplication ids, SNS's refusals, missing topics, attributes past
 //! the limit, CloudEvents, topic ARNs and `topic_arn_prefix`, `check`.
 
-mod common;
+use crate::common;
 
 use outboxkit_aws::testkit::{self, publish, READ_TIMEOUT};
 use outboxkit_core::cloudevents::Format;

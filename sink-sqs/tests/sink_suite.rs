@@ -2,7 +2,7 @@
 //! (`OUTBOX_TEST_SQS_ENDPOINT`, default LocalStack on `http://127.0.0.1:4566`), on standard
 //! queues, read back by the harness's SQS side. FIFO queues are covered by `tests/sqs.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

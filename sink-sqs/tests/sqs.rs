@@ -2,7 +2,7 @@
 //! on `http://127.0.0.1:4566`): FIFO groups and deduplication, SQS's per-entry refusals,
 //! missing queues, attributes past SQS's limit, request splitting, `check`.
 
-mod common;
+use crate::common;
 
 use outboxkit_aws::testkit::{self, publish, READ_TIMEOUT};
 use outboxkit_core::cloudevents::Format;

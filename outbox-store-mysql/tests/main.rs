@@ -1,0 +1,8 @@
+//! The integration tests, one module per file, in one test binary: a binary per file would
+//! link the drivers again for each.
+
+mod common;
+mod inbox;
+mod large_table;
+mod mysql;
+mod store_suite;

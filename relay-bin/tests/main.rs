@@ -1,0 +1,5 @@
+//! The integration tests, one module per file, in one test binary: a binary per file would
+//! link the drivers again for each.
+
+mod config_errors;
+mod configuration_doc;
