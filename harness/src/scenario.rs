@@ -461,6 +461,20 @@ impl Scenario {
         serde_json::from_str(&status).unwrap_or_else(|e| panic!("status --json: {e}: {status}"))
     }
 
+    /// [`Self::status`] once it reports nothing pending, or as it is after 15 s. In message
+    /// style `pending` is what the slot's reader held at its last report (every
+    /// `relay.status_interval`, 5 s by default), so it can lag a finished drain by that long.
+    pub async fn settled_status(&self) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let status = self.status();
+            if status["pending"] == 0 || started.elapsed() > Duration::from_secs(15) {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// Start a relay process with relay id `name` (and extra environment); its index.
     pub fn start_relay(&mut self, name: &str, env: &[(&str, &str)]) -> usize {
         let mut all = self.broker.relay_env();
@@ -645,7 +659,7 @@ impl Scenario {
         // Every relay is alive and they share the shards; nothing is dead.
         self.assert_relays_running();
         self.wait_shared(plan.relays).await;
-        let status = self.status();
+        let status = self.settled_status().await;
         assert_eq!(status["pending"], 0, "{status}");
         assert_eq!(status["dead"], 0, "{status}");
         assert_eq!(status["shards_owned"], 32, "{status}");
@@ -739,7 +753,7 @@ impl Scenario {
             expected_error(last_error),
             "the refusal must be recorded: {last_error}"
         );
-        let status = self.status();
+        let status = self.settled_status().await;
         assert_eq!(status["dead"], 1, "{status}");
         assert_eq!(status["pending"], 0, "{status}");
         println!(

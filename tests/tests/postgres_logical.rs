@@ -172,16 +172,7 @@ async fn kill_and_partition(style: &'static str) {
         .await;
     let drain_secs = started.elapsed().as_secs_f64();
     scenario.assert_relays_running();
-    // In message style `pending` is what the reader reported holding at its last status
-    // refresh (every relay.status_interval, 5 s here).
-    let started_waiting = Instant::now();
-    let status = loop {
-        let status = scenario.status();
-        if status["pending"] == 0 || started_waiting.elapsed() > Duration::from_secs(15) {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let status = scenario.settled_status().await;
     assert_eq!(status["pending"], 0, "{status}");
     assert_eq!(status["dead"], 0, "{status}");
     assert!(
