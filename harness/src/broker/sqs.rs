@@ -87,7 +87,8 @@ fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
 /// message before deleting it (a FIFO queue hands out a group's next message only once the
 /// previous one is deleted, so the record keeps each group's order), retrying through errors
 /// (the server frozen...), until [`BrokerSide::cleanup`]. `headers` are the message
-/// attributes; `meta["message_group_id"]` is the FIFO message group.
+/// attributes; `meta["message_group_id"]` is the FIFO message group and
+/// `meta["sequence_number"]` the FIFO queue's sequence number.
 #[derive(Debug)]
 pub struct SqsSide {
     endpoint: String,
@@ -169,6 +170,28 @@ impl SqsSide {
     /// Everything the consumer received so far, in the order it recorded it.
     pub fn received(&self) -> Vec<Delivered> {
         self.records.lock().unwrap().clone()
+    }
+
+    /// Everything the consumer received so far, in the order the FIFO queue took it (its
+    /// `SequenceNumber`): the order the relay published in. Unlike [`Self::received`] it does not
+    /// depend on the order consumers got messages in, which a frozen LocalStack can mix up:
+    /// receives that timed out during the freeze are served after the thaw, their answers lost
+    /// and their messages invisible until the visibility timeout, and a group's later message
+    /// was once seen handed out before such a one came back.
+    pub fn received_in_queue_order(&self) -> Vec<Delivered> {
+        let mut delivered: Vec<(u128, Delivered)> = self
+            .received()
+            .into_iter()
+            .map(|d| match d.meta.get("sequence_number").map(|s| s.parse()) {
+                Some(Ok(sequence)) => (sequence, d),
+                _ => panic!(
+                    "no numeric SequenceNumber (is queue {} FIFO?): {d:?}",
+                    self.queue
+                ),
+            })
+            .collect();
+        delivered.sort_by_key(|(sequence, _)| *sequence);
+        delivered.into_iter().map(|(_, d)| d).collect()
     }
 
     /// The distinct event ids received so far.
@@ -537,6 +560,7 @@ async fn consume_once(
         .visibility_timeout(20)
         .message_attribute_names("All")
         .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .message_system_attribute_names(MessageSystemAttributeName::SequenceNumber)
         .send()
         .await
     {
@@ -567,10 +591,13 @@ async fn consume_once(
                 destination: queue.to_owned(),
                 payload: m.payload(),
                 headers: m.attributes.into_iter().collect(),
-                meta: m
-                    .group_id
-                    .map(|group| HashMap::from([("message_group_id".to_owned(), group)]))
-                    .unwrap_or_default(),
+                meta: [
+                    ("message_group_id", m.group_id),
+                    ("sequence_number", m.sequence_number),
+                ]
+                .into_iter()
+                .filter_map(|(key, value)| Some((key.to_owned(), value?)))
+                .collect(),
             }
         }));
     let handles: Vec<&str> = messages.iter().filter_map(|m| m.receipt_handle()).collect();
@@ -605,6 +632,8 @@ pub struct SqsMessage {
     pub attribute_count: usize,
     pub group_id: Option<String>,
     pub deduplication_id: Option<String>,
+    /// The FIFO queue's `SequenceNumber` of the message: the order in which the queue took it.
+    pub sequence_number: Option<String>,
 }
 
 impl SqsMessage {
@@ -629,6 +658,7 @@ impl SqsMessage {
             attribute_count: wire.map_or(0, HashMap::len),
             group_id: system(MessageSystemAttributeName::MessageGroupId),
             deduplication_id: system(MessageSystemAttributeName::MessageDeduplicationId),
+            sequence_number: system(MessageSystemAttributeName::SequenceNumber),
         }
     }
 
