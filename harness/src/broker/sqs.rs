@@ -85,7 +85,8 @@ fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
 /// The SQS side: queue `<prefix>` (standard) or `<prefix>.fifo`. [`BrokerSide::prepare`]
 /// creates it and starts the independent consumer: loops of `ReceiveMessage` recording each
 /// message before deleting it (a FIFO queue hands out a group's next message only once the
-/// previous one is deleted, so the record keeps each group's order), retrying through errors
+/// previous one is deleted, so the record keeps each group's order; after a freeze of
+/// LocalStack it may not, see [`Self::received_in_queue_order`]), retrying through errors
 /// (the server frozen...), until [`BrokerSide::cleanup`]. `headers` are the message
 /// attributes; `meta["message_group_id"]` is the FIFO message group and
 /// `meta["sequence_number"]` the FIFO queue's sequence number.
@@ -174,10 +175,11 @@ impl SqsSide {
 
     /// Everything the consumer received so far, in the order the FIFO queue took it (its
     /// `SequenceNumber`): the order the relay published in. Unlike [`Self::received`] it does not
-    /// depend on the order consumers got messages in, which a frozen LocalStack can mix up:
-    /// receives that timed out during the freeze are served after the thaw, their answers lost
-    /// and their messages invisible until the visibility timeout, and a group's later message
-    /// was once seen handed out before such a one came back.
+    /// depend on the order consumers got messages in, which a frozen LocalStack can mix up.
+    /// Receives and deletes that timed out during the freeze are all served after the thaw:
+    /// a lost receive keeps its messages invisible until the visibility timeout, and a stale
+    /// delete that lands while LocalStack's `receive` has taken a group's messages but not yet
+    /// marked them in flight unlocks the group, so its next message can go out first.
     pub fn received_in_queue_order(&self) -> Vec<Delivered> {
         let mut delivered: Vec<(u128, Delivered)> = self
             .received()
