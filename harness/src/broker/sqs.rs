@@ -181,19 +181,17 @@ impl SqsSide {
     /// delete that lands while LocalStack's `receive` has taken a group's messages but not yet
     /// marked them in flight unlocks the group, so its next message can go out first.
     pub fn received_in_queue_order(&self) -> Vec<Delivered> {
-        let mut delivered: Vec<(u128, Delivered)> = self
-            .received()
-            .into_iter()
-            .map(|d| match d.meta.get("sequence_number").map(|s| s.parse()) {
-                Some(Ok(sequence)) => (sequence, d),
-                _ => panic!(
+        let mut delivered = self.received();
+        delivered.sort_by_cached_key(|d| {
+            let sequence = d.meta.get("sequence_number").map(|s| s.parse::<u128>());
+            sequence.and_then(Result::ok).unwrap_or_else(|| {
+                panic!(
                     "no numeric SequenceNumber (is queue {} FIFO?): {d:?}",
                     self.queue
-                ),
+                )
             })
-            .collect();
-        delivered.sort_by_key(|(sequence, _)| *sequence);
-        delivered.into_iter().map(|(_, d)| d).collect()
+        });
+        delivered
     }
 
     /// The distinct event ids received so far.

@@ -45,8 +45,8 @@ pub async fn own_server_frozen_for_30s_under_steady_writes(kind: &str) {
 }
 
 /// The private server frozen (SIGSTOP) for 30 s under steady writes: nothing lost, each
-/// aggregate's events in order in the queue, the relay recovers by itself; `reader` is the queue the broker side reads (`broker` itself, or behind
-/// it). Prints the recovery figures.
+/// aggregate's events in order in the queue, the relay recovers by itself; `reader` is the
+/// queue the broker side reads (`broker` itself, or behind it). Prints the recovery figures.
 async fn frozen_for_30s_under_steady_writes(
     name: &str,
     server: &OwnSqsServer,
