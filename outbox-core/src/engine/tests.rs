@@ -27,6 +27,15 @@ fn fast_config() -> RelayConfig {
     }
 }
 
+/// [`fast_config`] with every retry waiting `backoff`.
+fn fixed_backoff(backoff: Duration) -> RelayConfig {
+    RelayConfig {
+        backoff_initial: backoff,
+        backoff_max: backoff,
+        ..fast_config()
+    }
+}
+
 /// `per_aggregate` events for each of `aggregates` aggregates, interleaved like concurrent writers.
 async fn write(store: &MemoryStore, aggregates: usize, per_aggregate: usize) -> Vec<i64> {
     let mut events = Vec::new();
@@ -43,20 +52,33 @@ async fn write(store: &MemoryStore, aggregates: usize, per_aggregate: usize) -> 
     store.insert(&events).await.unwrap()
 }
 
-fn start(
-    store: &MemoryStore,
-    sink: &ScriptedSink,
-    config: RelayConfig,
-) -> (
-    ShutdownTrigger,
-    RelayHandle,
-    tokio::task::JoinHandle<Result<()>>,
-) {
+/// A relay running in a task of its own.
+struct Running {
+    trigger: ShutdownTrigger,
+    handle: RelayHandle,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Running {
+    /// Shut it down and wait until it has stopped cleanly; its handle still reads the
+    /// figures.
+    async fn stop(self) -> RelayHandle {
+        self.trigger.trigger();
+        self.task.await.unwrap().unwrap();
+        self.handle
+    }
+}
+
+fn start(store: &MemoryStore, sink: &ScriptedSink, config: RelayConfig) -> Running {
     let relay = Relay::new(Arc::new(store.clone()), Arc::new(sink.clone()), config).unwrap();
     let handle = relay.handle();
     let (trigger, shutdown) = Shutdown::channel();
     let task = tokio::spawn(relay.run(shutdown));
-    (trigger, handle, task)
+    Running {
+        trigger,
+        handle,
+        task,
+    }
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -65,6 +87,11 @@ async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> boo
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Wait until no row is left pending (each is published or dead).
+async fn drained(store: &MemoryStore, timeout: Duration) {
+    wait_until("nothing pending", timeout, || pending(store) == 0).await;
 }
 
 fn pending(store: &MemoryStore) -> usize {
@@ -95,6 +122,14 @@ fn assert_first_occurrences_in_order(delivered: &[OutboxEvent]) {
     }
 }
 
+/// How many deliveries were of aggregates other than `aggregate`.
+fn delivered_outside(sink: &ScriptedSink, aggregate: &str) -> usize {
+    sink.delivered()
+        .iter()
+        .filter(|e| e.aggregate_id != aggregate)
+        .count()
+}
+
 fn event_id_of(store: &MemoryStore, id: i64) -> uuid::Uuid {
     store.row(id).unwrap().event.event_id
 }
@@ -109,13 +144,9 @@ async fn failing_event_in_the_middle_keeps_per_aggregate_order() {
     let victim_event_id = event_id_of(&store, victim);
     sink.script(victim_event_id, Script::RetryTimes(2));
 
-    let (trigger, _handle, task) = start(&store, &sink, fast_config());
-    wait_until("everything delivered", Duration::from_secs(10), || {
-        pending(&store) == 0
-    })
-    .await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let relay = start(&store, &sink, fast_config());
+    drained(&store, Duration::from_secs(10)).await;
+    relay.stop().await;
 
     let delivered = sink.delivered();
     assert_eq!(delivered.len(), 100, "each event delivered once");
@@ -144,20 +175,12 @@ async fn retry_backoff_holds_back_only_its_aggregate() {
     let sink = ScriptedSink::new();
     let first_of_agg0 = ids[0];
     sink.script(event_id_of(&store, first_of_agg0), Script::RetryTimes(1));
-    let config = RelayConfig {
-        backoff_initial: Duration::from_millis(400),
-        backoff_max: Duration::from_millis(400),
-        ..fast_config()
-    };
-    let (trigger, _handle, task) = start(&store, &sink, config);
+    let config = fixed_backoff(Duration::from_millis(400));
+    let relay = start(&store, &sink, config);
 
     // Everyone else is delivered while agg-0 waits for its backoff (at least 200 ms).
     wait_until("other aggregates delivered", Duration::from_secs(5), || {
-        sink.delivered()
-            .iter()
-            .filter(|e| e.aggregate_id != "agg-0")
-            .count()
-            == 16
+        delivered_outside(&sink, "agg-0") == 16
     })
     .await;
     let row = store.row(first_of_agg0).unwrap();
@@ -171,12 +194,8 @@ async fn retry_backoff_holds_back_only_its_aggregate() {
         sink.delivered().iter().all(|e| e.aggregate_id != "agg-0"),
         "agg-0 is held back while its first event waits"
     );
-    wait_until("agg-0 delivered", Duration::from_secs(5), || {
-        pending(&store) == 0
-    })
-    .await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
     assert_first_occurrences_in_order(&sink.delivered());
     let agg0: Vec<i64> = sink
         .delivered()
@@ -194,13 +213,9 @@ async fn dead_after_max_attempts_then_aggregate_flows_on_by_default() {
     let sink = ScriptedSink::new();
     let poison = ids[3]; // second event of agg-0
     sink.script(event_id_of(&store, poison), Script::AlwaysRetry);
-    let (trigger, handle, task) = start(&store, &sink, fast_config());
-    wait_until("all settled", Duration::from_secs(10), || {
-        pending(&store) == 0
-    })
-    .await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let relay = start(&store, &sink, fast_config());
+    drained(&store, Duration::from_secs(10)).await;
+    let handle = relay.stop().await;
 
     let row = store.row(poison).unwrap();
     assert!(row.dead, "parked as dead");
@@ -224,14 +239,13 @@ async fn dead_event_holds_its_aggregate_with_on_dead_hold() {
         on_dead: OnDead::Hold,
         ..fast_config()
     };
-    let (trigger, _handle, task) = start(&store, &sink, config);
+    let relay = start(&store, &sink, config);
     wait_until("others delivered", Duration::from_secs(5), || {
         sink.delivered().len() == 7
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    relay.stop().await;
 
     let row = store.row(poison).unwrap();
     assert!(row.dead);
@@ -260,10 +274,9 @@ async fn oversized_payload_is_dead_without_a_broker_call() {
         max_payload_bytes: Some(1000),
         ordered_per_key: false,
     });
-    let (trigger, _handle, task) = start(&store, &sink, fast_config());
-    wait_until("settled", Duration::from_secs(5), || pending(&store) == 0).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let relay = start(&store, &sink, fast_config());
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
     let rows = store.rows();
     let big_row = rows.iter().find(|r| r.event.event_type == "Big").unwrap();
     assert!(big_row.dead);
@@ -282,22 +295,24 @@ async fn broker_outage_dead_letters_nothing_and_recovers() {
     write(&store, 10, 5).await;
     let sink = ScriptedSink::new();
     sink.set_down(true);
-    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    let relay = start(&store, &sink, fast_config());
     wait_until("several failed calls", Duration::from_secs(5), || {
         sink.calls() >= 3
     })
     .await;
-    assert!(!handle.is_ready(), "not ready while the broker is down");
-    assert!(handle.last_error().unwrap().contains("down"));
+    assert!(
+        !relay.handle.is_ready(),
+        "not ready while the broker is down"
+    );
+    assert!(relay.handle.last_error().unwrap().contains("down"));
     assert!(store
         .rows()
         .iter()
         .all(|r| r.event.attempts == 0 && !r.dead));
     sink.set_down(false);
-    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
-    assert!(handle.is_ready());
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    drained(&store, Duration::from_secs(10)).await;
+    assert!(relay.handle.is_ready());
+    relay.stop().await;
     assert_eq!(sink.delivered().len(), 50);
     assert_first_occurrences_in_order(&sink.delivered());
 }
@@ -307,13 +322,12 @@ async fn shutdown_finishes_the_in_flight_batch() {
     let store = MemoryStore::new(2);
     write(&store, 5, 40).await; // 200 events, batches of 50
     let sink = ScriptedSink::new().with_delay(Duration::from_millis(300));
-    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    let relay = start(&store, &sink, fast_config());
     wait_until("a publish in flight", Duration::from_secs(5), || {
         sink.calls() >= 1
     })
     .await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let handle = relay.stop().await;
     let delivered = sink.delivered().len();
     assert!(delivered >= 5, "the in-flight call completed");
     assert!(delivered < 200, "no new batches after shutdown");
@@ -333,14 +347,13 @@ async fn shutdown_grace_bounds_a_hung_broker() {
         shutdown_grace: Duration::from_millis(200),
         ..fast_config()
     };
-    let (trigger, _handle, task) = start(&store, &sink, config);
+    let relay = start(&store, &sink, config);
     wait_until("a publish in flight", Duration::from_secs(5), || {
         sink.calls() >= 1
     })
     .await;
     let t = Instant::now();
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    relay.stop().await;
     assert!(t.elapsed() < Duration::from_secs(3));
     assert_eq!(pending(&store), 4, "unacknowledged events stay pending");
 }
@@ -375,12 +388,12 @@ async fn three_relays_share_shards_and_keep_order() {
         owners.len() == 16 && per.len() == 3 && per.values().all(|n| *n <= 6)
     })
     .await;
-    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
-    for (trigger, _, _) in &relays {
-        trigger.trigger();
+    drained(&store, Duration::from_secs(10)).await;
+    for relay in &relays {
+        relay.trigger.trigger();
     }
-    for (_, _, task) in relays {
-        task.await.unwrap().unwrap();
+    for relay in relays {
+        relay.task.await.unwrap().unwrap();
     }
     let delivered = sink.delivered();
     let unique: std::collections::HashSet<i64> = delivered.iter().map(|e| e.id).collect();
@@ -393,16 +406,15 @@ async fn lost_session_is_reopened_and_nothing_is_lost() {
     let store = MemoryStore::new(4);
     write(&store, 10, 10).await;
     let sink = ScriptedSink::new().with_delay(Duration::from_millis(5));
-    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    let relay = start(&store, &sink, fast_config());
     wait_until("some delivered", Duration::from_secs(5), || {
         !sink.delivered().is_empty()
     })
     .await;
     store.break_sessions();
-    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
-    assert!(handle.shards_owned() > 0, "took its shards back");
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    drained(&store, Duration::from_secs(10)).await;
+    assert!(relay.handle.shards_owned() > 0, "took its shards back");
+    relay.stop().await;
     let delivered = sink.delivered();
     let unique: std::collections::HashSet<i64> = delivered.iter().map(|e| e.id).collect();
     assert_eq!(unique.len(), 100);
@@ -418,15 +430,14 @@ async fn keep_retention_marks_then_purges() {
         retention: Retention::Keep(Duration::from_millis(100)),
         ..fast_config()
     };
-    let (trigger, _handle, task) = start(&store, &sink, config);
+    let relay = start(&store, &sink, config);
     wait_until("published and kept", Duration::from_secs(5), || {
         let rows = store.rows();
         !rows.is_empty() && rows.iter().all(|r| r.published)
     })
     .await;
     wait_until("purged", Duration::from_secs(5), || store.rows().is_empty()).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    relay.stop().await;
     assert_eq!(sink.delivered().len(), 9);
 }
 
@@ -435,10 +446,9 @@ async fn ordered_sinks_get_whole_batches_and_unordered_ones_get_waves() {
     let store = MemoryStore::new(1);
     write(&store, 1, 20).await; // one hot aggregate
     let unordered = ScriptedSink::new();
-    let (trigger, _h, task) = start(&store, &unordered, fast_config());
-    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let relay = start(&store, &unordered, fast_config());
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
     assert_eq!(unordered.calls(), 20, "one event of the aggregate per call");
 
     let store = MemoryStore::new(1);
@@ -448,10 +458,9 @@ async fn ordered_sinks_get_whole_batches_and_unordered_ones_get_waves() {
         max_payload_bytes: None,
         ordered_per_key: true,
     });
-    let (trigger, _h, task) = start(&store, &ordered, fast_config());
-    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    let relay = start(&store, &ordered, fast_config());
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
     assert_eq!(ordered.calls(), 1, "the whole batch in one call");
     assert_first_occurrences_in_order(&ordered.delivered());
 }
@@ -562,13 +571,17 @@ async fn every_event_failing_with_connection_charges_no_attempt_and_dead_letters
         max_attempts: 2,
         ..fast_config()
     };
-    let (trigger, handle, task) = start(&store, &sink, config);
+    let relay = start(&store, &sink, config);
     wait_until("several failed calls", Duration::from_secs(5), || {
         sink.calls() >= 4
     })
     .await;
-    assert!(!handle.is_ready(), "not ready while every event fails so");
-    assert!(handle
+    assert!(
+        !relay.handle.is_ready(),
+        "not ready while every event fails so"
+    );
+    assert!(relay
+        .handle
         .last_error()
         .unwrap()
         .contains("scripted connection failure"));
@@ -576,15 +589,14 @@ async fn every_event_failing_with_connection_charges_no_attempt_and_dead_letters
         .rows()
         .iter()
         .all(|r| r.event.attempts == 0 && !r.dead && r.last_error.is_none()));
-    assert_eq!(handle.dead(), 0);
+    assert_eq!(relay.handle.dead(), 0);
 
     for &id in &ids {
         sink.script(event_id_of(&store, id), Script::RetryTimes(0));
     }
-    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
-    assert!(handle.is_ready());
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    drained(&store, Duration::from_secs(10)).await;
+    assert!(relay.handle.is_ready());
+    relay.stop().await;
     assert_eq!(sink.delivered().len(), 8);
     assert_first_occurrences_in_order(&sink.delivered());
 }
@@ -599,7 +611,7 @@ async fn one_unauthorized_event_fails_the_call_and_keeps_what_was_published() {
         event_id_of(&store, refused),
         Script::FailTimes(u32::MAX, ErrorKind::Unauthorized),
     );
-    let (trigger, handle, task) = start(&store, &sink, fast_config());
+    let relay = start(&store, &sink, fast_config());
     wait_until("the others published", Duration::from_secs(5), || {
         store.row(ids[0]).is_none() && store.row(ids[2]).is_none()
     })
@@ -612,8 +624,9 @@ async fn one_unauthorized_event_fails_the_call_and_keeps_what_was_published() {
     let row = store.row(refused).unwrap();
     assert!(!row.dead);
     assert_eq!(row.event.attempts, 0);
-    assert!(!handle.is_ready());
-    assert!(handle
+    assert!(!relay.handle.is_ready());
+    assert!(relay
+        .handle
         .last_error()
         .unwrap()
         .contains("scripted unauthorized failure"));
@@ -624,9 +637,8 @@ async fn one_unauthorized_event_fails_the_call_and_keeps_what_was_published() {
     );
 
     sink.script(event_id_of(&store, refused), Script::RetryTimes(0));
-    wait_until("drained", Duration::from_secs(10), || pending(&store) == 0).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    drained(&store, Duration::from_secs(10)).await;
+    let handle = relay.stop().await;
     assert_eq!(sink.delivered().len(), 3);
     assert_eq!(handle.dead(), 0);
 }
@@ -641,18 +653,10 @@ async fn a_partial_unavailable_failure_retries_only_that_event() {
         event_id_of(&store, victim),
         Script::FailTimes(1, ErrorKind::Unavailable),
     );
-    let config = RelayConfig {
-        backoff_initial: Duration::from_millis(400),
-        backoff_max: Duration::from_millis(400),
-        ..fast_config()
-    };
-    let (trigger, handle, task) = start(&store, &sink, config);
+    let config = fixed_backoff(Duration::from_millis(400));
+    let relay = start(&store, &sink, config);
     wait_until("other aggregates delivered", Duration::from_secs(5), || {
-        sink.delivered()
-            .iter()
-            .filter(|e| e.aggregate_id != "agg-2")
-            .count()
-            == 8
+        delivered_outside(&sink, "agg-2") == 8
     })
     .await;
     wait_until("the failure recorded", Duration::from_secs(5), || {
@@ -667,10 +671,9 @@ async fn a_partial_unavailable_failure_retries_only_that_event() {
         .as_deref()
         .unwrap()
         .contains("scripted unavailable failure 1/1"));
-    assert!(handle.is_ready(), "not a failure of the whole call");
-    wait_until("drained", Duration::from_secs(5), || pending(&store) == 0).await;
-    trigger.trigger();
-    task.await.unwrap().unwrap();
+    assert!(relay.handle.is_ready(), "not a failure of the whole call");
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
     assert_eq!(sink.delivered().len(), 10);
     assert_first_occurrences_in_order(&sink.delivered());
 }
