@@ -26,9 +26,9 @@ impl Article {
 
 /// The round's statements in a database's dialect.
 trait Dialect: sqlx::Database {
-    /// Up to 100 pending rows of `table` in `id` order, locked, skipping locked ones: `id`,
-    /// `event_id`, `aggregate_type`, `aggregate_id`, `event_type`, the payload as text and
-    /// `created_at`.
+    /// Up to 100 pending rows of `table` in `id` order, locked, leaving out rows another
+    /// transaction holds (the article's locking clause): `id`, `event_id`, `aggregate_type`,
+    /// `aggregate_id`, `event_type`, the payload as text and `created_at`.
     fn select(table: &str) -> String;
 
     /// The event of a selected row.
