@@ -91,6 +91,17 @@ pub trait BrokerSide: Send + Sync + std::fmt::Debug {
     /// A live consumer from now on: the event id and arrival time of each message delivered
     /// (it takes them off queues but deletes nothing), until the receiver is dropped.
     async fn watch(&self) -> UnboundedReceiver<(Uuid, Instant)>;
+    /// What the broker can tell about events the consumer did not read back (`missing`) when
+    /// `delivered` is what it did read, for the failure message: a second read, gaps in the
+    /// broker's own numbering... Nothing by default.
+    async fn look_for_missing(
+        &self,
+        missing: &HashSet<Uuid>,
+        delivered: &[Delivered],
+    ) -> Vec<String> {
+        let _ = (missing, delivered);
+        Vec::new()
+    }
     /// The broker's own checks of the scenario's messages (routing keys, keys and partitions,
     /// headers...), beyond the scenario's; `committed` are the scenario's events.
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed);

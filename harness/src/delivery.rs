@@ -51,6 +51,9 @@ pub struct DeliveryCheck {
     pub missing: Vec<Uuid>,
     pub unexpected: Vec<Uuid>,
     pub order_violations: Vec<String>,
+    /// What was found out about the missing events (see `Scenario::look_for_missing`), shown
+    /// with the failure.
+    pub findings: Vec<String>,
 }
 
 /// Every committed `event_id` must be delivered, nothing else may be, and per aggregate the

@@ -569,6 +569,79 @@ impl Scenario {
         self.broker.read_back(&expected, timeout).await
     }
 
+    /// When events are missing, find out what can be found, for the failure message
+    /// ([`DeliveryCheck::findings`]): for a few of them, whether the outbox still holds the row
+    /// and where the aggregate's events just before and after it were delivered; what the
+    /// broker side can tell ([`BrokerSide::look_for_missing`]); and the relays' warnings and
+    /// errors. `relay_logs` are (relay, log text).
+    pub async fn look_for_missing(
+        &self,
+        writes: &Writes,
+        check: &mut DeliveryCheck,
+        delivered: &[Delivered],
+        relay_logs: &[(String, String)],
+    ) {
+        if check.missing.is_empty() {
+            return;
+        }
+        let where_delivered = |event_id: Uuid| {
+            delivered
+                .iter()
+                .find(|m| m.event_id == event_id)
+                .map(|m| {
+                    let mut meta: Vec<String> =
+                        m.meta.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                    meta.sort();
+                    format!("{} {}", m.destination, meta.join(", "))
+                })
+                .unwrap_or_else(|| "not delivered".to_owned())
+        };
+        let mut findings = Vec::new();
+        for event_id in check.missing.iter().take(5) {
+            let (id, aggregate) = &writes.committed[event_id];
+            let row = match self.store.row_of(*event_id).await {
+                Some(_) => "still in the outbox table",
+                None => "no longer in the outbox table",
+            };
+            let mut same: Vec<(i64, Uuid)> = writes
+                .committed
+                .iter()
+                .filter(|(_, (_, a))| a == aggregate)
+                .map(|(e, (i, _))| (*i, *e))
+                .collect();
+            same.sort();
+            let at = same.iter().position(|(i, _)| i == id).unwrap_or_default();
+            let neighbour = |n: Option<&(i64, Uuid)>| {
+                n.map(|(i, e)| format!("id {i}: {}", where_delivered(*e)))
+                    .unwrap_or_else(|| "none".to_owned())
+            };
+            findings.push(format!(
+                "{event_id} (aggregate {aggregate}, id {id}): its row is {row}; the aggregate's \
+                 event before it, {}; after it, {}",
+                neighbour(at.checked_sub(1).and_then(|i| same.get(i))),
+                neighbour(same.get(at + 1))
+            ));
+        }
+        let missing: HashSet<Uuid> = check.missing.iter().copied().collect();
+        findings.extend(self.broker.look_for_missing(&missing, delivered).await);
+        for (relay, log) in relay_logs {
+            let troubles: Vec<&str> = log
+                .lines()
+                .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+                .collect();
+            findings.push(format!(
+                "{relay} logged {} warnings and errors{}",
+                troubles.len(),
+                troubles
+                    .iter()
+                    .take(10)
+                    .map(|line| format!("\n    {line}"))
+                    .collect::<String>()
+            ));
+        }
+        check.findings = findings;
+    }
+
     /// The delivery check of the scenario: every committed event arrived, nothing else did and
     /// nothing rolled back, first deliveries kept each aggregate's order (where the destination
     /// keeps order at all), each message is in its aggregate type's destination with its
@@ -576,9 +649,14 @@ impl Scenario {
     pub fn assert_delivery(&self, writes: &Writes, check: &DeliveryCheck, delivered: &[Delivered]) {
         assert!(
             check.missing.is_empty(),
-            "{} committed events never arrived, e.g. {:?}",
+            "{} committed events never arrived, e.g. {:?}{}",
             check.missing.len(),
-            &check.missing[..check.missing.len().min(5)]
+            &check.missing[..check.missing.len().min(5)],
+            check
+                .findings
+                .iter()
+                .map(|finding| format!("\n  {finding}"))
+                .collect::<String>()
         );
         assert!(
             check.unexpected.is_empty(),
@@ -667,7 +745,7 @@ impl Scenario {
             assert!(owner.starts_with("relay-"), "{status}");
         }
         self.stop_relays(Duration::from_secs(30));
-        let relay_logs = self
+        let relay_logs: Vec<(String, String)> = self
             .relays
             .iter()
             .map(|r| (r.name().to_owned(), r.log_text()))
@@ -683,7 +761,9 @@ impl Scenario {
             .read_back(&writes.committed, Duration::from_secs(180))
             .await;
         let read_secs = read_started.elapsed().as_secs_f64();
-        let check = check_delivery(&writes.committed, &delivered);
+        let mut check = check_delivery(&writes.committed, &delivered);
+        self.look_for_missing(&writes, &mut check, &delivered, &relay_logs)
+            .await;
         println!(
             "{} → {}: {} committed ({} rolled back, {} failed attempts, {resolved} of them \
              committed after all){}{fault_note}; writes took {write_secs:.1}s, drained at \

@@ -252,6 +252,76 @@ impl BrokerSide for KafkaSide {
         rx
     }
 
+    /// Gaps in each partition's offsets as read, and a second read by a fresh consumer: a
+    /// missing event it finds was on the broker all along.
+    async fn look_for_missing(
+        &self,
+        missing: &HashSet<Uuid>,
+        delivered: &[Delivered],
+    ) -> Vec<String> {
+        let mut offsets: BTreeMap<(&str, &str), Vec<i64>> = BTreeMap::new();
+        for m in delivered {
+            if let Ok(offset) = m.meta("offset").parse() {
+                offsets
+                    .entry((m.destination.as_str(), m.meta("partition")))
+                    .or_default()
+                    .push(offset);
+            }
+        }
+        let mut findings: Vec<String> = offsets
+            .into_iter()
+            .filter_map(|((topic, partition), mut read)| {
+                read.sort_unstable();
+                read.dedup();
+                let mut gaps = Vec::new();
+                let mut next = 0;
+                for offset in &read {
+                    if *offset > next {
+                        gaps.push(format!("{next}..={}", offset - 1));
+                    }
+                    next = offset + 1;
+                }
+                (!gaps.is_empty()).then(|| {
+                    format!(
+                        "{topic} partition {partition}: offsets read up to {}, none at {}",
+                        next - 1,
+                        gaps.join(", ")
+                    )
+                })
+            })
+            .collect();
+        if findings.is_empty() {
+            findings.push("no gaps in the offsets read of any partition".to_owned());
+        }
+        let distinct: HashSet<Uuid> = delivered.iter().map(|m| m.event_id).collect();
+        let again = self
+            .read_records(
+                self.topics(),
+                distinct.len() + missing.len(),
+                Duration::from_secs(15),
+            )
+            .await;
+        let found: Vec<String> = again
+            .iter()
+            .filter(|r| missing.contains(&r.event_id()))
+            .map(|r| {
+                format!(
+                    "{} at {} partition {} offset {}",
+                    r.event_id(),
+                    r.topic,
+                    r.partition,
+                    r.offset
+                )
+            })
+            .collect();
+        findings.push(format!(
+            "a second read from the beginning got {} messages and {} of the missing: {found:?}",
+            again.len(),
+            found.len()
+        ));
+        findings
+    }
+
     fn check_messages(&self, delivered: &[Delivered], committed: &Committed) {
         let split = Self::partition_violations(delivered);
         assert!(
