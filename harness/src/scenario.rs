@@ -615,9 +615,17 @@ impl Scenario {
                 n.map(|(i, e)| format!("id {i}: {}", where_delivered(*e)))
                     .unwrap_or_else(|| "none".to_owned())
             };
+            let version = match self.store.business_version(aggregate).await {
+                Some(version) => format!(
+                    "its business row counts {version} committed transactions, the writers \
+                     {}",
+                    same.len()
+                ),
+                None => "its business row cannot tell how many transactions committed".to_owned(),
+            };
             findings.push(format!(
-                "{event_id} (aggregate {aggregate}, id {id}): its row is {row}; the aggregate's \
-                 event before it, {}; after it, {}",
+                "{event_id} (aggregate {aggregate}, id {id}): its row is {row}; {version}; the \
+                 aggregate's event before it, {}; after it, {}",
                 neighbour(at.checked_sub(1).and_then(|i| same.get(i))),
                 neighbour(same.get(at + 1))
             ));

@@ -86,6 +86,12 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     async fn publish_latencies(&self) -> Vec<Duration>;
     /// The row id of the event `event_id`, if its row is in the table.
     async fn row_of(&self, event_id: Uuid) -> Option<i64>;
+    /// How many committed business transactions updated `aggregate`'s business row (its
+    /// `version`), where the side's transactions update it.
+    async fn business_version(&self, aggregate: &str) -> Option<i64> {
+        let _ = aggregate;
+        None
+    }
     /// The dead rows, in `id` order.
     async fn dead_rows(&self) -> Vec<DeadRow>;
     /// Drop the outbox table (with its bookkeeping) and the business table.
@@ -399,6 +405,19 @@ where
             .into_iter()
             .map(|us| Duration::from_micros(us.max(0) as u64))
             .collect()
+    }
+
+    async fn business_version(&self, aggregate: &str) -> Option<i64> {
+        sqlx::query_scalar(&format!(
+            "SELECT version FROM {} WHERE id = {}",
+            self.orders,
+            O::PARAM
+        ))
+        .bind(aggregate.to_owned())
+        .fetch_optional(&self.pool)
+        .await
+        .ok()
+        .flatten()
     }
 
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {

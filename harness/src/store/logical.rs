@@ -311,6 +311,14 @@ impl StoreSide for LogicalSide {
 
     /// A committed event's position in the log, as the oracle saw it commit (the row may be
     /// gone: the relay deletes published rows).
+    async fn business_version(&self, aggregate: &str) -> Option<i64> {
+        if self.lock {
+            self.inner.business_version(aggregate).await
+        } else {
+            None
+        }
+    }
+
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
         self.commit_order().await.get(&event_id).copied()
     }
