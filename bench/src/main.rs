@@ -96,9 +96,11 @@ pub struct Args {
     /// CPU bounds the rate, which is steady).
     #[arg(long, default_value_t = 200_000)]
     pub rabbitmq_events: u64,
-    /// Where docs/BENCHMARKS.md and docs/bench/ go.
-    #[arg(long, default_value = "docs")]
-    pub out: PathBuf,
+    /// Where docs/BENCHMARKS.md and docs/bench/ go: `docs` by default, except for a run with
+    /// `--skip`, whose partial report goes to `outbox-bench` in the temporary directory (so a
+    /// quick run never writes over the published report).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// The outbox table's payload type for the drains (`json`, `text` or `binary`): the same
     /// ≈300-byte JSON document, stored as `jsonb`/`JSON`, as text, or as its UTF-8 bytes.
     #[arg(long, default_value = "json")]
@@ -106,7 +108,8 @@ pub struct Args {
     /// Rows per claim of the relay (and of the ceilings).
     #[arg(long, default_value_t = 500)]
     pub batch_size: usize,
-    /// Parts to leave out of a quick run: article, ceilings, latency, writers.
+    /// Parts to leave out of a quick run: article, ceilings, latency, writers (its report
+    /// goes to the temporary directory unless `--out` says where).
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
     /// Measure nothing: render docs/BENCHMARKS.md and the plots again from these results.json
@@ -137,6 +140,17 @@ pub struct Args {
     pub pairs: Vec<String>,
 }
 
+impl Args {
+    /// Where the report goes (see `--out`).
+    pub fn out(&self) -> PathBuf {
+        match &self.out {
+            Some(out) => out.clone(),
+            None if !self.skip.is_empty() => std::env::temp_dir().join("outbox-bench"),
+            None => PathBuf::from("docs"),
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -154,7 +168,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
         report.print();
         return report
-            .write(&args.out)
+            .write(&args.out())
             .map_err(|e| format!("writing the report: {e}"));
     }
     if !args.relay_bin.exists() {
@@ -191,13 +205,17 @@ async fn run(args: Args) -> Result<(), String> {
         report.pairs.push(result);
         // After each pair, so an interrupted run keeps what it measured.
         report
-            .write(&args.out)
+            .write(&args.out())
             .map_err(|e| format!("writing the report: {e}"))?;
     }
     report.print();
     report
-        .write(&args.out)
+        .write(&args.out())
         .map_err(|e| format!("writing the report: {e}"))?;
+    eprintln!(
+        "report written to {}",
+        args.out().join("BENCHMARKS.md").display()
+    );
     Ok(())
 }
 
@@ -205,7 +223,7 @@ async fn run(args: Args) -> Result<(), String> {
 /// again from docs/bench/results.json with it.
 fn write_section(args: &Args, name: &str, json: String, markdown: String) -> Result<(), String> {
     println!("{markdown}");
-    let dir = args.out.join("bench");
+    let dir = args.out().join("bench");
     let write = |file: String, text: String| {
         std::fs::write(dir.join(&file), text).map_err(|e| format!("writing {file}: {e}"))
     };
@@ -213,7 +231,7 @@ fn write_section(args: &Args, name: &str, json: String, markdown: String) -> Res
     write(format!("{name}.md"), markdown)?;
     let report = Report::load(&dir.join("results.json"))?;
     report
-        .write(&args.out)
+        .write(&args.out())
         .map_err(|e| format!("writing the report: {e}"))
 }
 
