@@ -10,7 +10,10 @@
 #   (~12-14 minutes of CPU on 2 cores, paid once per machine). The build uses its own target
 #   dir so it never holds the workspace's cargo lock.
 # - Starts it in the background when nothing listens on 127.0.0.1:9092 (log in
-#   $TANSU_LOG, pid in $TANSU_PID_FILE) and waits until the port answers.
+#   $TANSU_LOG, pid in $TANSU_PID_FILE) and waits until the port answers. It logs warnings
+#   and errors (RUST_LOG=$TANSU_RUST_LOG, default warn): a refused produce (an idempotent
+#   producer's sequence out of order or duplicate...) is a warning, and the end-to-end tests
+#   quote these lines when an event goes missing.
 # Idempotent; takes well under a second when the broker already runs.
 #
 # The memory engine forgets every topic and message when the process ends. To simulate an
@@ -26,6 +29,7 @@ TANSU_BIN="$TANSU_ROOT/bin/tansu"
 TANSU_BUILD_DIR=${TANSU_BUILD_DIR:-/var/cache/outbox-relay/tansu-build}
 TANSU_LOG=${TANSU_LOG:-/var/log/outbox-relay-tansu.log}
 TANSU_PID_FILE=${TANSU_PID_FILE:-/run/outbox-relay-tansu.pid}
+TANSU_RUST_LOG=${TANSU_RUST_LOG:-warn}
 TANSU_VERSION=${TANSU_VERSION:-}   # empty: newest on crates.io; set e.g. 0.5.0 to pin
 HOST=127.0.0.1
 PORT=9092
@@ -48,7 +52,7 @@ fi
 log "starting tansu on $HOST:$PORT (memory storage, log $TANSU_LOG)"
 mkdir -p "$(dirname "$TANSU_LOG")" "$(dirname "$TANSU_PID_FILE")"
 # setsid: its own session, so it outlives the shell (and the Ctrl-C) that started it.
-setsid nohup "$TANSU_BIN" broker \
+RUST_LOG="$TANSU_RUST_LOG" setsid nohup "$TANSU_BIN" broker \
   --listener-url "tcp://$HOST:$PORT" \
   --advertised-listener-url "tcp://$HOST:$PORT" \
   --storage-engine memory://tansu/ \

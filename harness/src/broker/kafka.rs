@@ -27,6 +27,14 @@ pub fn kafka_bootstrap() -> String {
     std::env::var("OUTBOX_TEST_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
 }
 
+/// The log of the test broker that `scripts/services.sh` starts: `OUTBOX_TEST_TANSU_LOG`,
+/// default where the script writes it.
+pub fn kafka_broker_log() -> PathBuf {
+    std::env::var("OUTBOX_TEST_TANSU_LOG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/log/outbox-relay-tansu.log"))
+}
+
 /// The Kafka side: topics `<prefix>.order` and `<prefix>.customer`, 6 partitions each unless
 /// told otherwise. [`Delivered::aggregate_id`] is the message key; `meta` has `partition` and
 /// `offset`.
@@ -319,6 +327,9 @@ impl BrokerSide for KafkaSide {
             again.len(),
             found.len()
         ));
+        if self.bootstrap == kafka_bootstrap() {
+            findings.push(broker_log_troubles(&kafka_broker_log()));
+        }
         findings
     }
 
@@ -350,6 +361,46 @@ impl BrokerSide for KafkaSide {
     async fn cleanup(&self) {
         // The topics stay (as ever): their names are the test's own.
     }
+}
+
+/// The warnings and errors of the broker's log at `path` (its last 10 lines of them, without
+/// terminal colours), or why there are none to show.
+fn broker_log_troubles(path: &Path) -> String {
+    let Ok(log) = std::fs::read_to_string(path) else {
+        return format!("the broker's log {} cannot be read", path.display());
+    };
+    let troubles: Vec<String> = log
+        .lines()
+        .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+        .map(without_colours)
+        .collect();
+    format!(
+        "the broker's log {} holds {} warnings and errors{}",
+        path.display(),
+        troubles.len(),
+        troubles[troubles.len().saturating_sub(10)..]
+            .iter()
+            .map(|line| format!("\n    {line}"))
+            .collect::<String>()
+    )
+}
+
+/// `line` without its ANSI escape sequences (`ESC [ ... letter`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// (Partition end offsets are not used: tansu 0.6's ListOffsets high watermark lags behind
@@ -593,5 +644,39 @@ impl outboxkit_core::testkit::sink_suite::SuiteConsumer for KafkaSide {
 
     async fn prepare_destination(&self, to: &str) {
         self.create_topic(to).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_broker_log_gives_its_last_warnings_and_errors_without_colours() {
+        let dir = std::env::temp_dir().join(unique("tansu-log"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("tansu.log");
+        let mut text = String::from("tansu broker 0.6.0\n");
+        for i in 0..12 {
+            text.push_str(&format!(
+                "2026-12-02T14:00:00Z \u{1b}[33m WARN\u{1b}[0m produce: storage_api={i}\n"
+            ));
+        }
+        text.push_str("2026-12-02T14:00:01Z \u{1b}[31mERROR\u{1b}[0m fetch: error\n");
+        std::fs::write(&log, text).unwrap();
+        let troubles = broker_log_troubles(&log);
+        assert!(
+            troubles.contains("holds 13 warnings and errors"),
+            "{troubles}"
+        );
+        assert!(!troubles.contains("storage_api=2\n"), "{troubles}");
+        assert!(
+            troubles.contains("Z  WARN produce: storage_api=3\n"),
+            "{troubles}"
+        );
+        assert!(troubles.ends_with("Z ERROR fetch: error"), "{troubles}");
+        assert!(!troubles.contains('\u{1b}'), "{troubles}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(broker_log_troubles(&log).contains("cannot be read"));
     }
 }
