@@ -15,7 +15,7 @@ use crate::broker::BrokerSide;
 use crate::delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 use crate::relay::{relay_config, run_cli, RelayProcess, Settings};
 use crate::store::StoreSide;
-use crate::util::{scratch_dir, wait_for, write_file};
+use crate::util::{log_troubles, scratch_dir, wait_for, write_file};
 
 /// The W3C trace context every scenario event carries as header `traceparent`.
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -573,7 +573,7 @@ impl Scenario {
     /// ([`DeliveryCheck::findings`]): for a few of them, whether the outbox still holds the row
     /// and where the aggregate's events just before and after it were delivered; what the
     /// broker side can tell ([`BrokerSide::look_for_missing`]); and the relays' warnings and
-    /// errors. `relay_logs` are (relay, log text).
+    /// errors ([`log_troubles`]). `relay_logs` are (relay, log text).
     pub async fn look_for_missing(
         &self,
         writes: &Writes,
@@ -632,21 +632,11 @@ impl Scenario {
         }
         let missing: HashSet<Uuid> = check.missing.iter().copied().collect();
         findings.extend(self.broker.look_for_missing(&missing, delivered).await);
-        for (relay, log) in relay_logs {
-            let troubles: Vec<&str> = log
-                .lines()
-                .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
-                .collect();
-            findings.push(format!(
-                "{relay} logged {} warnings and errors{}",
-                troubles.len(),
-                troubles
-                    .iter()
-                    .take(10)
-                    .map(|line| format!("\n    {line}"))
-                    .collect::<String>()
-            ));
-        }
+        findings.extend(
+            relay_logs
+                .iter()
+                .map(|(relay, log)| log_troubles(relay, log)),
+        );
         check.findings = findings;
     }
 

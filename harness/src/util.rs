@@ -1,4 +1,4 @@
-//! Names, files, waiting and the relay's HTTP endpoints.
+//! Names, files, logs, waiting and the relay's HTTP endpoints.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,42 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let mut f = std::fs::File::create(&path).expect("creating a test file");
     f.write_all(text.as_bytes()).expect("writing a test file");
     path
+}
+
+/// `who` and the warning and error lines of its `log` (how many, then the last 10, without
+/// terminal colours), for a failure message.
+pub fn log_troubles(who: &str, log: &str) -> String {
+    let troubles: Vec<String> = log
+        .lines()
+        .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+        .map(without_colours)
+        .collect();
+    format!(
+        "{who} logged {} warnings and errors{}",
+        troubles.len(),
+        troubles[troubles.len().saturating_sub(10)..]
+            .iter()
+            .map(|line| format!("\n    {line}"))
+            .collect::<String>()
+    )
+}
+
+/// `line` without its ANSI escape sequences (`ESC [ ... letter`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Poll `cond` until it holds or `timeout` passes (then fail the test).

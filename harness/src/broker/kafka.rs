@@ -17,7 +17,7 @@ use super::{sink_tables, BrokerSide, AGGREGATE_TYPES};
 use crate::delivery::{Committed, Delivered};
 use crate::process::{OwnProcess, OwnServer};
 use crate::scenario::TRACEPARENT;
-use crate::util::{first_line, free_port, unique};
+use crate::util::{first_line, free_port, log_troubles, unique};
 #[cfg(feature = "sink-suite")]
 use outboxkit_core::testkit::sink_suite::ReceivedMessage;
 
@@ -363,44 +363,13 @@ impl BrokerSide for KafkaSide {
     }
 }
 
-/// The warnings and errors of the broker's log at `path` (its last 10 lines of them, without
-/// terminal colours), or why there are none to show.
+/// The warnings and errors of the broker's log at `path` (see [`log_troubles`]), or why there
+/// are none to show.
 fn broker_log_troubles(path: &Path) -> String {
-    let Ok(log) = std::fs::read_to_string(path) else {
-        return format!("the broker's log {} cannot be read", path.display());
-    };
-    let troubles: Vec<String> = log
-        .lines()
-        .filter(|line| line.contains("WARN") || line.contains("ERROR"))
-        .map(without_colours)
-        .collect();
-    format!(
-        "the broker's log {} holds {} warnings and errors{}",
-        path.display(),
-        troubles.len(),
-        troubles[troubles.len().saturating_sub(10)..]
-            .iter()
-            .map(|line| format!("\n    {line}"))
-            .collect::<String>()
-    )
-}
-
-/// `line` without its ANSI escape sequences (`ESC [ ... letter`).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
+    match std::fs::read_to_string(path) {
+        Ok(log) => log_troubles(&format!("the broker (log {})", path.display()), &log),
+        Err(e) => format!("the broker's log {} cannot be read: {e}", path.display()),
     }
-    out
 }
 
 /// (Partition end offsets are not used: tansu 0.6's ListOffsets high watermark lags behind
@@ -666,7 +635,7 @@ mod tests {
         std::fs::write(&log, text).unwrap();
         let troubles = broker_log_troubles(&log);
         assert!(
-            troubles.contains("holds 13 warnings and errors"),
+            troubles.contains("logged 13 warnings and errors"),
             "{troubles}"
         );
         assert!(!troubles.contains("storage_api=2\n"), "{troubles}");
