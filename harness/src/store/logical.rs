@@ -309,8 +309,7 @@ impl StoreSide for LogicalSide {
         self.inner.publish_latencies().await
     }
 
-    /// A committed event's position in the log, as the oracle saw it commit (the row may be
-    /// gone: the relay deletes published rows).
+    /// Only when the writers lock (so update) their aggregate's business row.
     async fn business_version(&self, aggregate: &str) -> Option<i64> {
         if self.lock {
             self.inner.business_version(aggregate).await
@@ -319,6 +318,8 @@ impl StoreSide for LogicalSide {
         }
     }
 
+    /// A committed event's position in the log, as the oracle saw it commit (the row may be
+    /// gone: the relay deletes published rows).
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
         self.commit_order().await.get(&event_id).copied()
     }
