@@ -4,14 +4,11 @@
 //! The broker-outage test freezes a private broker it starts itself (SIGSTOP/SIGCONT), so
 //! other tests using the shared broker are not disturbed.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
-use uuid::Uuid;
 
 /// Under steady writes, the broker stops answering for 30 seconds and then comes back:
 /// nothing is lost or parked as dead, the relay recovers by itself (same process), and
@@ -189,7 +186,7 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
 
 /// An event larger than the topic's maximum message size is parked as dead with its error
 /// recorded, while the other aggregates (and the later events of its own aggregate, with
-/// `on_dead = "skip"`) keep flowing.
+/// `on_dead = "skip"`) keep flowing (see `Scenario::oversized_event_ends_dead`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_event_ends_dead_with_its_error_while_others_flow() {
     const MAX: usize = 100_000;
@@ -208,94 +205,14 @@ async fn an_oversized_event_ends_dead_with_its_error_while_others_flow() {
         Settings::default().sink(&format!("\"message.max.bytes\" = {MAX}")),
     )
     .await;
-
-    // 60 small events over 6 aggregates, with a 200 KB event of aggregate "big" in the
-    // middle and more events of "big" after it.
-    let mut events = Vec::new();
-    let mut big_id = Uuid::nil();
-    for i in 0..60 {
-        let aggregate = if i % 6 == 0 {
-            "big".to_owned()
-        } else {
-            format!("a{}", i % 6)
-        };
-        let mut payload = serde_json::json!({ "i": i });
-        if i == 30 {
-            payload = serde_json::json!({ "i": i, "blob": "x".repeat(2 * MAX) });
-        }
-        let event = NewEvent::new("order", aggregate, "Changed", payload).event_id(Uuid::now_v7());
-        if i == 30 {
-            big_id = event.event_id.unwrap();
-        }
-        events.push(event);
-    }
-    let ids = scenario.store.enqueue_many(&events).await;
-    let committed: Committed = events
-        .iter()
-        .zip(&ids)
-        .filter(|(e, _)| e.event_id != Some(big_id))
-        .map(|(e, id)| (e.event_id.unwrap(), (*id, e.aggregate_id.clone())))
-        .collect();
-
-    scenario.start_relay("relay-oversized", &[]);
+    let topic = format!("topic `{}`", kafka.destination("order"));
+    // About 200 KB, twice the limit.
     scenario
-        .drain("every event published or dead", Duration::from_secs(60))
+        .oversized_event_ends_dead(2 * MAX / 1024, |error| {
+            error.contains("message.max.bytes (100000 bytes)")
+                && error.contains(&topic)
+                && error.contains("MSG_SIZE_TOO_LARGE")
+        })
         .await;
-    let relay = &mut scenario.relays[0];
-    let exit = relay.terminate(Duration::from_secs(30));
-    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
-
-    let dead = scenario.store.dead_rows().await;
-    println!("dead: {dead:?}");
-    assert_eq!(
-        dead.len(),
-        1,
-        "exactly the oversized event is dead: {dead:?}"
-    );
-    assert_eq!(dead[0].event_id, big_id);
-    assert_eq!(dead[0].attempts, 1, "rejected at once, not retried");
-    let error = &dead[0].last_error;
-    assert!(
-        error.contains("message.max.bytes (100000 bytes)")
-            && error.contains(&format!("topic `{}`", kafka.destination("order")))
-            && error.contains("MSG_SIZE_TOO_LARGE"),
-        "the recorded error says what and why: {error}"
-    );
-
-    let messages = scenario
-        .read_back(&committed, Duration::from_secs(60))
-        .await;
-    let check = check_delivery(&committed, &messages);
-    let missing: Vec<_> = check
-        .missing
-        .iter()
-        .map(|id| (id, &committed[id]))
-        .collect();
-    let mut per_partition: HashMap<&str, (usize, i64)> = HashMap::new();
-    for m in &messages {
-        let e = per_partition.entry(m.meta("partition")).or_default();
-        e.0 += 1;
-        e.1 = e.1.max(m.meta("offset").parse().unwrap_or(-1));
-    }
-    assert!(
-        check.missing.is_empty(),
-        "missing: {missing:?}; read {} messages, per partition (count, last offset): {per_partition:?}",
-        messages.len()
-    );
-    assert!(
-        check.unexpected.is_empty(),
-        "the oversized event must not arrive: {:?}",
-        check.unexpected
-    );
-    assert!(
-        check.order_violations.is_empty(),
-        "{:?}",
-        check.order_violations
-    );
-    let big_later = messages.iter().filter(|m| m.aggregate_id == "big").count();
-    assert_eq!(
-        big_later, 9,
-        "the dead event's aggregate flowed on (on_dead = skip)"
-    );
     scenario.cleanup().await;
 }
