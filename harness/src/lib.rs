@@ -71,8 +71,8 @@ pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 pub use process::{OwnProcess, OwnServer};
 pub use relay::{pipelines_config, relay_binary, relay_config, run_cli, RelayProcess, Settings};
 pub use scenario::{
-    aggregate_type, placed_events, Fault, Plan, Run, Scale, Scenario, WriteError, WriterPlan,
-    Writers, Writes, TRACEPARENT,
+    aggregate_type, placed_events, Fault, Outage, Plan, Run, Scale, Scenario, WriteError,
+    WriterPlan, Writers, Writes, TRACEPARENT,
 };
 #[cfg(feature = "postgres")]
 pub use store::logical::LogicalSide;

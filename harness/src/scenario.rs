@@ -15,7 +15,10 @@ use crate::broker::BrokerSide;
 use crate::delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
 use crate::relay::{relay_config, run_cli, RelayProcess, Settings};
 use crate::store::StoreSide;
-use crate::util::{log_troubles, scratch_dir, wait_for, write_file};
+use crate::util::{
+    free_port, http_get, log_troubles, metric_at, scratch_dir, wait_for, wait_for_metric,
+    wait_for_ready, write_file,
+};
 
 /// The W3C trace context every scenario event carries as header `traceparent`.
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -362,6 +365,9 @@ pub struct Plan {
     pub sigkill: bool,
     /// A fault at that moment, held for the duration given.
     pub fault: Option<(Arc<dyn Fault>, Duration)>,
+    /// Serve each relay's `/readyz` and `/metrics` on a port of its own, and watch them around
+    /// the fault: [`Run::outage`].
+    pub watch_health: bool,
 }
 
 impl Plan {
@@ -372,6 +378,7 @@ impl Plan {
             relays: scale.relays,
             sigkill: true,
             fault: None,
+            watch_health: false,
         }
     }
 
@@ -380,6 +387,36 @@ impl Plan {
         self.fault = Some((fault, hold));
         self
     }
+
+    /// See [`Self::watch_health`].
+    pub fn watching_health(mut self) -> Self {
+        self.watch_health = true;
+        self
+    }
+}
+
+/// What the relays' endpoints and the store showed around the fault of a run that watched
+/// them ([`Plan::watch_health`]).
+#[derive(Debug, Default)]
+pub struct Outage {
+    /// How long the fault held: its hold, or longer when no relay had reported it on `/readyz`
+    /// by then (up to 60 s).
+    pub held: Duration,
+    /// Events committed while the fault held.
+    pub written_during: u64,
+    /// Pending rows (the store's count) when the fault began, and when it ended.
+    pub pending_before: i64,
+    pub pending_at_end: i64,
+    /// Whether some relay's `/readyz` answered 503 while the fault held (asked every 250 ms).
+    pub not_ready_seen: bool,
+    /// `relay-0`'s `/readyz` status just before the fault ended.
+    pub ready_at_end: Option<u16>,
+    /// The highest `outbox_pending_events` on `relay-0`'s `/metrics` while the fault held.
+    pub pending_metric_peak: f64,
+    /// Seconds from the fault's end until every relay's `/readyz` answered 200 again.
+    pub ready_after: f64,
+    /// `relay-0`'s `/metrics` once the backlog drained and its gauge showed it.
+    pub metrics_after: String,
 }
 
 /// What [`Scenario::run`] saw.
@@ -399,6 +436,8 @@ pub struct Run {
     pub write_secs: f64,
     pub drain_secs: f64,
     pub read_secs: f64,
+    /// With [`Plan::watch_health`] and a fault: what the relays showed around it.
+    pub outage: Option<Outage>,
 }
 
 /// A store side, a broker side, a relay configuration between them, and relay processes.
@@ -703,7 +742,19 @@ impl Scenario {
             .writers
             .events
             .expect("Scenario::run needs bounded writers");
-        self.start_relays(plan.relays);
+        let ports: Vec<u16> = if plan.watch_health {
+            (0..plan.relays).map(|_| free_port()).collect()
+        } else {
+            Vec::new()
+        };
+        for i in 0..plan.relays {
+            let listen = ports.get(i).map(|port| format!("127.0.0.1:{port}"));
+            let env: Vec<(&str, &str)> = listen
+                .iter()
+                .map(|l| ("OUTBOX_SERVER__LISTEN", l.as_str()))
+                .collect();
+            self.start_relay(&format!("relay-{i}"), &env);
+        }
         let started = Instant::now();
         let writers = self.start_writers(&plan.writers).await;
 
@@ -715,11 +766,16 @@ impl Scenario {
             self.sigkill_and_restart(0).await;
         }
         let mut fault_note = String::new();
+        let mut outage = None;
         if let Some((fault, hold)) = &plan.fault {
             let down = Instant::now();
-            fault.begin().await;
-            tokio::time::sleep(*hold).await;
-            fault.end().await;
+            if ports.is_empty() {
+                fault.begin().await;
+                tokio::time::sleep(*hold).await;
+                fault.end().await;
+            } else {
+                outage = Some(self.watch_fault(&**fault, *hold, &ports, &writers).await);
+            }
             fault_note = format!(
                 "; {} after {killed_at} writes, back after {:.1}s",
                 fault.describe(),
@@ -731,6 +787,19 @@ impl Scenario {
         self.drain("the backlog to drain", Duration::from_secs(300))
             .await;
         let drain_secs = started.elapsed().as_secs_f64();
+        if let Some(outage) = outage.as_mut() {
+            wait_for_metric(
+                "/metrics to show the drained backlog",
+                ports[0],
+                "outbox_pending_events",
+                Duration::from_secs(30),
+                |v| v == 0.0,
+            )
+            .await;
+            outage.metrics_after = http_get(ports[0], "/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+        }
 
         // Every relay is alive and they share the shards; nothing is dead.
         self.assert_relays_running();
@@ -793,7 +862,63 @@ impl Scenario {
             write_secs,
             drain_secs,
             read_secs,
+            outage,
         }
+    }
+
+    /// Begin `fault`, hold it (asking every relay's `/readyz` and `relay-0`'s `/metrics` every
+    /// 250 ms), end it, and wait until every relay is ready again.
+    async fn watch_fault(
+        &self,
+        fault: &dyn Fault,
+        hold: Duration,
+        ports: &[u16],
+        writers: &Writers,
+    ) -> Outage {
+        for port in ports {
+            wait_for_ready("the relays ready", *port, 200, Duration::from_secs(30)).await;
+        }
+        let mut outage = Outage {
+            pending_before: self.store.pending().await,
+            ..Outage::default()
+        };
+        let written_before = writers.written();
+        fault.begin().await;
+        let began = Instant::now();
+        loop {
+            if ports
+                .iter()
+                .any(|port| matches!(http_get(*port, "/readyz"), Some((503, _))))
+            {
+                outage.not_ready_seen = true;
+            }
+            if let Some(pending) = metric_at(ports[0], "outbox_pending_events") {
+                outage.pending_metric_peak = outage.pending_metric_peak.max(pending);
+            }
+            let held = began.elapsed();
+            if held >= hold && (outage.not_ready_seen || held >= hold.max(Duration::from_secs(60)))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        outage.pending_at_end = self.store.pending().await;
+        outage.written_during = writers.written() - written_before;
+        outage.ready_at_end = http_get(ports[0], "/readyz").map(|(code, _)| code);
+        outage.held = began.elapsed();
+        fault.end().await;
+        let ended = Instant::now();
+        for port in ports {
+            wait_for_ready(
+                "the relays ready after the fault",
+                *port,
+                200,
+                Duration::from_secs(60),
+            )
+            .await;
+        }
+        outage.ready_after = ended.elapsed().as_secs_f64();
+        outage
     }
 
     /// One relay and 60 events over 6 aggregates, the 11th (aggregate `a4`) with a payload of
