@@ -1,5 +1,6 @@
 //! End to end: PostgreSQL → `outbox-relay run` → Kafka (a real Kafka-API broker process, tansu):
-//! a broker outage, and an oversized event. (The scenario itself runs in `matrix.rs`.)
+//! a broker outage, and an oversized event, both on the harness's scenarios (`Scenario::run`
+//! with a fault, `Scenario::oversized_event_ends_dead`); the plain scenario runs in `matrix.rs`.
 //!
 //! The broker-outage test freezes a private broker it starts itself (SIGSTOP/SIGCONT), so
 //! other tests using the shared broker are not disturbed.
