@@ -867,9 +867,10 @@ impl Scenario {
     }
 
     /// Begin `fault`, hold it (asking every relay's `/readyz` and `relay-0`'s `/metrics` every
-    /// 250 ms), end it, and wait until every relay is ready again.
+    /// 250 ms), end it, require every relay still running, and wait until every relay is ready
+    /// again.
     async fn watch_fault(
-        &self,
+        &mut self,
         fault: &dyn Fault,
         hold: Duration,
         ports: &[u16],
@@ -907,6 +908,9 @@ impl Scenario {
         outage.ready_at_end = http_get(ports[0], "/readyz").map(|(code, _)| code);
         outage.held = began.elapsed();
         fault.end().await;
+        // A relay that died while the fault held is still dead now (and the fault is over
+        // whatever happens here).
+        self.assert_relays_running();
         let ended = Instant::now();
         for port in ports {
             wait_for_ready(

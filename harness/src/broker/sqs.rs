@@ -417,11 +417,17 @@ impl BrokerSide for SqsSide {
         self.is_fifo()
     }
 
-    /// Once every one of `expected` arrived, 2 s more (so late duplicates are counted too).
+    /// Once every one of `expected` arrived, 2 s more (so late duplicates are counted too);
+    /// from a FIFO queue in the order the queue took them ([`Self::received_in_queue_order`]:
+    /// the relay's order, whatever LocalStack did to the consumers), else as received.
     async fn read_back(&self, expected: &HashSet<Uuid>, timeout: Duration) -> Vec<Delivered> {
         self.wait_for_all(expected, timeout).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        self.received()
+        if self.is_fifo() {
+            self.received_in_queue_order()
+        } else {
+            self.received()
+        }
     }
 
     /// `ApproximateNumberOfMessages` + `...NotVisible`, every 500 ms until `expected` or
