@@ -141,6 +141,17 @@ impl Scale {
         writers: 4,
         relays: 2,
     };
+
+    /// `events` over `aggregates` from one writer into one relay: the steady trickle the fault
+    /// tests write through an outage (with [`Plan::pausing`]).
+    pub const fn trickle(events: u64, aggregates: u64) -> Scale {
+        Scale {
+            events,
+            aggregates,
+            writers: 1,
+            relays: 1,
+        }
+    }
 }
 
 /// What the writers do.
@@ -382,9 +393,20 @@ impl Plan {
         }
     }
 
-    /// Add a fault, held for `hold`.
-    pub fn fault(mut self, fault: Arc<dyn Fault>, hold: Duration) -> Self {
-        self.fault = Some((fault, hold));
+    /// `scale`'s writers (with rollbacks) and relays, and `fault` held for `hold` once a third
+    /// is written, instead of the SIGKILL: the relays must ride it out by themselves.
+    pub fn with_fault(scale: Scale, fault: Arc<dyn Fault>, hold: Duration) -> Self {
+        Self {
+            sigkill: false,
+            fault: Some((fault, hold)),
+            ..Self::new(scale)
+        }
+    }
+
+    /// Each writer waits `pause` between transactions: a steady rate that goes on through the
+    /// fault.
+    pub fn pausing(mut self, pause: Duration) -> Self {
+        self.writers.pause = pause;
         self
     }
 

@@ -28,14 +28,13 @@ async fn a_mariadb_restart_mid_run_loses_nothing_and_the_relays_reconnect() {
 
     // Mid-run, crash the database server and start it again 3 seconds later; no relay is
     // killed: they must reconnect by themselves.
-    let mut plan = Plan::new(Scale {
+    let scale = Scale {
         events: EVENTS,
         aggregates: 200,
         writers: 4,
         relays: 2,
-    })
-    .fault(server.clone(), Duration::from_secs(3));
-    plan.sigkill = false;
+    };
+    let mut plan = Plan::with_fault(scale, server.clone(), Duration::from_secs(3));
     plan.writers = plan.writers.retrying(Duration::from_secs(120));
     let run = scenario.run(plan).await;
 

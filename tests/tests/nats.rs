@@ -24,14 +24,13 @@ async fn nats_frozen_for_30s_under_writes_loses_nothing_and_the_relays_recover()
         Settings::default().sink("request_timeout = \"3s\"\nconnect_timeout = \"2s\""),
     )
     .await;
-    let mut plan = Plan::new(Scale {
+    let scale = Scale {
         events: 6_000,
         aggregates: 200,
         writers: 4,
         relays: 2,
-    })
-    .fault(server.clone(), Duration::from_secs(30));
-    plan.sigkill = false;
+    };
+    let plan = Plan::with_fault(scale, server.clone(), Duration::from_secs(30));
     let run = scenario.run(plan).await;
     assert_eq!(run.status["dead"], 0, "{}", run.status);
     println!(

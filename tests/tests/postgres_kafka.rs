@@ -33,16 +33,9 @@ async fn broker_outage_of_30s_loses_nothing_and_the_relay_recovers_by_itself() {
     .await;
     // Steady writes, about 50 events per second over 100 aggregates; the broker frozen once a
     // third is written, writes going on through the outage and after it.
-    let mut plan = Plan::new(Scale {
-        events: 2_400,
-        aggregates: 100,
-        writers: 1,
-        relays: 1,
-    })
-    .fault(broker.clone(), OUTAGE)
-    .watching_health();
-    plan.sigkill = false;
-    plan.writers.pause = Duration::from_millis(20);
+    let plan = Plan::with_fault(Scale::trickle(2_400, 100), broker.clone(), OUTAGE)
+        .pausing(Duration::from_millis(20))
+        .watching_health();
     let run = scenario.run(plan).await;
 
     let outage = run.outage.as_ref().expect("the outage was watched");

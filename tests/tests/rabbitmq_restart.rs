@@ -22,16 +22,15 @@ async fn broker_restart_under_steady_writes_loses_nothing_and_relays_reconnect()
     // Steady writers; once a third is written the broker goes away for 12 s under load, with
     // writes going on (`Scenario::run` checks the delivery).
     let broker = Arc::new(RabbitMqApp::default());
-    let mut plan = Plan::new(Scale {
+    let scale = Scale {
         events: 12_000,
         aggregates: 200,
         writers: 4,
         relays: 2,
-    })
-    .fault(broker.clone(), Duration::from_secs(12))
-    .watching_health();
-    plan.sigkill = false;
-    plan.writers.pause = Duration::from_millis(5);
+    };
+    let plan = Plan::with_fault(scale, broker.clone(), Duration::from_secs(12))
+        .pausing(Duration::from_millis(5))
+        .watching_health();
     let run = scenario.run(plan).await;
 
     let outage = run.outage.as_ref().expect("the outage was watched");

@@ -62,16 +62,9 @@ async fn frozen_for_30s_under_steady_writes(
     .await;
     // Steady writes: one event every 50 ms over 40 aggregates (about 20 a second); the server
     // frozen once a third is written, writes going on through the freeze and about 5 s after.
-    let mut plan = Plan::new(Scale {
-        events: 1_000,
-        aggregates: 40,
-        writers: 1,
-        relays: 1,
-    })
-    .fault(server, Duration::from_secs(30))
-    .watching_health();
-    plan.sigkill = false;
-    plan.writers.pause = Duration::from_millis(50);
+    let plan = Plan::with_fault(Scale::trickle(1_000, 40), server, Duration::from_secs(30))
+        .pausing(Duration::from_millis(50))
+        .watching_health();
     let run = scenario.run(plan).await;
 
     let outage = run.outage.as_ref().expect("the outage was watched");
