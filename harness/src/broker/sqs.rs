@@ -156,7 +156,6 @@ impl SqsSide {
         self
     }
 
-    /// Consume with `tasks` concurrent receive loops (4 unless told otherwise).
     /// Consume with `tasks` concurrent receive loops (4 unless told otherwise; 0: none, the
     /// messages stay in the queue for [`BrokerSide::held`] or [`BrokerSide::watch`]).
     pub fn consumers(mut self, tasks: usize) -> Self {
