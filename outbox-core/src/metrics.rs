@@ -27,7 +27,8 @@ pub const COMMIT_TO_ACK: &str = "outbox_commit_to_ack_seconds";
 pub const PUBLISH_DURATION: &str = "outbox_publish_batch_seconds";
 /// Gauge: shards this relay owns.
 pub const SHARDS_OWNED: &str = "outbox_shards_owned";
-/// Counter: whole-call failures. Label `stage`: `claim`, `publish`, `mark`, `session`, `purge`.
+/// Counter: whole-call failures. Label `stage`: `session`, `rebalance`, `claim`, `publish`, `mark`,
+/// `status`, `purge`.
 pub const ERRORS: &str = "outbox_relay_errors_total";
 /// Counter: published rows deleted by the retention purge.
 pub const PURGED: &str = "outbox_purged_total";
