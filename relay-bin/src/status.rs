@@ -98,10 +98,11 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {
+        let relays = report.owners.len();
         println!(
-            "shard owners         {} shards owned by {} relays",
+            "shard owners         {} shards owned by {relays} relay{}",
             report.shards_owned,
-            report.owners.len()
+            if relays == 1 { "" } else { "s" }
         );
         for (owner, shards) in &report.owners {
             println!("  {owner:<40} {} shards", shards.len());
