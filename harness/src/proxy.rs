@@ -1,7 +1,7 @@
-//! A TCP proxy that can cut the network between a relay and its database without closing
-//! anything: [`Blackhole::partition`] stops forwarding in both directions (connections stay
-//! open and hang, new ones are accepted and wait), as a partition does;
-//! [`Blackhole::heal`] lets everything through again.
+//! A TCP proxy that can cut the network between a client (a relay, a sink) and its server (a
+//! database, a broker) without closing anything: [`Blackhole::partition`] stops forwarding in
+//! both directions (connections stay open and hang, new ones are accepted and wait), as a
+//! partition or a hung server does; [`Blackhole::heal`] lets everything through again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +20,11 @@ pub struct Blackhole {
 impl Blackhole {
     /// Listen on a free port of 127.0.0.1 and forward to `127.0.0.1:upstream`.
     pub async fn start(upstream: u16) -> Self {
+        Self::to(format!("127.0.0.1:{upstream}")).await
+    }
+
+    /// Listen on a free port of 127.0.0.1 and forward to `upstream` (`host:port`).
+    pub async fn to(upstream: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binding a proxy port");
@@ -28,12 +33,12 @@ impl Blackhole {
         let accept_cut = cut.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let cut = accept_cut.clone();
+                let (cut, upstream) = (accept_cut.clone(), upstream.clone());
                 tokio::spawn(async move {
                     while cut.load(Ordering::Relaxed) {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    let Ok(server) = TcpStream::connect(upstream.as_str()).await else {
                         return;
                     };
                     let (client_read, client_write) = client.into_split();

@@ -13,6 +13,7 @@ use outboxkit_core::testkit::sink_suite::{
     sample_batch, sample_event,
 };
 use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Sink};
+use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::{
     amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, unique, RabbitMqSide,
 };
@@ -721,54 +722,14 @@ async fn connect_errors_name_the_server_and_the_key() {
     assert!(!text.contains("s3cr3t"), "{text}");
 }
 
-/// A TCP proxy to the broker that can be frozen: while frozen, bytes stop flowing both ways
-/// and the connections stay open — a broker that hangs.
-async fn freezable_proxy(frozen: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u16 {
-    use std::sync::atomic::Ordering;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    let upstream = rabbitmq_address();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
-                continue;
-            };
-            let (client_read, client_write) = client.into_split();
-            let (server_read, server_write) = server.into_split();
-            for (mut from, mut to) in [(client_read, server_write), (server_read, client_write)] {
-                let frozen = frozen.clone();
-                tokio::spawn(async move {
-                    let mut buffer = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match from.read(&mut buffer).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        while frozen.load(Ordering::Relaxed) {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        if to.write_all(&buffer[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    port
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    let frozen = std::sync::Arc::new(AtomicBool::new(false));
-    let port = freezable_proxy(frozen.clone()).await;
+    // A proxy to the broker that can freeze: bytes stop flowing both ways and the connections
+    // stay open — a broker that hangs.
+    let proxy = Blackhole::to(rabbitmq_address()).await;
     let (prefix, broker, queue) = order_queue(&[]).await;
     let mut url = url::Url::parse(&rabbitmq_url()).unwrap();
-    url.set_port(Some(port)).unwrap();
+    url.set_port(Some(proxy.port())).unwrap();
     let sink = connect(RabbitMqConfig {
         confirm_timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
@@ -787,7 +748,7 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
         .all(Outcome::is_published));
 
     // The broker hangs: the call fails as a whole, in bounded time, retryably.
-    frozen.store(true, Ordering::Relaxed);
+    proxy.partition();
     let second = sample_batch(6, 5, "order", 5);
     let started = Instant::now();
     let e = sink.publish(&second).await.unwrap_err();
@@ -804,7 +765,7 @@ async fn a_broker_that_stops_answering_times_out_and_the_sink_recovers() {
     assert!(e.is_retryable());
 
     // It answers again: the next call goes through a new connection.
-    frozen.store(false, Ordering::Relaxed);
+    proxy.heal();
     publish_all(&sink, &second).await;
     let sent: Vec<&OutboxEvent> = first.iter().chain(&second).collect();
     assert_arrived(&broker, &queue, &sent).await;
