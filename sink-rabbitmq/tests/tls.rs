@@ -1,14 +1,13 @@
 //! `amqps://` with `[sink.rabbitmq.tls]`: the local broker speaks plain AMQP, so the test puts
 //! an in-process TLS proxy in front of it, with a certificate signed by a CA made for the test
-//! (`openssl` on the machine).
+//! (the harness's [`TestPki`]).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use outboxkit_core::testkit::sink_suite::{publish_all, sample_batch};
 use outboxkit_core::ErrorKind;
+use outboxkit_harness::tls::{Leaf, TestPki};
 use outboxkit_harness::{rabbitmq_address, rabbitmq_url, scratch_dir, unique, RabbitMqSide};
 use outboxkit_sink_rabbitmq::{RabbitMqConfig, RabbitMqSink, TlsConfig};
 use rustls::pki_types::pem::PemObject;
@@ -18,92 +17,13 @@ use tokio::net::{TcpListener, TcpStream};
 /// The durable topic exchange the tests publish to (each test uses its own routing keys).
 const TEST_EXCHANGE: &str = "outbox.tests";
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("running openssl (needed to make test certificates): {e}"));
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it (`server.pem`,
-/// `server.key`), in a fresh directory.
-fn make_certificates() -> PathBuf {
-    let dir = scratch_dir(&unique("rabbitmq-tls"));
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=outbox relay test CA",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
-    dir
-}
-
 /// Listen for TLS on a free loopback port and forward each connection to the broker.
-async fn tls_proxy(dir: &Path) -> u16 {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+async fn tls_proxy(server: &Leaf) -> u16 {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&server.cert)
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -133,9 +53,9 @@ async fn tls_proxy(dir: &Path) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() {
-    let dir = make_certificates();
-    let port = tls_proxy(&dir).await;
     let prefix = unique("rabbitmq");
+    let pki = TestPki::create(&scratch_dir(&prefix).join("pki"));
+    let port = tls_proxy(&pki.server).await;
     let broker = RabbitMqSide::open(TEST_EXCHANGE).await;
     broker.declare_exchange().await;
     let queue = format!("{prefix}.order");
@@ -156,7 +76,7 @@ async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() 
     // The CA given in tls.ca_file makes the server trusted.
     let sink = RabbitMqSink::connect(RabbitMqConfig {
         tls: TlsConfig {
-            ca_file: Some(dir.join("ca.pem")),
+            ca_file: Some(pki.ca.clone()),
             ..TlsConfig::default()
         },
         ..base.clone()
@@ -182,5 +102,5 @@ async fn amqps_with_a_private_ca_publishes_and_an_untrusted_server_is_refused() 
     );
     assert!(text.to_lowercase().contains("certificate"), "{text}");
     broker.delete_queue(&queue).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&pki.dir);
 }
