@@ -223,8 +223,14 @@ fn explain(kind: &figment::error::Kind, last_key: Option<&str>) -> String {
         Kind::UnknownField(_, expected) => {
             format!("unknown key (expected one of: {})", expected.join(", "))
         }
-        Kind::InvalidType(actual, expected) => format!("expected {expected}, found {actual}"),
-        Kind::InvalidValue(actual, expected) => format!("expected {expected}, found {actual}"),
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+            // The duration parser's own reason ("time unit needed...") does not reach us.
+            let expected = match expected.as_str() {
+                "a duration" => "a duration such as \"500ms\", \"30s\", \"5m\" or \"7d\"",
+                other => other,
+            };
+            format!("expected {expected}, found {actual}")
+        }
         Kind::UnknownVariant(v, expected) => {
             format!(
                 "unknown value `{v}` (expected one of: {})",

@@ -280,7 +280,7 @@ fn invalid_duration() {
     file_error(
         &with_relay("backoff_initial = \"soon\""),
         "run",
-        &["relay.backoff_initial: expected a duration, found string \"soon\""],
+        &["relay.backoff_initial: expected a duration such as \"500ms\", \"30s\", \"5m\" or \"7d\", found string \"soon\""],
     );
 }
 

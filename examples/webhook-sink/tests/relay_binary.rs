@@ -314,7 +314,7 @@ fn configuration_errors_name_the_key_and_the_file() {
         ),
         (
             "[sink.webhook]\nurl = \"http://h\"\ntimeout = \"soon\"\n",
-            "sink.webhook.timeout: expected a duration, found string \"soon\" (in FILE)",
+            "sink.webhook.timeout: expected a duration such as \"500ms\", \"30s\", \"5m\" or \"7d\", found string \"soon\" (in FILE)",
         ),
         (
             "[sink.webhook]\nurl = \"http://h/events/{aggregate_type}\"\n",
