@@ -3,7 +3,7 @@
 //! both directions (connections stay open and hang, new ones are accepted and wait), as a
 //! partition or a hung server does; [`Blackhole::heal`] lets everything through again.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Blackhole {
     port: u16,
     cut: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
 }
 
 impl Blackhole {
@@ -30,9 +31,11 @@ impl Blackhole {
             .expect("binding a proxy port");
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicBool::new(false));
-        let accept_cut = cut.clone();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (accept_cut, count) = (cut.clone(), accepted.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::Relaxed);
                 let (cut, upstream) = (accept_cut.clone(), upstream.clone());
                 tokio::spawn(async move {
                     while cut.load(Ordering::Relaxed) {
@@ -48,12 +51,21 @@ impl Blackhole {
                 });
             }
         });
-        Self { port, cut }
+        Self {
+            port,
+            cut,
+            accepted,
+        }
     }
 
     /// The port relays connect to.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// Stop forwarding: both directions hang.

@@ -8,7 +8,7 @@
 //! that cannot be reached, refused credentials, a table not migrated) stops it too when there
 //! is only one pipeline (the orchestrator restarts the process, as before pipelines existed);
 //! with several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while
-//! the others relay.
+//! the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0.
 //!
 //! A pipeline whose `store.table` is a pattern runs one relay per table it matches, all sharing
 //! the pipeline's sink, each labelled `<pipeline>/<table>`. Every `discovery_interval` it looks
@@ -145,9 +145,21 @@ pub async fn run(
             p
         })
         .collect();
+    let (trigger, shutdown) = Shutdown::channel();
+    // Listen before anything connects: a signal while the pipelines connect (a broker that
+    // does not answer can hold that for `connect_timeout`) ends the start with exit code 0
+    // instead of killing the process.
+    let mut signals = Signals::listen();
+    tokio::spawn(async move {
+        signals.next().await;
+        info!("shutdown requested: finishing in-flight work");
+        trigger.trigger();
+        signals.next().await;
+        warn!("second signal: exiting now; unacknowledged events stay pending");
+        std::process::exit(130);
+    });
     let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
     let board = Board::default();
-    let (trigger, shutdown) = Shutdown::channel();
 
     // Connect every pipeline at once; configuration errors end the start.
     let mut attempts = tokio::task::JoinSet::new();
@@ -155,7 +167,14 @@ pub async fn run(
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
         attempts.spawn(async move { (i, start(&registry, &loaded, &pipeline).await) });
     }
-    let mut answers: Vec<_> = attempts.join_all().await;
+    let mut stop = shutdown.clone();
+    let mut answers: Vec<_> = tokio::select! {
+        answers = attempts.join_all() => answers,
+        () = stop.wait() => {
+            info!("stopped while connecting: nothing was relayed");
+            return Ok(());
+        }
+    };
     answers.sort_by_key(|(i, _)| *i);
     let mut ready = Vec::new();
     let mut waiting = Vec::new();
@@ -190,15 +209,6 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("shutdown requested: finishing in-flight work");
-        trigger.trigger();
-        wait_for_signal().await;
-        warn!("second signal: exiting now; unacknowledged events stay pending");
-        std::process::exit(130);
-    });
 
     // One table: its relay runs on this task (the runtime's main thread), as before pipelines
     // existed, leaving both worker threads to the sink's and the session's I/O.
@@ -505,24 +515,37 @@ async fn keep_connecting(
     }
 }
 
-async fn wait_for_signal() {
+/// SIGTERM and SIGINT (Ctrl-C), listened for from the moment [`Signals::listen`] returns.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    unix: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    /// Take SIGTERM and SIGINT over from their default action (ending the process) now.
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let unix = signal(SignalKind::terminate()).and_then(|term| {
+                signal(SignalKind::interrupt()).map(|interrupt| (term, interrupt))
+            });
+            Self { unix: unix.ok() }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
+
+    /// The next signal.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some((term, interrupt)) = &mut self.unix {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            return;
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -1,9 +1,11 @@
 //! End to end: PostgreSQL → one `outbox-relay run` process → Redis Streams: its HTTP endpoints,
-//! `status`, and a clean stop. (The scenario itself runs in `matrix.rs`.)
+//! `status`, and a clean stop, also while it is still connecting. (The scenario itself runs in
+//! `matrix.rs`.)
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,5 +88,47 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     let delivered = redis.read_stream(&redis.destination("order")).await;
     assert_eq!(delivered.len(), 300);
+    scenario.cleanup().await;
+}
+
+/// A SIGTERM while the relay is still connecting — here to a Redis behind a cut network, which
+/// takes the connection and never answers — ends the start at once with exit code 0, as a
+/// SIGTERM does at any other time (before, the signal's default action killed the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_while_connecting_ends_the_start_cleanly() {
+    let name = unique("e2eterm");
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let mut scenario = Scenario::on_postgres(&name, redis, Settings::default()).await;
+    let cut_off = Blackhole::to(redis_url().trim_start_matches("redis://").to_owned()).await;
+    cut_off.partition();
+    let url = format!("redis://127.0.0.1:{}", cut_off.port());
+    let i = scenario.start_relay(
+        "relay-connecting",
+        &[("OUTBOX_SINK__REDIS_STREAMS__URL", url.as_str())],
+    );
+    let proxy = cut_off.clone();
+    wait_for(
+        "the relay connecting to Redis",
+        Duration::from_secs(20),
+        move || {
+            let proxy = proxy.clone();
+            async move { proxy.accepted() > 0 }
+        },
+    )
+    .await;
+
+    let relay = &mut scenario.relays[i];
+    assert!(relay.is_running(), "it stopped: {}", relay.log_text());
+    let signalled = Instant::now();
+    let exit = relay.terminate(Duration::from_secs(20));
+    let log = relay.log_text();
+    assert!(exit.success(), "exit {exit}; log:\n{log}");
+    // Well before the sink's connect_timeout (5 s) would have ended the wait.
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert!(log.contains("stopped while connecting"), "{log}");
     scenario.cleanup().await;
 }
