@@ -374,6 +374,10 @@ pub struct Plan {
     pub relays: usize,
     /// SIGKILL `relay-0` once a third of the events is written, and start it again.
     pub sigkill: bool,
+    /// After that SIGKILL, until the writers are done: a SIGKILL every this long (from one to
+    /// the next), of each relay in turn (`relay-1`, `relay-2`...), each started again 700 ms
+    /// later.
+    pub sigkill_every: Option<Duration>,
     /// A fault at that moment, held for the duration given.
     pub fault: Option<(Arc<dyn Fault>, Duration)>,
     /// Serve each relay's `/readyz` and `/metrics` on a port of its own, and watch them around
@@ -388,6 +392,7 @@ impl Plan {
             writers: WriterPlan::bounded(scale),
             relays: scale.relays,
             sigkill: true,
+            sigkill_every: None,
             fault: None,
             watch_health: false,
         }
@@ -407,6 +412,12 @@ impl Plan {
     /// fault.
     pub fn pausing(mut self, pause: Duration) -> Self {
         self.writers.pause = pause;
+        self
+    }
+
+    /// See [`Self::sigkill_every`].
+    pub fn sigkilling_every(mut self, period: Duration) -> Self {
+        self.sigkill_every = Some(period);
         self
     }
 
@@ -451,6 +462,8 @@ pub struct Run {
     pub check: DeliveryCheck,
     /// `relay-0` SIGKILLed (and the fault begun) after this many events.
     pub killed_at: u64,
+    /// SIGKILLs in all (see [`Plan::sigkill_every`]).
+    pub sigkills: usize,
     /// `outbox-relay status --json` once drained.
     pub status: serde_json::Value,
     /// Each relay's (name, log), taken after it stopped.
@@ -784,8 +797,22 @@ impl Scenario {
             .wait_written(events / 3, Duration::from_secs(180))
             .await;
         let killed_at = writers.written();
+        let mut sigkills = 0;
         if plan.sigkill {
+            let mut killed = tokio::time::Instant::now();
             self.sigkill_and_restart(0).await;
+            sigkills += 1;
+            if let Some(period) = plan.sigkill_every {
+                loop {
+                    tokio::time::sleep_until(killed + period).await;
+                    if writers.written() >= events {
+                        break;
+                    }
+                    killed = tokio::time::Instant::now();
+                    self.sigkill_and_restart(sigkills % plan.relays).await;
+                    sigkills += 1;
+                }
+            }
         }
         let mut fault_note = String::new();
         let mut outage = None;
@@ -863,10 +890,13 @@ impl Scenario {
             writes.committed.len(),
             writes.rolled_back.len(),
             writes.failed_attempts,
-            if plan.sigkill {
-                format!(", relay-0 SIGKILLed after {killed_at} writes and restarted")
-            } else {
-                String::new()
+            match sigkills {
+                0 => String::new(),
+                1 => format!(", relay-0 SIGKILLed after {killed_at} writes and restarted"),
+                n => format!(
+                    ", {n} SIGKILLs of a relay (each restarted), the first after {killed_at} \
+                     writes"
+                ),
             },
             check.messages,
             check.distinct,
@@ -879,6 +909,7 @@ impl Scenario {
             delivered,
             check,
             killed_at,
+            sigkills,
             status,
             relay_logs,
             write_secs,

@@ -16,4 +16,5 @@ mod postgres_redis_tls;
 mod postgres_sns;
 mod postgres_sqs;
 mod rabbitmq_restart;
+mod sigkills;
 mod tls;
