@@ -19,11 +19,6 @@ pub struct Blackhole {
 }
 
 impl Blackhole {
-    /// Listen on a free port of 127.0.0.1 and forward to `127.0.0.1:upstream`.
-    pub async fn start(upstream: u16) -> Self {
-        Self::to(format!("127.0.0.1:{upstream}")).await
-    }
-
     /// Listen on a free port of 127.0.0.1 and forward to `upstream` (`host:port`).
     pub async fn to(upstream: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")

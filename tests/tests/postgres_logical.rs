@@ -133,7 +133,7 @@ async fn kill_and_partition(style: &'static str) {
     .await;
     let mut proxies = Vec::new();
     for i in 0..scale.relays {
-        let proxy = Blackhole::start(server.port()).await;
+        let proxy = Blackhole::to(format!("127.0.0.1:{}", server.port())).await;
         let url = format!("postgres://postgres@127.0.0.1:{}/test", proxy.port());
         scenario.start_relay(&format!("relay-{i}"), &[("OUTBOX_STORE__URL", &url)]);
         proxies.push(proxy);
