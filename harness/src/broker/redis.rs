@@ -357,20 +357,40 @@ impl BrokerSide for RedisSide {
         n
     }
 
-    /// XREAD BLOCK on the streams from `$`, on a connection of its own (XREAD BLOCK holds it).
+    /// XREAD BLOCK on the streams after their newest entry at the call, on a connection of its
+    /// own (XREAD BLOCK holds it) with the consumer's response timeout (a stall past redis-rs's
+    /// 500 ms default would end the watch). Each XREAD names the last entry id seen, never `$`:
+    /// `$` is re-read at every call, and an entry added between one XREAD's timeout and the next
+    /// would be skipped.
     async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
         let client = redis::Client::open(self.url.as_str()).expect("a redis:// URL");
-        let mut connection = client
-            .get_multiplexed_async_connection()
+        let mut connection = consumer_connection(&client)
             .await
             .unwrap_or_else(|e| panic!("Redis at {} is unreachable: {e}", self.url));
         let streams: Vec<String> = AGGREGATE_TYPES
             .iter()
             .map(|t| self.destination(t))
             .collect();
+        let mut last = Vec::with_capacity(streams.len());
+        for stream in &streams {
+            let newest: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+                .arg(stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut connection)
+                .await
+                .unwrap_or_else(|e| panic!("XREVRANGE {stream} on Redis at {}: {e}", self.url));
+            last.push(
+                newest
+                    .ids
+                    .first()
+                    .map_or("0-0".to_owned(), |e| e.id.clone()),
+            );
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut last = vec!["$".to_owned(); streams.len()];
             loop {
                 let reply: Result<Option<redis::streams::StreamReadReply>, _> = redis::cmd("XREAD")
                     .arg("COUNT")
@@ -448,4 +468,56 @@ async fn consumer_connection(client: &redis::Client) -> redis::RedisResult<Multi
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::Blackhole;
+    use crate::util::unique;
+
+    async fn add(side: &RedisSide, id: Uuid) {
+        let () = redis::cmd("XADD")
+            .arg(side.destination("order"))
+            .arg("*")
+            .arg("event_id")
+            .arg(id.to_string())
+            .query_async(&mut side.connection.clone())
+            .await
+            .unwrap();
+    }
+
+    /// An entry added between two of the watch's XREADs (the first timed out, the next not yet
+    /// sent) is reported: the watch reads through a proxy that holds the timed-out answer
+    /// while the entry is added. Entries from before the watch are not reported.
+    #[tokio::test]
+    async fn the_watch_reports_an_entry_added_between_two_of_its_reads() {
+        let direct = RedisSide::open(&unique("watch")).await;
+        let proxy = Blackhole::to(redis_url().trim_start_matches("redis://").to_owned()).await;
+        let through_proxy = format!("redis://127.0.0.1:{}", proxy.port());
+        let watched = RedisSide::open_at(&through_proxy, &direct.prefix).await;
+        let before = Uuid::now_v7();
+        add(&direct, before).await;
+        let mut watch = watched.watch().await;
+
+        proxy.partition();
+        // The XREAD at the server times out (BLOCK 200); its empty answer waits in the proxy.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let between = Uuid::now_v7();
+        add(&direct, between).await;
+        proxy.heal();
+        let after = Uuid::now_v7();
+        add(&direct, after).await;
+
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let (id, _) = tokio::time::timeout(Duration::from_secs(5), watch.recv())
+                .await
+                .unwrap_or_else(|_| panic!("the watch reported only {seen:?}"))
+                .expect("the watch runs");
+            seen.push(id);
+        }
+        assert_eq!(seen, [between, after], "before the watch: {before}");
+        direct.cleanup().await;
+    }
 }
