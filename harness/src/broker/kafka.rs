@@ -86,14 +86,25 @@ impl KafkaSide {
             .collect()
     }
 
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .expect("creating the admin client")
+    }
+
+    fn admin_options() -> AdminOptions {
+        let timeout = Some(Duration::from_secs(15));
+        AdminOptions::new()
+            .request_timeout(timeout)
+            .operation_timeout(timeout)
+    }
+
     /// Create `topics` with the side's partitions and topic configs (ones that exist already
     /// are left as they are), or fail the test saying what to start.
     pub async fn create_topics(&self, topics: &[String]) {
         let bootstrap = &self.bootstrap;
-        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()
-            .expect("creating the admin client");
+        let admin = self.admin();
         let new_topics: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|name| {
@@ -103,12 +114,8 @@ impl KafkaSide {
                 )
             })
             .collect();
-        let timeout = Some(Duration::from_secs(15));
-        let options = AdminOptions::new()
-            .request_timeout(timeout)
-            .operation_timeout(timeout);
         let results = admin
-            .create_topics(new_topics.iter(), &options)
+            .create_topics(new_topics.iter(), &Self::admin_options())
             .await
             .unwrap_or_else(|e| {
                 panic!("creating topics on Kafka at {bootstrap} failed ({e}): start it (scripts/services.sh)")
@@ -124,6 +131,35 @@ impl KafkaSide {
     /// Create `topic` (see [`Self::create_topics`]).
     pub async fn create_topic(&self, topic: &str) {
         self.create_topics(&[topic.to_owned()]).await;
+    }
+
+    /// Delete `topics` and their messages; ones that do not exist are skipped. A broker that
+    /// refuses is reported on stderr and otherwise ignored: cleaning up never fails a test. (A
+    /// Kafka-API broker keeps a topic's messages until the topic is deleted; the test broker,
+    /// tansu's memory engine, keeps them in memory.)
+    pub async fn delete_topics(&self, topics: &[String]) {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let refused: Vec<String> = match self
+            .admin()
+            .delete_topics(&names, &Self::admin_options())
+            .await
+        {
+            Ok(results) => results
+                .into_iter()
+                .filter_map(|result| match result {
+                    Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => None,
+                    Err((topic, code)) => Some(format!("{topic}: {code}")),
+                })
+                .collect(),
+            Err(e) => vec![e.to_string()],
+        };
+        if !refused.is_empty() {
+            eprintln!(
+                "deleting topics {names:?} on Kafka at {}: {}",
+                self.bootstrap,
+                refused.join("; ")
+            );
+        }
     }
 
     /// Every message of `topic` from the beginning, as [`KafkaRecord`]s (see
@@ -359,7 +395,7 @@ impl BrokerSide for KafkaSide {
     }
 
     async fn cleanup(&self) {
-        // The topics stay (as ever): their names are the test's own.
+        self.delete_topics(&self.topics()).await;
     }
 }
 
