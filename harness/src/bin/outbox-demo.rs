@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::NewEvent;
 use outboxkit_harness::{
     check_delivery, free_port, http_get, BrokerSide, Scenario, Settings, StoreSide, WriterPlan,
@@ -182,20 +183,6 @@ fn order_event(w: u64, n: u64, aggregate: u64) -> NewEvent {
     .event_id(Uuid::now_v7())
 }
 
-/// `url` without its password.
-fn redacted(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user_info, host)) if user_info.contains(':') => {
-                let user = user_info.split(':').next().unwrap_or_default();
-                format!("{scheme}://{user}:***@{host}")
-            }
-            _ => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 fn stores_compiled_in() -> Vec<&'static str> {
     [
         #[cfg(feature = "postgres")]
@@ -232,14 +219,21 @@ async fn open_store(args: &Args) -> Result<(Arc<dyn StoreSide>, String), Failure
         "postgres" => {
             let url = url.unwrap_or_else(outboxkit_harness::postgres_url);
             let side = outboxkit_harness::PostgresSide::open_at(&url, TABLE).await;
-            let describe = format!("PostgreSQL {}, table public.{TABLE}", redacted(&url));
+            let describe = format!(
+                "PostgreSQL {}, table public.{TABLE}",
+                redact_url_or_strip(&url)
+            );
             (Arc::new(side), describe)
         }
         #[cfg(feature = "mysql")]
         "mysql" => {
             let url = url.unwrap_or_else(outboxkit_harness::mysql_url);
             let side = outboxkit_harness::MySqlSide::open_at(&url, TABLE).await;
-            let describe = format!("{} {}, table {TABLE}", side.name(), redacted(&url));
+            let describe = format!(
+                "{} {}, table {TABLE}",
+                side.name(),
+                redact_url_or_strip(&url)
+            );
             (Arc::new(side), describe)
         }
         other => {
@@ -387,8 +381,13 @@ async fn run(args: &Args) -> Result<(), Failure> {
     let mut scenario = Scenario::prepare(store.clone(), broker.clone(), Settings::default()).await;
     let logs = scenario.dir.display().to_string();
     println!(
-        "outbox-relay demo: {} order events over {} orders, {} writers, {} relays\n  {} → {}",
-        args.events, args.aggregates, args.writers, args.relays, store_describe, broker_describe,
+        "outbox-relay demo: {} order events over {}, {}, {}\n  {} → {}",
+        args.events,
+        counted(args.aggregates, "order"),
+        counted(args.writers, "writer"),
+        counted(args.relays, "relay"),
+        store_describe,
+        broker_describe,
     );
 
     // Relays: `outbox-relay run` processes, each serving /readyz on a port of its own.
@@ -521,4 +520,10 @@ async fn run(args: &Args) -> Result<(), Failure> {
     }
     println!("OK: every committed event arrived, in order per order.");
     Ok(())
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
+fn counted(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
