@@ -335,6 +335,11 @@ impl KafkaSink {
                 "queueing for topic `{topic}` (the producer's queue is full: \
                  queue.buffering.max.messages / queue.buffering.max.kbytes)"
             )),
+            // librdkafka refuses at once what it has learnt (by a failed delivery) to be a
+            // missing topic: the same advice as the delivery report's.
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => {
+                classified.context(missing_topic(topic))
+            }
             _ => classified.context(format!("queueing for topic `{topic}`")),
         }
     }
@@ -353,10 +358,7 @@ impl KafkaSink {
                 RDKafkaErrorCode::UnknownTopicOrPartition
                 | RDKafkaErrorCode::UnknownTopic
                 | RDKafkaErrorCode::UnknownPartition,
-            ) => classified.context(format!(
-                "topic `{topic}` does not exist and the broker did not create it: create it \
-                 (or enable auto.create.topics.enable on the broker); the event is retried"
-            )),
+            ) => classified.context(missing_topic(topic)),
             Some(RDKafkaErrorCode::MessageTimedOut) => classified.context(format!(
                 "no acknowledgement for topic `{topic}` within {} ({CONFIG_SECTION}.delivery_timeout)",
                 humantime::format_duration(self.config.delivery_timeout)
@@ -492,19 +494,19 @@ impl KafkaSink {
         for (index, topic) in timed_out {
             if missing.contains(topic) {
                 outcomes[*index] = Outcome::Retry(
-                    Error::new(
-                        ErrorKind::Unroutable,
-                        format!(
-                            "topic `{topic}` does not exist and the broker did not create it: \
-                             create it (or enable auto.create.topics.enable on the broker); \
-                             the event is retried"
-                        ),
-                    )
-                    .temporary(),
+                    Error::new(ErrorKind::Unroutable, missing_topic(topic)).temporary(),
                 );
             }
         }
     }
+}
+
+/// What an event for a topic the broker does not have (and did not create) says.
+fn missing_topic(topic: &str) -> String {
+    format!(
+        "topic `{topic}` does not exist and the broker did not create it: create it (or enable \
+         auto.create.topics.enable on the broker); the event is retried"
+    )
 }
 
 /// The bytes of the header names and values of a message.
