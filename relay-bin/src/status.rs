@@ -49,8 +49,9 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     println!("pending              {}", b.pending);
     println!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
     println!(
-        "retrying             {} events in {} held-back aggregates",
-        b.retrying, b.held_back_aggregates
+        "retrying             {} in {}",
+        counted(b.retrying, "event"),
+        counted(b.held_back_aggregates, "held-back aggregate")
     );
     for h in &report.held_back {
         let when = h
@@ -58,11 +59,11 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             .map(|t| format!("next try {}", t.format("%H:%M:%S")))
             .unwrap_or_else(|| "due now".to_owned());
         println!(
-            "  held back {}/{}: row {} after {} attempts, {when}, {} waiting behind; {}",
+            "  held back {}/{}: row {} after {}, {when}, {} waiting behind; {}",
             h.aggregate_type,
             h.aggregate_id,
             h.id,
-            h.attempts,
+            counted(h.attempts, "attempt"),
             h.waiting_behind,
             h.last_error.as_deref().unwrap_or("")
         );
@@ -78,8 +79,10 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             slot.name,
             human_bytes(slot.lag_bytes),
             match (slot.unsettled, slot.lag_secs) {
-                (Some(n), Some(s)) =>
-                    format!("; the reader holds {n} events, the oldest {s:.3}s old"),
+                (Some(n), Some(s)) => format!(
+                    "; the reader holds {}, the oldest {s:.3}s old",
+                    counted(n, "event")
+                ),
                 _ => String::new(),
             },
             match slot.wal_status.as_deref() {
@@ -98,17 +101,22 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {
-        let relays = report.owners.len();
         println!(
-            "shard owners         {} shards owned by {relays} relay{}",
-            report.shards_owned,
-            if relays == 1 { "" } else { "s" }
+            "shard owners         {} owned by {}",
+            counted(report.shards_owned, "shard"),
+            counted(report.owners.len(), "relay")
         );
         for (owner, shards) in &report.owners {
-            println!("  {owner:<40} {} shards", shards.len());
+            println!("  {owner:<40} {}", counted(shards.len(), "shard"));
         }
     }
     Ok(())
+}
+
+/// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
+fn counted<N: TryInto<i64> + Copy + std::fmt::Display>(n: N, noun: &str) -> String {
+    let one = n.try_into().is_ok_and(|n| n == 1);
+    format!("{n} {noun}{}", if one { "" } else { "s" })
 }
 
 /// One pipeline's line of `status` across pipelines.
