@@ -12,7 +12,8 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, not_ours, render_table, Migration, TableCatalog,
+    check_current, checked_payload_type, forget_dropped, not_ours, render_table, Migration,
+    TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -260,10 +261,18 @@ async fn migrate_on(
         .map_err(err)?;
     }
 
+    let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
     let (current, shard_count) = match MySql::schema_row(conn, table, target).await? {
+        Some(_) if existing.outbox.is_none() => {
+            let forget = forget_dropped(table, "?");
+            conn.execute(sqlx::query(&forget).bind(table.name()))
+                .await
+                .map_err(err)?;
+            new_table
+        }
         Some(row) => row,
         None => match existing.outbox.as_deref() {
-            None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
+            None => new_table,
             Some(comment) => match parse_comment(comment) {
                 // Created by a migration that stopped before its bookkeeping row.
                 Some((version, shard_count)) => {

@@ -9,7 +9,8 @@ use sqlx::{Executor, PgPool};
 
 use outboxkit_core::{PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, not_ours, render_table, Migration, TableCatalog,
+    check_current, checked_payload_type, forget_dropped, not_ours, render_table, Migration,
+    TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -154,10 +155,18 @@ pub(crate) async fn migrate(
         .map_err(err)?;
     }
 
+    let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
     let (current, shard_count) = match Postgres::schema_row(&mut tx, table, target).await? {
+        Some(_) if !outbox_exists => {
+            let forget = forget_dropped(table, "$1");
+            tx.execute(sqlx::query(&forget).bind(table.name()))
+                .await
+                .map_err(err)?;
+            new_table
+        }
         Some(row) => row,
         None if outbox_exists => return Err(not_ours(table, SCHEMA_TABLE)),
-        None => (0, i32::try_from(shards).unwrap_or(i32::MAX)),
+        None => new_table,
     };
     check_current(table, current, SCHEMA_VERSION, shard_count, shards)?;
 

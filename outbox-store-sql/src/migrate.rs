@@ -112,6 +112,24 @@ where
         .map_err(|e: sqlx::Error| classify::<S>(e, target))
 }
 
+/// `table` has a row in the bookkeeping table but does not exist: it was dropped after it was
+/// migrated (by hand, to start over). Say so, and give the statement deleting that row (one
+/// bound value, the table's bare name, at `placeholder` as for [`schema_row`]), after which
+/// the migration creates the table again as a new one, with the configured shard count.
+/// Without it, `migrate` found the table at its version, created nothing, and failed on the
+/// missing table telling to run `migrate`.
+pub fn forget_dropped<S: Dialect + TableRules>(table: &TableName<S>, placeholder: &str) -> String {
+    tracing::warn!(
+        table = %table,
+        "the table was dropped after it was migrated (its row in {SCHEMA_TABLE} outlived it): \
+         creating it again"
+    );
+    format!(
+        "DELETE FROM {} WHERE table_name = {placeholder}",
+        table.quoted_sibling(SCHEMA_TABLE)
+    )
+}
+
 /// What a store reads of its outbox table on a connection of its server: the bookkeeping row
 /// and the payload column's type. What is checked of them is written once
 /// ([`checked_payload_type`], [`table_facts`]).

@@ -75,6 +75,7 @@ macro_rules! store_suite {
             the_table_has_the_documented_shape,
             rows_written_with_plain_sql_are_claimed_with_their_defaults,
             migrate_refuses_a_table_it_did_not_create,
+            migrate_creates_again_a_table_dropped_by_hand,
             an_unreachable_server_is_a_connection_error_naming_the_host,
             an_unknown_database_is_a_config_error_naming_it,
             a_bad_configuration_fails_before_connecting,
@@ -1331,6 +1332,25 @@ pub async fn migrate_refuses_a_table_it_did_not_create<H: LiveHarness>(harness: 
     assert_error(&error, ErrorKind::Schema);
     let error = store.open_session("x").await.unwrap_err();
     assert_error(&error, ErrorKind::Schema);
+    harness.drop_table(&store).await;
+}
+
+/// A migrated table dropped by hand (its bookkeeping row left behind) is created again by the
+/// next `migrate()`, at the current schema version; `check()` and sessions accept it.
+pub async fn migrate_creates_again_a_table_dropped_by_hand<H: LiveHarness>(harness: &H) {
+    let config = harness.fresh_config();
+    let table = config.table_setting();
+    let store = connected(harness, config).await;
+    ok(store.migrate().await, "migrate");
+    harness.execute(&format!("DROP TABLE {table}")).await;
+    let error = store.check().await.unwrap_err();
+    assert_error(&error, ErrorKind::Schema);
+    ok(store.migrate().await, "migrate after the table was dropped");
+    ok(store.check().await, "check after the second migrate");
+    let (version, _, applied) = harness.schema_row(&store).await;
+    assert_eq!((version, applied), (H::SCHEMA_VERSION, true));
+    let session = harness.open_session(&store, "relay-a").await;
+    close_live(session).await;
     harness.drop_table(&store).await;
 }
 
