@@ -3,7 +3,7 @@
 //!
 //! | NATS error | kind | retryable |
 //! |---|---|---|
-//! | publish: no responders (no stream captures the subject) | `Config` | no |
+//! | publish: no responders (no stream captures the subject) | `Unroutable` | yes |
 //! | JetStream: stream not found (10059), JetStream not enabled (10076, 10039) | `Config` | no |
 //! | JetStream: message size exceeds maximum (10054, the stream's `max_msg_size`) | `MessageTooLarge` | no |
 //! | JetStream: storage/memory/resources exceeded, store failed (stream full with `discard = new`), cluster not available (10047, 10028, 10023, 10077, 10008), or status 503 | `Unavailable` | yes |
@@ -69,12 +69,15 @@ pub fn jetstream_kind(err: &jetstream::Error) -> (ErrorKind, bool) {
 /// The error of one event's publish (sending it, or its `PubAck`) to `subject`.
 pub fn classify_publish(err: &PublishError, subject: &str) -> Error {
     match err.kind() {
+        // About this subject only (a row's destination, another `{aggregate_type}`): the
+        // event's aggregate waits, the others flow, as for a missing topic or queue.
         PublishErrorKind::StreamNotFound => error(
-            ErrorKind::Config,
-            false,
+            ErrorKind::Unroutable,
+            true,
             format!(
                 "no stream for subject `{subject}` (no responders): create a JetStream stream \
-                 capturing it, or declare one in [{CONFIG_SECTION}.declare_stream]"
+                 capturing it, or declare one in [{CONFIG_SECTION}.declare_stream]; the event \
+                 is retried"
             ),
         ),
         PublishErrorKind::TimedOut => error(
@@ -272,9 +275,9 @@ mod tests {
     }
 
     #[test]
-    fn no_responders_is_a_configuration_error() {
+    fn no_responders_is_unroutable_and_an_unknown_stream_a_configuration_error() {
         let e = classify_publish(&PublishError::new(PublishErrorKind::StreamNotFound), "a.b");
-        let e = check(e, ErrorKind::Config, false);
+        let e = check(e, ErrorKind::Unroutable, true);
         assert!(
             e.message().starts_with("no stream for subject `a.b`"),
             "{e}"

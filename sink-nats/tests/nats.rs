@@ -149,7 +149,7 @@ async fn an_event_over_the_server_max_payload_is_rejected_alone() {
 }
 
 /// Without a stream for the template's subjects, the start-up check fails naming the subject
-/// and the key; a publish to such a subject fails the call as a configuration error.
+/// and the key; a publish to such a subject retries each event, as unroutable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_stream_is_a_configuration_error() {
     let prefix = unique("nats_nostream");
@@ -166,10 +166,49 @@ async fn no_stream_is_a_configuration_error() {
         )),
         "{e}"
     );
-    let result = sink.publish(&sample_batch(1, 2, "order", 2)).await;
-    let e = whole_call_error(&result).expect("the call fails as a whole");
-    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
-    assert!(e.message().contains("no responders"), "{e}");
+    // Published all the same, each event is retried on its own (see the next test).
+    let outcomes = sink.publish(&sample_batch(1, 2, "order", 2)).await.unwrap();
+    for outcome in &outcomes {
+        match outcome {
+            Outcome::Retry(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                assert!(e.message().contains("no responders"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A subject no stream captures (here a row's `destination`) retries only its events, as a
+/// missing topic or queue does on the other brokers; the other events of the call are
+/// published, and the call is no whole-call failure (which would back off every aggregate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_without_stream_retries_its_events_while_others_flow() {
+    let (side, config) = setup("nats_unrouted", None).await;
+    let sink = checked(config).await;
+    let mut batch = sample_batch(1, 3, "order", 3);
+    let lost = unique("nats_nowhere");
+    batch[1].destination = Some(format!("{lost}.order"));
+    let outcomes = sink.publish(&batch).await.unwrap();
+    assert!(
+        whole_call_error(&Ok(outcomes.clone())).is_none(),
+        "{}",
+        describe_outcomes(&outcomes)
+    );
+    assert!(outcomes[0].is_published() && outcomes[2].is_published());
+    match &outcomes[1] {
+        Outcome::Retry(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+            assert!(
+                e.message().starts_with(&format!(
+                    "no stream for subject `{lost}.order` (no responders)"
+                )),
+                "{e}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    side.cleanup().await;
 }
 
 /// `declare_stream` creates the stream at start (subjects from the template by default), and
