@@ -55,7 +55,7 @@ pub use broker::rabbitmq::{
     amqp_headers, rabbitmq_address, rabbitmq_url, rabbitmqctl, RabbitMqApp, RabbitMqSide,
 };
 #[cfg(feature = "redis-streams")]
-pub use broker::redis::{redis_url, RedisSide, StreamEntry};
+pub use broker::redis::{redis_behind_blackhole, redis_url, RedisSide, StreamEntry};
 #[cfg(feature = "sns")]
 pub use broker::sns::SnsSide;
 #[cfg(feature = "sqs")]

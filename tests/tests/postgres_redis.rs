@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,9 +98,8 @@ async fn a_sigterm_while_connecting_ends_the_start_cleanly() {
     let name = unique("e2eterm");
     let redis = Arc::new(RedisSide::open(&name).await);
     let mut scenario = Scenario::on_postgres(&name, redis, Settings::default()).await;
-    let cut_off = Blackhole::to(redis_url().trim_start_matches("redis://").to_owned()).await;
+    let (cut_off, url) = redis_behind_blackhole().await;
     cut_off.partition();
-    let url = format!("redis://127.0.0.1:{}", cut_off.port());
     let i = scenario.start_relay(
         "relay-connecting",
         &[("OUTBOX_SINK__REDIS_STREAMS__URL", url.as_str())],

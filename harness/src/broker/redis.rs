@@ -22,6 +22,16 @@ pub fn redis_url() -> String {
     std::env::var("OUTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
+/// A [`Blackhole`](crate::proxy::Blackhole) in front of the test server ([`redis_url`], a plain
+/// `redis://host:port`), and the `redis://` URL that goes through it: a test cuts the network
+/// to Redis with it.
+pub async fn redis_behind_blackhole() -> (crate::proxy::Blackhole, String) {
+    let upstream = redis_url().trim_start_matches("redis://").to_owned();
+    let proxy = crate::proxy::Blackhole::to(upstream).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    (proxy, url)
+}
+
 /// The TLS files a side connects with (`rediss://`), and that its [`BrokerSide::sink_toml`]
 /// gives the relay.
 #[derive(Debug, Clone)]
@@ -473,7 +483,6 @@ async fn consumer_connection(client: &redis::Client) -> redis::RedisResult<Multi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::Blackhole;
     use crate::util::unique;
 
     async fn add(side: &RedisSide, id: Uuid) {
@@ -493,8 +502,7 @@ mod tests {
     #[tokio::test]
     async fn the_watch_reports_an_entry_added_between_two_of_its_reads() {
         let direct = RedisSide::open(&unique("watch")).await;
-        let proxy = Blackhole::to(redis_url().trim_start_matches("redis://").to_owned()).await;
-        let through_proxy = format!("redis://127.0.0.1:{}", proxy.port());
+        let (proxy, through_proxy) = redis_behind_blackhole().await;
         let watched = RedisSide::open_at(&through_proxy, &direct.prefix).await;
         let before = Uuid::now_v7();
         add(&direct, before).await;
