@@ -289,10 +289,13 @@ impl Loaded {
 fn load(cli: &Cli) -> Result<Loaded, Failure> {
     let file = cli.config.as_deref();
     let (settings, figment) = settings::load(file)?;
-    init_logging(
-        cli.log_format.unwrap_or(settings.log.format),
-        &settings.log.level,
-    );
+    let filter = log_filter(&settings.log.level, std::env::var("RUST_LOG").ok()).map_err(|e| {
+        Failure::config(format!(
+            "invalid configuration: {}",
+            settings::locate(&e, &figment, file)
+        ))
+    })?;
+    init_logging(cli.log_format.unwrap_or(settings.log.format), filter);
     let pipelines = crate::pipeline::resolve(&settings, &figment, file)?;
     Ok(Loaded {
         settings,
@@ -320,13 +323,41 @@ fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-fn init_logging(format: LogFormat, level: &str) {
-    use tracing_subscriber::EnvFilter;
-    // lapin logs every returned message at WARN with its payload and headers: keep event
-    // contents out of the relay's logs unless RUST_LOG asks for them.
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(format!("{level},lapin=error")))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+/// The log filter: `RUST_LOG` when it is set and not empty, else `log.level` (with lapin's
+/// chatter left out). Each directive without `=` must be a level: tracing would read any other
+/// word (`warning`, `verbose`) as a target to log at every level, and drop every line of the
+/// relay's own, silently. The error starts with the key or the variable that holds the filter.
+fn log_filter(
+    level: &str,
+    rust_log: Option<String>,
+) -> Result<tracing_subscriber::EnvFilter, String> {
+    let (source, spec) = match rust_log.filter(|v| !v.trim().is_empty()) {
+        Some(rust_log) => ("RUST_LOG", rust_log),
+        // lapin logs every returned message at WARN with its payload and headers: keep event
+        // contents out of the relay's logs unless RUST_LOG asks for them.
+        None => ("log.level", format!("{level},lapin=error")),
+    };
+    let shown = if source == "RUST_LOG" { &spec } else { level };
+    if shown.trim().is_empty() {
+        return Err(format!("{source}: must not be empty (e.g. \"info\")"));
+    }
+    let directives = spec.split(',').map(str::trim).filter(|d| !d.is_empty());
+    for directive in directives {
+        let is_level = directive
+            .parse::<tracing_subscriber::filter::LevelFilter>()
+            .is_ok();
+        if !is_level && !directive.contains(['=', '[']) {
+            return Err(format!(
+                "{source}: `{directive}` is not a level (error, warn, info, debug, trace or off); \
+                 for one crate's level write crate=level, e.g. \"info,outboxkit_core=debug\""
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(&spec)
+        .map_err(|e| format!("{source}: \"{shown}\" is not a log filter: {e}"))
+}
+
+fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(use_colour(
@@ -342,7 +373,44 @@ fn init_logging(format: LogFormat, level: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::use_colour;
+    use super::{log_filter, use_colour};
+
+    #[test]
+    fn a_log_filter_word_that_is_no_level_is_refused() {
+        for good in [
+            "info",
+            "WARN",
+            "off",
+            "info,outboxkit_core=debug",
+            "warn,lapin=info",
+        ] {
+            assert!(log_filter(good, None).is_ok(), "log.level {good:?}");
+            assert!(
+                log_filter("bogus", Some(good.into())).is_ok(),
+                "RUST_LOG {good:?}"
+            );
+        }
+        // An empty RUST_LOG is as good as none.
+        assert!(log_filter("debug", Some(" ".into())).is_ok());
+        let error = log_filter("warning", None).unwrap_err();
+        assert!(
+            error.starts_with("log.level: `warning` is not a level (error, warn, info,"),
+            "{error}"
+        );
+        assert!(error.contains("crate=level"), "{error}");
+        let error = log_filter("info", Some("info,outboxkit_core".into())).unwrap_err();
+        assert!(
+            error.starts_with("RUST_LOG: `outboxkit_core` is not a level"),
+            "{error}"
+        );
+        let error = log_filter("", None).unwrap_err();
+        assert_eq!(error, "log.level: must not be empty (e.g. \"info\")");
+        let error = log_filter("info,outboxkit_core=loud", None).unwrap_err();
+        assert!(
+            error.starts_with("log.level: \"info,outboxkit_core=loud\" is not a log filter: "),
+            "{error}"
+        );
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

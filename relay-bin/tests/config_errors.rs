@@ -233,6 +233,35 @@ fn wrong_type() {
     );
 }
 
+/// A log level tracing would take for a target name (`warning`) is refused, where it was set:
+/// accepted, it silenced every line of the relay's, errors included.
+#[test]
+fn log_level_that_is_no_level() {
+    let expected = "`warning` is not a level (error, warn, info, debug, trace or off)";
+    let (config, line) = file_error(
+        &format!("{}\n[log]\nlevel = \"warning\"\n", valid()),
+        "run",
+        &[&format!("log.level: {expected}")],
+    );
+    assert!(line.ends_with(&config.named()), "{line}");
+    let config = TempConfig::new(&valid());
+    config_error(
+        &config,
+        "status",
+        &[("OUTBOX_LOG__LEVEL", "warning")],
+        &[
+            &format!("log.level: {expected}"),
+            "(from environment variable OUTBOX_LOG__LEVEL)",
+        ],
+    );
+    config_error(
+        &config,
+        "migrate",
+        &[("RUST_LOG", "info,warning")],
+        &[&format!("RUST_LOG: {expected}")],
+    );
+}
+
 #[test]
 fn missing_store_url() {
     file_error(
