@@ -4,6 +4,7 @@ use clap::Subcommand;
 use outboxkit_core::{DeadFilter, DeadSelection, Store};
 
 use crate::cli::Failure;
+use crate::status::counted;
 
 /// `outbox-relay dead ...`
 #[derive(Debug, Subcommand)]
@@ -100,6 +101,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             all,
             aggregate_id,
         } => {
+            let ids = distinct(ids);
             let selection = if *all {
                 DeadSelection::All {
                     aggregate_id: aggregate_id.clone(),
@@ -108,19 +110,52 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
                 DeadSelection::Ids(ids.clone())
             };
             let n = store.dead_retry(&selection).await?;
-            println!("{n} dead event(s) back to pending; the relay publishes them in order with their aggregate");
-            Ok(())
+            println!(
+                "{} back to pending; the relay publishes them in order with their aggregate",
+                counted(n, "dead event")
+            );
+            if *all {
+                return Ok(());
+            }
+            all_found(n, &ids, store)
         }
         DeadCommand::Discard { ids, yes } => {
             if !yes {
                 return Err(Failure::config(format!(
-                    "dead discard deletes {} event(s) for good: add --yes to confirm",
-                    ids.len()
+                    "dead discard deletes {} for good: add --yes to confirm",
+                    counted(distinct(ids).len(), "event")
                 )));
             }
-            let n = store.dead_discard(ids).await?;
-            println!("{n} dead event(s) discarded");
-            Ok(())
+            let ids = distinct(ids);
+            let n = store.dead_discard(&ids).await?;
+            println!("{} discarded", counted(n, "dead event"));
+            all_found(n, &ids, store)
         }
     }
+}
+
+/// The ids given, each once (`dead retry 4 4` asks for one event).
+fn distinct(ids: &[i64]) -> Vec<i64> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// An error (exit code 1) when fewer than `ids` were dead events: an id mistyped, or an event
+/// retried or discarded already, must not pass as done.
+fn all_found(done: u64, ids: &[i64], store: &dyn Store) -> Result<(), Failure> {
+    let missed = (ids.len() as u64).saturating_sub(done);
+    if missed == 0 {
+        return Ok(());
+    }
+    let which = match ids {
+        [id] => format!("id {id} is"),
+        _ => format!("{missed} of the {} ids given are", ids.len()),
+    };
+    Err(Failure::runtime(format!(
+        "{which} not a dead event of {}: no such row, or not dead (retried or discarded already, \
+         or never dead); `outbox-relay dead list` shows the dead ones",
+        store.describe()
+    )))
 }

@@ -114,7 +114,7 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
 }
 
 /// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
-fn counted<N: TryInto<i64> + Copy + std::fmt::Display>(n: N, noun: &str) -> String {
+pub(crate) fn counted<N: TryInto<i64> + Copy + std::fmt::Display>(n: N, noun: &str) -> String {
     let one = n.try_into().is_ok_and(|n| n == 1);
     format!("{n} {noun}{}", if one { "" } else { "s" })
 }

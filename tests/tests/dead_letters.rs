@@ -117,16 +117,27 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let (ok, _, err) = scenario.cli(&["dead", "discard", &c1.to_string()]);
     assert!(!ok && err.contains("--yes"), "{err}");
     let (ok, out, err) = scenario.cli(&["dead", "discard", &c1.to_string(), "--yes"]);
-    assert!(
-        ok && out.contains("1 dead event(s) discarded"),
-        "{out}{err}"
-    );
+    assert!(ok && out.contains("1 dead event discarded"), "{out}{err}");
+    // An id that is no dead event (discarded already, or mistyped) is an error, not a quiet 0.
+    let c1_id = c1.to_string();
+    for args in [
+        &["dead", "discard", &c1_id, "--yes"][..],
+        &["dead", "retry", &c1_id],
+    ] {
+        let (ok, out, err) = scenario.cli(args);
+        assert!(
+            !ok && out.starts_with("0 dead events ")
+                && err.contains(&format!("id {c1} is not a dead event of "))
+                && err.contains("`outbox-relay dead list` shows the dead ones"),
+            "{args:?}: {out}{err}"
+        );
+    }
 
     // Fix the cause, retry: A2 goes out, then A3 and A4, in order.
     redis.delete(std::slice::from_ref(&poison)).await;
     let (ok, out, err) = scenario.cli(&["dead", "retry", &a2.to_string()]);
     assert!(
-        ok && out.starts_with("1 dead event(s) back to pending"),
+        ok && out.starts_with("1 dead event back to pending"),
         "{out}{err}"
     );
     wait_for("A2..A4 published", Duration::from_secs(30), || {
