@@ -95,6 +95,7 @@ macro_rules! store_suite {
             mark_published_delete_and_keep_then_purge,
             retry_holds_the_row_and_its_aggregate_only,
             dead_rows_skip_or_hold_their_aggregate,
+            dead_rows_are_listed_retried_and_discarded,
             status_reports_the_backlog,
             shard_owners_name_the_relay,
             aggregates_keep_one_shard_and_spread,
@@ -141,6 +142,19 @@ async fn open_with_all_shards(store: &dyn Store, relay_id: &str) -> Box<dyn Shar
     let mut session = ok(store.open_session(relay_id).await, "open_session");
     acquire_all_shards(session.as_mut()).await;
     session
+}
+
+/// A migrated store holding `events` (their ids, in order) and a session of `relay_id` that
+/// holds every shard.
+async fn with_rows(
+    factory: &dyn StoreFactory,
+    events: &[NewEvent],
+    relay_id: &str,
+) -> (Box<dyn Store>, Vec<i64>, Box<dyn ShardSession>) {
+    let store = migrated_store(factory).await;
+    let ids = ok(store.insert(events).await, "insert");
+    let session = open_with_all_shards(store.as_ref(), relay_id).await;
+    (store, ids, session)
 }
 
 async fn claim(
@@ -282,11 +296,8 @@ pub async fn insert_and_claim_round_trip_every_field(factory: &dyn StoreFactory)
 
 /// A session that owns no shard claims nothing; owning one shard claims that shard's rows only.
 pub async fn claim_without_owned_shards_returns_nothing(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
     let events: Vec<NewEvent> = (0..20).map(|i| event(&format!("agg-{i}"), 0)).collect();
-    ok(store.insert(&events).await, "insert");
-
-    let mut session = open_with_all_shards(store.as_ref(), "suite-no-shard").await;
+    let (_store, _, mut session) = with_rows(factory, &events, "suite-no-shard").await;
     let all = claim(session.as_mut(), 100, &[], false).await;
     assert_eq!(all.len(), 20);
     let owned: Vec<i32> = session.owned().iter().copied().collect();
@@ -357,10 +368,8 @@ pub async fn shard_locks_are_exclusive_and_visible(factory: &dyn StoreFactory) {
 
 /// `limit` caps a claim; `exclude_ids` are never returned; claiming changes nothing.
 pub async fn claim_honours_limit_and_exclude_ids(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
     let events: Vec<NewEvent> = (0..10).map(|i| event(&format!("agg-{i}"), 0)).collect();
-    let ids = ok(store.insert(&events).await, "insert");
-    let mut session = open_with_all_shards(store.as_ref(), "suite-limit").await;
+    let (_store, ids, mut session) = with_rows(factory, &events, "suite-limit").await;
 
     let first: Vec<i64> = claim(session.as_mut(), 4, &[], false)
         .await
@@ -390,10 +399,8 @@ pub async fn claim_honours_limit_and_exclude_ids(factory: &dyn StoreFactory) {
 /// `Delete` removes rows; `Keep` hides them from claims until a purge past the retention
 /// deletes them, while a long retention deletes nothing.
 pub async fn mark_published_delete_and_keep_then_purge(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
     let events: Vec<NewEvent> = (0..5).map(|i| event(&format!("agg-{i}"), 0)).collect();
-    let ids = ok(store.insert(&events).await, "insert");
-    let mut session = open_with_all_shards(store.as_ref(), "suite-mark").await;
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-mark").await;
     ok(
         session.mark_published(&[], MarkMode::Delete).await,
         "mark nothing",
@@ -449,15 +456,9 @@ pub async fn mark_published_delete_and_keep_then_purge(factory: &dyn StoreFactor
 /// A failed row waits until due and holds back the later rows of its aggregate only; it comes
 /// back with `attempts = 1`.
 pub async fn retry_holds_the_row_and_its_aggregate_only(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
-    let ids = ok(
-        store
-            .insert(&[event("A", 1), event("B", 1), event("A", 2), event("B", 2)])
-            .await,
-        "insert",
-    );
+    let events = [event("A", 1), event("B", 1), event("A", 2), event("B", 2)];
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-retry").await;
     let (a1, b1, a2, b2) = (ids[0], ids[1], ids[2], ids[3]);
-    let mut session = open_with_all_shards(store.as_ref(), "suite-retry").await;
     assert_eq!(claim_ids(session.as_mut(), false).await, ids);
 
     let delay = Duration::from_millis(300);
@@ -507,15 +508,9 @@ pub async fn retry_holds_the_row_and_its_aggregate_only(factory: &dyn StoreFacto
 /// `retry_in = None` parks a row as dead: never claimed, counted in `status().dead`; the later
 /// rows of its aggregate flow unless `dead_holds_aggregate`.
 pub async fn dead_rows_skip_or_hold_their_aggregate(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
-    let ids = ok(
-        store
-            .insert(&[event("A", 1), event("A", 2), event("B", 1)])
-            .await,
-        "insert",
-    );
+    let events = [event("A", 1), event("A", 2), event("B", 1)];
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-dead").await;
     let (a1, a2, b1) = (ids[0], ids[1], ids[2]);
-    let mut session = open_with_all_shards(store.as_ref(), "suite-dead").await;
     ok(
         session.record_failures(&[failure(a1, None)]).await,
         "park as dead",
@@ -533,6 +528,90 @@ pub async fn dead_rows_skip_or_hold_their_aggregate(factory: &dyn StoreFactory) 
     );
     assert!(claim_ids(session.as_mut(), false).await.is_empty());
     assert_eq!(ok(store.status().await, "status").dead, 1);
+    close(session).await;
+    factory.cleanup().await;
+}
+
+/// The operator's commands (`outbox-relay dead list | retry | discard`): dead rows listed oldest
+/// first with their error, filtered; a retry resets the row and keeps its id, so its place
+/// before its aggregate's later rows; both count only the rows that were dead (the command
+/// reports an id that was not), and leave every other row alone.
+pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFactory) {
+    use crate::model::{DeadFilter, DeadSelection};
+    let events = [event("A", 1), event("A", 2), event("B", 1), event("C", 1)];
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-dead-commands").await;
+    let (a1, a2, b1, c1) = (ids[0], ids[1], ids[2], ids[3]);
+    let parked = [failure(a1, None), failure(b1, None), failure(c1, None)];
+    ok(session.record_failures(&parked).await, "park as dead");
+    let list = |aggregate_type: Option<&str>, aggregate_id: Option<&str>, limit: u32| {
+        let filter = DeadFilter {
+            aggregate_type: aggregate_type.map(str::to_owned),
+            aggregate_id: aggregate_id.map(str::to_owned),
+            limit,
+        };
+        let store = &store;
+        async move { ok(store.dead_list(&filter).await, "dead_list") }
+    };
+    let dead = list(None, None, 100).await;
+    let listed: Vec<i64> = dead.iter().map(|d| d.id).collect();
+    assert_eq!(listed, vec![a1, b1, c1], "every dead row, oldest first");
+    let first = &dead[0];
+    assert_eq!(
+        (first.aggregate_type.as_str(), first.aggregate_id.as_str()),
+        ("order", "A")
+    );
+    assert_eq!(first.event_type, "OrderChanged");
+    assert_eq!(first.attempts, 1, "one failed attempt");
+    assert_eq!(
+        first.last_error.as_deref(),
+        Some(format!("suite: broker refused row {a1}").as_str())
+    );
+    let ids_of = |dead: Vec<crate::model::DeadEvent>| dead.iter().map(|d| d.id).collect::<Vec<_>>();
+    assert_eq!(ids_of(list(None, Some("B"), 100).await), vec![b1]);
+    assert_eq!(ids_of(list(Some("order"), Some("C"), 100).await), vec![c1]);
+    assert!(list(Some("invoice"), None, 100).await.is_empty());
+    assert_eq!(ids_of(list(None, None, 2).await), vec![a1, b1], "the limit");
+
+    // a2 is pending and 0 is no row: only a1 comes back, before a2.
+    let retried = ok(
+        store.dead_retry(&DeadSelection::Ids(vec![a1, a2, 0])).await,
+        "dead_retry of ids",
+    );
+    assert_eq!(retried, 1, "only the dead row given counts");
+    let claimed = claim(session.as_mut(), 100, &[], true).await;
+    let claimed: Vec<(i64, i32)> = claimed.iter().map(|e| (e.id, e.attempts)).collect();
+    assert_eq!(
+        claimed,
+        vec![(a1, 0), (a2, 0)],
+        "a retried row keeps its place in its aggregate, attempts reset"
+    );
+
+    let discarded = ok(store.dead_discard(&[b1, a2, 0]).await, "dead_discard");
+    assert_eq!(discarded, 1, "only the dead row given is deleted");
+    assert_eq!(ids_of(list(None, None, 100).await), vec![c1]);
+    let retried = ok(
+        store
+            .dead_retry(&DeadSelection::All {
+                aggregate_id: Some("B".to_owned()),
+            })
+            .await,
+        "dead_retry of a discarded aggregate",
+    );
+    assert_eq!(retried, 0);
+    let retried = ok(
+        store
+            .dead_retry(&DeadSelection::All { aggregate_id: None })
+            .await,
+        "dead_retry of all",
+    );
+    assert_eq!(retried, 1);
+    let status = ok(store.status().await, "status");
+    assert_eq!(
+        (status.pending, status.dead),
+        (3, 0),
+        "a1, a2 and c1 pending"
+    );
+    assert_eq!(claim_ids(session.as_mut(), true).await, vec![a1, a2, c1]);
     close(session).await;
     factory.cleanup().await;
 }
@@ -635,12 +714,10 @@ pub async fn shard_owners_name_the_relay(factory: &dyn StoreFactory) {
 
 /// All events of one aggregate share one shard; many aggregates use several shards.
 pub async fn aggregates_keep_one_shard_and_spread(factory: &dyn StoreFactory) {
-    let store = migrated_store(factory).await;
     let events: Vec<NewEvent> = (0..3)
         .flat_map(|n| (0..200).map(move |a| event(&format!("customer-{a}"), n)))
         .collect();
-    ok(store.insert(&events).await, "insert");
-    let mut session = open_with_all_shards(store.as_ref(), "suite-shards").await;
+    let (_store, _, mut session) = with_rows(factory, &events, "suite-shards").await;
     let claimed = claim(session.as_mut(), 1000, &[], false).await;
     assert_eq!(claimed.len(), 600);
     let mut shards_of: BTreeMap<&str, BTreeSet<i32>> = BTreeMap::new();
