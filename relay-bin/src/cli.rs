@@ -167,7 +167,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             for pipeline in &pipelines {
                 let targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
                 if targets.is_empty() {
-                    println!("pipeline {}: no table matches its pattern", pipeline.name);
+                    println!("pipeline {}: {NO_MATCH}", pipeline.name);
                 }
                 for target in targets {
                     let store = target.store?;
@@ -183,14 +183,20 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
         }
         Command::Status { json } => {
             let mut all = Vec::new();
+            let mut unmatched = Vec::new();
             for pipeline in &pipelines {
-                all.extend(targets(&registry, &loaded, pipeline, wanted_table).await?);
+                let found = targets(&registry, &loaded, pipeline, wanted_table).await?;
+                if found.is_empty() {
+                    unmatched.push(pipeline.name.clone());
+                }
+                all.extend(found);
             }
-            if all.len() == 1 && (cli.pipeline.is_some() || loaded.pipelines.len() == 1) {
+            let one = cli.pipeline.is_some() || loaded.pipelines.len() == 1;
+            if all.len() == 1 && unmatched.is_empty() && one {
                 let store = all.remove(0).store?;
                 return crate::status::print(store.as_ref(), json).await;
             }
-            crate::status::print_each(all, json).await
+            crate::status::print_each(all, &unmatched, json).await
         }
         Command::Dead { ref command } => {
             let [pipeline] = pipelines[..] else {
@@ -201,6 +207,12 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                 )));
             };
             let mut targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
+            if targets.is_empty() {
+                return Err(Failure::runtime(format!(
+                    "dead: pipeline {} has no table: {NO_MATCH}",
+                    pipeline.name
+                )));
+            }
             if targets.len() != 1 {
                 let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
                 return Err(Failure::config(format!(
@@ -216,6 +228,10 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
         }
     }
 }
+
+/// What `migrate`, `status` and `dead` say of a pattern pipeline that matches no table (a
+/// tenants' pipeline before its first tenant).
+pub(crate) const NO_MATCH: &str = "no table matches its pattern";
 
 /// One relay's worth of a pipeline: the pipeline's table, or one table its pattern matched
 /// (`tenants/t7.outbox`), with its store or the error connecting it.

@@ -129,13 +129,31 @@ struct PipelineLine {
     /// Why the figures are missing (the store could not be reached).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// Why there are no figures, when nothing failed (a pattern that matches no table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 /// `status` of several pipelines: one line each (pending, oldest pending age, dead, relays
 /// owning shards), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
-/// reached gets its error on its line; the command then fails (exit 1) after printing all.
-pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<(), Failure> {
+/// reached gets its error on its line; the command then fails (exit 1) after printing all. A
+/// pattern pipeline that matches no table (`unmatched`) gets a line that says so.
+pub async fn print_each(
+    targets: Vec<crate::cli::Target>,
+    unmatched: &[String],
+    json: bool,
+) -> Result<(), Failure> {
     let mut lines: BTreeMap<String, PipelineLine> = BTreeMap::new();
+    for name in unmatched {
+        let line = PipelineLine {
+            store: None,
+            backlog: None,
+            owners: None,
+            error: None,
+            note: Some(crate::cli::NO_MATCH.to_owned()),
+        };
+        lines.insert(name.clone(), line);
+    }
     let mut failed = Vec::new();
     for target in targets {
         let name = target.label.as_str();
@@ -159,6 +177,7 @@ pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<
                 backlog: Some(backlog),
                 owners: Some(relays),
                 error: None,
+                note: None,
             },
             Err(e) => {
                 failed.push(name.to_owned());
@@ -167,6 +186,7 @@ pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<
                     backlog: None,
                     owners: None,
                     error: Some(e.full_message()),
+                    note: None,
                 }
             }
         };
@@ -184,6 +204,7 @@ pub async fn print_each(targets: Vec<crate::cli::Target>, json: bool) -> Result<
         );
         for (name, line) in &lines {
             match (&line.backlog, &line.error) {
+                (None, None) => println!("{name:<width$}  {}", line.note.as_deref().unwrap_or("")),
                 (Some(b), _) => println!(
                     "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
                     b.pending,

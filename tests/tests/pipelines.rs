@@ -333,6 +333,20 @@ listen = "127.0.0.1:{port}"
         assert!(ok, "migrate {schema}: {out}{err}");
     };
 
+    // Before the first tenant: `status` names the pipeline and why it has no figures; `dead`
+    // says there is no table.
+    let no_match = "no table matches its pattern";
+    let (ok, text, err) = cli(&["status", "--json"], &[]);
+    assert!(ok, "status before the first tenant: {text}{err}");
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(status["pipelines"]["tenants"]["note"], no_match, "{status}");
+    let (ok, text, _) = cli(&["status"], &[]);
+    let line = text.lines().find(|l| l.starts_with("tenants "));
+    assert!(ok && line.is_some_and(|l| l.ends_with(no_match)), "{text}");
+    let (ok, _, err) = cli(&["dead", "list"], &[]);
+    let expected = format!("dead: pipeline tenants has no table: {no_match}");
+    assert!(!ok && err.contains(&expected), "{err}");
+
     // Before the relay: tenant a migrated, tenant b's table made by hand (never migrated).
     let (a, b, c) = (
         format!("{prefix}_a"),
