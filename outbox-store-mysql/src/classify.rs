@@ -66,9 +66,10 @@ impl outboxkit_store_sql::Dialect for MySql {
                 "user \"{user}\" lacks a privilege on table {table}: {message} — grant it (see \
                  the store README)"
             ),
-            ErrorKind::Unauthorized => {
-                format!("{at} refused user \"{user}\" (store.url): {message}")
-            }
+            ErrorKind::Unauthorized => format!(
+                "{at} refused user \"{user}\" ({}): {message}",
+                target.credentials_key()
+            ),
             ErrorKind::Connection => format!("{at} ended the connection: {message} ({code})"),
             ErrorKind::Unavailable => {
                 format!("{at} cannot serve right now: {message} ({code})")
@@ -212,6 +213,11 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Unauthorized);
         assert!(!e.is_retryable());
         assert!(e.message().contains("\"app\"") && e.message().contains("store.url"));
+        // A password from `store.password` (or `password_file`) names that key too.
+        let mut from_key = target();
+        from_key.password_key = true;
+        let e = classify(database_error("28000"), &from_key).to_string();
+        assert!(e.contains("\"app\" (store.url, store.password): "), "{e}");
     }
 
     #[test]

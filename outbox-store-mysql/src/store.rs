@@ -144,6 +144,7 @@ fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: St
         table,
         ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
+        password_key: config.password.is_some(),
     }
 }
 

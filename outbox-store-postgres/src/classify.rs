@@ -45,8 +45,9 @@ impl outboxkit_store_sql::Dialect for Postgres {
                 target.database.as_deref().unwrap_or("?")
             ),
             ErrorKind::Unauthorized if code.starts_with("28") => format!(
-                "{at} refused user \"{}\" (store.url): {message}",
-                target.user.as_deref().unwrap_or("?")
+                "{at} refused user \"{}\" ({}): {message}",
+                target.user.as_deref().unwrap_or("?"),
+                target.credentials_key()
             ),
             ErrorKind::Unauthorized => format!(
                 "user \"{}\" lacks a privilege on table {table}: {message} — grant it (see \
@@ -144,6 +145,11 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Unauthorized);
         assert!(!e.is_retryable());
         assert!(e.message().contains("\"app\"") && e.message().contains("store.url"));
+        // A password from `store.password` (or `password_file`) names that key too.
+        let mut from_key = target();
+        from_key.password_key = true;
+        let e = classify(database_error("28P01"), &from_key).to_string();
+        assert!(e.contains("\"app\" (store.url, store.password): "), "{e}");
     }
 
     #[test]

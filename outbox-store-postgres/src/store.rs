@@ -40,6 +40,7 @@ fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: St
         table,
         ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
+        password_key: config.password.is_some(),
     }
 }
 

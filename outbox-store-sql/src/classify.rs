@@ -50,6 +50,9 @@ pub struct Target {
     /// The TLS mode the URL sets ([`Dialect::TLS_OPTION`]), if it sets one: connection errors
     /// then say it (`store.url, sslmode=verify-full`).
     pub tls_mode: Option<String>,
+    /// Whether `store.password` (or `password_file`) gave the password, not the URL: refused
+    /// credentials then name that key too.
+    pub password_key: bool,
 }
 
 impl Target {
@@ -58,6 +61,16 @@ impl Target {
         Self {
             table: table.into(),
             ..Self::default()
+        }
+    }
+
+    /// The keys that gave the user and the password, for refused credentials: `store.url`, or
+    /// `store.url, store.password` when the password came from its own key.
+    pub fn credentials_key(&self) -> &'static str {
+        if self.password_key {
+            "store.url, store.password"
+        } else {
+            "store.url"
         }
     }
 

@@ -153,11 +153,16 @@ impl RedisStreamsSink {
         command.query_async(&mut connection).await
     }
 
-    /// The one-line error of a failed [`connect`](Self::connect), naming server and key.
+    /// The one-line error of a failed [`connect`](Self::connect), naming server and keys (for
+    /// refused credentials, also `password` when that key gave the password).
     fn connect_error(&self, kind: ErrorKind, reason: &str) -> Error {
         let message = if kind == ErrorKind::Unauthorized {
+            let keys = match self.config.password {
+                Some(_) => format!("{CONFIG_SECTION}.url, {CONFIG_SECTION}.password"),
+                None => format!("{CONFIG_SECTION}.url"),
+            };
             format!(
-                "Redis at {} refused the credentials ({CONFIG_SECTION}.url): {reason}",
+                "Redis at {} refused the credentials ({keys}): {reason}",
                 self.host_port
             )
         } else {

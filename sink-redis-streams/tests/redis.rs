@@ -379,6 +379,15 @@ async fn refused_credentials_fail_the_call_not_the_events() {
     let wrong = RedisStreamsSink::connect(RedisStreamsConfig::new(url_with("wrong-password")))
         .await
         .map(drop);
+    // The same password from the `password` key: the error names that key.
+    let mut user_only = url::Url::parse(&url_with("x")).unwrap();
+    user_only.set_password(None).unwrap();
+    let wrong_key = RedisStreamsSink::connect(RedisStreamsConfig {
+        password: Some("wrong-password".to_owned()),
+        ..RedisStreamsConfig::new(user_only.to_string())
+    })
+    .await
+    .map(drop);
     let sink = RedisStreamsSink::connect(RedisStreamsConfig {
         stream: format!("{prefix}_{{aggregate_type}}"),
         ..RedisStreamsConfig::new(url_with("right-password"))
@@ -402,6 +411,15 @@ async fn refused_credentials_fail_the_call_not_the_events() {
         error.to_string().ends_with(
             "refused the credentials (sink.redis_streams.url): \
              authentication failed (check the user name and password)"
+        ),
+        "{error}"
+    );
+    assert!(!error.to_string().contains("wrong-password"), "{error}");
+    let error = wrong_key.expect_err("wrong password in the password key");
+    assert_eq!(error.kind(), ErrorKind::Unauthorized, "{error}");
+    assert!(
+        error.to_string().contains(
+            "refused the credentials (sink.redis_streams.url, sink.redis_streams.password): "
         ),
         "{error}"
     );
