@@ -26,7 +26,8 @@ pub enum DeadCommand {
     },
     /// Send dead events back to pending (attempts reset). With polling each keeps its place in
     /// its aggregate's order; with log-based capture each is written again (same event id),
-    /// after what its aggregate committed since.
+    /// after what its aggregate committed since. An id that is not a dead event is reported
+    /// and the command exits 1 (after retrying the others).
     Retry {
         /// Row ids (as `dead list` shows them).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -38,7 +39,8 @@ pub enum DeadCommand {
         #[arg(long, requires = "all")]
         aggregate_id: Option<String>,
     },
-    /// Delete dead events for good.
+    /// Delete dead events for good. An id that is not a dead event is reported and the command
+    /// exits 1 (after discarding the others).
     Discard {
         /// Row ids (as `dead list` shows them).
         #[arg(required = true)]
