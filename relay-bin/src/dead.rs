@@ -79,7 +79,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             }
             println!(
                 "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  last error",
-                "id", "event_id", "aggregate", "event_type", "attempts", "dead since"
+                "id", "event_id", "aggregate", "event_type", "attempts", "dead since (UTC)"
             );
             for r in &rows {
                 println!(

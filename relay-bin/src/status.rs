@@ -56,7 +56,7 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     for h in &report.held_back {
         let when = h
             .next_attempt_at
-            .map(|t| format!("next try {}", t.format("%H:%M:%S")))
+            .map(|t| format!("next try {} UTC", t.format("%H:%M:%S")))
             .unwrap_or_else(|| "due now".to_owned());
         println!(
             "  held back {}/{}: row {} after {}, {when}, {} waiting behind; {}",

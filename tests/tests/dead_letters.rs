@@ -102,6 +102,7 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
         text.contains(&a2.to_string()) && text.contains("order/A"),
         "{text}"
     );
+    assert!(text.contains("dead since (UTC)"), "the times' zone: {text}");
     assert!(
         text.contains("WRONGTYPE") || text.to_lowercase().contains("wrong"),
         "the broker's error is recorded:\n{text}"
