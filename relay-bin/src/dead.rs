@@ -18,7 +18,7 @@ pub enum DeadCommand {
         #[arg(long)]
         aggregate_id: Option<String>,
         /// Most rows shown.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Print JSON for machines.
         #[arg(long)]
@@ -60,13 +60,16 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             limit,
             json,
         } => {
-            let rows = store
+            // One row more than shown tells whether there are more.
+            let mut rows = store
                 .dead_list(&DeadFilter {
                     aggregate_type: aggregate_type.clone(),
                     aggregate_id: aggregate_id.clone(),
-                    limit: *limit,
+                    limit: limit.saturating_add(1),
                 })
                 .await?;
+            let more = rows.len() > *limit as usize;
+            rows.truncate(*limit as usize);
             if *json {
                 let text = serde_json::to_string_pretty(&rows)
                     .map_err(|e| Failure::runtime(format!("encoding dead events as JSON: {e}")))?;
@@ -93,8 +96,8 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
                     r.last_error.as_deref().unwrap_or("").replace('\n', " ")
                 );
             }
-            if rows.len() as u32 >= *limit {
-                println!("(first {limit}; use --limit to see more)");
+            if more {
+                println!("(the first {limit}; there are more: raise --limit to see them)");
             }
             Ok(())
         }

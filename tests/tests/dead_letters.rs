@@ -103,6 +103,25 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
         "{text}"
     );
     assert!(text.contains("dead since (UTC)"), "the times' zone: {text}");
+    // --limit: a note only when rows were left out; 0 is refused.
+    let rows = |text: &str| text.lines().filter(|l| l.contains(" order/")).count();
+    let (ok, text, err) = scenario.cli(&["dead", "list", "--limit", "1"]);
+    assert!(
+        ok && rows(&text) == 1 && text.contains("order/A"),
+        "{text}{err}"
+    );
+    assert!(text.contains("there are more: raise --limit"), "{text}");
+    let (ok, text, err) = scenario.cli(&["dead", "list", "--limit", "2"]);
+    assert!(ok && rows(&text) == 2, "{text}{err}");
+    assert!(
+        !text.contains("there are more"),
+        "nothing was left out: {text}"
+    );
+    let (ok, json, _) = scenario.cli(&["dead", "list", "--limit", "1", "--json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert!(ok && listed.len() == 1, "{json}");
+    let (ok, _, err) = scenario.cli(&["dead", "list", "--limit", "0"]);
+    assert!(!ok && err.contains("--limit"), "{err}");
     assert!(
         text.contains("WRONGTYPE") || text.to_lowercase().contains("wrong"),
         "the broker's error is recorded:\n{text}"
