@@ -347,17 +347,15 @@ fn log_filter(
     level: &str,
     rust_log: Option<String>,
 ) -> Result<tracing_subscriber::EnvFilter, String> {
-    let (source, spec) = match rust_log.filter(|v| !v.trim().is_empty()) {
-        Some(rust_log) => ("RUST_LOG", rust_log),
-        // lapin logs every returned message at WARN with its payload and headers: keep event
-        // contents out of the relay's logs unless RUST_LOG asks for them.
-        None => ("log.level", format!("{level},lapin=error")),
+    let from_env = rust_log.as_deref().filter(|v| !v.trim().is_empty());
+    let (source, shown) = match from_env {
+        Some(value) => ("RUST_LOG", value),
+        None => ("log.level", level),
     };
-    let shown = if source == "RUST_LOG" { &spec } else { level };
     if shown.trim().is_empty() {
         return Err(format!("{source}: must not be empty (e.g. \"info\")"));
     }
-    let directives = spec.split(',').map(str::trim).filter(|d| !d.is_empty());
+    let directives = shown.split(',').map(str::trim).filter(|d| !d.is_empty());
     for directive in directives {
         let is_level = directive
             .parse::<tracing_subscriber::filter::LevelFilter>()
@@ -369,6 +367,12 @@ fn log_filter(
             ));
         }
     }
+    let spec = match from_env {
+        Some(value) => value.to_owned(),
+        // lapin logs every returned message at WARN with its payload and headers: keep event
+        // contents out of the relay's logs unless RUST_LOG asks for them.
+        None => format!("{level},lapin=error"),
+    };
     tracing_subscriber::EnvFilter::try_new(&spec)
         .map_err(|e| format!("{source}: \"{shown}\" is not a log filter: {e}"))
 }

@@ -125,13 +125,13 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             all_found(n, &ids, store)
         }
         DeadCommand::Discard { ids, yes } => {
+            let ids = distinct(ids);
             if !yes {
                 return Err(Failure::config(format!(
                     "dead discard deletes {} for good: add --yes to confirm",
-                    counted(distinct(ids).len(), "event")
+                    counted(ids.len(), "event")
                 )));
             }
-            let ids = distinct(ids);
             let n = store.dead_discard(&ids).await?;
             println!("{} discarded", counted(n, "dead event"));
             all_found(n, &ids, store)
