@@ -537,7 +537,7 @@ pub async fn dead_rows_skip_or_hold_their_aggregate(factory: &dyn StoreFactory) 
 /// before its aggregate's later rows; both count only the rows that were dead (the command
 /// reports an id that was not), and leave every other row alone.
 pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFactory) {
-    use crate::model::{DeadFilter, DeadSelection};
+    use crate::model::{DeadEvent, DeadFilter, DeadSelection};
     let events = [event("A", 1), event("A", 2), event("B", 1), event("C", 1)];
     let (store, ids, mut session) = with_rows(factory, &events, "suite-dead-commands").await;
     let (a1, a2, b1, c1) = (ids[0], ids[1], ids[2], ids[3]);
@@ -552,9 +552,13 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
         let store = &store;
         async move { ok(store.dead_list(&filter).await, "dead_list") }
     };
+    let ids_of = |dead: &[DeadEvent]| dead.iter().map(|d| d.id).collect::<Vec<_>>();
     let dead = list(None, None, 100).await;
-    let listed: Vec<i64> = dead.iter().map(|d| d.id).collect();
-    assert_eq!(listed, vec![a1, b1, c1], "every dead row, oldest first");
+    assert_eq!(
+        ids_of(&dead),
+        vec![a1, b1, c1],
+        "every dead row, oldest first"
+    );
     let first = &dead[0];
     assert_eq!(
         (first.aggregate_type.as_str(), first.aggregate_id.as_str()),
@@ -566,11 +570,14 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
         first.last_error.as_deref(),
         Some(format!("suite: broker refused row {a1}").as_str())
     );
-    let ids_of = |dead: Vec<crate::model::DeadEvent>| dead.iter().map(|d| d.id).collect::<Vec<_>>();
-    assert_eq!(ids_of(list(None, Some("B"), 100).await), vec![b1]);
-    assert_eq!(ids_of(list(Some("order"), Some("C"), 100).await), vec![c1]);
+    assert_eq!(ids_of(&list(None, Some("B"), 100).await), vec![b1]);
+    assert_eq!(ids_of(&list(Some("order"), Some("C"), 100).await), vec![c1]);
     assert!(list(Some("invoice"), None, 100).await.is_empty());
-    assert_eq!(ids_of(list(None, None, 2).await), vec![a1, b1], "the limit");
+    assert_eq!(
+        ids_of(&list(None, None, 2).await),
+        vec![a1, b1],
+        "the limit"
+    );
 
     // a2 is pending and 0 is no row: only a1 comes back, before a2.
     let retried = ok(
@@ -588,7 +595,7 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
 
     let discarded = ok(store.dead_discard(&[b1, a2, 0]).await, "dead_discard");
     assert_eq!(discarded, 1, "only the dead row given is deleted");
-    assert_eq!(ids_of(list(None, None, 100).await), vec![c1]);
+    assert_eq!(ids_of(&list(None, None, 100).await), vec![c1]);
     let retried = ok(
         store
             .dead_retry(&DeadSelection::All {
