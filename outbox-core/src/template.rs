@@ -113,6 +113,19 @@ impl DestinationTemplate {
         }
         out
     }
+
+    /// The template with every placeholder written as `stand_in`: what an adapter checks of the
+    /// destinations it can render before any event exists (`orders/{aggregate_type}` with
+    /// `"x"` gives `orders/x`, which no Kafka topic name can be).
+    pub fn with_placeholders_as(&self, stand_in: &str) -> String {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                Part::Literal(s) => s.as_str(),
+                Part::AggregateType | Part::AggregateId | Part::EventType => stand_in,
+            })
+            .collect()
+    }
 }
 
 impl std::str::FromStr for DestinationTemplate {
@@ -164,5 +177,13 @@ mod tests {
         let e = DestinationTemplate::parse("a}").unwrap_err();
         assert!(e.message().contains("without an opening"), "{e}");
         assert!(DestinationTemplate::parse("").is_err());
+    }
+
+    #[test]
+    fn placeholders_can_be_written_as_a_stand_in() {
+        let t = DestinationTemplate::parse("{{x}}.{aggregate_type}-{aggregate_id}.{event_type}")
+            .unwrap();
+        assert_eq!(t.with_placeholders_as("*"), "{x}.*-*.*");
+        assert_eq!(t.with_placeholders_as(""), "{x}.-.");
     }
 }

@@ -18,6 +18,8 @@ use rdkafka::error::KafkaError;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use crate::topics::check_topic_template;
+
 /// Where this configuration lives in the relay's configuration file; error messages name it.
 pub const CONFIG_SECTION: &str = "sink.kafka";
 
@@ -193,7 +195,12 @@ impl KafkaSinkConfig {
     /// librdkafka itself (unknown names and invalid values are refused). Errors name the key
     /// (`sink.kafka."linger.ms": ...`) and never show a secret value.
     pub fn validate(&self) -> Result<()> {
-        self.template()?;
+        if let Err(why) = check_topic_template(&self.template()?) {
+            return Err(Error::config(format!(
+                "{CONFIG_SECTION}.topic: `{}` {why}",
+                self.topic
+            )));
+        }
         self.cloudevents()?;
         refuse_zero_counts(CONFIG_SECTION, &[("max_batch_len", self.max_batch_len)])?;
         for (key, value) in [
@@ -571,6 +578,9 @@ mod tests {
                 }),
                 ("\"transactional.id\"", |c| set(c, "transactional.id", "x")),
                 ("topic: ", |c| c.topic = "{aggregate}".into()),
+                ("topic: `orders/{aggregate_type}` holds '/'", |c| {
+                    c.topic = "orders/{aggregate_type}".into()
+                }),
                 ("max_batch_len", |c| c.max_batch_len = 0),
                 ("delivery_timeout", |c| c.delivery_timeout = Duration::ZERO),
             ],
@@ -579,6 +589,7 @@ mod tests {
             (0, "OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
             (1, "topic, delivery_timeout"),
             (4, "delivery_timeout"),
+            (7, "a Kafka topic name may only hold ASCII letters"),
         ] {
             assert!(errors[case].contains(hint), "{}", errors[case]);
         }

@@ -21,6 +21,7 @@ use tracing::{debug, error, warn};
 
 use crate::classify::{classify, code_kind, describe, error_code, needs_new_producer};
 use crate::config::{KafkaSinkConfig, BOOTSTRAP_SERVERS, CONFIG_SECTION};
+use crate::topics::check_topic_name;
 
 /// How much longer than `delivery_timeout` a call waits for librdkafka's delivery reports
 /// before purging what is left (librdkafka reports every message within about
@@ -643,6 +644,13 @@ impl Sink for KafkaSink {
                         event.aggregate_id
                     ),
                 ))));
+                continue;
+            }
+            if let Err(why) = check_topic_name(&topic) {
+                // No broker will ever take it: dead at once, not after every retry.
+                failed_keys.insert(event.aggregate_id.as_str());
+                let error = Error::new(ErrorKind::Unroutable, format!("topic `{topic}` {why}"));
+                slots.push(Slot::Done(Outcome::from_error(error.permanent())));
                 continue;
             }
             let headers = Self::headers(event, self.cloudevents.as_ref());

@@ -1,15 +1,51 @@
-//! Creating topics ahead of time, for brokers that do not create them on first use (the
-//! demo and the tests use it; the relay itself never creates topics).
+//! Topic names: which ones Kafka can have, and creating topics ahead of time for brokers that
+//! do not create them on first use (the demo and the tests use it; the relay itself never
+//! creates topics).
 
 use std::time::Duration;
 
-use outboxkit_core::{Error, ErrorKind, Result};
+use outboxkit_core::{DestinationTemplate, Error, ErrorKind, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 
 use crate::classify::{classify, code_kind, describe};
 use crate::config::{KafkaSinkConfig, CONFIG_SECTION};
+
+/// Longest topic name Kafka allows.
+const MAX_TOPIC_NAME: usize = 249;
+
+/// Why Kafka can have no topic named `name`, if so: Kafka allows 1 to 249 ASCII letters,
+/// digits, `.`, `_` and `-`, and neither `.` nor `..` alone (Kafka's `Topic.validate`). A
+/// broker asked for such a topic answers that it does not exist, or that it is invalid, so the
+/// sink refuses it before sending: the event can never be delivered there.
+pub fn check_topic_name(name: &str) -> std::result::Result<(), String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    match name {
+        "" => Err("is empty".to_owned()),
+        "." | ".." => Err("cannot be `.` or `..`".to_owned()),
+        _ if name.len() > MAX_TOPIC_NAME => Err(format!(
+            "is {} characters long; a Kafka topic name has at most {MAX_TOPIC_NAME}",
+            name.len()
+        )),
+        _ => name.chars().find(|c| !legal(*c)).map_or(Ok(()), |bad| {
+            Err(format!(
+                "holds {bad:?}: a Kafka topic name may only hold ASCII letters, digits, `.`, \
+                 `_` and `-`"
+            ))
+        }),
+    }
+}
+
+/// Why no topic name a template renders can be a Kafka topic name, if so: its literal parts
+/// hold a character Kafka refuses, or are too long on their own.
+pub fn check_topic_template(template: &DestinationTemplate) -> std::result::Result<(), String> {
+    let shortest = template.with_placeholders_as("");
+    if shortest.len() > MAX_TOPIC_NAME {
+        return check_topic_name(&shortest);
+    }
+    check_topic_name(&template.with_placeholders_as("x"))
+}
 
 /// A topic to create: name, partitions, replication factor and topic configs
 /// (e.g. `("max.message.bytes", "100000")`).
@@ -134,6 +170,48 @@ fn is_connection_property(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topic_names_kafka_cannot_have_are_refused() {
+        for name in ["orders", "order.Created", "a_b-c.D9", &"t".repeat(249)] {
+            assert_eq!(check_topic_name(name), Ok(()), "{name}");
+        }
+        for (name, why) in [
+            ("", "is empty"),
+            (".", "cannot be `.` or `..`"),
+            ("..", "cannot be `.` or `..`"),
+            ("bad/type", "holds '/'"),
+            ("order Created", "holds ' '"),
+            ("commandé", "holds 'é'"),
+        ] {
+            let e = check_topic_name(name).unwrap_err();
+            assert!(e.starts_with(why), "{name}: {e}");
+        }
+        let e = check_topic_name(&"t".repeat(250)).unwrap_err();
+        assert!(e.starts_with("is 250 characters long"), "{e}");
+    }
+
+    #[test]
+    fn templates_whose_literals_kafka_refuses_are_refused() {
+        let template = |text: &str| DestinationTemplate::parse(text).unwrap();
+        // A placeholder may render to a legal name or not: that is checked per event.
+        for good in [
+            "{aggregate_type}.{event_type}",
+            "app-{aggregate_id}",
+            "{event_type}",
+        ] {
+            assert_eq!(check_topic_template(&template(good)), Ok(()), "{good}");
+        }
+        let long = format!("{}{{aggregate_type}}", "t".repeat(250));
+        for (bad, why) in [
+            ("orders/{aggregate_type}", "holds '/'"),
+            ("{{aggregate_type}}", "holds '{'"),
+            (long.as_str(), "is 250 characters long"),
+        ] {
+            let e = check_topic_template(&template(bad)).unwrap_err();
+            assert!(e.starts_with(why), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn only_connection_properties_reach_the_admin_client() {

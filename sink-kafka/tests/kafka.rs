@@ -307,6 +307,45 @@ async fn a_missing_topic_is_a_retry_never_a_reject() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_name_kafka_cannot_have_is_rejected_at_once() {
+    let (prefix, _kafka, _existing) = order_topic(&[]).await;
+    let sink = connect(config(&format!("{prefix}_{{aggregate_type}}"))).await;
+    // Four aggregates: a row destination and a rendered name Kafka refuses, between two
+    // events that go out.
+    let mut batch = sample_batch(1, 4, "order", 4);
+    batch[1].destination = Some(format!("{prefix}/audit"));
+    batch[2].aggregate_type = "order lines".to_owned();
+    let started = Instant::now();
+    let outcomes = sink.publish(&batch).await.expect("publish");
+    let described = describe_outcomes(&outcomes);
+    assert!(
+        outcomes[0].is_published() && outcomes[3].is_published(),
+        "{described}"
+    );
+    for (i, topic, why) in [
+        (1, format!("{prefix}/audit"), "holds '/'"),
+        (2, format!("{prefix}_order lines"), "holds ' '"),
+    ] {
+        match &outcomes[i] {
+            Outcome::Reject(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+                assert!(
+                    e.message().starts_with(&format!("topic `{topic}` {why}")),
+                    "{e}"
+                );
+            }
+            other => panic!("event {i}: expected Reject, got {other:?}"),
+        }
+    }
+    // Refused before sending: no wait for a metadata answer or a delivery timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_names_the_brokers_and_the_key_when_unreachable() {
     let config = KafkaSinkConfig {
         check_timeout: Duration::from_secs(2),

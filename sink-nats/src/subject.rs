@@ -4,11 +4,10 @@
 //! `>` (the rest) are wildcards: a stream's subjects may use them, a published message's
 //! subject may not.
 
-use chrono::{TimeZone, Utc};
-use outboxkit_core::{DestinationTemplate, OutboxEvent};
+use outboxkit_core::DestinationTemplate;
 
 /// Stands for a placeholder while a template is looked at token by token.
-const PLACEHOLDER: char = '\u{0}';
+const PLACEHOLDER: &str = "\u{0}";
 
 /// Why `subject` cannot be published to, if it cannot.
 pub fn check_publish(subject: &str) -> Result<(), String> {
@@ -49,7 +48,7 @@ fn check(subject: &str, wildcards: bool) -> Result<(), String> {
 /// (when the events' fields hold no `.`) are among those of this wildcard.
 /// `{aggregate_type}.{event_type}` → `*.*`, `app.{aggregate_type}_v1` → `app.*`.
 pub fn wildcard(template: &DestinationTemplate) -> String {
-    let marked = marked(template);
+    let marked = template.with_placeholders_as(PLACEHOLDER);
     let tokens: Vec<&str> = marked
         .split('.')
         .map(|t| if t.contains(PLACEHOLDER) { "*" } else { t })
@@ -59,26 +58,7 @@ pub fn wildcard(template: &DestinationTemplate) -> String {
 
 /// Why the template's literal parts can never make a subject to publish to, if so.
 pub fn check_template(template: &DestinationTemplate) -> Result<(), String> {
-    let marked = marked(template).replace(PLACEHOLDER, "x");
-    check_publish(&marked)
-}
-
-fn marked(template: &DestinationTemplate) -> String {
-    let event = OutboxEvent {
-        id: 0,
-        event_id: Default::default(),
-        aggregate_type: String::new(),
-        aggregate_id: String::new(),
-        event_type: String::new(),
-        payload: Vec::new(),
-        payload_type: Default::default(),
-        headers: Default::default(),
-        destination: None,
-        created_at: Utc.timestamp_opt(0, 0).single().unwrap_or_default(),
-        attempts: 0,
-        shard: 0,
-    };
-    template.render_fields(&event, |_, out| out.push(PLACEHOLDER))
+    check_publish(&template.with_placeholders_as("x"))
 }
 
 #[cfg(test)]
