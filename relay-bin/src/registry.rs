@@ -395,15 +395,43 @@ pub fn sink_config<C: SinkConfig>(ctx: FactoryContext<'_>) -> Result<C> {
         ctx.pipeline.sink_key,
         plugin::sink_section(C::KIND)
     );
-    let mut config: C =
-        settings::section_at(ctx.figment, &section, ctx.file()).map_err(|e| Error::config(e.0))?;
-    if let Some(destination) = &ctx.pipeline.sink.destination {
-        DestinationTemplate::parse(destination)
-            .map_err(|e| ctx.locate(e.context(format!("{}.destination", ctx.pipeline.sink_key))))?;
-        *config.destination_mut() = destination.clone();
+    let read = || -> Result<C> {
+        settings::section_at(ctx.figment, &section, ctx.file()).map_err(|e| Error::config(e.0))
+    };
+    let mut config = read()?;
+    let Some(destination) = &ctx.pipeline.sink.destination else {
+        config.validate().map_err(|e| ctx.locate(e))?;
+        return Ok(config);
+    };
+    DestinationTemplate::parse(destination)
+        .map_err(|e| ctx.locate(e.context(format!("{}.destination", ctx.pipeline.sink_key))))?;
+    *config.destination_mut() = destination.clone();
+    if let Err(e) = config.validate() {
+        // The sink checks its template under its own key (`sink.nats.subject: ...`), which
+        // the user may never have written. When the section passes without the destination,
+        // the destination is what it refused: say `sink.destination` and where that was set.
+        let own_template_passes = read().is_ok_and(|own| own.validate().is_ok());
+        let e = if own_template_passes && e.kind() == ErrorKind::Config {
+            destination_refused::<C>(&e)
+        } else {
+            e
+        };
+        return Err(ctx.locate(e));
     }
-    config.validate().map_err(|e| ctx.locate(e))?;
     Ok(config)
+}
+
+/// A sink's refusal of its template, `sink.<section>.<key>: why`, when the template was
+/// `sink.destination`: `sink.destination: why`.
+fn destination_refused<C: SinkConfig>(e: &Error) -> Error {
+    let message = e.full_message();
+    let own_section = format!("sink.{}.", plugin::sink_section(C::KIND));
+    let why = message
+        .strip_prefix(&own_section)
+        .and_then(|rest| rest.split_once(": "))
+        .filter(|(key, _)| !key.contains(' '))
+        .map_or(message.as_str(), |(_, why)| why);
+    Error::config(format!("sink.destination: {why}"))
 }
 
 #[cfg(test)]

@@ -427,6 +427,50 @@ fn unknown_key_in_sink_section() {
 }
 
 #[test]
+fn a_destination_the_sink_refuses_is_named_as_sink_destination() {
+    // Checked before connecting: the store is unreachable here and is never tried. The sink
+    // checks its template under its own key (`sink.nats.subject`), which these files never set.
+    let nats = unreachable_store().replace("kind = \"redis-streams\"", "kind = \"nats\"");
+    let (config, line) = file_error(
+        &nats.replace(
+            "[sink]\n",
+            "[sink]\ndestination = \"a..{aggregate_type}\"\n",
+        ),
+        "run",
+        &["sink.destination: `a..{aggregate_type}` has an empty token"],
+    );
+    assert!(line.ends_with(&config.named()), "{line}");
+    let config = TempConfig::new(&nats);
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_SINK__DESTINATION", "orders.>")],
+        &[
+            "sink.destination: `orders.>` holds the wildcard `>`",
+            "(from environment variable OUTBOX_SINK__DESTINATION)",
+        ],
+    );
+    // The sink's own key, when that is what is refused.
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_SINK__NATS__SUBJECT", "a..b")],
+        &[
+            "sink.nats.subject: `a..b`",
+            "(from environment variable OUTBOX_SINK__NATS__SUBJECT)",
+        ],
+    );
+    file_error(
+        &format!(
+            "{}\n[pipelines.orders.sink]\nkind = \"nats\"\ndestination = \"{{aggregate_type}} x\"\n",
+            two_pipelines("b.outbox").replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
+        ),
+        "run",
+        &["pipelines.orders.sink.destination: `{aggregate_type} x` holds whitespace", "(in "],
+    );
+}
+
+#[test]
 fn config_file_that_does_not_exist() {
     let path = std::env::temp_dir().join(format!(
         "outbox-relay-no-such-file-{}.toml",
