@@ -120,6 +120,8 @@ pub fn main(registry: Registry) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // What the last line says in when the configuration cannot even be read.
+    let flagged_json = cli.log_format == Some(LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -133,10 +135,35 @@ pub fn main(registry: Registry) -> ExitCode {
     match runtime.block_on(execute(cli, registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {}", one_line(&failure.message));
+            let json = LOG_FORMAT
+                .get()
+                .map_or(flagged_json, |f| *f == LogFormat::Json);
+            report(&failure, json);
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// The log format, once the configuration has been read.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// The line a failed command ends with, on stderr: `error: ...`, or with JSON logs a log record
+/// like the others (level `ERROR`, the exit code in `fields`), so that a collector parsing
+/// every line as JSON keeps the one that says why the relay stopped. Whatever `log.level` says.
+fn report(failure: &Failure, json: bool) {
+    let message = one_line(&failure.message);
+    if !json {
+        eprintln!("error: {message}");
+        return;
+    }
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::error!(exit_code = failure.code, "{message}");
+    });
 }
 
 /// Run one parsed command.
@@ -305,13 +332,15 @@ impl Loaded {
 fn load(cli: &Cli) -> Result<Loaded, Failure> {
     let file = cli.config.as_deref();
     let (settings, figment) = settings::load(file)?;
+    let format = cli.log_format.unwrap_or(settings.log.format);
+    let _ = LOG_FORMAT.set(format);
     let filter = log_filter(&settings.log.level, std::env::var("RUST_LOG").ok()).map_err(|e| {
         Failure::config(format!(
             "invalid configuration: {}",
             settings::locate(&e, &figment, file)
         ))
     })?;
-    init_logging(cli.log_format.unwrap_or(settings.log.format), filter);
+    init_logging(format, filter);
     let pipelines = crate::pipeline::resolve(&settings, &figment, file)?;
     Ok(Loaded {
         settings,

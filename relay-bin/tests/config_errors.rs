@@ -681,6 +681,66 @@ fn logs_to_a_pipe_have_no_colour() {
     );
 }
 
+/// With JSON logs every line on stderr is a JSON log record, the last one (why the relay
+/// stopped) too: level `ERROR`, the exit code among its fields, whatever `log.level` says.
+#[test]
+fn with_json_logs_the_failure_is_a_json_line() {
+    fn last_record(out: &Outcome, code: u8) -> serde_json::Value {
+        assert_eq!(
+            out.code,
+            Some(i32::from(code)),
+            "exit code; stderr:\n{}",
+            out.stderr
+        );
+        let records: Vec<serde_json::Value> = out
+            .stderr
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+            })
+            .collect();
+        let last = records.last().expect("a line on stderr").clone();
+        assert_eq!(last["level"], "ERROR", "{last}");
+        assert_eq!(last["fields"]["exit_code"], code, "{last}");
+        last
+    }
+    // `--log-format json`, and an error found while reading the configuration.
+    let config = TempConfig::new(&unreachable_store());
+    let path = config.display();
+    let out = relay(
+        &["--config", &path, "--log-format", "json", "run"],
+        &[("OUTBOX_RELAY__BATCH_SIZE", "0")],
+    );
+    let record = last_record(&out, 2);
+    let message = record["fields"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("invalid configuration: relay.batch_size: ")
+            && message.contains("(from environment variable OUTBOX_RELAY__BATCH_SIZE)"),
+        "{record}"
+    );
+    // `log.format = "json"` in the file, logging off, and the unreachable database.
+    let config = TempConfig::new(&format!(
+        "{}\n[log]\nformat = \"json\"\nlevel = \"off\"\n",
+        unreachable_store()
+    ));
+    let record = last_record(&with_config(&config, "run", &[]), 1);
+    let message = record["fields"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("PostgreSQL") && message.contains("127.0.0.1:1"),
+        "{record}"
+    );
+    // `log.format` read, the log filter refused: logging never started, the line is JSON.
+    let record = last_record(
+        &with_config(&config, "run", &[("OUTBOX_LOG__LEVEL", "warning")]),
+        2,
+    );
+    let message = record["fields"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("log.level: `warning` is not a level"),
+        "{record}"
+    );
+}
+
 /// Two pipelines on one PostgreSQL server, tables `a.outbox` and `table_b`, and a shared sink.
 fn two_pipelines(table_b: &str) -> String {
     with_sink_and_server(&format!(
