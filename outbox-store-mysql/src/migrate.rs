@@ -126,6 +126,16 @@ pub(crate) struct Existing {
     pub members_table: bool,
 }
 
+impl Existing {
+    /// An outbox table whose comment no migration wrote: a table of the same name that is
+    /// someone else's, which `migrate` refuses to touch.
+    pub fn outbox_is_foreign(&self) -> bool {
+        self.outbox
+            .as_deref()
+            .is_some_and(|comment| parse_comment(comment).is_none())
+    }
+}
+
 pub(crate) async fn existing_tables(
     conn: &mut MySqlConnection,
     table: &TableName,

@@ -15,14 +15,14 @@ use outboxkit_core::{
 };
 
 use crate::classify::{classify, MySql, Target};
-use crate::config::{MySqlStoreConfig, TableName};
+use crate::config::{MySqlStoreConfig, TableName, SCHEMA_TABLE};
 use crate::enqueue::Outbox;
 use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What the store found out about the server when it connected.
@@ -383,10 +383,17 @@ impl Store for MySqlStore {
         let table = &self.inner.table;
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
         let existing = migrate::existing_tables(&mut conn, table, self.target()).await?;
+        let row = match existing.schema_table {
+            true => MySql::schema_row(&mut conn, table, self.target()).await?,
+            false => None,
+        };
+        if row.is_none() && existing.outbox_is_foreign() {
+            // `migrate` would refuse it too: running it is no advice.
+            return Err(not_ours(table, SCHEMA_TABLE));
+        }
         if existing.outbox.is_none() || !existing.schema_table || !existing.members_table {
             return Err(migrate::not_migrated(table));
         }
-        let row = MySql::schema_row(&mut conn, table, self.target()).await?;
         let configured = self.inner.config.payload_type;
         table_facts::<MySql>(&mut conn, table, Ok(row), configured, self.target())
             .await

@@ -23,7 +23,7 @@ use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What errors name of the server `config` connects to, about `table`.
@@ -398,10 +398,17 @@ impl Store for PostgresStore {
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| self.error(e))?;
-        if !outbox_exists || !schema_table_exists {
+        if !outbox_exists {
             return Err(migrate::not_migrated(table));
         }
-        let row = Postgres::schema_row(&mut conn, table, self.target()).await?;
+        let row = match schema_table_exists {
+            true => Postgres::schema_row(&mut conn, table, self.target()).await?,
+            false => None,
+        };
+        if row.is_none() {
+            // `migrate` would refuse it too: running it is no advice.
+            return Err(not_ours(table, SCHEMA_TABLE));
+        }
         let configured = self.inner.config.payload_type;
         table_facts::<Postgres>(&mut conn, table, Ok(row), configured, self.target()).await?;
         if let Some(logical) = self.inner.logical.as_deref() {

@@ -244,13 +244,14 @@ pub fn not_migrated(table: &dyn fmt::Display) -> Error {
 }
 
 /// A table of the configured name exists, but the relay did not create it: it has no row in
-/// the bookkeeping table `schema_table`.
+/// the bookkeeping table `schema_table`. `migrate` refuses it, `check` too.
 pub fn not_ours(table: &dyn fmt::Display, schema_table: &str) -> Error {
     Error::new(
         ErrorKind::Schema,
         format!(
             "table {table} exists but was not created by outbox-relay (it has no row in \
-             {schema_table}): rename it or set store.table to another name"
+             {schema_table}), and `outbox-relay migrate` leaves it alone: rename it or set \
+             store.table to another name"
         ),
     )
 }

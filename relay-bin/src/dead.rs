@@ -4,7 +4,7 @@ use clap::Subcommand;
 use outboxkit_core::{DeadFilter, DeadSelection, Store};
 
 use crate::cli::Failure;
-use crate::status::counted;
+use crate::status::{counted, explained};
 
 /// `outbox-relay dead ...`
 #[derive(Debug, Subcommand)]
@@ -61,13 +61,12 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             json,
         } => {
             // One row more than shown tells whether there are more.
-            let mut rows = store
-                .dead_list(&DeadFilter {
-                    aggregate_type: aggregate_type.clone(),
-                    aggregate_id: aggregate_id.clone(),
-                    limit: limit.saturating_add(1),
-                })
-                .await?;
+            let filter = DeadFilter {
+                aggregate_type: aggregate_type.clone(),
+                aggregate_id: aggregate_id.clone(),
+                limit: limit.saturating_add(1),
+            };
+            let mut rows = explained(store, store.dead_list(&filter).await).await?;
             let more = rows.len() > *limit as usize;
             rows.truncate(*limit as usize);
             if *json {
@@ -114,7 +113,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             } else {
                 DeadSelection::Ids(ids.clone())
             };
-            let n = store.dead_retry(&selection).await?;
+            let n = explained(store, store.dead_retry(&selection).await).await?;
             println!(
                 "{} back to pending; the relay publishes them in order with their aggregate",
                 counted(n, "dead event")
@@ -132,7 +131,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
                     counted(ids.len(), "event")
                 )));
             }
-            let n = store.dead_discard(&ids).await?;
+            let n = explained(store, store.dead_discard(&ids).await).await?;
             println!("{} discarded", counted(n, "dead event"));
             all_found(n, &ids, store)
         }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use outboxkit_core::{BacklogStatus, HeldBack, ShardOwner, Store};
+use outboxkit_core::{BacklogStatus, Error, ErrorKind, HeldBack, ShardOwner, Store};
 use serde::Serialize;
 
 use crate::cli::Failure;
@@ -20,7 +20,7 @@ struct StatusReport {
 
 /// Print backlog figures and shard owners, as text or JSON.
 pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
-    let backlog = store.status().await?;
+    let backlog = explained(store, store.status().await).await?;
     let owners: Vec<ShardOwner> = store.shard_owners().await?;
     let mut by_owner: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for o in &owners {
@@ -114,6 +114,20 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
 }
 
 /// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
+/// `result` of a command's first query on `store`, or when it failed and the store's own check
+/// finds the table missing or not the relay's, what that check says (`table app.outbox exists
+/// but was not created by outbox-relay ...`) rather than the query's SQL error. The check runs
+/// only after a failure: `status` must still work when, say, a replication slot is gone.
+pub(crate) async fn explained<T>(store: &dyn Store, result: Result<T, Error>) -> Result<T, Error> {
+    let Err(failed) = result else {
+        return result;
+    };
+    match store.check().await {
+        Err(e) if e.kind() == ErrorKind::Schema => Err(e),
+        _ => Err(failed),
+    }
+}
+
 pub(crate) fn counted<N: TryInto<i64> + Copy + std::fmt::Display>(n: N, noun: &str) -> String {
     let one = n.try_into().is_ok_and(|n| n == 1);
     format!("{n} {noun}{}", if one { "" } else { "s" })

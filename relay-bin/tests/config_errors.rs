@@ -648,6 +648,57 @@ fn version_names_the_adapters_compiled_in() {
     );
 }
 
+/// Run `sql` on the test PostgreSQL server.
+fn postgres_execute(sql: &str) -> Result<(), outboxkit_store_postgres::sqlx::Error> {
+    use outboxkit_store_postgres::sqlx::{self, Connection};
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
+        sqlx::query(sql).execute(&mut db).await.map(drop)
+    })
+}
+
+/// A table of the configured name that the relay did not create (a team's own `outbox`, say):
+/// every command says so and that `migrate` is no way out, instead of a SQL error (`status`,
+/// `dead`) or "run `outbox-relay migrate`" (`run`), which would refuse it.
+#[test]
+fn a_table_the_relay_did_not_create_is_named_so_by_every_command() {
+    let table = format!("not_ours_{}", std::process::id());
+    let created = postgres_execute(&format!("CREATE TABLE {table} (id bigint, payload text)"));
+    let config =
+        TempConfig::new(&valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]")));
+    let runs: Vec<(&str, Outcome)> = [&["status"][..], &["dead", "list"], &["migrate"], &["run"]]
+        .into_iter()
+        .map(|command| {
+            let path = config.display();
+            let args: Vec<&str> = ["--config", path.as_str()]
+                .into_iter()
+                .chain(command.iter().copied())
+                .collect();
+            (command[0], relay(&args, &[]))
+        })
+        .collect();
+    let dropped = postgres_execute(&format!("DROP TABLE IF EXISTS {table}"));
+    created.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL must be reachable at {} (set OUTBOX_TEST_POSTGRES_URL): {e}",
+            postgres_url()
+        )
+    });
+    dropped.expect("dropping the test table");
+    for (command, out) in &runs {
+        let line = error_line(out, 1);
+        assert!(
+            line.contains(&format!(
+                "table public.{table} exists but was not created by outbox-relay (it has no row \
+                 in outbox_relay_schema), and `outbox-relay migrate` leaves it alone: rename it \
+                 or set store.table to another name"
+            )),
+            "{command}: {line}"
+        );
+    }
+}
+
 /// Logs written to a pipe or a file (containers, log collectors) carry no ANSI colour codes,
 /// whatever the level; `NO_COLOR` is honoured on terminals (unit-tested in cli.rs).
 #[test]
@@ -656,15 +707,7 @@ fn logs_to_a_pipe_have_no_colour() {
     let config =
         TempConfig::new(&valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]")));
     let out = with_config(&config, "migrate", &[("RUST_LOG", "debug")]);
-    let dropped = tokio::runtime::Runtime::new()
-        .expect("a runtime")
-        .block_on(async {
-            use outboxkit_store_postgres::sqlx::{self, Connection};
-            let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
-            sqlx::query(&format!("DROP TABLE IF EXISTS {table} CASCADE"))
-                .execute(&mut db)
-                .await
-        });
+    let dropped = postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"));
     assert_eq!(
         out.code,
         Some(0),

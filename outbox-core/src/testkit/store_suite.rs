@@ -1412,8 +1412,13 @@ pub async fn migrate_refuses_a_table_it_did_not_create<H: LiveHarness>(harness: 
         error.message().contains("not created by outbox-relay"),
         "{error}"
     );
+    // `check()` (what `run` and `status` ask first) says the same: `migrate` is no way out.
     let error = store.check().await.unwrap_err();
     assert_error(&error, ErrorKind::Schema);
+    assert!(
+        error.message().contains("not created by outbox-relay"),
+        "{error}"
+    );
     let error = store.open_session("x").await.unwrap_err();
     assert_error(&error, ErrorKind::Schema);
     harness.drop_table(&store).await;
