@@ -217,6 +217,12 @@ pub fn classify_lookup(err: &GetStreamByNameError, subject: &str, template: &str
     }
 }
 
+/// Whether the server refused a stream because another one has some of its subjects.
+pub fn overlaps(err: &CreateStreamError) -> bool {
+    matches!(err.kind(), CreateStreamErrorKind::JetStream(js)
+        if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP)
+}
+
 /// The error of creating or updating the declared stream `name`.
 pub fn classify_declare(err: &CreateStreamError, name: &str) -> Error {
     let what = format!("declaring stream `{name}` ({CONFIG_SECTION}.declare_stream)");

@@ -14,7 +14,9 @@ use outboxkit_core::{
 };
 use tokio::sync::OnceCell;
 
-use crate::classify::{classify_connect, classify_declare, classify_lookup, classify_publish};
+use crate::classify::{
+    classify_connect, classify_declare, classify_lookup, classify_publish, overlaps,
+};
 use crate::config::{NatsConfig, Storage, CONFIG_SECTION};
 use crate::subject;
 
@@ -221,16 +223,52 @@ impl NatsSink {
                     max_message_size: declaration.max_msg_size.unwrap_or(-1),
                     ..Default::default()
                 };
-                connection
+                let subjects = stream_config.subjects.clone();
+                let declared = connection
                     .jetstream
                     .create_or_update_stream(stream_config)
-                    .await
-                    .map_err(|e| classify_declare(&e, &declaration.name))?;
+                    .await;
+                if let Err(e) = declared {
+                    let error = classify_declare(&e, &declaration.name);
+                    return Err(match overlaps(&e) {
+                        true => self.explain_overlap(connection, &subjects, error).await,
+                        false => error,
+                    });
+                }
                 tracing::info!(stream = %declaration.name, "JetStream stream declared");
                 Ok(())
             })
             .await
             .map(drop)
+    }
+
+    /// The refused declaration's `error` (a configuration error), naming the stream that already has one of the
+    /// `subjects` (a server says only that they overlap) and what to do about it.
+    async fn explain_overlap(
+        &self,
+        connection: &Connection,
+        subjects: &[String],
+        error: Error,
+    ) -> Error {
+        let own = self.config.declare_stream.as_ref().map(|d| d.name.as_str());
+        for subject in subjects {
+            let Ok(other) = connection
+                .jetstream
+                .stream_by_subject(subject.as_str())
+                .await
+            else {
+                continue;
+            };
+            if Some(other.as_str()) != own {
+                return Error::config(format!(
+                    "{}: stream `{other}` already captures subjects of `{subject}`; leave \
+                     {CONFIG_SECTION}.declare_stream out to publish into `{other}`, or give \
+                     {CONFIG_SECTION}.declare_stream.subjects that no other stream has",
+                    error.message()
+                ));
+            }
+        }
+        error
     }
 
     /// The message of `event` for `subject`, or why it cannot be sent: an invalid subject or

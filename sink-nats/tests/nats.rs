@@ -238,6 +238,41 @@ async fn declare_stream_creates_the_stream() {
     side.cleanup().await;
 }
 
+/// A declaration whose subjects another stream already has is refused by the server with
+/// "subjects overlap"; the error names that stream and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declaration_overlapping_another_stream_names_that_stream() {
+    let (side, config) = setup("nats_overlap", None).await;
+    // The declared subjects: the template's, each placeholder as `*`.
+    let declared = config.subject.replace("{aggregate_type}", "*");
+    let config = NatsConfig {
+        declare_stream: Some(StreamDeclaration {
+            name: format!("{}_OTHER", side.stream()),
+            subjects: Vec::new(),
+            storage: Storage::Memory,
+            duplicate_window: Duration::from_secs(60),
+            max_msg_size: None,
+        }),
+        ..config
+    };
+    let sink = NatsSink::connect_lazy(config).expect("a valid configuration");
+    let e = sink.check().await.unwrap_err();
+    side.cleanup().await;
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert!(!e.is_retryable(), "{e}");
+    let message = e.message();
+    assert!(message.contains("subjects overlap"), "{e}");
+    assert!(
+        message.contains(&format!(
+            "stream `{}` already captures subjects of `{declared}`; leave \
+             sink.nats.declare_stream out to publish into `{}`",
+            side.stream(),
+            side.stream()
+        )),
+        "{e}"
+    );
+}
+
 /// A rendered subject NATS cannot carry (a space in a field) rejects that event only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_rendered_subject_rejects_that_event() {
