@@ -208,8 +208,11 @@ mod tests {
             ("{{aggregate_type}}", "holds '{'"),
             (long.as_str(), "is 250 characters long"),
         ] {
-            let e = check_topic_template(&template(bad)).unwrap_err();
-            assert!(e.starts_with(why), "{bad}: {e}");
+            let checked = check_topic_template(&template(bad));
+            assert!(
+                checked.as_ref().is_err_and(|e| e.starts_with(why)),
+                "{bad}: {checked:?}"
+            );
         }
     }
 
