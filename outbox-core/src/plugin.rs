@@ -158,8 +158,9 @@ pub fn read_setting_file(section: &str, key: &str, path: &Path) -> Result<Vec<u8
 /// The value `raw` of URL setting `key` (`sink.nats.url`), parsed and checked: one of
 /// `schemes`, with a host. Errors name the key and show the value as `shown` (without its
 /// password, see [`crate::redact`]); `hint` ends the error of a value that is not a URL at all
-/// (`" (expected nats://host:4222)"`, or `""`): `sink.nats.url: `nats//a` is not a URL: relative
-/// URL without a base (expected ...)`, `sink.nats.url: unsupported scheme `http://` (expected
+/// (`" (expected nats://host:4222)"`, or `""`), then, for a URL with a user-info part, the
+/// advice to percent-encode: `sink.nats.url: `nats//a` is not a URL: relative URL without a
+/// base (expected ...)`, `sink.nats.url: unsupported scheme `http://` (expected
 /// nats:// or tls://)`, `sink.nats.url: `nats://` has no host`.
 pub fn parse_url_setting(
     key: &str,
@@ -168,8 +169,12 @@ pub fn parse_url_setting(
     schemes: &[&str],
     hint: &str,
 ) -> Result<url::Url> {
-    let url = url::Url::parse(raw)
-        .map_err(|e| Error::config(format!("{key}: `{shown}` is not a URL: {e}{hint}")))?;
+    let url = url::Url::parse(raw).map_err(|e| {
+        let reserved = crate::redact::reserved_characters_hint(raw);
+        Error::config(format!(
+            "{key}: `{shown}` is not a URL: {e}{hint}{reserved}"
+        ))
+    })?;
     if !schemes.contains(&url.scheme()) {
         let expected: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
         return Err(Error::config(format!(

@@ -37,6 +37,18 @@ pub fn redact_url_or_strip(raw: &str) -> String {
     redact_url(raw).unwrap_or_else(|| strip_userinfo(raw))
 }
 
+/// What ends the error of a URL that does not parse: when it has a user-info part, the likely
+/// cause, a user name or password holding a character URLs reserve (`p@ss:w/rd` makes the
+/// parser read `ss:w` as the host and port: "invalid port number"). Empty otherwise.
+pub fn reserved_characters_hint(raw: &str) -> &'static str {
+    if raw.contains('@') {
+        "; a user name or password holding `@`, `:`, `/`, `?`, `#` or `%` must be \
+         percent-encoded (`@` as `%40`, `:` as `%3A`, `/` as `%2F`)"
+    } else {
+        ""
+    }
+}
+
 /// Text-level redaction for values that do not parse as URLs: everything between `://` (or
 /// the start) and the last `@` becomes `***`.
 pub fn strip_userinfo(raw: &str) -> String {
@@ -52,6 +64,14 @@ pub fn strip_userinfo(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unparsable_url_with_user_info_hints_at_percent_encoding() {
+        let raw = "postgres://app:p@ss:w/rd@db:5432/app";
+        assert!(redact_url(raw).is_none());
+        assert!(reserved_characters_hint(raw).contains("`@` as `%40`"));
+        assert_eq!(reserved_characters_hint("postgres://db:99999/app"), "");
+    }
 
     #[test]
     fn passwords_are_replaced_wherever_they_are() {

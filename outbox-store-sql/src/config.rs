@@ -234,9 +234,10 @@ impl<S: SqlStore + Dialect> SqlStoreConfig<S> {
     ) -> Result<O> {
         let options = O::from_str(&self.url).map_err(|e| {
             Error::config(format!(
-                "store.url: \"{}\" is not a valid {} URL: {e}",
+                "store.url: \"{}\" is not a valid {} URL: {e}{}",
                 self.redacted_url(),
-                S::PRODUCT
+                S::PRODUCT,
+                outboxkit_core::redact::reserved_characters_hint(&self.url)
             ))
         })?;
         Ok(match &self.password {

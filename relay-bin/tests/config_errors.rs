@@ -632,6 +632,37 @@ fn passwords_never_appear() {
     check(&out, "invalid sink.redis_streams.url");
 }
 
+/// A password with `@`, `:` or `/` written into a URL as it is makes the URL unparsable
+/// ("invalid port number"): the error says to percent-encode, and shows no password.
+#[test]
+fn an_unencoded_password_in_a_url_is_explained() {
+    let config = TempConfig::new(&valid());
+    for (var, url, key) in [
+        (
+            "OUTBOX_STORE__URL",
+            "postgres://app:p@ss:w/rd@127.0.0.1:5432/test",
+            "store.url",
+        ),
+        (
+            "OUTBOX_SINK__REDIS_STREAMS__URL",
+            "redis://relay:p@ss:w/rd@127.0.0.1:6379",
+            "sink.redis_streams.url",
+        ),
+    ] {
+        let line = config_error(
+            &config,
+            "run",
+            &[(var, url)],
+            &[
+                &format!("{key}: "),
+                "must be percent-encoded (`@` as `%40`",
+                &format!("(from environment variable {var})"),
+            ],
+        );
+        assert!(!line.contains("w/rd"), "{line}");
+    }
+}
+
 #[test]
 fn version_names_the_adapters_compiled_in() {
     let out = relay(&["--version"], &[]);
