@@ -113,7 +113,6 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
 /// `result` of a command's first query on `store`, or when it failed and the store's own check
 /// finds the table missing or not the relay's, what that check says (`table app.outbox exists
 /// but was not created by outbox-relay ...`) rather than the query's SQL error. The check runs
@@ -128,6 +127,7 @@ pub(crate) async fn explained<T>(store: &dyn Store, result: Result<T, Error>) ->
     }
 }
 
+/// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".
 pub(crate) fn counted<N: TryInto<i64> + Copy + std::fmt::Display>(n: N, noun: &str) -> String {
     let one = n.try_into().is_ok_and(|n| n == 1);
     format!("{n} {noun}{}", if one { "" } else { "s" })

@@ -242,8 +242,8 @@ impl NatsSink {
             .map(drop)
     }
 
-    /// The refused declaration's `error` (a configuration error), naming the stream that already has one of the
-    /// `subjects` (a server says only that they overlap) and what to do about it.
+    /// The refused declaration's `error`, as a configuration error naming the stream that
+    /// already has one of the `subjects` (a server says only that they overlap) and what to do.
     async fn explain_overlap(
         &self,
         connection: &Connection,
