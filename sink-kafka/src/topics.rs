@@ -21,19 +21,20 @@ const MAX_TOPIC_NAME: usize = 249;
 /// sink refuses it before sending: the event can never be delivered there.
 pub fn check_topic_name(name: &str) -> std::result::Result<(), String> {
     let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    match name {
-        "" => Err("is empty".to_owned()),
-        "." | ".." => Err("cannot be `.` or `..`".to_owned()),
+    // Characters before length: a legal name is ASCII, so its length in bytes is in characters.
+    let illegal = name.chars().find(|c| !legal(*c));
+    match (name, illegal) {
+        ("", _) => Err("is empty".to_owned()),
+        ("." | "..", _) => Err("cannot be `.` or `..`".to_owned()),
+        (_, Some(bad)) => Err(format!(
+            "holds {bad:?}: a Kafka topic name may only hold ASCII letters, digits, `.`, `_` \
+             and `-`"
+        )),
         _ if name.len() > MAX_TOPIC_NAME => Err(format!(
             "is {} characters long; a Kafka topic name has at most {MAX_TOPIC_NAME}",
             name.len()
         )),
-        _ => name.chars().find(|c| !legal(*c)).map_or(Ok(()), |bad| {
-            Err(format!(
-                "holds {bad:?}: a Kafka topic name may only hold ASCII letters, digits, `.`, \
-                 `_` and `-`"
-            ))
-        }),
+        _ => Ok(()),
     }
 }
 
@@ -183,6 +184,8 @@ mod tests {
             ("bad/type", "holds '/'"),
             ("order Created", "holds ' '"),
             ("commandé", "holds 'é'"),
+            // 260 bytes, 130 characters: the character is what is wrong.
+            (&"é".repeat(130), "holds 'é'"),
         ] {
             let e = check_topic_name(name).unwrap_err();
             assert!(e.starts_with(why), "{name}: {e}");
