@@ -120,8 +120,11 @@ pub fn main(registry: Registry) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // What the last line says in when the configuration cannot even be read.
-    let flagged_json = cli.log_format == Some(LogFormat::Json);
+    // The flag wins over `log.format`, and says what the last line is written in even when the
+    // configuration cannot be read.
+    if let Some(format) = cli.log_format {
+        let _ = LOG_FORMAT.set(format);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -135,16 +138,13 @@ pub fn main(registry: Registry) -> ExitCode {
     match runtime.block_on(execute(cli, registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            let json = LOG_FORMAT
-                .get()
-                .map_or(flagged_json, |f| *f == LogFormat::Json);
-            report(&failure, json);
+            report(&failure, LOG_FORMAT.get() == Some(&LogFormat::Json));
             ExitCode::from(failure.code)
         }
     }
 }
 
-/// The log format, once the configuration has been read.
+/// The log format: `--log-format`, else `log.format` once the configuration has been read.
 static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 /// The line a failed command ends with, on stderr: `error: ...`, or with JSON logs a log record
