@@ -509,7 +509,7 @@ impl RabbitMqSink {
         batch: &[OutboxEvent],
         items: &[Prepared],
     ) -> Result<Vec<Outcome>> {
-        let what = format!("publishing {} messages", items.len());
+        let what = publishing(items.len());
         let link = self.ensure_link(slot).await?;
         let all: Vec<&Prepared> = items.iter().collect();
         let (answers, returned) = self.send_all(&link.channel, batch, &all).await;
@@ -603,9 +603,10 @@ impl RabbitMqSink {
             return Error::new(
                 ErrorKind::Unavailable,
                 format!(
-                    "publishing {count} messages to RabbitMQ at {}: the broker blocks publishers \
-                     (connection.blocked: a memory or disk alarm); nothing confirmed within {} \
+                    "{} to RabbitMQ at {}: the broker blocks publishers (connection.blocked: a \
+                     memory or disk alarm); nothing confirmed within {} \
                      ({CONFIG_SECTION}.confirm_timeout)",
+                    publishing(count),
                     self.host_port,
                     humanize(self.config.confirm_timeout)
                 ),
@@ -614,8 +615,9 @@ impl RabbitMqSink {
         Error::new(
             ErrorKind::Timeout,
             format!(
-                "publishing {count} messages to RabbitMQ at {}: not every publisher confirm \
-                 arrived within {} ({CONFIG_SECTION}.confirm_timeout)",
+                "{} to RabbitMQ at {}: not every publisher confirm arrived within {} \
+                 ({CONFIG_SECTION}.confirm_timeout)",
+                publishing(count),
                 self.host_port,
                 humanize(self.config.confirm_timeout)
             ),
@@ -805,6 +807,14 @@ impl Sink for RabbitMqSink {
     }
 }
 
+/// What a call does, for its errors: "publishing 1 message", "publishing 3 messages".
+fn publishing(count: usize) -> String {
+    match count {
+        1 => "publishing 1 message".to_owned(),
+        n => format!("publishing {n} messages"),
+    }
+}
+
 fn humanize(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
 }
@@ -814,6 +824,13 @@ mod tests {
     use outboxkit_core::whole_call_failure;
 
     use super::*;
+
+    #[test]
+    fn one_message_is_not_called_messages() {
+        assert_eq!(publishing(1), "publishing 1 message");
+        assert_eq!(publishing(0), "publishing 0 messages");
+        assert_eq!(publishing(2), "publishing 2 messages");
+    }
 
     #[test]
     fn a_call_broken_off_before_any_answer_is_an_err() {

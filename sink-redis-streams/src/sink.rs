@@ -337,7 +337,7 @@ impl Sink for RedisStreamsSink {
         }
         if !sent.is_empty() {
             let mut connection = self.connection.clone();
-            let what = format!("publishing {} events", sent.len());
+            let what = publishing(sent.len());
             let query = pipe.query_async::<Vec<Value>>(&mut connection);
             let replies = self.within_response_timeout(&what, query).await?;
             if replies.len() != sent.len() {
@@ -389,6 +389,14 @@ fn outcomes_from_replies<'a>(
         .collect()
 }
 
+/// What a pipeline of `XADD`s does, for its errors: "publishing 1 event", "publishing 3 events".
+fn publishing(count: usize) -> String {
+    match count {
+        1 => "publishing 1 event".to_owned(),
+        n => format!("publishing {n} events"),
+    }
+}
+
 fn humanize(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
 }
@@ -398,6 +406,12 @@ mod tests {
     use outboxkit_core::whole_call_failure;
 
     use super::*;
+
+    #[test]
+    fn one_event_is_not_called_events() {
+        assert_eq!(publishing(1), "publishing 1 event");
+        assert_eq!(publishing(2), "publishing 2 events");
+    }
 
     fn reply(line: &str) -> redis::RedisResult<()> {
         match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap() {
