@@ -114,10 +114,13 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
                 DeadSelection::Ids(ids.clone())
             };
             let n = explained(store, store.dead_retry(&selection).await).await?;
-            println!(
-                "{} back to pending; the relay publishes them in order with their aggregate",
-                counted(n, "dead event")
-            );
+            // Where a retried event goes in its aggregate's order depends on the capture
+            // (`dead retry --help` says it): not said here.
+            match n {
+                0 => println!("0 dead events back to pending"),
+                1 => println!("1 dead event back to pending: the relay publishes it again"),
+                n => println!("{n} dead events back to pending: the relay publishes them again"),
+            }
             if *all {
                 return Ok(());
             }

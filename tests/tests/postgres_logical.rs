@@ -223,13 +223,24 @@ async fn message_style_survives_sigkill_and_partition_in_commit_order() {
 /// the outbox table, while every other event flows, its aggregate's later ones included; a
 /// message under the table's prefix that is not an envelope ends dead too. `dead discard`
 /// removes one; once the stream takes larger messages, `dead retry` writes the other again
-/// and it arrives.
+/// and it arrives, with the time it was first written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
-    let name = unique("lgpoison");
+    poison_event_ends_dead_and_can_be_retried("message", "lgpoison").await;
+}
+
+/// As above in table style (no malformed message: a row is always an event): the retried
+/// event is a new row, with the dead row's `created_at`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_style_a_poison_event_ends_dead_and_can_be_retried() {
+    poison_event_ends_dead_and_can_be_retried("table", "lgpoisont").await;
+}
+
+async fn poison_event_ends_dead_and_can_be_retried(style: &'static str, prefix: &str) {
+    let name = unique(prefix);
     let nats = Arc::new(NatsSide::open(&name).await);
     let (server, side, mut scenario) =
-        prepare(&name, "message", nats.clone(), Settings::default()).await;
+        prepare(&name, style, nats.clone(), Settings::default()).await;
     nats.limit_message_size(Some(64 * 1024)).await;
     scenario
         .oversized_event_ends_dead(100, |error| {
@@ -237,6 +248,51 @@ async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
         })
         .await;
 
+    if style == "message" {
+        malformed_message_ends_dead(&name, &side, &mut scenario).await;
+    } else {
+        scenario.start_relay("relay-again", &[]);
+    }
+
+    // The stream now takes large messages: the oversized event, written again, arrives.
+    nats.limit_message_size(None).await;
+    let big = side.dead_rows().await[0].event_id;
+    let written_at = side
+        .query_text(&format!(
+            "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+             FROM {name} WHERE event_id = '{big}'"
+        ))
+        .await;
+    let (ok, out, err) = scenario.cli(&["dead", "retry", "--all"]);
+    assert!(ok, "{out}{err}");
+    let delivered = scenario
+        .broker
+        .read_back(&[big].into(), Duration::from_secs(60))
+        .await;
+    let Some(retried) = delivered.iter().find(|d| d.event_id == big) else {
+        panic!("the retried event never arrived");
+    };
+    println!(
+        "retried event {big}: written at {written_at}, delivered with created_at {}",
+        retried.header("created_at")
+    );
+    assert_eq!(
+        retried.header("created_at"),
+        written_at,
+        "a retried event keeps the time it was written"
+    );
+    scenario
+        .drain("the retried event settled", Duration::from_secs(30))
+        .await;
+    assert!(side.dead_rows().await.is_empty());
+    scenario.stop_relays(Duration::from_secs(30));
+    scenario.cleanup().await;
+    drop(server);
+}
+
+/// A message under the table's prefix that is not an envelope ends dead (read by a relay this
+/// starts, which keeps running); `dead discard` removes it.
+async fn malformed_message_ends_dead(name: &str, side: &Arc<LogicalSide>, scenario: &mut Scenario) {
     side.exec(&format!(
         "SELECT pg_logical_emit_message(true, 'outbox:public.{name}', 'not an envelope')"
     ))
@@ -264,25 +320,56 @@ async fn a_poison_event_and_a_malformed_message_end_dead_and_can_be_retried() {
     let (ok, out, err) = scenario.cli(&["dead", "discard", &malformed.id.to_string(), "--yes"]);
     assert!(ok, "{out}{err}");
     assert_eq!(side.dead_rows().await.len(), 1);
+}
 
-    // The stream now takes large messages: the oversized event, written again, arrives.
-    nats.limit_message_size(None).await;
-    let big = side.dead_rows().await[0].event_id;
-    let (ok, out, err) = scenario.cli(&["dead", "retry", "--all"]);
-    assert!(ok, "{out}{err}");
-    let delivered = scenario
-        .broker
-        .read_back(&[big].into(), Duration::from_secs(60))
+/// A relay stopped with SIGTERM right after publishing tells the server how far it got before
+/// it goes: the relay reading the slot after it publishes nothing again. (A SIGKILLed one
+/// leaves up to a second of events to be read again: at-least-once.) Redis, which keeps every
+/// copy, shows a duplicate where a NATS stream would drop it by `Nats-Msg-Id`. Both styles, one
+/// after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_with_sigterm_leaves_nothing_to_publish_again() {
+    for (style, prefix) in [("table", "lgtermt"), ("message", "lgtermm")] {
+        sigterm_leaves_nothing_to_publish_again(style, prefix).await;
+    }
+}
+
+async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &str) {
+    let name = unique(prefix);
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let (server, side, mut scenario) =
+        prepare(&name, style, redis.clone(), Settings::default()).await;
+    scenario.start_relay("relay-0", &[]);
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+    let writers = scenario
+        .start_writers(&writers(Scale::trickle(500, 20)))
         .await;
-    assert!(
-        delivered.iter().any(|d| d.event_id == big),
-        "the retried event never arrived"
-    );
-    scenario
-        .drain("the retried event settled", Duration::from_secs(30))
-        .await;
-    assert!(side.dead_rows().await.is_empty());
+    let mut writes = writers.finish().await;
+    let expected = writes.committed.len() as u64;
+    let broker = scenario.broker.clone();
+    wait_for(
+        "relay-0 to publish every event",
+        Duration::from_secs(60),
+        move || {
+            let broker = broker.clone();
+            async move { broker.held(expected, Duration::ZERO).await >= expected }
+        },
+    )
+    .await;
+    // At once: the slot's position is reported once a second.
+    let exit = scenario.relays[0].terminate(Duration::from_secs(20));
+    assert!(exit.success(), "relay-0 exit {exit}");
+    scenario.start_relay("relay-1", &[]);
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 1);
+    // What relay-1 would read again, it publishes at once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     scenario.stop_relays(Duration::from_secs(30));
+    let check = check_in_commit_order(&scenario, &side, &mut writes).await;
+    assert_eq!(
+        check.duplicates, 0,
+        "{style} style: {} events published again after a graceful stop",
+        check.duplicates
+    );
     scenario.cleanup().await;
     drop(server);
 }

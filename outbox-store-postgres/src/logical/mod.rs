@@ -18,10 +18,10 @@ pub(crate) mod session;
 pub(crate) mod setup;
 
 use pgwire_replication::TlsConfig;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
-use outboxkit_core::{DeadSelection, Error, NewEvent, Payload, PayloadType, Result};
-use outboxkit_store_sql::config::url_option;
+use outboxkit_core::{DeadSelection, Error, PayloadType, Result};
+use outboxkit_store_sql::config::{url_option, CaptureStyle};
 
 pub use setup::{LogicalNames, SlotLag};
 
@@ -71,8 +71,10 @@ pub(crate) fn password_of(url: &str, password: Option<&str>) -> Option<String> {
 }
 
 /// `dead retry` with logical capture: the dead rows leave the table and their events are
-/// written again (a new row, or a new message) with the same `event_id`, in one transaction:
-/// they come back through the log, after the events their aggregates committed meanwhile.
+/// written again (a new row, or a new message) with the same `event_id` and `created_at`, in
+/// one transaction, in `id` order: they come back through the log, after the events their
+/// aggregates committed meanwhile. The event's fields go from row to row (or message) inside
+/// the server, so the payload is the one the writer wrote, byte for byte.
 pub(crate) async fn retry_dead(
     conn: &mut PgConnection,
     store: &crate::PostgresStore,
@@ -80,63 +82,51 @@ pub(crate) async fn retry_dead(
     payload_type: PayloadType,
     selection: &DeadSelection,
 ) -> std::result::Result<u64, Error> {
-    let table = store.table();
-    let payload = match payload_type {
-        PayloadType::Json => "payload::text",
-        PayloadType::Text | PayloadType::Binary => "payload",
-    };
+    let table = store.table().quoted();
     let (ids, aggregate): (Option<Vec<i64>>, Option<String>) = match selection {
         DeadSelection::Ids(ids) => (Some(ids.clone()), None),
         DeadSelection::All { aggregate_id } => (None, aggregate_id.clone()),
     };
-    let rows = sqlx::query(&format!(
-        "DELETE FROM {} WHERE dead_at IS NOT NULL AND published_at IS NULL \
-         AND ($1::int8[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR aggregate_id = $2) \
-         RETURNING id, event_id, aggregate_type, aggregate_id, event_type, {payload}, \
-         headers::text, destination",
-        table.quoted()
-    ))
-    .bind(ids)
-    .bind(aggregate)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| store.classify(e))?;
-    let mut events = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let read = || -> std::result::Result<(i64, NewEvent), sqlx::Error> {
-            let payload = match payload_type {
-                PayloadType::Json => Payload::Json(row.try_get(5)?),
-                PayloadType::Text => Payload::Text(row.try_get(5)?),
-                PayloadType::Binary => Payload::Binary(row.try_get(5)?),
-            };
-            let headers: String = row.try_get(6)?;
-            let mut event = NewEvent::new(
-                row.try_get::<String, _>(2)?,
-                row.try_get::<String, _>(3)?,
-                row.try_get::<String, _>(4)?,
-                payload,
-            );
-            event.event_id = Some(row.try_get(1)?);
-            event.headers =
-                outboxkit_store_sql::session::parse_headers(&headers).unwrap_or_default();
-            event.destination = row.try_get(7)?;
-            Ok((row.try_get(0)?, event))
-        };
-        events.push(read().map_err(|e| store.classify(e))?);
-    }
-    events.sort_by_key(|(id, _)| *id);
-    let events: Vec<NewEvent> = events.into_iter().map(|(_, e)| e).collect();
-    match names.style {
-        outboxkit_store_sql::config::CaptureStyle::Table => {
-            store.outbox().enqueue_many(conn, &events).await?;
+    let dead = "dead_at IS NOT NULL AND published_at IS NULL \
+                AND ($1::int8[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR aggregate_id = $2)";
+    let retried = match names.style {
+        CaptureStyle::Table => {
+            // ORDER BY id: the new rows' identities follow the old rows' order.
+            let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
+                           destination, created_at";
+            sqlx::query(&format!(
+                "WITH gone AS (DELETE FROM {table} WHERE {dead} RETURNING id, {columns}) \
+                 INSERT INTO {table} ({columns}) SELECT {columns} FROM gone ORDER BY id"
+            ))
+            .bind(ids)
+            .bind(aggregate)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store.classify(e))?
+            .rows_affected()
         }
-        outboxkit_store_sql::config::CaptureStyle::Message => {
-            for event in &events {
-                store.outbox().emit(conn, event).await?;
+        CaptureStyle::Message => {
+            // One message per row, written in id order (the order of their aggregates).
+            let ids: Vec<i64> = sqlx::query_scalar(&format!(
+                "SELECT id FROM {table} WHERE {dead} ORDER BY id FOR UPDATE"
+            ))
+            .bind(ids)
+            .bind(aggregate)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| store.classify(e))?;
+            let re_emit = setup::re_emit_dead_row(names, store.table(), payload_type);
+            for id in &ids {
+                sqlx::query(&re_emit)
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(|e| store.classify(e))?;
             }
+            ids.len() as u64
         }
-    }
-    Ok(events.len() as u64)
+    };
+    Ok(retried)
 }
 
 #[cfg(test)]

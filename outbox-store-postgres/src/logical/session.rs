@@ -501,6 +501,25 @@ impl LogicalSession {
         );
     }
 
+    /// Before a graceful stop: wait until the server has been told the last confirmable
+    /// position, which the client reports once per [`STATUS_INTERVAL`], so that whoever reads
+    /// the slot next starts after what this session settled instead of publishing it again. A
+    /// crash still leaves the last second or so to be read again (at-least-once).
+    async fn report_confirmed(&mut self) {
+        self.confirm();
+        let Some(reader) = self.reader.as_ref() else {
+            return;
+        };
+        let metrics = reader.client.metrics();
+        let deadline = Instant::now() + 2 * STATUS_INTERVAL;
+        while metrics.last_applied_lsn().as_u64() < reader.confirmed
+            && reader.client.is_running()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Stop reading (the slot is free again for whoever takes it next).
     fn stop_reader(&mut self) {
         if let Some(mut reader) = self.reader.take() {
@@ -840,6 +859,7 @@ impl ShardSession for LogicalSession {
     }
 
     async fn close(mut self: Box<Self>) -> Result<()> {
+        self.report_confirmed().await;
         self.stop_reader();
         let fence = self.fence;
         fence.close(Ok(())).await

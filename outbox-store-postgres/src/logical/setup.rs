@@ -238,12 +238,40 @@ fn check_recorded(slot: &str, style: &str, names: &LogicalNames, table: &TableNa
     Ok(())
 }
 
+/// How the emit function and `dead retry` turn a `payload` of `payload_type` into the bytes
+/// after the envelope.
+fn payload_bytes(payload_type: PayloadType) -> &'static str {
+    match payload_type {
+        PayloadType::Json => "convert_to(payload::text, 'UTF8')",
+        PayloadType::Text => "convert_to(payload, 'UTF8')",
+        PayloadType::Binary => "payload",
+    }
+}
+
+/// The `pg_logical_emit_message` call that writes one event of message style: the envelope (one
+/// line of JSON) then the payload's bytes, under the table's prefix. The event's fields are
+/// read from the names `event_id`, `aggregate_type`, `aggregate_id`, `event_type`, `payload`,
+/// `headers` and `destination` (the emit function's arguments, or the outbox table's columns);
+/// `created_at` is the SQL of the event's time in microseconds since the epoch.
+fn emit_message(names: &LogicalNames, payload_type: PayloadType, created_at: &str) -> String {
+    format!(
+        "pg_logical_emit_message(true, '{prefix}', \
+             convert_to(json_build_object('v', 1, 'event_id', event_id, \
+                 'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
+                 'event_type', event_type, 'headers', coalesce(headers, '{{}}'), \
+                 'destination', destination, 'created_at', {created_at}\
+             )::text, 'UTF8') || '\\x0a'::bytea || {bytes})",
+        prefix = names.prefix,
+        bytes = payload_bytes(payload_type),
+    )
+}
+
 /// The emit function of message style, for a table of `payload_type`.
 fn emit_function(names: &LogicalNames, payload_type: PayloadType) -> String {
-    let (column, bytes) = match payload_type {
-        PayloadType::Json => ("jsonb", "convert_to(payload::text, 'UTF8')"),
-        PayloadType::Text => ("text", "convert_to(payload, 'UTF8')"),
-        PayloadType::Binary => ("bytea", "payload"),
+    let column = match payload_type {
+        PayloadType::Json => "jsonb",
+        PayloadType::Text => "text",
+        PayloadType::Binary => "bytea",
     };
     format!(
         "CREATE OR REPLACE FUNCTION {function}(\
@@ -261,16 +289,37 @@ fn emit_function(names: &LogicalNames, payload_type: PayloadType) -> String {
                  RAISE EXCEPTION 'outbox event: headers must be a JSON object' \
                      USING ERRCODE = 'check_violation'; \
              END IF; \
-             RETURN pg_logical_emit_message(true, '{prefix}', \
-                 convert_to(json_build_object('v', 1, 'event_id', event_id, \
-                     'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
-                     'event_type', event_type, 'headers', coalesce(headers, '{{}}'), \
-                     'destination', destination, \
-                     'created_at', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint\
-                 )::text, 'UTF8') || '\\x0a'::bytea || {bytes}) - '0/0'::pg_lsn; \
+             RETURN {emit} - '0/0'::pg_lsn; \
          END $fn$",
         function = names.function,
-        prefix = names.prefix,
+        emit = emit_message(
+            names,
+            payload_type,
+            "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+        ),
+    )
+}
+
+/// `dead retry` of one dead row `$1` of message style: the row leaves the table and its event is
+/// written into the log again, as the emit function writes it but with the row's own
+/// `created_at` (the event's time, which a retry does not change). One row when it was dead.
+pub(crate) fn re_emit_dead_row(
+    names: &LogicalNames,
+    table: &TableName,
+    payload_type: PayloadType,
+) -> String {
+    format!(
+        "WITH gone AS (DELETE FROM {table} \
+                       WHERE id = $1 AND dead_at IS NOT NULL AND published_at IS NULL \
+                       RETURNING event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                 headers, destination, created_at) \
+         SELECT {emit} FROM gone",
+        table = table.quoted(),
+        emit = emit_message(
+            names,
+            payload_type,
+            "(extract(epoch FROM created_at) * 1000000)::bigint"
+        ),
     )
 }
 
