@@ -35,8 +35,9 @@ pub enum Command {
     Run,
     /// Create or upgrade the outbox table of every pipeline (idempotent).
     Migrate,
-    /// Backlog figures and shard owners: one line per pipeline when there are several, the
-    /// whole report of one (with --pipeline, or when there is only one).
+    /// Backlog figures and shard owners, and what `run` would stop with (a dropped replication
+    /// slot, a table to migrate): one line per pipeline when there are several, the whole
+    /// report of one (with --pipeline, or when there is only one).
     Status {
         /// Print JSON for machines.
         #[arg(long)]

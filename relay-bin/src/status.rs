@@ -16,11 +16,16 @@ struct StatusReport {
     owners: BTreeMap<String, Vec<i32>>,
     /// Aggregates waiting for a retry (the first 20).
     held_back: Vec<HeldBack>,
+    /// What the store's check finds wrong with the table (a dropped replication slot, a
+    /// schema `migrate` must bring up to date): what `run` would stop with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
-/// Print backlog figures and shard owners, as text or JSON.
+/// Print backlog figures and shard owners, as text or JSON, and what the store's check finds
+/// wrong with the table, if anything.
 pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
-    let backlog = explained(store, store.status().await).await?;
+    let (backlog, problem) = backlog(store).await?;
     let owners: Vec<ShardOwner> = store.shard_owners().await?;
     let mut by_owner: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for o in &owners {
@@ -37,6 +42,7 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
         shards_owned: owners.len(),
         owners: by_owner,
         held_back,
+        problem: problem.as_ref().map(Error::full_message),
     };
     if json {
         let text = serde_json::to_string_pretty(&report)
@@ -96,9 +102,7 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             Some(reader) => println!("  read by {reader}"),
             None => println!("  read by nobody (no relay is running)"),
         }
-        return Ok(());
-    }
-    if report.owners.is_empty() {
+    } else if report.owners.is_empty() {
         println!("shard owners         none (no relay is running)");
     } else {
         println!(
@@ -110,7 +114,19 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             println!("  {owner:<40} {}", counted(shards.len(), "shard"));
         }
     }
+    if let Some(problem) = &report.problem {
+        println!("problem              {problem}");
+    }
     Ok(())
+}
+
+/// The backlog figures of `store`, and what its check finds wrong with the table when they
+/// could be read: a replication slot that was dropped leaves the table's figures readable, and
+/// the runbook needs them. When they cannot be read, the check's explanation (see
+/// [`explained`]).
+async fn backlog(store: &dyn Store) -> Result<(BacklogStatus, Option<Error>), Error> {
+    let backlog = explained(store, store.status().await).await?;
+    Ok((backlog, store.check().await.err()))
 }
 
 /// `result` of a command's first query on `store`, or when it failed and the store's own check
@@ -143,6 +159,10 @@ struct PipelineLine {
     /// Why the figures are missing (the store could not be reached).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// Beside the figures, what the store's check finds wrong with the table (a dropped
+    /// replication slot, say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
     /// Why there are no figures, when nothing failed (a pattern that matches no table).
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
@@ -164,6 +184,7 @@ pub async fn print_each(
             backlog: None,
             owners: None,
             error: None,
+            problem: None,
             note: Some(crate::cli::NO_MATCH.to_owned()),
         };
         lines.insert(name.clone(), line);
@@ -175,22 +196,22 @@ pub async fn print_each(
         let figures = async {
             let store = store?;
             // A table that was not migrated (a discovered one, say) is reported, not counted.
-            store.check().await?;
-            let backlog = store.status().await?;
+            let (backlog, problem) = backlog(store.as_ref()).await?;
             let owners: Vec<ShardOwner> = store.shard_owners().await?;
             let relays = owners
                 .iter()
                 .map(|o| o.owner.as_str())
                 .collect::<std::collections::BTreeSet<_>>()
                 .len();
-            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays))
+            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays, problem))
         };
         let line = match figures.await {
-            Ok((store, backlog, relays)) => PipelineLine {
+            Ok((store, backlog, relays, problem)) => PipelineLine {
                 store: Some(store),
                 backlog: Some(backlog),
                 owners: Some(relays),
                 error: None,
+                problem: problem.as_ref().map(Error::full_message),
                 note: None,
             },
             Err(e) => {
@@ -200,6 +221,7 @@ pub async fn print_each(
                     backlog: None,
                     owners: None,
                     error: Some(e.full_message()),
+                    problem: None,
                     note: None,
                 }
             }
@@ -219,13 +241,18 @@ pub async fn print_each(
         for (name, line) in &lines {
             match (&line.backlog, &line.error) {
                 (None, None) => println!("{name:<width$}  {}", line.note.as_deref().unwrap_or("")),
-                (Some(b), _) => println!(
-                    "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
-                    b.pending,
-                    b.oldest_pending_age_secs,
-                    b.dead,
-                    line.owners.unwrap_or(0)
-                ),
+                (Some(b), _) => {
+                    println!(
+                        "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
+                        b.pending,
+                        b.oldest_pending_age_secs,
+                        b.dead,
+                        line.owners.unwrap_or(0)
+                    );
+                    if let Some(problem) = &line.problem {
+                        println!("{:<width$}  problem: {problem}", "");
+                    }
+                }
                 (None, error) => println!(
                     "{name:<width$}  unavailable: {}",
                     error.as_deref().unwrap_or("")

@@ -563,6 +563,10 @@ async fn a_lost_or_dropped_slot_is_a_loud_error_never_a_silent_new_slot() {
     let (ok, text, err) = scenario.cli(&["status"]);
     assert!(ok, "{err}");
     assert!(text.contains("LOST"), "{text}");
+    assert!(
+        text.contains("\nproblem ") && text.contains("invalidated"),
+        "status names what run stops with: {text}"
+    );
 
     server.psql("ALTER SYSTEM RESET max_slot_wal_keep_size");
     server.psql("SELECT pg_reload_conf()");
@@ -582,6 +586,49 @@ async fn a_lost_or_dropped_slot_is_a_loud_error_never_a_silent_new_slot() {
         ))
         .await;
     assert_eq!(slots, "0", "a slot was made again");
+    // The runbook's step 2 reads the pending rows with `status`: its figures stay, beside the
+    // slot's fate, with one pipeline and with several (a second one, by environment variables,
+    // reading the same table by polling).
+    side.exec(&format!(
+        "INSERT INTO {name} (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'a1', 'Placed', '{{}}')"
+    ))
+    .await;
+    let (ok, text, err) = scenario.cli(&["status", "--json"]);
+    assert!(ok, "{err}");
+    let one: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(one["pending"], 1, "{one}");
+    let problem = one["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains("was dropped"), "{one}");
+    let mut env = scenario.broker.relay_env();
+    for (key, value) in [
+        ("STORE__KIND", "postgres"),
+        ("STORE__URL", side.url()),
+        ("STORE__TABLE", name.as_str()),
+        ("SINK__KIND", "redis-streams"),
+    ] {
+        env.push((
+            format!("OUTBOX_PIPELINES__POLLING__{key}"),
+            value.to_owned(),
+        ));
+    }
+    let (ok, text, err) = run_cli(&scenario.config, &["status", "--json"], &env);
+    assert!(ok, "{err}");
+    let each: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let default = &each["pipelines"]["default"];
+    assert_eq!(default["pending"], 1, "{each}");
+    assert!(
+        default["problem"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("was dropped"),
+        "{each}"
+    );
+    assert_eq!(each["pipelines"]["polling"]["pending"], 1, "{each}");
+    assert!(
+        each["pipelines"]["polling"].get("problem").is_none(),
+        "{each}"
+    );
 
     // The operator's acknowledgement (the runbook's step 3): migrate makes a new slot.
     side.exec(&format!(
