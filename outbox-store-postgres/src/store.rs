@@ -411,10 +411,10 @@ impl Store for PostgresStore {
         }
         let configured = self.inner.config.payload_type;
         table_facts::<Postgres>(&mut conn, table, Ok(row), configured, self.target()).await?;
-        if let Some(logical) = self.inner.logical.as_deref() {
-            setup::check(&mut conn, table, &logical.names, self.target()).await?;
+        match self.inner.logical.as_deref() {
+            Some(logical) => setup::check(&mut conn, table, &logical.names, self.target()).await,
+            None => setup::check_polled(&mut conn, table, self.target()).await,
         }
-        Ok(())
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

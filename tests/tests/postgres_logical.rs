@@ -374,6 +374,56 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
     drop(server);
 }
 
+/// `capture = "poll"` on a table `migrate` set up for logical capture (a setting forgotten in
+/// one deployment): message style is refused, since its events are in no row and polling would
+/// publish none of them while the slot keeps the log; table style runs, with a warning that its
+/// slot keeps the server's log. Both styles, one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_a_table_set_up_for_logical_capture_is_refused_or_warned() {
+    for (style, prefix) in [("message", "lgpollm"), ("table", "lgpollt")] {
+        let name = unique(prefix);
+        let redis = Arc::new(RedisSide::open(&name).await);
+        let (server, _side, mut scenario) =
+            prepare(&name, style, redis.clone(), Settings::default()).await;
+        let mut env = scenario.broker.relay_env();
+        env.push(("OUTBOX_STORE__CAPTURE".to_owned(), "poll".to_owned()));
+        let err = if style == "message" {
+            // A relay process, so that a relay that does start is stopped, not waited for.
+            let i = scenario.start_relay("relay-polling", &[("OUTBOX_STORE__CAPTURE", "poll")]);
+            let started = Instant::now();
+            let exit = loop {
+                if let Some(exit) = scenario.relays[i].exited() {
+                    break exit;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "polling a message-style table started: {}",
+                    scenario.relays[i].log_text()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let err = scenario.relays[i].log_text();
+            assert_eq!(exit.code(), Some(2), "{err}");
+            assert!(
+                err.contains("store.capture") && err.contains("message style"),
+                "{err}"
+            );
+            let (_, status, _) = run_cli(&scenario.config, &["status"], &env);
+            assert!(status.contains("\nproblem "), "{status}");
+            err
+        } else {
+            // `run` would run: `status` makes the same check, and logs the same warning.
+            let (ok, _, err) = run_cli(&scenario.config, &["status"], &env);
+            assert!(ok, "{err}");
+            assert!(err.contains("set it up for logical capture"), "{err}");
+            err
+        };
+        println!("{style} style polled: {}", err.trim());
+        scenario.cleanup().await;
+        drop(server);
+    }
+}
+
 /// The broker (a private nats-server) frozen for 30 s under steady writes, message style: the
 /// slot's lag grows on `/metrics` in bytes and seconds while nothing is acknowledged and
 /// nothing is lost; once thawed, everything arrives in commit order and the lag falls back.

@@ -152,6 +152,39 @@ pub(crate) async fn recorded(
     .map_err(err(target, "reading the capture bookkeeping"))
 }
 
+/// The check of a table relayed with `capture = "poll"` that `migrate` once set up for logical
+/// capture. Message style is refused: its events are in the log, in no row, so polling would
+/// publish none of them while the slot keeps the server's log. Table style can be polled (the
+/// slot runbook does, to publish what a dropped slot left) and gets a warning: its slot keeps
+/// the server's log until something reads it or it is dropped.
+pub(crate) async fn check_polled(
+    conn: &mut PgConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<()> {
+    let Some((slot, style)) = recorded(conn, table, target).await? else {
+        return Ok(());
+    };
+    let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
+    if style == CaptureStyle::Message.as_str() {
+        return Err(Error::config(format!(
+            "store.capture: table {table} is captured from the log in message style (slot \
+             \"{slot}\", recorded in {bookkeeping}): its events are in no row, so store.capture = \
+             \"poll\" would publish none of them; set store.capture = \"logical\" and \
+             store.logical.style = \"message\""
+        )));
+    }
+    tracing::warn!(
+        %table,
+        slot,
+        "the table is relayed by polling (store.capture = \"poll\"), and `migrate` set it up \
+         for logical capture: its slot keeps the server's log until a relay with store.capture = \
+         \"logical\" reads it; if logical capture is given up for good, drop the slot and \
+         delete the table's row of {bookkeeping} (docs/OPERATIONS.md, \"Replication slot\")"
+    );
+    Ok(())
+}
+
 /// The error of a slot that was made once and is gone, or that lost the log it needs.
 fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
     Error::new(
