@@ -195,7 +195,8 @@ pub async fn print_each(
         let store = target.store;
         let figures = async {
             let store = store?;
-            // A table that was not migrated (a discovered one, say) is reported, not counted.
+            // A table whose figures cannot be read (a discovered one never migrated, say) gets
+            // its check's explanation instead; one that can be read gets its problem beside them.
             let (backlog, problem) = backlog(store.as_ref()).await?;
             let owners: Vec<ShardOwner> = store.shard_owners().await?;
             let relays = owners
