@@ -390,18 +390,10 @@ async fn polling_a_table_set_up_for_logical_capture_is_refused_or_warned() {
         let err = if style == "message" {
             // A relay process, so that a relay that does start is stopped, not waited for.
             let i = scenario.start_relay("relay-polling", &[("OUTBOX_STORE__CAPTURE", "poll")]);
-            let started = Instant::now();
-            let exit = loop {
-                if let Some(exit) = scenario.relays[i].exited() {
-                    break exit;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "polling a message-style table started: {}",
-                    scenario.relays[i].log_text()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let exit = scenario.relays[i].exit_within(
+                Duration::from_secs(30),
+                "polling a message-style table started",
+            );
             let err = scenario.relays[i].log_text();
             assert_eq!(exit.code(), Some(2), "{err}");
             assert!(

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outboxkit_harness::tls::{TestPki, CLIENT_NAME, EXPIRED_ON, WRONG_NAME};
 use outboxkit_harness::*;
@@ -62,16 +62,10 @@ fn assert_run_fails_at_start(scenario: &Scenario, url: &str, expected: &str) {
         "relay-bad-tls",
         &scenario.broker.relay_env(),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while relay.is_running() {
-        assert!(
-            Instant::now() < deadline,
-            "the relay kept running with {url}; log:\n{}",
-            relay.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let exit = relay.exited().expect("the relay exited");
+    let exit = relay.exit_within(
+        Duration::from_secs(30),
+        &format!("the relay kept running with {url}"),
+    );
     let log = relay.log_text();
     assert_eq!(
         exit.code(),

@@ -211,6 +211,14 @@ impl RelayProcess {
             return status;
         }
         assert!(signal_pid(self.child.id(), "TERM"), "kill -TERM failed");
+        let still_running = format!("{} did not exit within {timeout:?} of SIGTERM", self.name);
+        self.exit_within(timeout, &still_running)
+    }
+
+    /// Its exit status once it exits by itself (a relay that must fail at start); fails the
+    /// test with `still_running` and the log unless it exits within `timeout` (SIGKILLed
+    /// first).
+    pub fn exit_within(&mut self, timeout: Duration, still_running: &str) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited() {
@@ -218,11 +226,7 @@ impl RelayProcess {
             }
             if Instant::now() > deadline {
                 self.kill_hard();
-                panic!(
-                    "{} did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
+                panic!("{still_running}; log:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
