@@ -11,7 +11,8 @@ use crate::store::MarkMode;
 /// What happens to published rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Retention {
-    /// Delete each row once the broker acknowledged it.
+    /// Delete each row once the broker acknowledged it (and, in the background, the rows an
+    /// earlier retention period kept).
     #[default]
     Delete,
     /// Keep published rows this long (audit), then purge them in small background batches.
@@ -108,7 +109,8 @@ pub struct RelayConfig {
     /// How often backlog figures are refreshed for metrics.
     #[serde(with = "humantime_serde")]
     pub status_interval: Duration,
-    /// How often published rows past retention are purged (retention = duration only).
+    /// How often published rows past retention are purged (with `Delete`: the rows an earlier
+    /// retention period kept).
     #[serde(with = "humantime_serde")]
     pub purge_interval: Duration,
     /// Rows deleted per purge statement.

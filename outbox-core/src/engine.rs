@@ -31,12 +31,12 @@ mod worker;
 
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{info, Instrument};
 
 pub use health::RelayHandle;
 pub use shutdown::{Shutdown, ShutdownTrigger};
 
-use crate::config::{RelayConfig, Retention};
+use crate::config::RelayConfig;
 use crate::error::Result;
 use crate::sink::Sink;
 use crate::store::Store;
@@ -110,15 +110,12 @@ impl Relay {
             "relay starting"
         );
 
-        let status_task = tokio::spawn(background::status_loop(relay.clone(), shutdown.clone()));
-        let purge_task = match relay.config.retention {
-            Retention::Keep(keep) => Some(tokio::spawn(background::purge_loop(
-                relay.clone(),
-                keep,
-                shutdown.clone(),
-            ))),
-            Retention::Delete => None,
-        };
+        // In the caller's span (the pipeline's), so their log lines say which pipeline.
+        let status_task = tokio::spawn(
+            background::status_loop(relay.clone(), shutdown.clone()).in_current_span(),
+        );
+        let purge_task =
+            tokio::spawn(background::purge_loop(relay.clone(), shutdown.clone()).in_current_span());
 
         let mut worker = worker::Worker::new(&relay);
         let mut shutdown_rx = shutdown.clone();
@@ -126,9 +123,7 @@ impl Relay {
         worker.close_session().await;
 
         status_task.abort();
-        if let Some(t) = purge_task {
-            t.abort();
-        }
+        purge_task.abort();
         relay.handle.stopped();
         info!(
             relay_id = %relay.relay_id,

@@ -165,7 +165,9 @@ pub async fn run(
     let mut attempts = tokio::task::JoinSet::new();
     for (i, pipeline) in pipelines.iter().enumerate() {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
-        attempts.spawn(async move { (i, start(&registry, &loaded, &pipeline).await) });
+        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
+        attempts
+            .spawn(async move { (i, start(&registry, &loaded, &pipeline).await) }.instrument(span));
     }
     let mut stop = shutdown.clone();
     let mut answers: Vec<_> = tokio::select! {
@@ -215,7 +217,7 @@ pub async fn run(
     let alone = ready.len() == 1 && waiting.is_empty();
     let mut tasks = tokio::task::JoinSet::new();
     for (pipeline, started) in ready {
-        let span = tracing::info_span!("pipeline", name = %pipeline.name);
+        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
         match started {
             Started::One(connected) => {
                 let relay = relay(&pipeline.name, pipeline, connected, &board)?;
@@ -245,7 +247,7 @@ pub async fn run(
     for pipeline in waiting {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
         let (board, shutdown) = (board.clone(), shutdown.clone());
-        let span = tracing::info_span!("pipeline", name = %pipeline.name);
+        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
         tasks.spawn(
             async move { keep_connecting(&registry, &loaded, &pipeline, &board, shutdown).await }
                 .instrument(span),
@@ -397,7 +399,7 @@ async fn discover_and_relay(
                         let relay = relay(&label, pipeline, connected, board)
                             .map_err(|f| outboxkit_core::Error::config(f.message))?;
                         let (trigger, own) = Shutdown::channel();
-                        let span = tracing::info_span!("pipeline", name = %label);
+                        let span = tracing::info_span!("relay", pipeline = %label);
                         let task = tokio::spawn(relay.run(own).instrument(span));
                         info!(table = %label, "relaying a discovered table");
                         idle.remove(&label);

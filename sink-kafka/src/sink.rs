@@ -80,10 +80,12 @@ impl ClientState {
     }
 }
 
-/// librdkafka's callbacks, routed to `tracing` (target `librdkafka`).
+/// librdkafka's callbacks, routed to `tracing` (target `librdkafka`), in the span the producer
+/// was made in (the pipeline's, in the relay), although librdkafka calls them on its threads.
 #[derive(Clone)]
 pub struct KafkaContext {
     state: Arc<ClientState>,
+    span: tracing::Span,
 }
 
 impl fmt::Debug for KafkaContext {
@@ -94,6 +96,7 @@ impl fmt::Debug for KafkaContext {
 
 impl ClientContext for KafkaContext {
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        let _span = self.span.enter();
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -108,6 +111,7 @@ impl ClientContext for KafkaContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        let _span = self.span.enter();
         let code = error_code(&error);
         self.state.remember(code, reason);
         match code {
@@ -526,6 +530,7 @@ fn create_producer(
 ) -> Result<RelayProducer> {
     let context = KafkaContext {
         state: state.clone(),
+        span: tracing::Span::current(),
     };
     client_config
         .create_with_context::<_, RelayProducer>(context)

@@ -13,6 +13,7 @@ use outboxkit_core::{
     DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink, SinkCapabilities,
 };
 use tokio::sync::OnceCell;
+use tracing::Instrument;
 
 use crate::classify::{
     classify_connect, classify_declare, classify_lookup, classify_publish, overlaps,
@@ -117,6 +118,7 @@ impl NatsSink {
     async fn connect(&self) -> Result<Connection> {
         let config = &self.config;
         let shown = config.redacted_url();
+        let span = tracing::Span::current();
         let mut options = match &config.credentials_file {
             Some(path) => ConnectOptions::with_credentials_file(path)
                 .await
@@ -132,16 +134,21 @@ impl NatsSink {
             .name("outbox-relay")
             .connection_timeout(config.connect_timeout)
             .request_timeout(Some(config.request_timeout))
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        tracing::info!("NATS connection (re)established")
+            .event_callback(move |event| {
+                // In the span the connection was made in (the pipeline's, in the relay).
+                let span = span.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            tracing::info!("NATS connection (re)established")
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("NATS connection lost; reconnecting")
+                        }
+                        other => tracing::debug!(event = %other, "NATS client event"),
                     }
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS connection lost; reconnecting")
-                    }
-                    other => tracing::debug!(event = %other, "NATS client event"),
                 }
+                .instrument(span)
             });
         // async-nats does not read credentials from the URL: the first server's user and
         // password (or a user alone, NATS's token form) are passed on.

@@ -11,7 +11,7 @@ use outboxkit_harness::*;
 
 /// Writers retry the transactions the crash cuts, as new events; those whose commit was cut
 /// have an unknown outcome and are resolved by looking for their row afterwards (rows are kept:
-/// `retention = "1h"`).
+/// `retention = "1h"`). Then a relay with `retention = "delete"` purges the rows kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mariadb_restart_mid_run_loses_nothing_and_the_relays_reconnect() {
     const EVENTS: u64 = 6_000;
@@ -49,6 +49,28 @@ async fn a_mariadb_restart_mid_run_loses_nothing_and_the_relays_reconnect() {
     let published = store.count_rows("published_at IS NOT NULL").await;
     assert_eq!(published as usize, run.writes.committed.len());
     assert!(run.writes.committed.len() as u64 >= EVENTS);
+
+    // Retention turned off: the rows kept so far are purged too, and the log says so, in the
+    // pipeline's span.
+    let i = scenario.start_relay(
+        "relay-delete",
+        &[
+            ("OUTBOX_RELAY__RETENTION", "delete"),
+            ("OUTBOX_RELAY__PURGE_INTERVAL", "200ms"),
+        ],
+    );
+    wait_for("the kept rows purged", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { store.count_rows("true").await == 0 }
+    })
+    .await;
+    scenario.relays[i].terminate(Duration::from_secs(15));
+    let log = scenario.relays[i].log_text();
+    assert!(
+        log.lines().any(|l| l.contains("relay{pipeline=default}")
+            && l.contains(&format!("deleted published rows that an earlier relay.retention kept (relay.retention is \"delete\" now) purged={published}"))),
+        "{log}"
+    );
 
     scenario.cleanup().await;
     store.pool().close().await;

@@ -561,12 +561,9 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
     )
     .await;
     let port = pipelines.port;
-    let mut relay = RelayProcess::start(
-        &pipelines.config,
-        &pipelines.dir,
-        "relay-isolation",
-        &pipelines.env,
-    );
+    let mut env = pipelines.env.clone();
+    env.push(("OUTBOX_LOG__FORMAT".to_owned(), "json".to_owned()));
+    let mut relay = RelayProcess::start(&pipelines.config, &pipelines.dir, "relay-isolation", &env);
     wait_for_ready("/readyz", port, 200, Duration::from_secs(30)).await;
 
     // About 100 events/s per pipeline: 2 writers, 20 ms after each transaction.
@@ -627,6 +624,22 @@ async fn a_frozen_broker_holds_back_only_its_own_pipeline() {
         .await;
     relay.stop(Duration::from_secs(30));
     pipelines.assert_delivered(writes, "").await;
+    // The NATS client's connection events (async-nats calls back on a task of its own) name the
+    // pipeline, as every line of a pipeline's does: in JSON, `span.pipeline`.
+    let nats_pipeline = &pipelines.legs[0].0;
+    let log = relay.log_text();
+    let connected: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|record| record["fields"]["message"] == "NATS connection (re)established")
+        .collect();
+    assert!(
+        !connected.is_empty()
+            && connected
+                .iter()
+                .all(|record| record["span"]["pipeline"] == **nats_pipeline),
+        "{log}"
+    );
     pipelines.cleanup().await;
 }
 

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::shutdown::Shutdown;
 use super::Relay;
+use crate::config::Retention;
 use crate::metrics as m;
 
 /// Refresh the backlog gauges every `relay.status_interval`.
@@ -44,23 +45,28 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     }
 }
 
-/// Every `relay.purge_interval`, delete the rows published more than `keep` ago, in
-/// statements of `relay.purge_batch_size` rows.
-pub(super) async fn purge_loop(relay: Arc<Relay>, keep: Duration, mut shutdown: Shutdown) {
+/// Every `relay.purge_interval`, delete the rows published more than `relay.retention` ago, in
+/// statements of `relay.purge_batch_size` rows. With `retention = "delete"` no row is kept, but
+/// the loop still runs: it deletes the rows an earlier retention period kept, which would
+/// otherwise stay in the table for good once the setting is turned off.
+pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     let limit = relay.config.purge_batch_size;
+    let keep = match relay.config.retention {
+        Retention::Keep(keep) => keep,
+        Retention::Delete => Duration::ZERO,
+    };
     loop {
         shutdown.pause(relay.config.purge_interval).await;
         if shutdown.is_triggered() {
             return;
         }
+        let mut purged = 0;
         loop {
             match relay.store.purge_published(keep, limit).await {
                 Ok(n) => {
                     metrics::counter!(m::PURGED, m::PIPELINE => relay.pipeline.clone())
                         .increment(n);
-                    if n > 0 {
-                        debug!(purged = n, "purged published rows past retention");
-                    }
+                    purged += n;
                     if n < u64::from(limit) || shutdown.is_triggered() {
                         break;
                     }
@@ -72,6 +78,15 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, keep: Duration, mut shutdown: 
                     break;
                 }
             }
+        }
+        if purged > 0 && relay.config.retention == Retention::Delete {
+            info!(
+                purged,
+                "deleted published rows that an earlier relay.retention kept \
+                 (relay.retention is \"delete\" now)"
+            );
+        } else if purged > 0 {
+            debug!(purged, "purged published rows past retention");
         }
     }
 }

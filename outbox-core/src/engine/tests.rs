@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::config::OnDead;
+use crate::config::{OnDead, Retention};
 use crate::error::{Error, ErrorKind};
 use crate::memory::{MemoryStore, Script, ScriptedSink};
 use crate::model::{NewEvent, OutboxEvent, Outcome};
@@ -439,6 +439,33 @@ async fn keep_retention_marks_then_purges() {
     wait_until("purged", Duration::from_secs(5), || store.rows().is_empty()).await;
     relay.stop().await;
     assert_eq!(sink.delivered().len(), 9);
+}
+
+#[tokio::test]
+async fn turning_retention_off_deletes_the_rows_an_earlier_retention_kept() {
+    let store = MemoryStore::new(2);
+    write(&store, 3, 3).await;
+    let sink = ScriptedSink::new();
+    let keep_a_day = RelayConfig {
+        retention: Retention::Keep(Duration::from_secs(86_400)),
+        ..fast_config()
+    };
+    let relay = start(&store, &sink, keep_a_day);
+    wait_until("published and kept", Duration::from_secs(5), || {
+        let rows = store.rows();
+        rows.len() == 9 && rows.iter().all(|r| r.published)
+    })
+    .await;
+    relay.stop().await;
+
+    // The operator sets `retention = "delete"`: the day-old rule no longer holds the rows.
+    let relay = start(&store, &sink, fast_config());
+    wait_until("kept rows deleted", Duration::from_secs(5), || {
+        store.rows().is_empty()
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(sink.delivered().len(), 9, "nothing published again");
 }
 
 #[tokio::test]
