@@ -191,23 +191,54 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
         }
         Command::Migrate => {
+            // With several pipelines (or tables), one that fails does not stop the others: each
+            // gets its line, and the command fails at the end naming those that did not migrate.
             let several = loaded.pipelines.len() > 1;
+            let mut failed: Vec<(String, Failure)> = Vec::new();
             for pipeline in &pipelines {
-                let targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
+                let targets = match targets(&registry, &loaded, pipeline, wanted_table).await {
+                    Ok(targets) => targets,
+                    Err(failure) if several => {
+                        failed.push((pipeline.name.clone(), failure));
+                        continue;
+                    }
+                    Err(failure) => return Err(failure),
+                };
                 if targets.is_empty() {
                     println!("pipeline {}: {NO_MATCH}", pipeline.name);
                 }
+                let one = !several && targets.len() == 1;
                 for target in targets {
-                    let store = target.store?;
-                    store.migrate().await?;
-                    if several || target.label != pipeline.name {
-                        println!("migrated pipeline {}: {}", target.label, store.describe());
-                    } else {
-                        println!("migrated {}", store.describe());
+                    let migrated = async {
+                        let store = target.store?;
+                        store.migrate().await?;
+                        Ok::<_, outboxkit_core::Error>(store.describe())
+                    };
+                    match migrated.await {
+                        Ok(store) if target.label == pipeline.name && !several => {
+                            println!("migrated {store}")
+                        }
+                        Ok(store) => println!("migrated pipeline {}: {store}", target.label),
+                        Err(e) if one => return Err(e.into()),
+                        Err(e) => failed.push((target.label, e.into())),
                     }
                 }
             }
-            Ok(())
+            if failed.is_empty() {
+                return Ok(());
+            }
+            for (label, failure) in &failed {
+                println!("pipeline {label}: not migrated: {}", failure.message);
+            }
+            let labels: Vec<&str> = failed.iter().map(|(label, _)| label.as_str()).collect();
+            let code = failed.iter().map(|(_, f)| f.code).max().unwrap_or(1);
+            Err(Failure {
+                message: format!(
+                    "migrate failed for pipeline(s) {} (see above)",
+                    labels.join(", ")
+                ),
+                code,
+            })
         }
         Command::Status { json } => {
             let mut all = Vec::new();

@@ -313,10 +313,17 @@ pub fn locate(message: &str, figment: &Figment, file: Option<&Path>) -> String {
     // A quoted last segment is a pass-through property with dots of its own
     // (`sink.kafka."linger.ms": ...`), set as `OUTBOX_SINK__KAFKA__LINGER__MS`.
     if let Some((name, _)) = rest.strip_prefix('"').and_then(|r| r.split_once('"')) {
-        if !key.ends_with('.') || message.contains("missing required key") {
+        if !key.ends_with('.') {
             return message.to_owned();
         }
         let var = env_var_for(&format!("{key}{name}"));
+        // Where to set it, in the key's own pipeline (`OUTBOX_PIPELINES__B__SINK__KAFKA__...`).
+        if message.contains("missing required key") {
+            return match file {
+                Some(file) => format!("{message} (in {}, or set {var})", file.display()),
+                None => format!("{message} (set it in the --config file or with {var})"),
+            };
+        }
         if std::env::var_os(&var).is_some() {
             return format!("{message} (from environment variable {var})");
         }

@@ -862,6 +862,20 @@ fn pipeline_keys_are_named_with_their_pipeline() {
             "(from environment variable OUTBOX_PIPELINES__BILLING__STORE__SHARDS)",
         ],
     );
+    // A key the sink itself finds missing: where to set it in this pipeline.
+    #[cfg(feature = "sink-kafka")]
+    file_error(
+        &format!(
+            "{}\n[pipelines.orders.sink]\nkind = \"kafka\"\n",
+            two_pipelines("b.outbox")
+        ),
+        "run",
+        &[
+            "pipelines.orders.sink.kafka.\"bootstrap.servers\": missing required key: the Kafka \
+             brokers as host:port[,host:port...] (in ",
+            ", or set OUTBOX_PIPELINES__ORDERS__SINK__KAFKA__BOOTSTRAP__SERVERS)",
+        ],
+    );
     file_error(
         &format!(
             "{}\n[pipelines.Orders.store]\nkind = \"postgres\"\n",
@@ -870,6 +884,39 @@ fn pipeline_keys_are_named_with_their_pipeline() {
         "run",
         &["pipelines.Orders: \"Orders\" is not a valid pipeline name"],
     );
+    // migrate goes on past a pipeline that fails, says why each failed, and exits with the
+    // worst code: here 2, billing's table name.
+    let config = TempConfig::new(&two_pipelines("b.outbox").replacen("a.outbox", "Bad-Name", 1));
+    let out = with_config(
+        &config,
+        "migrate",
+        &[(
+            "OUTBOX_PIPELINES__ORDERS__STORE__URL",
+            "postgres://x@127.0.0.1:1/test",
+        )],
+    );
+    let line = error_line(&out, 2);
+    assert_eq!(
+        line,
+        "error: migrate failed for pipeline(s) billing, orders (see above)"
+    );
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with(
+            "pipeline billing: not migrated: invalid configuration: \
+             pipelines.billing.store.table: \"Bad-Name\""
+        ),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[1]
+            .starts_with("pipeline orders: not migrated: cannot reach PostgreSQL at 127.0.0.1:1"),
+        "{}",
+        out.stdout
+    );
+
     let config = TempConfig::new(&two_pipelines("b.outbox"));
     let path = config.display();
     let line = error_line(&relay(&["--config", &path, "dead", "list"], &[]), 2);

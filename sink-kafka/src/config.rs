@@ -221,8 +221,7 @@ impl KafkaSinkConfig {
         if self.bootstrap_servers().trim().is_empty() {
             return Err(Error::config(format!(
                 "{CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\": missing required key: the Kafka \
-                 brokers as host:port[,host:port...] (set it in [sink.kafka] or with \
-                 OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS)"
+                 brokers as host:port[,host:port...]"
             )));
         }
         for (name, instead) in RESERVED {
@@ -586,7 +585,7 @@ mod tests {
             ],
         );
         for (case, hint) in [
-            (0, "OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
+            (0, "missing required key: the Kafka brokers as host:port"),
             (1, "topic, delivery_timeout"),
             (4, "delivery_timeout"),
             (7, "a Kafka topic name may only hold ASCII letters"),

@@ -59,7 +59,7 @@ fn errors_name_the_key_and_where_it_was_set() {
         let e = refused::<KafkaSinkConfig>(jail, &base::<KafkaSinkConfig>());
         assert!(
             e.starts_with("sink.kafka.\"bootstrap.servers\": missing required key")
-                && e.contains("OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS"),
+                && e.ends_with("(in relay.toml, or set OUTBOX_SINK__KAFKA__BOOTSTRAP__SERVERS)"),
             "{e}"
         );
 
