@@ -252,8 +252,9 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             }
             let one = cli.pipeline.is_some() || loaded.pipelines.len() == 1;
             if all.len() == 1 && unmatched.is_empty() && one {
-                let store = all.remove(0).store?;
-                return crate::status::print(store.as_ref(), json).await;
+                let target = all.remove(0);
+                let dead_list = dead_list(&loaded, &target.label);
+                return crate::status::print(target.store?.as_ref(), json, &dead_list).await;
             }
             crate::status::print_each(all, &unmatched, json).await
         }
@@ -282,9 +283,21 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                     pipeline.name
                 )));
             }
-            let store = targets.remove(0).store?;
-            crate::dead::run(store.as_ref(), command).await
+            let target = targets.remove(0);
+            let dead_list = dead_list(&loaded, &target.label);
+            crate::dead::run(target.store?.as_ref(), command, &dead_list).await
         }
+    }
+}
+
+/// The command that lists the dead events of the target `label`, as `status` and `dead` tell
+/// the operator to type it: with `--pipeline` when the configuration has several pipelines,
+/// or the target is one table of a pattern pipeline.
+fn dead_list(loaded: &Loaded, label: &str) -> String {
+    if loaded.pipelines.len() > 1 || label.contains('/') {
+        format!("outbox-relay --pipeline {label} dead list")
+    } else {
+        "outbox-relay dead list".to_owned()
     }
 }
 

@@ -52,7 +52,9 @@ pub enum DeadCommand {
 }
 
 /// Run a `dead` subcommand.
-pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure> {
+/// `dead_list` is the command that lists them, as the operator would type it for this store
+/// (`outbox-relay --pipeline billing dead list` when there are several).
+pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> Result<(), Failure> {
     match command {
         DeadCommand::List {
             aggregate_type,
@@ -124,7 +126,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             if *all {
                 return Ok(());
             }
-            all_found(n, &ids, store)
+            all_found(n, &ids, store, dead_list)
         }
         DeadCommand::Discard { ids, yes } => {
             let ids = distinct(ids);
@@ -136,7 +138,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand) -> Result<(), Failure
             }
             let n = explained(store, store.dead_discard(&ids).await).await?;
             println!("{} discarded", counted(n, "dead event"));
-            all_found(n, &ids, store)
+            all_found(n, &ids, store, dead_list)
         }
     }
 }
@@ -151,7 +153,7 @@ fn distinct(ids: &[i64]) -> Vec<i64> {
 
 /// An error (exit code 1) when fewer than `ids` were dead events: an id mistyped, or an event
 /// retried or discarded already, must not pass as done.
-fn all_found(done: u64, ids: &[i64], store: &dyn Store) -> Result<(), Failure> {
+fn all_found(done: u64, ids: &[i64], store: &dyn Store, dead_list: &str) -> Result<(), Failure> {
     let missed = (ids.len() as u64).saturating_sub(done);
     if missed == 0 {
         return Ok(());
@@ -162,7 +164,7 @@ fn all_found(done: u64, ids: &[i64], store: &dyn Store) -> Result<(), Failure> {
     };
     Err(Failure::runtime(format!(
         "{which} not a dead event of {}: no such row, or not dead (retried or discarded already, \
-         or never dead); `outbox-relay dead list` shows the dead ones",
+         or never dead); `{dead_list}` shows the dead ones",
         store.describe()
     )))
 }

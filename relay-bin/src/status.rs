@@ -23,8 +23,8 @@ struct StatusReport {
 }
 
 /// Print backlog figures and shard owners, as text or JSON, and what the store's check finds
-/// wrong with the table, if anything.
-pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
+/// wrong with the table, if anything. `dead_list` is the command that lists its dead events.
+pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(), Failure> {
     let (backlog, problem) = backlog(store).await?;
     let owners: Vec<ShardOwner> = store.shard_owners().await?;
     let mut by_owner: BTreeMap<String, Vec<i32>> = BTreeMap::new();
@@ -74,10 +74,7 @@ pub async fn print(store: &dyn Store, json: bool) -> Result<(), Failure> {
             h.last_error.as_deref().unwrap_or("")
         );
     }
-    println!(
-        "dead                 {} (see `outbox-relay dead list`)",
-        b.dead
-    );
+    println!("dead                 {} (see `{dead_list}`)", b.dead);
     if let Some(slot) = &b.slot {
         // Log-based capture: the slot is the one unit of ownership.
         println!(

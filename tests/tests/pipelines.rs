@@ -391,6 +391,19 @@ listen = "127.0.0.1:{port}"
         status["pipelines"][format!("tenants/{a}.outbox")]["pending"],
         0
     );
+    // One table's report and its dead events: the commands they point to name the table.
+    let table_a = format!("tenants/{a}.outbox");
+    let (ok, text, err) = cli(&["--pipeline", &table_a, "status"], &[]);
+    let dead_list = format!("`outbox-relay --pipeline {table_a} dead list`");
+    assert!(
+        ok && text.contains(&format!("(see {dead_list})")),
+        "{text}{err}"
+    );
+    let (ok, _, err) = cli(&["--pipeline", &table_a, "dead", "retry", "999999999"], &[]);
+    assert!(
+        !ok && err.contains(&format!("{dead_list} shows the dead ones")),
+        "{err}"
+    );
     let (_, metrics) = http_get(port, "/metrics").unwrap();
     assert!(
         metrics.contains("outbox_discovered_tables{pipeline=\"tenants\",state=\"unmigrated\"} 1"),
