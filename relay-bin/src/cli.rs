@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use outboxkit_core::{ErrorKind, Store};
 
+use crate::out::outln;
 use crate::pipeline::Pipeline;
 use crate::registry::{FactoryContext, Registry};
 use crate::settings::{self, LogFormat, Settings};
@@ -205,7 +206,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                     Err(failure) => return Err(failure),
                 };
                 if targets.is_empty() {
-                    println!("pipeline {}: {NO_MATCH}", pipeline.name);
+                    outln!("pipeline {}: {NO_MATCH}", pipeline.name);
                 }
                 let one = !several && targets.len() == 1;
                 for target in targets {
@@ -216,9 +217,9 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                     };
                     match migrated.await {
                         Ok(store) if target.label == pipeline.name && !several => {
-                            println!("migrated {store}")
+                            outln!("migrated {store}")
                         }
-                        Ok(store) => println!("migrated pipeline {}: {store}", target.label),
+                        Ok(store) => outln!("migrated pipeline {}: {store}", target.label),
                         Err(e) if one => return Err(e.into()),
                         Err(e) => failed.push((target.label, e.into())),
                     }
@@ -228,7 +229,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                 return Ok(());
             }
             for (label, failure) in &failed {
-                println!("pipeline {label}: not migrated: {}", failure.message);
+                outln!("pipeline {label}: not migrated: {}", failure.message);
             }
             let labels: Vec<&str> = failed.iter().map(|(label, _)| label.as_str()).collect();
             let code = failed.iter().map(|(_, f)| f.code).max().unwrap_or(1);

@@ -4,6 +4,7 @@ use clap::Subcommand;
 use outboxkit_core::{DeadFilter, DeadSelection, Store};
 
 use crate::cli::Failure;
+use crate::out::outln;
 use crate::status::{counted, explained};
 
 /// `outbox-relay dead ...`
@@ -74,19 +75,24 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             if *json {
                 let text = serde_json::to_string_pretty(&rows)
                     .map_err(|e| Failure::runtime(format!("encoding dead events as JSON: {e}")))?;
-                println!("{text}");
+                outln!("{text}");
                 return Ok(());
             }
             if rows.is_empty() {
-                println!("no dead events");
+                outln!("no dead events");
                 return Ok(());
             }
-            println!(
+            outln!(
                 "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  last error",
-                "id", "event_id", "aggregate", "event_type", "attempts", "dead since (UTC)"
+                "id",
+                "event_id",
+                "aggregate",
+                "event_type",
+                "attempts",
+                "dead since (UTC)"
             );
             for r in &rows {
-                println!(
+                outln!(
                     "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  {}",
                     r.id,
                     r.event_id,
@@ -98,7 +104,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                 );
             }
             if more {
-                println!("(the first {limit}; there are more: raise --limit to see them)");
+                outln!("(the first {limit}; there are more: raise --limit to see them)");
             }
             Ok(())
         }
@@ -119,9 +125,9 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             // Where a retried event goes in its aggregate's order depends on the capture
             // (`dead retry --help` says it): not said here.
             match n {
-                0 => println!("0 dead events back to pending"),
-                1 => println!("1 dead event back to pending: the relay publishes it again"),
-                n => println!("{n} dead events back to pending: the relay publishes them again"),
+                0 => outln!("0 dead events back to pending"),
+                1 => outln!("1 dead event back to pending: the relay publishes it again"),
+                n => outln!("{n} dead events back to pending: the relay publishes them again"),
             }
             if *all {
                 return Ok(());
@@ -137,7 +143,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                 )));
             }
             let n = explained(store, store.dead_discard(&ids).await).await?;
-            println!("{} discarded", counted(n, "dead event"));
+            outln!("{} discarded", counted(n, "dead event"));
             all_found(n, &ids, store, dead_list)
         }
     }

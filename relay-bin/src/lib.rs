@@ -4,6 +4,7 @@
 mod adapters;
 pub mod cli;
 pub mod dead;
+mod out;
 pub mod pipeline;
 pub mod registry;
 pub mod server;

@@ -6,6 +6,7 @@ use outboxkit_core::{BacklogStatus, Error, ErrorKind, HeldBack, ShardOwner, Stor
 use serde::Serialize;
 
 use crate::cli::Failure;
+use crate::out::outln;
 
 #[derive(Debug, Serialize)]
 struct StatusReport {
@@ -47,14 +48,14 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
     if json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Failure::runtime(format!("encoding status as JSON: {e}")))?;
-        println!("{text}");
+        outln!("{text}");
         return Ok(());
     }
     let b = &report.backlog;
-    println!("store                {}", report.store);
-    println!("pending              {}", b.pending);
-    println!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
-    println!(
+    outln!("store                {}", report.store);
+    outln!("pending              {}", b.pending);
+    outln!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
+    outln!(
         "retrying             {} in {}",
         counted(b.retrying, "event"),
         counted(b.held_back_aggregates, "held-back aggregate")
@@ -64,7 +65,7 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
             .next_attempt_at
             .map(|t| format!("next try {} UTC", t.format("%H:%M:%S")))
             .unwrap_or_else(|| "due now".to_owned());
-        println!(
+        outln!(
             "  held back {}/{}: row {} after {}, {when}, {} waiting behind; {}",
             h.aggregate_type,
             h.aggregate_id,
@@ -74,10 +75,10 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
             h.last_error.as_deref().unwrap_or("")
         );
     }
-    println!("dead                 {} (see `{dead_list}`)", b.dead);
+    outln!("dead                 {} (see `{dead_list}`)", b.dead);
     if let Some(slot) = &b.slot {
         // Log-based capture: the slot is the one unit of ownership.
-        println!(
+        outln!(
             "replication slot     {}: {} behind the server's log{}{}",
             slot.name,
             human_bytes(slot.lag_bytes),
@@ -96,23 +97,23 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
             }
         );
         match &slot.reader {
-            Some(reader) => println!("  read by {reader}"),
-            None => println!("  read by nobody (no relay is running)"),
+            Some(reader) => outln!("  read by {reader}"),
+            None => outln!("  read by nobody (no relay is running)"),
         }
     } else if report.owners.is_empty() {
-        println!("shard owners         none (no relay is running)");
+        outln!("shard owners         none (no relay is running)");
     } else {
-        println!(
+        outln!(
             "shard owners         {} owned by {}",
             counted(report.shards_owned, "shard"),
             counted(report.owners.len(), "relay")
         );
         for (owner, shards) in &report.owners {
-            println!("  {owner:<40} {}", counted(shards.len(), "shard"));
+            outln!("  {owner:<40} {}", counted(shards.len(), "shard"));
         }
     }
     if let Some(problem) = &report.problem {
-        println!("problem              {problem}");
+        outln!("problem              {problem}");
     }
     Ok(())
 }
@@ -229,18 +230,22 @@ pub async fn print_each(
     if json {
         let text = serde_json::to_string_pretty(&serde_json::json!({ "pipelines": lines }))
             .map_err(|e| Failure::runtime(format!("encoding status as JSON: {e}")))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
         let width = lines.keys().map(String::len).max().unwrap_or(0).max(8);
-        println!(
+        outln!(
             "{:<width$}  {:>10}  {:>12}  {:>8}  {:>6}",
-            "pipeline", "pending", "oldest age", "dead", "relays"
+            "pipeline",
+            "pending",
+            "oldest age",
+            "dead",
+            "relays"
         );
         for (name, line) in &lines {
             match (&line.backlog, &line.error) {
-                (None, None) => println!("{name:<width$}  {}", line.note.as_deref().unwrap_or("")),
+                (None, None) => outln!("{name:<width$}  {}", line.note.as_deref().unwrap_or("")),
                 (Some(b), _) => {
-                    println!(
+                    outln!(
                         "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
                         b.pending,
                         b.oldest_pending_age_secs,
@@ -248,10 +253,10 @@ pub async fn print_each(
                         line.owners.unwrap_or(0)
                     );
                     if let Some(problem) = &line.problem {
-                        println!("{:<width$}  problem: {problem}", "");
+                        outln!("{:<width$}  problem: {problem}", "");
                     }
                 }
-                (None, error) => println!(
+                (None, error) => outln!(
                     "{name:<width$}  unavailable: {}",
                     error.as_deref().unwrap_or("")
                 ),

@@ -917,6 +917,27 @@ fn pipeline_keys_are_named_with_their_pipeline() {
         out.stdout
     );
 
+    // The same with standard output closed before the first line (`| head -0`): the lines are
+    // dropped, not a panic, and both pipelines are still tried.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["--config", &config.display(), "migrate"])
+        .env(
+            "OUTBOX_PIPELINES__ORDERS__STORE__URL",
+            "postgres://x@127.0.0.1:1/test",
+        )
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .output()
+        .expect("run outbox-relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: migrate failed for pipeline(s) billing, orders (see above)\n"
+    );
+
     let config = TempConfig::new(&two_pipelines("b.outbox"));
     let path = config.display();
     let line = error_line(&relay(&["--config", &path, "dead", "list"], &[]), 2);
