@@ -429,10 +429,12 @@ pub fn load(file: Option<&Path>) -> Result<(Settings, Figment), ConfigError> {
 /// secrets. Anywhere in `[store]` and `[sink.*]`, for every store and sink, also a third
 /// party's: `store.password_file`, `sink.redis_streams.password_file`,
 /// `sink.rabbitmq.password_file`, `sink.rabbitmq.tls.pkcs12_password_file`,
-/// `sink.kafka."sasl.password_file"`.
+/// `sink.kafka."sasl.password_file"`, `sink.nats.token_file`, `sink.nats.nkey_file`.
 pub const SECRET_KEYS: &[&str] = &[
     "password",
     "pkcs12_password",
+    "token",
+    "nkey",
     "sasl.username",
     "sasl.password",
     "ssl.key.password",

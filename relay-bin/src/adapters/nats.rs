@@ -53,6 +53,31 @@ fn environment_values_stay_strings_and_secrets_stay_hidden() {
 }
 
 #[test]
+fn the_token_and_the_nkey_come_from_files_and_never_show() {
+    // A user seed, valid in form (the one sink-nats tests with).
+    const SEED: &str = "SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY";
+    in_jail(|jail| {
+        jail.create_file("nats-token", "t0ken-from-file\n")?;
+        jail.create_file("nats-nkey", &format!("{SEED}\n"))?;
+        let toml = with_section::<NatsConfig>("token_file = \"nats-token\"");
+        let config = checked::<NatsConfig>(jail, &toml).unwrap();
+        assert_eq!(config.token.as_deref(), Some("t0ken-from-file"));
+        assert!(!format!("{config:?}").contains("t0ken"));
+        let config: NatsConfig =
+            from_environment(jail, &[("OUTBOX_SINK__NATS__NKEY_FILE", "nats-nkey")]);
+        assert_eq!(config.nkey.as_deref(), Some(SEED));
+
+        let toml = with_section::<NatsConfig>("token = \"inline\"\ntoken_file = \"nats-token\"");
+        let e = refused::<NatsConfig>(jail, &toml);
+        assert!(
+            e.contains("sink.nats.token (in relay.toml) and sink.nats.token_file (in relay.toml)"),
+            "{e}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
 fn errors_name_the_key_and_where_it_was_set() {
     in_jail(|jail| {
         refused_key::<NatsConfig>(jail, "subjet", "\"x\"", "unknown key");
