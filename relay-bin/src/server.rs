@@ -95,19 +95,22 @@ async fn answer(
     let mut parts = request.split_whitespace();
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
+    // HEAD answers as GET does, without the body (load balancers' health checks use it).
     let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-        ("GET", "/healthz") if relay.is_alive() => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET", "/healthz") => (
+        ("GET" | "HEAD", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+        ("GET" | "HEAD", "/healthz") if relay.is_alive() => {
+            ("200 OK", "text/plain", "ok\n".to_owned())
+        }
+        ("GET" | "HEAD", "/healthz") => (
             "503 Service Unavailable",
             "text/plain",
             "stopped\n".to_owned(),
         ),
-        ("GET", "/readyz") => match relay.readiness() {
+        ("GET" | "HEAD", "/readyz") => match relay.readiness() {
             (true, body) => ("200 OK", "text/plain", body),
             (false, body) => ("503 Service Unavailable", "text/plain", body),
         },
-        ("GET", _) => (
+        ("GET" | "HEAD", _) => (
             "404 Not Found",
             "text/plain",
             "try /metrics, /healthz or /readyz\n".to_owned(),
@@ -115,14 +118,78 @@ async fn answer(
         _ => (
             "405 Method Not Allowed",
             "text/plain",
-            "GET only\n".to_owned(),
+            "GET or HEAD only\n".to_owned(),
         ),
     };
+    let allow = if status.starts_with("405") {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\n{allow}Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    if method != "HEAD" {
+        stream.write_all(body.as_bytes()).await?;
+    }
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    /// The whole answer to `request`, sent raw.
+    fn ask(port: u16, request: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn head_answers_as_get_without_the_body_and_other_methods_are_told_what_is_allowed() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let metrics = PrometheusBuilder::new().build_recorder().handle();
+        let (trigger, shutdown) = Shutdown::channel();
+        let server = tokio::spawn(serve(listener, Board::default(), metrics, shutdown));
+
+        let answers = tokio::task::spawn_blocking(move || {
+            ["GET", "HEAD", "POST"].map(|method| {
+                ask(
+                    port,
+                    &format!("{method} /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"),
+                )
+            })
+        })
+        .await
+        .unwrap();
+        let [get, head, post] = &answers;
+        let (get_head, get_body) = get.split_once("\r\n\r\n").unwrap();
+        let (head_head, head_body) = head.split_once("\r\n\r\n").unwrap();
+        assert!(!get_body.is_empty(), "{get}");
+        assert_eq!(
+            head_head, get_head,
+            "HEAD has GET's status line and headers"
+        );
+        assert_eq!(head_body, "", "HEAD has no body");
+        assert!(
+            post.starts_with("HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\n"),
+            "{post}"
+        );
+
+        trigger.trigger();
+        server.await.unwrap();
+    }
 }
