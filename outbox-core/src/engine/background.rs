@@ -74,7 +74,13 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                 Err(e) => {
                     metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "purge")
                         .increment(1);
-                    warn!(error = %e, "purging published rows failed; trying again later");
+                    // With "delete" only leftovers are purged: the worker says already that
+                    // the table cannot be reached, once is enough.
+                    if relay.config.retention == Retention::Delete {
+                        debug!(error = %e, "purging published rows failed; trying again later");
+                    } else {
+                        warn!(error = %e, "purging published rows failed; trying again later");
+                    }
                     break;
                 }
             }
