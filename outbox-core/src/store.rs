@@ -76,6 +76,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn insert(&self, events: &[NewEvent]) -> Result<Vec<i64>>;
 
     /// Delete at most `limit` rows published more than `older_than` ago; returns how many.
+    /// The engine calls it every `relay.purge_interval`, also with `retention = "delete"`
+    /// (`older_than` zero), to remove the rows an earlier retention period kept.
     async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64>;
 
     /// Backlog figures.
