@@ -414,8 +414,16 @@ fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// The log filter: `RUST_LOG` when it is set and not empty, else `log.level` (with lapin's
-/// chatter left out). Each directive without `=` must be a level: tracing would read any other
+/// Crates whose own lines are left out of the log unless the filter names them:
+/// - lapin logs every message RabbitMQ returns at WARN with its payload and headers: event
+///   contents stay out of the relay's logs;
+/// - pgwire-replication logs the end of its slot reader at ERROR, without the pipeline, also
+///   when another relay holds the slot (the expected race of log-based capture); the relay
+///   reports each of those errors itself, with the slot and what to do.
+const QUIETED: [(&str, &str); 2] = [("lapin", "error"), ("pgwire_replication", "off")];
+
+/// The log filter: `RUST_LOG` when it is set and not empty, else `log.level`, with the
+/// [`QUIETED`] crates left out unless it names them. Each directive without `=` must be a level: tracing would read any other
 /// word (`warning`, `verbose`) as a target to log at every level, and drop every line of the
 /// relay's own, silently. The error starts with the key or the variable that holds the filter.
 fn log_filter(
@@ -442,12 +450,12 @@ fn log_filter(
             ));
         }
     }
-    let spec = match from_env {
-        Some(value) => value.to_owned(),
-        // lapin logs every returned message at WARN with its payload and headers: keep event
-        // contents out of the relay's logs unless RUST_LOG asks for them.
-        None => format!("{level},lapin=error"),
-    };
+    let mut spec = shown.to_owned();
+    for (target, level) in QUIETED {
+        if !shown.contains(target) {
+            spec.push_str(&format!(",{target}={level}"));
+        }
+    }
     tracing_subscriber::EnvFilter::try_new(&spec)
         .map_err(|e| format!("{source}: \"{shown}\" is not a log filter: {e}"))
 }
@@ -504,6 +512,24 @@ mod tests {
         assert!(
             error.starts_with("log.level: \"info,outboxkit_core=loud\" is not a log filter: "),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn crates_that_log_payloads_or_expected_races_are_quiet_unless_named() {
+        for (level, rust_log) in [("info", None), ("error", Some("debug".to_owned()))] {
+            let filter = log_filter(level, rust_log).unwrap().to_string();
+            assert!(
+                filter.contains("lapin=error") && filter.contains("pgwire_replication=off"),
+                "{filter}"
+            );
+        }
+        let filter = log_filter("info", Some("debug,lapin=debug".into()))
+            .unwrap()
+            .to_string();
+        assert!(
+            filter.contains("lapin=debug") && !filter.contains("lapin=error"),
+            "{filter}"
         );
     }
 

@@ -187,6 +187,13 @@ async fn kill_and_partition(style: &'static str) {
         "about 5% roll back"
     );
     scenario.stop_relays(Duration::from_secs(30));
+    // Relays racing for the slot, a SIGKILL and a partition are all expected: warnings, never
+    // an ERROR line (what log alerts page on).
+    for relay in &scenario.relays {
+        let log = relay.log_text();
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "{}: {errors:#?}", relay.name());
+    }
 
     let check = check_in_commit_order(&scenario, &side, &mut writes).await;
     println!(
