@@ -415,12 +415,13 @@ fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
 }
 
 /// Crates whose own lines are left out of the log unless the filter names them:
-/// - lapin logs every message RabbitMQ returns at WARN with its payload and headers: event
-///   contents stay out of the relay's logs;
+/// - lapin logs every message RabbitMQ returns at WARN with its payload and headers (event
+///   contents stay out of the relay's logs), and a lost connection at ERROR, which the sink
+///   reports itself at WARN when it reconnects;
 /// - pgwire-replication logs the end of its slot reader at ERROR, without the pipeline, also
 ///   when another relay holds the slot (the expected race of log-based capture); the relay
 ///   reports each of those errors itself, with the slot and what to do.
-const QUIETED: [(&str, &str); 2] = [("lapin", "error"), ("pgwire_replication", "off")];
+const QUIETED: [(&str, &str); 2] = [("lapin", "off"), ("pgwire_replication", "off")];
 
 /// The log filter: `RUST_LOG` when it is set and not empty, else `log.level`, with the
 /// [`QUIETED`] crates left out unless it names them. Each directive without `=` must be a level: tracing would read any other
@@ -520,7 +521,7 @@ mod tests {
         for (level, rust_log) in [("info", None), ("error", Some("debug".to_owned()))] {
             let filter = log_filter(level, rust_log).unwrap().to_string();
             assert!(
-                filter.contains("lapin=error") && filter.contains("pgwire_replication=off"),
+                filter.contains("lapin=off") && filter.contains("pgwire_replication=off"),
                 "{filter}"
             );
         }
@@ -528,7 +529,7 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(
-            filter.contains("lapin=debug") && !filter.contains("lapin=error"),
+            filter.contains("lapin=debug") && !filter.contains("lapin=off"),
             "{filter}"
         );
     }

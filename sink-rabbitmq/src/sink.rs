@@ -143,7 +143,7 @@ impl RabbitMqSink {
         let usable = matches!(slot, Some(link) if link.connection.status().connected());
         if !usable {
             if slot.take().is_some() {
-                info!(host = %self.host_port, "the RabbitMQ connection was lost; reconnecting");
+                warn!(host = %self.host_port, "the RabbitMQ connection was lost; reconnecting");
             }
             let link = tokio::time::timeout(self.config.connect_timeout, self.open_link())
                 .await
