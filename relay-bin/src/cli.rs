@@ -191,56 +191,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             let pipelines = pipelines.into_iter().cloned().collect();
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
         }
-        Command::Migrate => {
-            // With several pipelines (or tables), one that fails does not stop the others: each
-            // gets its line, and the command fails at the end naming those that did not migrate.
-            let several = loaded.pipelines.len() > 1;
-            let mut failed: Vec<(String, Failure)> = Vec::new();
-            for pipeline in &pipelines {
-                let targets = match targets(&registry, &loaded, pipeline, wanted_table).await {
-                    Ok(targets) => targets,
-                    Err(failure) if several => {
-                        failed.push((pipeline.name.clone(), failure));
-                        continue;
-                    }
-                    Err(failure) => return Err(failure),
-                };
-                if targets.is_empty() {
-                    outln!("pipeline {}: {NO_MATCH}", pipeline.name);
-                }
-                let one = !several && targets.len() == 1;
-                for target in targets {
-                    let migrated = async {
-                        let store = target.store?;
-                        store.migrate().await?;
-                        Ok::<_, outboxkit_core::Error>(store.describe())
-                    };
-                    match migrated.await {
-                        Ok(store) if target.label == pipeline.name && !several => {
-                            outln!("migrated {store}")
-                        }
-                        Ok(store) => outln!("migrated pipeline {}: {store}", target.label),
-                        Err(e) if one => return Err(e.into()),
-                        Err(e) => failed.push((target.label, e.into())),
-                    }
-                }
-            }
-            if failed.is_empty() {
-                return Ok(());
-            }
-            for (label, failure) in &failed {
-                outln!("pipeline {label}: not migrated: {}", failure.message);
-            }
-            let labels: Vec<&str> = failed.iter().map(|(label, _)| label.as_str()).collect();
-            let code = failed.iter().map(|(_, f)| f.code).max().unwrap_or(1);
-            Err(Failure {
-                message: format!(
-                    "migrate failed for pipeline(s) {} (see above)",
-                    labels.join(", ")
-                ),
-                code,
-            })
-        }
+        Command::Migrate => migrate(&registry, &loaded, &pipelines, wanted_table).await,
         Command::Status { json } => {
             let mut all = Vec::new();
             let mut unmatched = Vec::new();
@@ -289,6 +240,63 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             crate::dead::run(target.store?.as_ref(), command, &dead_list).await
         }
     }
+}
+
+/// `migrate` of the selected pipelines. With several pipelines (or tables), one that fails does
+/// not stop the others: each gets its line, and the command fails at the end naming those that
+/// did not migrate.
+async fn migrate(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipelines: &[&Pipeline],
+    wanted_table: Option<&str>,
+) -> Result<(), Failure> {
+    let several = loaded.pipelines.len() > 1;
+    let mut failed: Vec<(String, Failure)> = Vec::new();
+    for pipeline in pipelines {
+        let targets = match targets(registry, loaded, pipeline, wanted_table).await {
+            Ok(targets) => targets,
+            Err(failure) if several => {
+                failed.push((pipeline.name.clone(), failure));
+                continue;
+            }
+            Err(failure) => return Err(failure),
+        };
+        if targets.is_empty() {
+            outln!("pipeline {}: {NO_MATCH}", pipeline.name);
+        }
+        let one = !several && targets.len() == 1;
+        for target in targets {
+            let migrated = async {
+                let store = target.store?;
+                store.migrate().await?;
+                Ok::<_, outboxkit_core::Error>(store.describe())
+            };
+            match migrated.await {
+                Ok(store) if target.label == pipeline.name && !several => {
+                    outln!("migrated {store}")
+                }
+                Ok(store) => outln!("migrated pipeline {}: {store}", target.label),
+                Err(e) if one => return Err(e.into()),
+                Err(e) => failed.push((target.label, e.into())),
+            }
+        }
+    }
+    if failed.is_empty() {
+        return Ok(());
+    }
+    for (label, failure) in &failed {
+        outln!("pipeline {label}: not migrated: {}", failure.message);
+    }
+    let labels: Vec<&str> = failed.iter().map(|(label, _)| label.as_str()).collect();
+    let code = failed.iter().map(|(_, f)| f.code).max().unwrap_or(1);
+    Err(Failure {
+        message: format!(
+            "migrate failed for pipeline(s) {} (see above)",
+            labels.join(", ")
+        ),
+        code,
+    })
 }
 
 /// The command that lists the dead events of the target `label`, as `status` and `dead` tell

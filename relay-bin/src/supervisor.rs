@@ -165,7 +165,7 @@ pub async fn run(
     let mut attempts = tokio::task::JoinSet::new();
     for (i, pipeline) in pipelines.iter().enumerate() {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
-        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
+        let span = relay_span(&pipeline.name);
         attempts
             .spawn(async move { (i, start(&registry, &loaded, &pipeline).await) }.instrument(span));
     }
@@ -217,7 +217,7 @@ pub async fn run(
     let alone = ready.len() == 1 && waiting.is_empty();
     let mut tasks = tokio::task::JoinSet::new();
     for (pipeline, started) in ready {
-        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
+        let span = relay_span(&pipeline.name);
         match started {
             Started::One(connected) => {
                 let relay = relay(&pipeline.name, pipeline, connected, &board)?;
@@ -247,7 +247,7 @@ pub async fn run(
     for pipeline in waiting {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
         let (board, shutdown) = (board.clone(), shutdown.clone());
-        let span = tracing::info_span!("relay", pipeline = %pipeline.name);
+        let span = relay_span(&pipeline.name);
         tasks.spawn(
             async move { keep_connecting(&registry, &loaded, &pipeline, &board, shutdown).await }
                 .instrument(span),
@@ -266,6 +266,13 @@ pub async fn run(
         }
     }
     outcome
+}
+
+/// The span every log line of a pipeline's relay is written in, its tasks' and callbacks' too:
+/// `relay{pipeline=billing}` (JSON: `"span":{"pipeline":"billing","name":"relay"}`); `label` is
+/// the pipeline's name, or `<pipeline>/<table>` for a table a pattern found.
+fn relay_span(label: &str) -> tracing::Span {
+    tracing::info_span!("relay", pipeline = %label)
 }
 
 /// A relay of `pipeline` labelled `label` (its name, or a discovered table's
@@ -399,7 +406,7 @@ async fn discover_and_relay(
                         let relay = relay(&label, pipeline, connected, board)
                             .map_err(|f| outboxkit_core::Error::config(f.message))?;
                         let (trigger, own) = Shutdown::channel();
-                        let span = tracing::info_span!("relay", pipeline = %label);
+                        let span = relay_span(&label);
                         let task = tokio::spawn(relay.run(own).instrument(span));
                         info!(table = %label, "relaying a discovered table");
                         idle.remove(&label);
