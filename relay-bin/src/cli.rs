@@ -432,9 +432,10 @@ fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
 const QUIETED: [(&str, &str); 2] = [("lapin", "off"), ("pgwire_replication", "off")];
 
 /// The log filter: `RUST_LOG` when it is set and not empty, else `log.level`, with the
-/// [`QUIETED`] crates left out unless it names them. Each directive without `=` must be a level: tracing would read any other
-/// word (`warning`, `verbose`) as a target to log at every level, and drop every line of the
-/// relay's own, silently. The error starts with the key or the variable that holds the filter.
+/// [`QUIETED`] crates left out unless it names them. Each directive without `=` must be a
+/// level: tracing would read any other word (`warning`, `verbose`) as a target to log at every
+/// level, and drop every line of the relay's own, silently. The error starts with the key or
+/// the variable that holds the filter.
 fn log_filter(
     level: &str,
     rust_log: Option<String>,
@@ -460,9 +461,9 @@ fn log_filter(
         }
     }
     let mut spec = shown.to_owned();
-    for (target, level) in QUIETED {
+    for (target, quiet) in QUIETED {
         if !shown.contains(target) {
-            spec.push_str(&format!(",{target}={level}"));
+            spec.push_str(&format!(",{target}={quiet}"));
         }
     }
     tracing_subscriber::EnvFilter::try_new(&spec)

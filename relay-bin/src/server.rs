@@ -96,36 +96,31 @@ async fn answer(
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
     // HEAD answers as GET does, without the body (load balancers' health checks use it).
-    let (status, content_type, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-        ("GET" | "HEAD", "/healthz") if relay.is_alive() => {
-            ("200 OK", "text/plain", "ok\n".to_owned())
-        }
-        ("GET" | "HEAD", "/healthz") => (
-            "503 Service Unavailable",
-            "text/plain",
-            "stopped\n".to_owned(),
-        ),
-        ("GET" | "HEAD", "/readyz") => match relay.readiness() {
-            (true, body) => ("200 OK", "text/plain", body),
-            (false, body) => ("503 Service Unavailable", "text/plain", body),
-        },
-        ("GET" | "HEAD", _) => (
-            "404 Not Found",
-            "text/plain",
-            "try /metrics, /healthz or /readyz\n".to_owned(),
-        ),
-        _ => (
+    let known = matches!(method, "GET" | "HEAD");
+    let (status, content_type, body) = match path {
+        _ if !known => (
             "405 Method Not Allowed",
             "text/plain",
             "GET or HEAD only\n".to_owned(),
         ),
+        "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+        "/healthz" if relay.is_alive() => ("200 OK", "text/plain", "ok\n".to_owned()),
+        "/healthz" => (
+            "503 Service Unavailable",
+            "text/plain",
+            "stopped\n".to_owned(),
+        ),
+        "/readyz" => match relay.readiness() {
+            (true, body) => ("200 OK", "text/plain", body),
+            (false, body) => ("503 Service Unavailable", "text/plain", body),
+        },
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            "try /metrics, /healthz or /readyz\n".to_owned(),
+        ),
     };
-    let allow = if status.starts_with("405") {
-        "Allow: GET, HEAD\r\n"
-    } else {
-        ""
-    };
+    let allow = if known { "" } else { "Allow: GET, HEAD\r\n" };
     let head = format!(
         "HTTP/1.1 {status}\r\n{allow}Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()

@@ -51,9 +51,10 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
 /// otherwise stay in the table for good once the setting is turned off.
 pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     let limit = relay.config.purge_batch_size;
-    let keep = match relay.config.retention {
-        Retention::Keep(keep) => keep,
-        Retention::Delete => Duration::ZERO,
+    // With "delete", only what an earlier retention kept: the rows published before now.
+    let (keep, leftovers_only) = match relay.config.retention {
+        Retention::Keep(keep) => (keep, false),
+        Retention::Delete => (Duration::ZERO, true),
     };
     loop {
         shutdown.pause(relay.config.purge_interval).await;
@@ -76,7 +77,7 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                         .increment(1);
                     // With "delete" only leftovers are purged: the worker says already that
                     // the table cannot be reached, once is enough.
-                    if relay.config.retention == Retention::Delete {
+                    if leftovers_only {
                         debug!(error = %e, "purging published rows failed; trying again later");
                     } else {
                         warn!(error = %e, "purging published rows failed; trying again later");
@@ -85,7 +86,7 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                 }
             }
         }
-        if purged > 0 && relay.config.retention == Retention::Delete {
+        if purged > 0 && leftovers_only {
             info!(
                 purged,
                 "deleted published rows that an earlier relay.retention kept \
