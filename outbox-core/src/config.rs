@@ -168,7 +168,16 @@ impl RelayConfig {
         if self.purge_batch_size == 0 {
             return Err(Error::config("relay.purge_batch_size: must be at least 1"));
         }
-        Ok(())
+        // A zero period would run its loop without pause: thousands of database calls a second
+        // from an idle relay.
+        crate::plugin::refuse_zero_durations(
+            "relay",
+            &[
+                ("rebalance_interval", self.rebalance_interval),
+                ("status_interval", self.status_interval),
+                ("purge_interval", self.purge_interval),
+            ],
+        )
     }
 
     /// Retry delay after `attempts` failures (1 = first failure): exponential, capped, with
@@ -227,5 +236,34 @@ mod tests {
             .unwrap_err()
             .message()
             .starts_with("relay.batch_size"));
+    }
+
+    #[test]
+    fn the_periods_of_the_loops_must_be_above_zero() {
+        type Set = fn(&mut RelayConfig);
+        let cases: [(&str, Set); 3] = [
+            ("relay.rebalance_interval", |c| {
+                c.rebalance_interval = Duration::ZERO
+            }),
+            ("relay.status_interval", |c| {
+                c.status_interval = Duration::ZERO
+            }),
+            ("relay.purge_interval", |c| {
+                c.purge_interval = Duration::ZERO
+            }),
+        ];
+        for (key, set) in cases {
+            let mut c = RelayConfig::default();
+            set(&mut c);
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.message(), format!("{key}: must be longer than 0s"));
+        }
+        // Zero grace is allowed: a SIGTERM then stops at once, leaving the batch in flight pending.
+        RelayConfig {
+            shutdown_grace: Duration::ZERO,
+            ..RelayConfig::default()
+        }
+        .validate()
+        .unwrap();
     }
 }
