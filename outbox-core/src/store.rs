@@ -64,7 +64,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Create or upgrade the schema. Idempotent; safe with several relays starting at once.
     async fn migrate(&self) -> Result<()>;
 
-    /// Check the database answers and the table exists at the expected schema version.
+    /// Check the database answers, the table exists at the expected schema version and the
+    /// user has the privileges relaying needs (an `Unauthorized` error naming the missing
+    /// ones otherwise). `run` calls it before relaying, `status` to explain a failure.
     async fn check(&self) -> Result<()>;
 
     /// Open a dedicated session (its own connection) that holds shard locks. Claims and marks

@@ -63,8 +63,8 @@ impl outboxkit_store_sql::Dialect for MySql {
                 "{at} refused the connection (store.url): {message} — set ssl-mode in the URL"
             ),
             ErrorKind::Unauthorized if matches!(number, Some(1142 | 1143 | 1227)) => format!(
-                "user \"{user}\" lacks a privilege on table {table}: {message} — grant it (see \
-                 the store README)"
+                "user \"{user}\" lacks a privilege (relaying table {table}): {message} — grant \
+                 what the store README lists under \"Privileges\""
             ),
             ErrorKind::Unauthorized => format!(
                 "{at} refused user \"{user}\" ({}): {message}",

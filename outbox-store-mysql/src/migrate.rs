@@ -68,6 +68,12 @@ impl TableCatalog for MySql {
 
     /// Read from `information_schema`. MariaDB's `JSON` is a `LONGTEXT` with a `json_valid`
     /// check, which tells it from a `text` table.
+    async fn execute(conn: &mut sqlx::MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sql))
+            .await
+            .map(drop)
+    }
+
     async fn payload_type(
         conn: &mut MySqlConnection,
         table: &TableName,

@@ -10,12 +10,12 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, PayloadType,
-    Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
+    PayloadType, Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
-use crate::config::{MySqlStoreConfig, TableName, SCHEMA_TABLE};
+use crate::config::{MySqlStoreConfig, TableName, MEMBERS_TABLE, SCHEMA_TABLE};
 use crate::enqueue::Outbox;
 use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
@@ -23,6 +23,7 @@ use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What the store found out about the server when it connected.
@@ -347,6 +348,23 @@ impl MySqlStore {
         &self.inner.context.sql
     }
 
+    /// The privileges the relay's user needs: on the outbox table and its bookkeeping, and
+    /// on the membership rows its sessions write (`REPLACE`: `INSERT` and `DELETE`).
+    fn grants(&self) -> [Grant; 3] {
+        let table = &self.inner.table;
+        [
+            Grant::outbox(table.quoted()),
+            Grant::on(table.quoted_sibling(SCHEMA_TABLE)).select(),
+            Grant::on(table.quoted_sibling(MEMBERS_TABLE))
+                .select()
+                .insert(
+                    "table_name, slot, connection_id, relay_id, opened_at",
+                    "'', 0, 0, '', NOW(6)",
+                )
+                .delete(),
+        ]
+    }
+
     fn error(&self, error: sqlx::Error) -> Error {
         classify(error, self.target())
     }
@@ -391,13 +409,18 @@ impl Store for MySqlStore {
             // `migrate` would refuse it too: running it is no advice.
             return Err(not_ours(table, SCHEMA_TABLE));
         }
+        let grants = self.grants();
         if existing.outbox.is_none() || !existing.schema_table || !existing.members_table {
-            return Err(migrate::not_migrated(table));
+            // MySQL hides from information_schema the tables a user has no privilege on.
+            let hidden = privileges::check::<MySql>(&mut conn, &grants, self.target()).await;
+            return Err(match hidden {
+                Err(e) if e.kind() == ErrorKind::Unauthorized => e,
+                _ => migrate::not_migrated(table),
+            });
         }
         let configured = self.inner.config.payload_type;
-        table_facts::<MySql>(&mut conn, table, Ok(row), configured, self.target())
-            .await
-            .map(drop)
+        table_facts::<MySql>(&mut conn, table, Ok(row), configured, self.target()).await?;
+        privileges::check::<MySql>(&mut conn, &grants, self.target()).await
     }
 
     async fn open_session(&self, relay_id: &str) -> Result<Box<dyn ShardSession>> {

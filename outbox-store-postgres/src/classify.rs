@@ -50,8 +50,8 @@ impl outboxkit_store_sql::Dialect for Postgres {
                 target.credentials_key()
             ),
             ErrorKind::Unauthorized => format!(
-                "user \"{}\" lacks a privilege on table {table}: {message} — grant it (see \
-                 the store README)",
+                "user \"{}\" lacks a privilege (relaying table {table}): {message} — grant \
+                 what the store README lists under \"Privileges\"",
                 target.user.as_deref().unwrap_or("?")
             ),
             ErrorKind::Connection => {

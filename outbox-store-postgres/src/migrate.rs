@@ -77,6 +77,12 @@ impl TableCatalog for Postgres {
         outboxkit_store_sql::migrate::schema_row(conn, table, "$1", target).await
     }
 
+    async fn execute(conn: &mut sqlx::PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sql))
+            .await
+            .map(drop)
+    }
+
     async fn payload_type(
         conn: &mut sqlx::PgConnection,
         table: &TableName,

@@ -24,6 +24,7 @@ use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::rows::read_backlog;
 
 /// What errors name of the server `config` connects to, about `table`.
@@ -338,6 +339,24 @@ impl PostgresStore {
         &self.inner.context.sql
     }
 
+    /// The privileges the relay's user needs: on the outbox table, its bookkeeping and, with
+    /// log-based capture, the capture bookkeeping (polling only reads it, when it exists).
+    fn grants(&self) -> [Grant; 3] {
+        let table = &self.inner.table;
+        let outbox = Grant::outbox(table.quoted());
+        let schema = Grant::on(table.quoted_sibling(SCHEMA_TABLE)).select();
+        let capture = Grant::on(table.quoted_sibling(setup::CAPTURE_TABLE)).select();
+        match self.inner.logical {
+            // Dead events of message style, and retried ones, are written to the table.
+            Some(_) => [
+                outbox.insert("aggregate_type", "''"),
+                schema,
+                capture.update("reader_unsettled", "0"),
+            ],
+            None => [outbox, schema, capture],
+        }
+    }
+
     fn error(&self, error: sqlx::Error) -> Error {
         classify(error, self.target())
     }
@@ -401,6 +420,7 @@ impl Store for PostgresStore {
         if !outbox_exists {
             return Err(migrate::not_migrated(table));
         }
+        privileges::check::<Postgres>(&mut conn, &self.grants(), self.target()).await?;
         let row = match schema_table_exists {
             true => Postgres::schema_row(&mut conn, table, self.target()).await?,
             false => None,

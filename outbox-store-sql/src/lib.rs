@@ -6,6 +6,7 @@ pub mod enqueue;
 pub mod inbox;
 pub mod migrate;
 pub mod payload;
+pub mod privileges;
 pub mod rows;
 pub mod session;
 #[cfg(feature = "testkit")]

@@ -146,6 +146,12 @@ pub trait TableCatalog: Dialect + TableRules + PayloadColumn + Sized {
         target: &Target,
     ) -> impl Future<Output = Result<Option<(i32, i32)>>> + Send;
 
+    /// Run `sql`, one statement without a result (see [`crate::privileges`]), on `conn`.
+    fn execute(
+        conn: &mut <Self::Database as Database>::Connection,
+        sql: &str,
+    ) -> impl Future<Output = std::result::Result<(), sqlx::Error>> + Send;
+
     /// The payload type of `table`, read from the catalog.
     fn payload_type(
         conn: &mut <Self::Database as Database>::Connection,

@@ -27,7 +27,7 @@ struct StatusReport {
 /// wrong with the table, if anything. `dead_list` is the command that lists its dead events.
 pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(), Failure> {
     let (backlog, problem) = backlog(store).await?;
-    let owners: Vec<ShardOwner> = store.shard_owners().await?;
+    let owners: Vec<ShardOwner> = explained(store, store.shard_owners().await).await?;
     let mut by_owner: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for o in &owners {
         by_owner.entry(o.owner.clone()).or_default().push(o.shard);
@@ -127,16 +127,17 @@ async fn backlog(store: &dyn Store) -> Result<(BacklogStatus, Option<Error>), Er
     Ok((backlog, store.check().await.err()))
 }
 
-/// `result` of a command's first query on `store`, or when it failed and the store's own check
-/// finds the table missing or not the relay's, what that check says (`table app.outbox exists
-/// but was not created by outbox-relay ...`) rather than the query's SQL error. The check runs
+/// `result` of a command's query on `store`, or when it failed and the store's own check
+/// finds the table missing or not the relay's, or privileges missing, what that check says
+/// (`table app.outbox exists but was not created by outbox-relay ...`, `user "relay" lacks
+/// privileges ...: GRANT ...`) rather than the query's SQL error. The check runs
 /// only after a failure: `status` must still work when, say, a replication slot is gone.
 pub(crate) async fn explained<T>(store: &dyn Store, result: Result<T, Error>) -> Result<T, Error> {
     let Err(failed) = result else {
         return result;
     };
     match store.check().await {
-        Err(e) if e.kind() == ErrorKind::Schema => Err(e),
+        Err(e) if matches!(e.kind(), ErrorKind::Schema | ErrorKind::Unauthorized) => Err(e),
         _ => Err(failed),
     }
 }
@@ -196,7 +197,8 @@ pub async fn print_each(
             // A table whose figures cannot be read (a discovered one never migrated, say) gets
             // its check's explanation instead; one that can be read gets its problem beside them.
             let (backlog, problem) = backlog(store.as_ref()).await?;
-            let owners: Vec<ShardOwner> = store.shard_owners().await?;
+            let owners: Vec<ShardOwner> =
+                explained(store.as_ref(), store.shard_owners().await).await?;
             let relays = owners
                 .iter()
                 .map(|o| o.owner.as_str())

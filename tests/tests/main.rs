@@ -15,6 +15,7 @@ mod postgres_redis;
 mod postgres_redis_tls;
 mod postgres_sns;
 mod postgres_sqs;
+mod privileges;
 mod rabbitmq_restart;
 mod sigkills;
 mod tls;

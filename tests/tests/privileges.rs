@@ -1,0 +1,178 @@
+//! The relay's database user with exactly the privileges the store READMEs list ("Privileges"),
+//! their `GRANT` statements run as they are written there: one privilege fewer and `run` stops
+//! at start naming it and the statement that gives it, where it used to start and retry for
+//! ever (MySQL) or name the wrong table (PostgreSQL); with all of them `run` relays and `status`
+//! finds nothing wrong.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboxkit_core::NewEvent;
+use outboxkit_harness::*;
+
+const POSTGRES_README: &str = include_str!("../../outbox-store-postgres/README.md");
+const MYSQL_README: &str = include_str!("../../outbox-store-mysql/README.md");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_relays_with_the_privileges_its_readme_lists() {
+    let name = unique("priv");
+    let store = Arc::new(PostgresSide::open(&name).await);
+    let grants = readme_grants(
+        POSTGRES_README,
+        &name,
+        &[("app.", "public."), ("SCHEMA app", "SCHEMA public")],
+    );
+    let user = Restricted {
+        create: format!("CREATE ROLE {name} LOGIN PASSWORD 'pw'"),
+        revoke: format!("REVOKE DELETE ON {name} FROM {name}"),
+        drop: vec![format!("DROP OWNED BY {name}"), format!("DROP ROLE {name}")],
+        url: with_user(&postgres_url(), &name),
+        missing: format!("DELETE on \"public\".\"{name}\""),
+        grant: format!("GRANT SELECT, UPDATE, DELETE ON \"public\".\"{name}\" TO {name};"),
+    };
+    relays_with_the_listed_privileges(&name, store.clone(), &grants, &user, |sql| {
+        let store = store.clone();
+        async move { store.exec_sql(&sql).await }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_relays_with_the_privileges_its_readme_lists() {
+    let name = unique("priv");
+    let store = Arc::new(MySqlSide::open(&name).await);
+    let grants = readme_grants(MYSQL_README, &name, &[("shop.", "")]);
+    let user = Restricted {
+        create: format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'pw'"),
+        // Without the membership rows a relay used to start, then retry its session for ever.
+        revoke: format!("REVOKE DELETE ON outbox_relay_members FROM {name}"),
+        drop: vec![format!("DROP USER '{name}'@'%'")],
+        url: with_user(&mysql_url(), &name),
+        missing: "DELETE on `test`.`outbox_relay_members`".to_owned(),
+        grant: format!("GRANT SELECT, INSERT, DELETE ON `test`.`outbox_relay_members` TO {name};"),
+    };
+    relays_with_the_listed_privileges(&name, store.clone(), &grants, &user, |sql| {
+        let store = store.clone();
+        async move { store.exec_sql(&sql).await }
+    })
+    .await;
+}
+
+/// A database user of the test's own, and what the test expects of it.
+struct Restricted {
+    create: String,
+    /// Takes one listed privilege away.
+    revoke: String,
+    drop: Vec<String>,
+    /// The test server's URL, as this user.
+    url: String,
+    /// How the error names the privilege taken away, and the statement it gives for it.
+    missing: String,
+    grant: String,
+}
+
+async fn relays_with_the_listed_privileges<F, Fut>(
+    name: &str,
+    store: Arc<dyn StoreSide>,
+    grants: &[String],
+    user: &Restricted,
+    exec: F,
+) where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let redis = Arc::new(RedisSide::open(name).await);
+    // Migrated by the test's (administrator) user, as a deployment would.
+    let mut scenario = Scenario::prepare(store, redis.clone(), Settings::default()).await;
+    exec(user.create.clone()).await;
+    let grant_all = || async {
+        for grant in grants {
+            exec(grant.clone()).await;
+        }
+    };
+    grant_all().await;
+    exec(user.revoke.clone()).await;
+    let as_user = [("OUTBOX_STORE__URL", user.url.as_str())];
+
+    let relay = scenario.start_relay("relay-lacking", &as_user);
+    let exit = scenario.relays[relay].exit_within(
+        Duration::from_secs(30),
+        "a relay lacking a privilege must stop at start",
+    );
+    let log = scenario.relays[relay].log_text();
+    assert!(!exit.success(), "{log}");
+    assert!(
+        log.contains(&format!("user \"{name}\" lacks privileges the relay needs"))
+            && log.contains(&user.missing)
+            && log.contains(&user.grant)
+            && log.contains("\"Privileges\""),
+        "the error names what is missing and how to grant it: {log}"
+    );
+
+    grant_all().await;
+    let event =
+        |agg: &str, n: u32| NewEvent::new("order", agg, "Changed", serde_json::json!({ "n": n }));
+    let events: Vec<NewEvent> = (1..=10)
+        .map(|n| event(if n % 2 == 0 { "A" } else { "B" }, n))
+        .collect();
+    scenario.store.enqueue_many(&events).await;
+    scenario.start_relay("relay-granted", &as_user);
+    let stream = redis.destination("order");
+    wait_for("10 events in the stream", Duration::from_secs(30), || {
+        let (redis, stream) = (redis.clone(), stream.clone());
+        async move { redis.stream_len(&stream).await == 10 }
+    })
+    .await;
+    let (ok, json, err) = run_cli(
+        &scenario.config,
+        &["status", "--json"],
+        &[("OUTBOX_STORE__URL".to_owned(), user.url.clone())],
+    );
+    assert!(ok, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(status["pending"], 0, "{status}");
+    assert!(status["problem"].is_null(), "{status}");
+
+    let relay = &mut scenario.relays[1];
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "{}", relay.log_text());
+    redis.delete(&[stream]).await;
+    scenario.cleanup().await;
+    for sql in &user.drop {
+        exec(sql.clone()).await;
+    }
+}
+
+/// The `GRANT` statements of `readme`'s "Privileges" section, for the test's `table` and user
+/// `table`: each `(from, to)` of `rename` replaced, then the README's table `outbox` and user
+/// `relay` by the test's.
+fn readme_grants(readme: &str, table: &str, rename: &[(&str, &str)]) -> Vec<String> {
+    let section = readme
+        .split("### Privileges")
+        .nth(1)
+        .expect("the README has a \"Privileges\" section");
+    let block = section
+        .split("```sql\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section starts with its GRANT statements");
+    block
+        .lines()
+        .filter(|line| line.starts_with("GRANT "))
+        .map(|line| {
+            let mut line = line.to_owned();
+            for (from, to) in rename {
+                line = line.replace(from, to);
+            }
+            line.replace("outbox TO relay;", &format!("{table} TO relay;"))
+                .replace(" TO relay;", &format!(" TO {table};"))
+        })
+        .collect()
+}
+
+/// `url` with `user` (password `pw`) instead of its own user.
+fn with_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}:pw@{host}")
+}
