@@ -41,7 +41,7 @@ pub fn redact_url_or_strip(raw: &str) -> String {
 /// cause, a user name or password holding a character URLs reserve (`p@ss:w/rd` makes the
 /// parser read `ss:w` as the host and port: "invalid port number"). Empty otherwise.
 pub fn reserved_characters_hint(raw: &str) -> &'static str {
-    if raw.contains('@') {
+    if raw.contains('@') && url::Url::parse(raw).is_err() {
         "; a user name or password holding `@`, `:`, `/`, `?`, `#` or `%` must be \
          percent-encoded (`@` as `%40`, `:` as `%3A`, `/` as `%2F`)"
     } else {
@@ -71,6 +71,9 @@ mod tests {
         assert!(redact_url(raw).is_none());
         assert!(reserved_characters_hint(raw).contains("`@` as `%40`"));
         assert_eq!(reserved_characters_hint("postgres://db:99999/app"), "");
+        // A URL that parses was read as written: its trouble is elsewhere (an option's value).
+        let parsed = "postgres://app@db:5432/app?sslmode=verify-fulll";
+        assert_eq!(reserved_characters_hint(parsed), "");
     }
 
     #[test]

@@ -24,6 +24,20 @@ impl SqlStore for MySql {
     const CONFIG_TYPE: &'static str = "MySqlStoreConfig";
     const SCHEMES: &'static [&'static str] = &["mysql://", "mariadb://"];
     const URL_FORM: &'static str = "mysql://user:password@host:port/database";
+    /// What sqlx 0.8 reads (`sqlx_mysql::options::parse`; it ignores any other without a
+    /// word), its TLS options under MySQL's names only: the status line and errors read those
+    /// (an alias, `sslmode`, would be reported as the default mode).
+    const URL_OPTIONS: Option<&'static [&'static str]> = Some(&[
+        "ssl-mode",
+        "ssl-ca",
+        "ssl-cert",
+        "ssl-key",
+        "charset",
+        "collation",
+        "statement-cache-capacity",
+        "socket",
+        "timezone",
+    ]);
     type Store = crate::MySqlStore;
 
     fn check_table(table: &str) -> Result<()> {

@@ -22,6 +22,10 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     const SCHEMES: &'static [&'static str];
     /// The whole form of `store.url`, shown when it has another scheme.
     const URL_FORM: &'static str;
+    /// The query options of `store.url` the store's driver reads (one ending in `[` stands for
+    /// every key it starts); any other is refused, where the driver would ignore it (a
+    /// misspelt `sslmode` would connect without the TLS it asks for). `None`: not checked.
+    const URL_OPTIONS: Option<&'static [&'static str]> = None;
     /// The store [`SqlStoreConfig::build`](outboxkit_core::StoreConfig::build) returns.
     type Store: outboxkit_core::Store;
     /// Whether the store can read its events from the database's log (`store.capture =
@@ -181,6 +185,9 @@ impl<S: SqlStore> SqlStoreConfig<S> {
     /// Check what serde cannot; each error names its key under `store.`.
     pub fn validate(&self) -> Result<()> {
         check_url(&self.url, S::SCHEMES, S::URL_FORM)?;
+        if let Some(known) = S::URL_OPTIONS {
+            check_url_options(&self.url, known)?;
+        }
         if self.is_pattern() {
             check_pattern::<S>(&self.table)?;
             if self.discovery_interval < Duration::from_secs(1) {
@@ -326,6 +333,34 @@ pub fn check_store_settings<S: SqlStore>(config: &SqlStoreConfig<S>, other_url: 
         assert_eq!(e.kind(), outboxkit_core::ErrorKind::Config);
         assert!(e.message().starts_with(key), "{key}: {e}");
     }
+    // The options the driver reads pass; one it would ignore is refused, the closest named.
+    let with_query =
+        |query: &str| SqlStoreConfig::<S>::new(format!("{}db/app?{query}", S::SCHEMES[0]));
+    let Some(known) = S::URL_OPTIONS else { return };
+    for option in known {
+        let key = option.replace('[', "[search_path]");
+        with_query(&format!("{key}=x")).validate().unwrap();
+    }
+    let tls_mode = known
+        .iter()
+        .find(|k| k.contains("mode"))
+        .expect("a TLS mode option");
+    let misspelt = tls_mode.replacen('e', "", 1);
+    let e = with_query(&format!("{misspelt}=x")).validate().unwrap_err();
+    assert_eq!(
+        e.message(),
+        format!(
+            "store.url: unknown option `{misspelt}` (the driver would ignore it): did you mean \
+             `{tls_mode}`?"
+        )
+    );
+    let e = with_query("connect_timeout=10").validate().unwrap_err();
+    assert!(
+        e.message()
+            .starts_with("store.url: unknown option `connect_timeout`")
+            && e.message().contains(&known.join(", ")),
+        "{e}"
+    );
 }
 
 /// Most shards a table may have.
@@ -508,6 +543,50 @@ pub fn check_url(url: &str, schemes: &[&str], expected: &str) -> Result<()> {
         "store.url: expected {expected}, got \"{}\"",
         redact_url(url)
     )))
+}
+
+/// Refuse a query option of `url` that is not one of `known` (see [`SqlStore::URL_OPTIONS`]),
+/// naming the closest known one. A URL that does not parse is left to the driver's error.
+pub fn check_url_options(url: &str, known: &[&str]) -> Result<()> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(());
+    };
+    let is_known = |key: &str| {
+        known
+            .iter()
+            .any(|k| *k == key || (k.ends_with('[') && key.starts_with(k)))
+    };
+    let Some((key, _)) = parsed.query_pairs().find(|(key, _)| !is_known(key)) else {
+        return Ok(());
+    };
+    let closest = known
+        .iter()
+        .map(|k| (edit_distance(&key, k), *k))
+        .filter(|(distance, _)| *distance <= 2)
+        .min();
+    let advice = match closest {
+        Some((_, k)) => format!("did you mean `{k}`?"),
+        None => format!("remove it (the options it reads: {})", known.join(", ")),
+    };
+    Err(Error::config(format!(
+        "store.url: unknown option `{key}` (the driver would ignore it): {advice}"
+    )))
+}
+
+/// How many one-character insertions, deletions and substitutions turn `a` into `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// Check the numbers of `[store]`; each error names its key under `store.`.

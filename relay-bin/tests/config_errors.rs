@@ -663,6 +663,33 @@ fn an_unencoded_password_in_a_url_is_explained() {
     }
 }
 
+/// sqlx ignores a URL option it does not know (with a warning, or silently for MySQL): a
+/// misspelt `sslmode` connected without the TLS it asked for. The relay refuses it, before
+/// connecting, naming the option it is closest to; and an option's bad value is not blamed
+/// on percent-encoding.
+#[test]
+fn a_misspelt_url_option_is_refused_not_ignored() {
+    let config = TempConfig::new(&unreachable_store());
+    let at = |query: &str| format!("postgres://postgres@127.0.0.1:1/test?{query}");
+    config_error(
+        &config,
+        "run",
+        &[("OUTBOX_STORE__URL", &at("sslmod=require"))],
+        &[
+            "store.url: unknown option `sslmod` (the driver would ignore it): did you mean \
+             `sslmode`?",
+            "(from environment variable OUTBOX_STORE__URL)",
+        ],
+    );
+    let line = config_error(
+        &config,
+        "status",
+        &[("OUTBOX_STORE__URL", &at("sslmode=verify-fulll"))],
+        &["unknown value \"verify-fulll\""],
+    );
+    assert!(!line.contains("percent-encoded"), "{line}");
+}
+
 #[test]
 fn version_names_the_adapters_compiled_in() {
     let out = relay(&["--version"], &[]);
