@@ -201,6 +201,53 @@ pub fn refuse_zero_durations(section: &str, durations: &[(&str, Duration)]) -> R
     )
 }
 
+/// Refuse a query option of `url` (the setting `key`) that is not one of `known`, the options
+/// its client reads (one ending in `[` stands for every key it starts): a client ignores the
+/// others, so a misspelt one would quietly do nothing. The error names the closest known one:
+/// `sink.rabbitmq.url: unknown option `heartbeet`: did you mean `heartbeat`?`.
+pub fn refuse_unknown_url_options(key: &str, url: &url::Url, known: &[&str]) -> Result<()> {
+    let is_known = |option: &str| {
+        known
+            .iter()
+            .any(|k| *k == option || (k.ends_with('[') && option.starts_with(k)))
+    };
+    let Some((option, _)) = url.query_pairs().find(|(option, _)| !is_known(option)) else {
+        return Ok(());
+    };
+    let closest = known
+        .iter()
+        .map(|k| (edit_distance(&option, k), *k))
+        .filter(|(distance, _)| *distance <= 2)
+        .min();
+    Err(Error::config(match closest {
+        Some((_, k)) => format!("{key}: unknown option `{option}`: did you mean `{k}`?"),
+        None => {
+            let names: Vec<String> = known.iter().map(|k| k.replace('[', "[key]")).collect();
+            format!(
+                "{key}: unknown option `{option}`, which would be ignored: remove it (the \
+                 options the relay takes: {})",
+                names.join(", ")
+            )
+        }
+    }))
+}
+
+/// How many one-character insertions, deletions and substitutions turn `a` into `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
 /// Refuse a zero count: the first of `counts` (each a key under `section` and its value) that is
 /// zero is a configuration error naming it, `sink.kafka.max_batch_len: must be at least 1`.
 pub fn refuse_zero_counts(section: &str, counts: &[(&str, usize)]) -> Result<()> {
@@ -224,6 +271,30 @@ fn refuse_first<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_options_a_client_would_ignore_are_refused_with_the_closest_one() {
+        let known = ["sslmode", "sslrootcert", "options["];
+        let check = |url: &str| {
+            refuse_unknown_url_options("store.url", &url::Url::parse(url).unwrap(), &known)
+        };
+        check("postgres://db/app?sslmode=require&options[search_path]=app").unwrap();
+        check("postgres://db/app").unwrap();
+        let e = check("postgres://db/app?sslmode=require&ssl-mode=require").unwrap_err();
+        assert_eq!(
+            e.message(),
+            "store.url: unknown option `ssl-mode`: did you mean `sslmode`?"
+        );
+        let e = check("postgres://db/app?target_session_attrs=any").unwrap_err();
+        assert_eq!(
+            e.message(),
+            "store.url: unknown option `target_session_attrs`, which would be ignored: remove it \
+             (the options the relay takes: sslmode, sslrootcert, options[key])"
+        );
+        assert_eq!(edit_distance("sslmod", "sslmode"), 1);
+        assert_eq!(edit_distance("heartbeet", "heartbeat"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
 
     #[test]
     fn sections_use_underscores() {

@@ -676,8 +676,7 @@ fn a_misspelt_url_option_is_refused_not_ignored() {
         "run",
         &[("OUTBOX_STORE__URL", &at("sslmod=require"))],
         &[
-            "store.url: unknown option `sslmod` (the driver would ignore it): did you mean \
-             `sslmode`?",
+            "store.url: unknown option `sslmod`: did you mean `sslmode`?",
             "(from environment variable OUTBOX_STORE__URL)",
         ],
     );

@@ -9,7 +9,8 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::ExchangeKind;
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::plugin::{
-    parse_url_setting, read_setting_file, refuse_zero_counts, refuse_zero_durations,
+    parse_url_setting, read_setting_file, refuse_unknown_url_options, refuse_zero_counts,
+    refuse_zero_durations,
 };
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
@@ -351,6 +352,18 @@ impl RabbitMqConfig {
             &["amqp", "amqps"],
             " (expected amqp://user:password@host:5672/vhost)",
         )?;
+        // What lapin reads of the query; it ignores any other.
+        refuse_unknown_url_options(
+            &format!("{CONFIG_SECTION}.url"),
+            &url,
+            &[
+                "heartbeat",
+                "frame_max",
+                "channel_max",
+                "connection_timeout",
+                "auth_mechanism",
+            ],
+        )?;
         // The host as lapin takes it: an IPv6 address without its brackets.
         let host = match url.host() {
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
@@ -636,6 +649,10 @@ mod tests {
                     *c = RabbitMqConfig::new("http://mq:5672", "x")
                 }),
                 ("url", |c| *c = RabbitMqConfig::new("mq:5672", "x")),
+                (
+                    "url: unknown option `heartbeet`: did you mean `heartbeat`?",
+                    |c| *c = RabbitMqConfig::new("amqp://mq/%2f?heartbeet=10", "x"),
+                ),
                 ("routing_key: ", |c| c.routing_key = "{aggregate}".into()),
                 ("exchange: ", |c| c.exchange = "x".repeat(256)),
                 ("declare_exchange: ", |c| c.declare_exchange = true),
@@ -648,7 +665,7 @@ mod tests {
                 ("confirm_timeout", |c| c.confirm_timeout = Duration::ZERO),
             ],
         );
-        assert!(errors[5].contains("reserved"), "{}", errors[5]);
+        assert!(errors[6].contains("reserved"), "{}", errors[6]);
     }
 
     #[test]

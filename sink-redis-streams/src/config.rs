@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
 use outboxkit_core::plugin::{
-    parse_url_setting, read_setting_file, refuse_zero_counts, refuse_zero_durations,
+    parse_url_setting, read_setting_file, refuse_unknown_url_options, refuse_zero_counts,
+    refuse_zero_durations,
 };
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
@@ -217,13 +218,17 @@ impl RedisStreamsConfig {
     }
 
     pub(crate) fn parse_url(&self) -> Result<url::Url> {
-        parse_url_setting(
-            &format!("{CONFIG_SECTION}.url"),
+        let key = format!("{CONFIG_SECTION}.url");
+        let url = parse_url_setting(
+            &key,
             &self.url,
             &self.redacted_url(),
             &["redis", "rediss"],
             "",
-        )
+        )?;
+        // What redis-rs reads of the query; it ignores any other.
+        refuse_unknown_url_options(&key, &url, &["protocol", "db", "user", "pass"])?;
+        Ok(url)
     }
 }
 
@@ -316,6 +321,10 @@ mod tests {
                     c.url = "http://cache:6379".into()
                 }),
                 ("url", |c| c.url = "cache:6379".into()),
+                (
+                    "url: unknown option `protocl`: did you mean `protocol`?",
+                    |c| c.url = "redis://cache:6379/?protocl=resp3".into(),
+                ),
                 ("stream: ", |c| c.stream = "{aggregate}".into()),
                 ("maxlen", |c| c.maxlen = Some(0)),
                 ("max_batch_len", |c| c.max_batch_len = 0),
