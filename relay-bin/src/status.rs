@@ -154,7 +154,8 @@ struct PipelineLine {
     store: Option<String>,
     #[serde(flatten)]
     backlog: Option<BacklogStatus>,
-    owners: Option<usize>,
+    /// How many relays own shards (the single report's `owners` maps each to its shards).
+    relays: Option<usize>,
     /// Why the figures are missing (the store could not be reached).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -181,7 +182,7 @@ pub async fn print_each(
         let line = PipelineLine {
             store: None,
             backlog: None,
-            owners: None,
+            relays: None,
             error: None,
             problem: None,
             note: Some(crate::cli::NO_MATCH.to_owned()),
@@ -210,7 +211,7 @@ pub async fn print_each(
             Ok((store, backlog, relays, problem)) => PipelineLine {
                 store: Some(store),
                 backlog: Some(backlog),
-                owners: Some(relays),
+                relays: Some(relays),
                 error: None,
                 problem: problem.as_ref().map(Error::full_message),
                 note: None,
@@ -220,7 +221,7 @@ pub async fn print_each(
                 PipelineLine {
                     store: None,
                     backlog: None,
-                    owners: None,
+                    relays: None,
                     error: Some(e.full_message()),
                     problem: None,
                     note: None,
@@ -252,7 +253,7 @@ pub async fn print_each(
                         b.pending,
                         b.oldest_pending_age_secs,
                         b.dead,
-                        line.owners.unwrap_or(0)
+                        line.relays.unwrap_or(0)
                     );
                     if let Some(problem) = &line.problem {
                         outln!("{:<width$}  problem: {problem}", "");

@@ -225,7 +225,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
             let shared = ok
                 && ["a", "b", "c"]
                     .iter()
-                    .all(|p| status["pipelines"][p]["owners"] == 2);
+                    .all(|p| status["pipelines"][p]["relays"] == 2);
             async move { shared }
         },
     )
