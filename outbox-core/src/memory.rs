@@ -319,13 +319,7 @@ impl Store for MemoryStore {
         let mut st = self.table()?;
         let mut n = 0;
         for row in st.rows.values_mut().filter(|r| r.dead && !r.published) {
-            let chosen = match selection {
-                DeadSelection::Ids(ids) => ids.contains(&row.event.id),
-                DeadSelection::All { aggregate_id } => aggregate_id
-                    .as_ref()
-                    .is_none_or(|a| *a == row.event.aggregate_id),
-            };
-            if chosen {
+            if selection.contains(&row.event) {
                 row.dead = false;
                 row.event.attempts = 0;
                 row.next_attempt_at = None;
@@ -335,11 +329,11 @@ impl Store for MemoryStore {
         Ok(n)
     }
 
-    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
+    async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {
         let mut st = self.table()?;
         let before = st.rows.len();
         st.rows
-            .retain(|id, r| !(ids.contains(id) && r.dead && !r.published));
+            .retain(|_, r| !(r.dead && !r.published && selection.contains(&r.event)));
         Ok((before - st.rows.len()) as u64)
     }
 

@@ -444,6 +444,18 @@ pub enum DeadSelection {
     All { aggregate_id: Option<String> },
 }
 
+impl DeadSelection {
+    /// Whether `event` (a dead one) is selected.
+    pub fn contains(&self, event: &OutboxEvent) -> bool {
+        match self {
+            Self::Ids(ids) => ids.contains(&event.id),
+            Self::All { aggregate_id } => aggregate_id
+                .as_ref()
+                .is_none_or(|a| *a == event.aggregate_id),
+        }
+    }
+}
+
 /// An aggregate whose next event waits for a retry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldBack {

@@ -95,8 +95,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// row keeps its `id` and so its place in its aggregate's order. Returns how many.
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64>;
 
-    /// Delete dead rows for good. Returns how many (rows that are not dead are left alone).
-    async fn dead_discard(&self, ids: &[i64]) -> Result<u64>;
+    /// Delete dead rows for good: the ones given, or every one (of one aggregate). Returns how
+    /// many (rows that are not dead are left alone).
+    async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64>;
 
     /// Aggregates held back by a retrying event, the longest-waiting first.
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>>;

@@ -70,6 +70,7 @@ pub(crate) struct Sql {
     pub leave_members: String,
     pub dead_list: String,
     pub dead_retry_all: String,
+    pub dead_discard_all: String,
     pub held_back: String,
 }
 
@@ -125,6 +126,11 @@ impl Sql {
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND (? IS NULL OR aggregate_id = ?)"
+            ),
+            // ? aggregate_id (twice).
+            dead_discard_all: format!(
+                "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_id = ?)"
             ),
             // ? limit. The first retrying row of each aggregate (retry_idx), and how many

@@ -340,6 +340,27 @@ impl MySqlStore {
         Ok(total)
     }
 
+    /// The rows `selection` names, by `by_ids` (see [`Self::execute_by_ids`]), or all of them
+    /// (of one aggregate) by `all` (the aggregate id or `NULL`, bound twice).
+    async fn execute_selection(
+        &self,
+        selection: &DeadSelection,
+        by_ids: fn(&Sql, usize) -> String,
+        all: &str,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        match selection {
+            DeadSelection::Ids(ids) => self.execute_by_ids(ids, by_ids).await,
+            DeadSelection::All { aggregate_id } => {
+                let done = sqlx::query(all)
+                    .bind(aggregate_id.as_deref())
+                    .bind(aggregate_id.as_deref())
+                    .execute(&self.inner.pool)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+        }
+    }
+
     fn target(&self) -> &Target {
         &self.inner.context.target
     }
@@ -543,26 +564,15 @@ impl Store for MySqlStore {
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
-        let err = |e: sqlx::Error| self.error(e).context("sending dead rows back to pending");
-        match selection {
-            DeadSelection::All { aggregate_id } => {
-                let done = sqlx::query(&self.sql().dead_retry_all)
-                    .bind(aggregate_id.as_deref())
-                    .bind(aggregate_id.as_deref())
-                    .execute(&self.inner.pool)
-                    .await
-                    .map_err(err)?;
-                Ok(done.rows_affected())
-            }
-            DeadSelection::Ids(ids) => self
-                .execute_by_ids(ids, Sql::dead_retry_ids)
-                .await
-                .map_err(err),
-        }
+        let sql = self.sql();
+        self.execute_selection(selection, Sql::dead_retry_ids, &sql.dead_retry_all)
+            .await
+            .map_err(|e| self.error(e).context("sending dead rows back to pending"))
     }
 
-    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
-        self.execute_by_ids(ids, Sql::dead_discard)
+    async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {
+        let sql = self.sql();
+        self.execute_selection(selection, Sql::dead_discard, &sql.dead_discard_all)
             .await
             .map_err(|e| self.error(e).context("discarding dead rows"))
     }

@@ -39,6 +39,7 @@ pub(crate) struct Sql {
     pub dead_retry_ids: String,
     pub dead_retry_all: String,
     pub dead_discard: String,
+    pub dead_discard_all: String,
     pub held_back: String,
 }
 
@@ -149,6 +150,11 @@ impl Sql {
             // $1 ids.
             dead_discard: format!(
                 "DELETE FROM {t} WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
+            ),
+            // $1 aggregate_id or NULL.
+            dead_discard_all: format!(
+                "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND ($1::text IS NULL OR aggregate_id = $1)"
             ),
             // $1 limit. The first retrying row of each aggregate, and how many wait behind it.
             held_back: format!(

@@ -570,9 +570,14 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn dead_discard(&self, ids: &[i64]) -> Result<u64> {
-        let done = sqlx::query(&self.sql().dead_discard)
-            .bind(ids)
+    async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {
+        let query = match selection {
+            DeadSelection::Ids(ids) => sqlx::query(&self.sql().dead_discard).bind(ids.clone()),
+            DeadSelection::All { aggregate_id } => {
+                sqlx::query(&self.sql().dead_discard_all).bind(aggregate_id.clone())
+            }
+        };
+        let done = query
             .execute(&self.inner.pool)
             .await
             .map_err(|e| self.error(e).context("discarding dead rows"))?;

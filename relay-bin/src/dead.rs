@@ -37,15 +37,21 @@ pub enum DeadCommand {
         #[arg(long)]
         all: bool,
         /// With --all: only this aggregate.
-        #[arg(long, requires = "all")]
+        #[arg(long, requires = "all", conflicts_with = "ids")]
         aggregate_id: Option<String>,
     },
     /// Delete dead events for good. An id that is not a dead event is reported and the command
     /// exits 1 (after discarding the others).
     Discard {
         /// Row ids (as `dead list` shows them).
-        #[arg(required = true)]
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
         ids: Vec<i64>,
+        /// Every dead event (of one aggregate with --aggregate-id).
+        #[arg(long)]
+        all: bool,
+        /// With --all: only this aggregate.
+        #[arg(long, requires = "all", conflicts_with = "ids")]
+        aggregate_id: Option<String>,
         /// Confirm: without it nothing is deleted.
         #[arg(long)]
         yes: bool,
@@ -114,13 +120,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             aggregate_id,
         } => {
             let ids = distinct(ids);
-            let selection = if *all {
-                DeadSelection::All {
-                    aggregate_id: aggregate_id.clone(),
-                }
-            } else {
-                DeadSelection::Ids(ids.clone())
-            };
+            let selection = selection(&ids, *all, aggregate_id);
             let n = explained(store, store.dead_retry(&selection).await).await?;
             // Where a retried event goes in its aggregate's order depends on the capture
             // (`dead retry --help` says it): not said here.
@@ -134,18 +134,44 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             }
             all_found(n, &ids, store, dead_list)
         }
-        DeadCommand::Discard { ids, yes } => {
+        DeadCommand::Discard {
+            ids,
+            all,
+            aggregate_id,
+            yes,
+        } => {
             let ids = distinct(ids);
             if !yes {
+                let what = match (all, aggregate_id) {
+                    (true, Some(aggregate)) => {
+                        format!("every dead event of aggregate {aggregate} (`{dead_list} --aggregate-id {aggregate}` shows them)")
+                    }
+                    (true, None) => format!("every dead event (`{dead_list}` shows them)"),
+                    (false, _) => counted(ids.len(), "event"),
+                };
                 return Err(Failure::config(format!(
-                    "dead discard deletes {} for good: add --yes to confirm",
-                    counted(ids.len(), "event")
+                    "dead discard deletes {what} for good: add --yes to confirm"
                 )));
             }
-            let n = explained(store, store.dead_discard(&ids).await).await?;
+            let selection = selection(&ids, *all, aggregate_id);
+            let n = explained(store, store.dead_discard(&selection).await).await?;
             outln!("{} discarded", counted(n, "dead event"));
+            if *all {
+                return Ok(());
+            }
             all_found(n, &ids, store, dead_list)
         }
+    }
+}
+
+/// What `ids`, or `--all` (`all`, of `aggregate_id` when given), select.
+fn selection(ids: &[i64], all: bool, aggregate_id: &Option<String>) -> DeadSelection {
+    if all {
+        DeadSelection::All {
+            aggregate_id: aggregate_id.clone(),
+        }
+    } else {
+        DeadSelection::Ids(ids.to_vec())
     }
 }
 
@@ -173,4 +199,38 @@ fn all_found(done: u64, ids: &[i64], store: &dyn Store, dead_list: &str) -> Resu
          or never dead); `{dead_list}` shows the dead ones",
         store.describe()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::Cli;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from([&["outbox-relay", "dead"], args].concat())
+    }
+
+    /// `--aggregate-id` narrows `--all`; beside ids it would be ignored, so it is refused, as
+    /// are ids beside `--all` and a command with neither.
+    #[test]
+    fn the_aggregate_goes_with_all_and_ids_without_it() {
+        for command in ["retry", "discard"] {
+            for good in [
+                &[command, "4", "7"][..],
+                &[command, "--all"],
+                &[command, "--all", "--aggregate-id", "A"],
+            ] {
+                assert!(parse(good).is_ok(), "{good:?}");
+            }
+            for bad in [
+                &[command][..],
+                &[command, "4", "--aggregate-id", "A"],
+                &[command, "--aggregate-id", "A"],
+                &[command, "--all", "4"],
+            ] {
+                assert!(parse(bad).is_err(), "{bad:?}");
+            }
+        }
+    }
 }

@@ -136,6 +136,19 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     // Discard needs a confirmation.
     let (ok, _, err) = scenario.cli(&["dead", "discard", &c1.to_string()]);
     assert!(!ok && err.contains("--yes"), "{err}");
+    // So does discarding them all, which says what it would delete; only the aggregate given
+    // (B has no dead event) loses its dead events.
+    let (ok, _, err) = scenario.cli(&["dead", "discard", "--all", "--aggregate-id", "B"]);
+    assert!(
+        !ok && err.contains("deletes every dead event of aggregate B")
+            && err.contains("dead list --aggregate-id B` shows them")
+            && err.contains("add --yes"),
+        "{err}"
+    );
+    let (ok, out, err) =
+        scenario.cli(&["dead", "discard", "--all", "--aggregate-id", "B", "--yes"]);
+    assert!(ok && out.contains("0 dead events discarded"), "{out}{err}");
+    assert!(dead_listed(&scenario), "A2 and C1 are still dead");
     let (ok, out, err) = scenario.cli(&["dead", "discard", &c1.to_string(), "--yes"]);
     assert!(ok && out.contains("1 dead event discarded"), "{out}{err}");
     // An id that is no dead event (discarded already, or mistyped) is an error, not a quiet 0.

@@ -593,7 +593,12 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
         "a retried row keeps its place in its aggregate, attempts reset"
     );
 
-    let discarded = ok(store.dead_discard(&[b1, a2, 0]).await, "dead_discard");
+    let discarded = ok(
+        store
+            .dead_discard(&DeadSelection::Ids(vec![b1, a2, 0]))
+            .await,
+        "dead_discard",
+    );
     assert_eq!(discarded, 1, "only the dead row given is deleted");
     assert_eq!(ids_of(&list(None, None, 100).await), vec![c1]);
     let retried = ok(
@@ -619,6 +624,25 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
         "a1, a2 and c1 pending"
     );
     assert_eq!(claim_ids(session.as_mut(), true).await, vec![a1, a2, c1]);
+
+    // Discarding every dead row, of one aggregate or of all: pending rows stay.
+    let parked = [failure(a1, None), failure(c1, None)];
+    ok(session.record_failures(&parked).await, "park as dead again");
+    let all_of = |aggregate: Option<&str>| DeadSelection::All {
+        aggregate_id: aggregate.map(str::to_owned),
+    };
+    let discarded = ok(store.dead_discard(&all_of(Some("C"))).await, "discard C's");
+    assert_eq!(discarded, 1);
+    assert_eq!(ids_of(&list(None, None, 100).await), vec![a1]);
+    let discarded = ok(store.dead_discard(&all_of(None)).await, "discard all");
+    assert_eq!(discarded, 1);
+    let status = ok(store.status().await, "status");
+    assert_eq!(
+        (status.pending, status.dead),
+        (1, 0),
+        "a2 pending, nothing dead"
+    );
+    assert_eq!(claim_ids(session.as_mut(), false).await, vec![a2]);
     close(session).await;
     factory.cleanup().await;
 }
