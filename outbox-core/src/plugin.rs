@@ -221,6 +221,10 @@ pub fn refuse_unknown_url_options(key: &str, url: &url::Url, known: &[&str]) -> 
         .min();
     Err(Error::config(match closest {
         Some((_, k)) => format!("{key}: unknown option `{option}`: did you mean `{k}`?"),
+        None if known.is_empty() => format!(
+            "{key}: unknown option `{option}`, which would be ignored: remove it (the client \
+             reads no option from the URL)"
+        ),
         None => {
             let names: Vec<String> = known.iter().map(|k| k.replace('[', "[key]")).collect();
             format!(

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outboxkit_core::cloudevents::{CloudEvents, Format, DEFAULT_SOURCE};
-use outboxkit_core::plugin::{parse_url_setting, read_setting_file, refuse_zero_durations};
+use outboxkit_core::plugin::{
+    parse_url_setting, read_setting_file, refuse_unknown_url_options, refuse_zero_durations,
+};
 use outboxkit_core::redact::redact_url_or_strip;
 use outboxkit_core::{DestinationTemplate, Error, Result};
 use serde::Deserialize;
@@ -172,14 +174,18 @@ impl NatsConfig {
     /// The servers of `url`, parsed; errors name the key and never show a password.
     pub fn servers(&self) -> Result<Vec<url::Url>> {
         let mut servers = Vec::new();
+        let key = format!("{CONFIG_SECTION}.url");
         for raw in self.url.split(',').map(str::trim) {
-            servers.push(parse_url_setting(
-                &format!("{CONFIG_SECTION}.url"),
+            let server = parse_url_setting(
+                &key,
                 raw,
                 &redact_url_or_strip(raw),
                 &["nats", "tls"],
                 " (expected nats://host:4222 or tls://host:4222, comma-separated)",
-            )?);
+            )?;
+            // async-nats reads nothing of the query.
+            refuse_unknown_url_options(&key, &server, &[])?;
+            servers.push(server);
         }
         Ok(servers)
     }
@@ -437,6 +443,10 @@ mod tests {
                     c.url = "http://a:4222".into()
                 }),
                 ("url: ", |c| c.url = "nats://a:4222,".into()),
+                (
+                    "url: unknown option `tls_required`, which would be ignored",
+                    |c| c.url = "nats://a:4222,nats://b:4222?tls_required=true".into(),
+                ),
                 ("token, ", |c| {
                     c.token = Some("t".into());
                     c.nkey = Some(SEED.into());
@@ -458,7 +468,7 @@ mod tests {
                 }),
             ],
         );
-        assert!(errors[2].contains("set one of them"), "{}", errors[2]);
+        assert!(errors[3].contains("set one of them"), "{}", errors[3]);
         for subject in [
             "{aggregate}",
             "orders..{event_type}",
