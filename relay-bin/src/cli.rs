@@ -406,10 +406,12 @@ fn load(cli: &Cli) -> Result<Loaded, Failure> {
 
 /// `server.listen` must be an address (checked before connecting to anything).
 fn check_listen(listen: &str, figment: &figment::Figment, cli: &Cli) -> Result<(), Failure> {
-    if listen.is_empty() || listen.parse::<std::net::SocketAddr>().is_ok() {
+    if listen.is_empty() {
         return Ok(());
     }
-    let message = format!("server.listen: \"{listen}\" is not an address like 127.0.0.1:9464");
+    let Err(message) = crate::server::listen_address(listen) else {
+        return Ok(());
+    };
     Err(Failure::config(format!(
         "invalid configuration: {}",
         settings::locate(&message, figment, cli.config.as_deref())

@@ -32,11 +32,25 @@ pub fn install_recorder() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
+/// `listen` as an address; the error says what to write instead (a host name is not resolved:
+/// `localhost:9464` is `127.0.0.1:9464`).
+pub fn listen_address(listen: &str) -> Result<SocketAddr, String> {
+    listen.parse().map_err(|_| {
+        let port = listen.rsplit(':').next().filter(|p| p.parse::<u16>().is_ok());
+        let instead = match port {
+            Some(port) => format!(
+                ": write 127.0.0.1:{port} for this host only, or 0.0.0.0:{port} for every \
+                 interface"
+            ),
+            None => String::new(),
+        };
+        format!("server.listen: \"{listen}\" is not an IP address and port like 127.0.0.1:9464{instead}")
+    })
+}
+
 /// Bind `listen`; the error names the address.
 pub async fn bind(listen: &str) -> Result<TcpListener, String> {
-    let addr: SocketAddr = listen.parse().map_err(|e| {
-        format!("server.listen: \"{listen}\" is not an address like 127.0.0.1:9464 ({e})")
-    })?;
+    let addr = listen_address(listen)?;
     TcpListener::bind(addr)
         .await
         .map_err(|e| format!("server.listen: cannot listen on {addr}: {e}"))

@@ -689,6 +689,31 @@ fn a_misspelt_url_option_is_refused_not_ignored() {
     assert!(!line.contains("percent-encoded"), "{line}");
 }
 
+/// `server.listen` takes an IP address: a host name or a bare port is refused before anything
+/// connects, with what to write instead.
+#[test]
+fn a_listen_address_that_is_no_ip_address_says_what_to_write() {
+    let config = TempConfig::new(&unreachable_store());
+    for listen in ["localhost:9464", ":9464", "9464"] {
+        config_error(
+            &config,
+            "run",
+            &[("OUTBOX_SERVER__LISTEN", listen)],
+            &[
+                &format!("server.listen: \"{listen}\" is not an IP address and port like 127.0.0.1:9464: write 127.0.0.1:9464 for this host only, or 0.0.0.0:9464 for every interface"),
+                "(from environment variable OUTBOX_SERVER__LISTEN)",
+            ],
+        );
+    }
+    let line = config_error(
+        &config,
+        "run",
+        &[("OUTBOX_SERVER__LISTEN", "metrics")],
+        &["server.listen: \"metrics\" is not an IP address and port like 127.0.0.1:9464"],
+    );
+    assert!(!line.contains("write"), "{line}");
+}
+
 #[test]
 fn version_names_the_adapters_compiled_in() {
     let out = relay(&["--version"], &[]);
