@@ -1,6 +1,6 @@
 //! `outbox-relay dead list | retry | discard`: the operator's handle on parked events.
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use outboxkit_core::{DeadFilter, DeadSelection, Store};
 
 use crate::cli::Failure;
@@ -30,32 +30,54 @@ pub enum DeadCommand {
     /// after what its aggregate committed since. An id that is not a dead event is reported
     /// and the command exits 1 (after retrying the others).
     Retry {
-        /// Row ids (as `dead list` shows them).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        ids: Vec<i64>,
-        /// Every dead event (of one aggregate with --aggregate-id).
-        #[arg(long)]
-        all: bool,
-        /// With --all: only this aggregate.
-        #[arg(long, requires = "all", conflicts_with = "ids")]
-        aggregate_id: Option<String>,
+        #[command(flatten)]
+        chosen: Chosen,
     },
     /// Delete dead events for good. An id that is not a dead event is reported and the command
     /// exits 1 (after discarding the others).
     Discard {
-        /// Row ids (as `dead list` shows them).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        ids: Vec<i64>,
-        /// Every dead event (of one aggregate with --aggregate-id).
-        #[arg(long)]
-        all: bool,
-        /// With --all: only this aggregate.
-        #[arg(long, requires = "all", conflicts_with = "ids")]
-        aggregate_id: Option<String>,
+        #[command(flatten)]
+        chosen: Chosen,
         /// Confirm: without it nothing is deleted.
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// The dead events `retry` and `discard` work on: ids, or `--all` (of one aggregate).
+#[derive(Debug, Args)]
+pub struct Chosen {
+    /// Row ids (as `dead list` shows them).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    ids: Vec<i64>,
+    /// Every dead event (of one aggregate with --aggregate-id).
+    #[arg(long)]
+    all: bool,
+    /// With --all: only this aggregate. (clap's `requires` alone lets it pass beside ids: `all`
+    /// has a default.)
+    #[arg(long, requires = "all", conflicts_with = "ids")]
+    aggregate_id: Option<String>,
+}
+
+impl Chosen {
+    /// The ids given, each once (`dead retry 4 4` asks for one event).
+    fn ids(&self) -> Vec<i64> {
+        let mut ids = self.ids.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// What the command selects.
+    fn selection(&self) -> DeadSelection {
+        if self.all {
+            DeadSelection::All {
+                aggregate_id: self.aggregate_id.clone(),
+            }
+        } else {
+            DeadSelection::Ids(self.ids())
+        }
+    }
 }
 
 /// Run a `dead` subcommand.
@@ -114,13 +136,8 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             }
             Ok(())
         }
-        DeadCommand::Retry {
-            ids,
-            all,
-            aggregate_id,
-        } => {
-            let ids = distinct(ids);
-            let selection = selection(&ids, *all, aggregate_id);
+        DeadCommand::Retry { chosen } => {
+            let selection = chosen.selection();
             let n = explained(store, store.dead_retry(&selection).await).await?;
             // Where a retried event goes in its aggregate's order depends on the capture
             // (`dead retry --help` says it): not said here.
@@ -129,68 +146,51 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                 1 => outln!("1 dead event back to pending: the relay publishes it again"),
                 n => outln!("{n} dead events back to pending: the relay publishes them again"),
             }
-            if *all {
-                return Ok(());
-            }
-            all_found(n, &ids, store, dead_list)
+            all_found(n, &selection, store, dead_list)
         }
-        DeadCommand::Discard {
-            ids,
-            all,
-            aggregate_id,
-            yes,
-        } => {
-            let ids = distinct(ids);
+        DeadCommand::Discard { chosen, yes } => {
+            let selection = chosen.selection();
             if !yes {
-                let what = match (all, aggregate_id) {
-                    (true, Some(aggregate)) => {
-                        format!("every dead event of aggregate {aggregate} (`{dead_list} --aggregate-id {aggregate}` shows them)")
+                let what = match &selection {
+                    DeadSelection::All {
+                        aggregate_id: Some(aggregate),
+                    } => format!(
+                        "every dead event of aggregate {aggregate} (`{dead_list} --aggregate-id \
+                         {aggregate}` shows them)"
+                    ),
+                    DeadSelection::All { aggregate_id: None } => {
+                        format!("every dead event (`{dead_list}` shows them)")
                     }
-                    (true, None) => format!("every dead event (`{dead_list}` shows them)"),
-                    (false, _) => counted(ids.len(), "event"),
+                    DeadSelection::Ids(ids) => counted(ids.len(), "event"),
                 };
                 return Err(Failure::config(format!(
                     "dead discard deletes {what} for good: add --yes to confirm"
                 )));
             }
-            let selection = selection(&ids, *all, aggregate_id);
             let n = explained(store, store.dead_discard(&selection).await).await?;
             outln!("{} discarded", counted(n, "dead event"));
-            if *all {
-                return Ok(());
-            }
-            all_found(n, &ids, store, dead_list)
+            all_found(n, &selection, store, dead_list)
         }
     }
 }
 
-/// What `ids`, or `--all` (`all`, of `aggregate_id` when given), select.
-fn selection(ids: &[i64], all: bool, aggregate_id: &Option<String>) -> DeadSelection {
-    if all {
-        DeadSelection::All {
-            aggregate_id: aggregate_id.clone(),
-        }
-    } else {
-        DeadSelection::Ids(ids.to_vec())
-    }
-}
-
-/// The ids given, each once (`dead retry 4 4` asks for one event).
-fn distinct(ids: &[i64]) -> Vec<i64> {
-    let mut ids = ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-/// An error (exit code 1) when fewer than `ids` were dead events: an id mistyped, or an event
-/// retried or discarded already, must not pass as done.
-fn all_found(done: u64, ids: &[i64], store: &dyn Store, dead_list: &str) -> Result<(), Failure> {
+/// An error (exit code 1) when fewer than the ids selected were dead events: an id mistyped,
+/// or an event retried or discarded already, must not pass as done (`--all` takes what there
+/// is).
+fn all_found(
+    done: u64,
+    selection: &DeadSelection,
+    store: &dyn Store,
+    dead_list: &str,
+) -> Result<(), Failure> {
+    let DeadSelection::Ids(ids) = selection else {
+        return Ok(());
+    };
     let missed = (ids.len() as u64).saturating_sub(done);
     if missed == 0 {
         return Ok(());
     }
-    let which = match ids {
+    let which = match ids.as_slice() {
         [id] => format!("id {id} is"),
         _ => format!("{missed} of the {} ids given are", ids.len()),
     };
