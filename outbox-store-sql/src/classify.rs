@@ -131,10 +131,26 @@ pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
                 describe_io(&e)
             ),
         ),
-        sqlx::Error::Tls(e) => Error::new(
-            ErrorKind::Connection,
-            format!("TLS with {at} failed (store.url, {}): {e}", D::TLS_OPTION),
-        ),
+        sqlx::Error::Tls(e) => {
+            // The mode the URL asks for, or the option that would set it.
+            let key = match &target.tls_mode {
+                Some(_) => target.url_key::<D>(),
+                None => format!("store.url, {}", D::TLS_OPTION),
+            };
+            let e = e.to_string();
+            let advice = if e.contains("does not support TLS") {
+                format!(
+                    " — enable TLS on the server, or lower {} in store.url",
+                    D::TLS_OPTION
+                )
+            } else {
+                String::new()
+            };
+            Error::new(
+                ErrorKind::Connection,
+                format!("TLS with {at} failed ({key}): {e}{advice}"),
+            )
+        }
         sqlx::Error::Protocol(e) => Error::new(
             ErrorKind::Connection,
             format!("the connection to {at} broke: {e}"),
@@ -316,6 +332,13 @@ mod tests {
         assert_eq!(
             e.message(),
             "TLS with SomeSQL at db:1234 failed (store.url, tls): bad"
+        );
+        // A server without TLS, where the URL requires it: the mode, and what to change.
+        let e = classify::<Plain>(sqlx::Error::Tls("server does not support TLS".into()), &tls);
+        assert_eq!(
+            e.message(),
+            "TLS with SomeSQL at db:1234 failed (store.url, tls=require): server does not \
+             support TLS — enable TLS on the server, or lower tls in store.url"
         );
         let e = classify::<Plain>(sqlx::Error::PoolTimedOut, &target());
         assert!(

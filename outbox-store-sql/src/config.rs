@@ -22,9 +22,10 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     const SCHEMES: &'static [&'static str];
     /// The whole form of `store.url`, shown when it has another scheme.
     const URL_FORM: &'static str;
-    /// The query options of `store.url` the store's driver reads (one ending in `[` stands for
-    /// every key it starts); any other is refused, where the driver would ignore it (a
-    /// misspelt `sslmode` would connect without the TLS it asks for). `None`: not checked.
+    /// The query options of `store.url` the store takes (one ending in `[` stands for every key
+    /// it starts): what its driver reads, under the names the relay itself reads. Any other is
+    /// refused: the driver would ignore it (a misspelt `sslmode` would connect without the TLS
+    /// it asks for), or the relay would (an alias). `None`: not checked.
     const URL_OPTIONS: Option<&'static [&'static str]> = None;
     /// The store [`SqlStoreConfig::build`](outboxkit_core::StoreConfig::build) returns.
     type Store: outboxkit_core::Store;
