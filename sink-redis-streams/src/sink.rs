@@ -322,7 +322,16 @@ impl Sink for RedisStreamsSink {
         pipe.ignore_errors();
         for (index, event) in batch.iter().enumerate() {
             let stream = self.destination(event);
-            match self.body(event) {
+            // Redis takes an empty key: the events would land in a stream named "".
+            let body = match stream.is_empty() {
+                true => Err(Error::new(
+                    ErrorKind::InvalidMessage,
+                    "the stream name is empty (the row's destination, or the stream template \
+                     rendered with empty fields)",
+                )),
+                false => self.body(event),
+            };
+            match body {
                 Ok(body) => {
                     self.xadd(&mut pipe, &stream, event, &body);
                     sent.push(index);

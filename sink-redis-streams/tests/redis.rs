@@ -92,6 +92,32 @@ async fn cloudevents_structured_mode_puts_the_document_in_payload() {
     assert_eq!(entries[0].text("headers"), r#"{"tenant-id":"acme"}"#);
 }
 
+/// An event whose stream name renders empty (`{aggregate_type}` of `""`) is rejected, not
+/// written to a stream named `""`; the rest of the batch is published.
+#[tokio::test]
+async fn an_empty_stream_name_is_rejected() {
+    let prefix = unique("redis");
+    let sink = connect(config("{aggregate_type}")).await;
+    let redis = RedisSide::open(&prefix).await;
+    let empty = sample_event(1, "", "A", "OrderPlaced");
+    let fine = sample_event(2, &format!("{prefix}_order"), "B", "OrderPlaced");
+    let outcomes = sink.publish(&[empty, fine]).await.unwrap();
+    match &outcomes[0] {
+        Outcome::Reject(e) => {
+            assert_eq!(e.kind(), ErrorKind::InvalidMessage);
+            assert!(e.message().contains("the stream name is empty"), "{e}");
+        }
+        other => panic!("expected a rejection: {other:?}"),
+    }
+    assert!(matches!(outcomes[1], Outcome::Published), "{outcomes:?}");
+    assert_eq!(
+        redis.stream_len("").await,
+        0,
+        "nothing written under the empty key"
+    );
+    redis.delete(&[format!("{prefix}_order")]).await;
+}
+
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.
 #[test]
 fn a_bad_cloudevents_source_is_refused_naming_the_key() {
