@@ -75,8 +75,9 @@ pub struct StreamDeclaration {
     /// The stream's name (no `.`, `*`, `>`, spaces or path separators).
     pub name: String,
     /// The subjects it captures (wildcards allowed). Default: the subject template with every
-    /// token holding a placeholder as `*` (`{aggregate_type}.{event_type}` → `*.*`).
-    #[serde(default)]
+    /// token holding a placeholder as `*` (`{aggregate_type}.{event_type}` → `*.*`). A list,
+    /// or one string of comma-separated subjects (how an environment variable gives it).
+    #[serde(default, deserialize_with = "list_or_commas")]
     pub subjects: Vec<String>,
     /// `file` or `memory`.
     #[serde(default)]
@@ -87,6 +88,28 @@ pub struct StreamDeclaration {
     /// Largest message the stream accepts (bytes); larger events are parked as dead.
     #[serde(default)]
     pub max_msg_size: Option<i32>,
+}
+
+/// A list of strings, or one string of comma-separated items (environment variables are
+/// strings: `OUTBOX_SINK__NATS__DECLARE_STREAM__SUBJECTS=orders.>,billing.>`).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCommas {
+        List(Vec<String>),
+        Commas(String),
+    }
+    Ok(match ListOrCommas::deserialize(deserializer)? {
+        ListOrCommas::List(list) => list,
+        ListOrCommas::Commas(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
 }
 
 fn default_duplicate_window() -> Duration {
@@ -378,6 +401,12 @@ mod tests {
         assert_eq!(stream.storage, Storage::File);
         assert_eq!(stream.duplicate_window, Duration::from_secs(120));
         assert!(stream.subjects.is_empty());
+        // From an environment variable the subjects come as one comma-separated string.
+        let stream: StreamDeclaration = serde_json::from_value(
+            serde_json::json!({ "name": "S", "subjects": "orders.>, billing.>" }),
+        )
+        .unwrap();
+        assert_eq!(stream.subjects, ["orders.>", "billing.>"]);
     }
 
     #[test]
