@@ -54,7 +54,11 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
     let b = &report.backlog;
     outln!("store                {}", report.store);
     outln!("pending              {}", b.pending);
-    outln!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
+    if b.pending == 0 {
+        outln!("oldest pending age   none pending");
+    } else {
+        outln!("oldest pending age   {:.3}s", b.oldest_pending_age_secs);
+    }
     outln!(
         "retrying             {} in {}",
         counted(b.retrying, "event"),

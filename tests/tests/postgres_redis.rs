@@ -70,6 +70,12 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     let status = scenario.status();
     assert_eq!(status["pending"], 0);
+    // Nothing pending has no age: the text says so rather than "0.000s".
+    let (ok, text, _) = scenario.cli(&["status"]);
+    assert!(
+        ok && text.contains("oldest pending age   none pending\n"),
+        "{text}"
+    );
     let owners = status["owners"].as_object().unwrap();
     assert_eq!(owners.len(), 1, "{status}");
     let (owner, shards) = owners.iter().next().unwrap();
