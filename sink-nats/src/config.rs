@@ -95,21 +95,37 @@ pub struct StreamDeclaration {
 fn list_or_commas<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> std::result::Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ListOrCommas {
-        List(Vec<String>),
-        Commas(String),
+    struct ListOrCommas;
+
+    impl<'de> serde::de::Visitor<'de> for ListOrCommas {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of subjects, or one string of comma-separated subjects")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> std::result::Result<Self::Value, E> {
+            Ok(text
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect())
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut list = Vec::new();
+            while let Some(subject) = seq.next_element::<String>()? {
+                list.push(subject);
+            }
+            Ok(list)
+        }
     }
-    Ok(match ListOrCommas::deserialize(deserializer)? {
-        ListOrCommas::List(list) => list,
-        ListOrCommas::Commas(text) => text
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    })
+
+    deserializer.deserialize_any(ListOrCommas)
 }
 
 fn default_duplicate_window() -> Duration {
@@ -407,6 +423,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(stream.subjects, ["orders.>", "billing.>"]);
+        let e = serde_json::from_value::<StreamDeclaration>(
+            serde_json::json!({ "name": "S", "subjects": 5 }),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("expected a list of subjects, or one string of comma-separated subjects"),
+            "{e}"
+        );
     }
 
     #[test]

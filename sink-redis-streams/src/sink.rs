@@ -326,8 +326,7 @@ impl Sink for RedisStreamsSink {
             let body = match stream.is_empty() {
                 true => Err(Error::new(
                     ErrorKind::InvalidMessage,
-                    "the stream name is empty (the row's destination, or the stream template \
-                     rendered with empty fields)",
+                    "the stream name is empty (the stream template rendered with empty fields)",
                 )),
                 false => self.body(event),
             };
