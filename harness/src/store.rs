@@ -96,6 +96,9 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     async fn dead_rows(&self) -> Vec<DeadRow>;
     /// Drop the outbox table (with its bookkeeping) and the business table.
     async fn drop_tables(&self);
+    /// Run `sql`, a statement of the test's own (DDL, `GRANT`), on the side's pool; fails the
+    /// test with the server's error.
+    async fn exec_sql(&self, sql: &str);
 }
 
 /// A SQL store crate's writers' handle on an outbox table (its `Outbox`), as a [`SqlSide`]
@@ -232,11 +235,6 @@ where
             pool,
             outbox: O::on_table(table),
         }
-    }
-
-    /// Run `sql` on the test's pool (a test's own DDL); fails the test with the server's error.
-    pub async fn exec_sql(&self, sql: &str) {
-        self.exec(sql).await;
     }
 
     /// Its connection pool, for a test's own queries.
@@ -430,6 +428,10 @@ where
         .fetch_optional(&self.pool)
         .await
         .expect("looking up a row")
+    }
+
+    async fn exec_sql(&self, sql: &str) {
+        self.exec(sql).await;
     }
 
     async fn dead_rows(&self) -> Vec<DeadRow> {

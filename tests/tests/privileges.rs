@@ -30,11 +30,7 @@ async fn postgres_relays_with_the_privileges_its_readme_lists() {
         missing: format!("DELETE on \"public\".\"{name}\""),
         grant: format!("GRANT SELECT, UPDATE, DELETE ON \"public\".\"{name}\" TO {name};"),
     };
-    relays_with_the_listed_privileges(&name, store.clone(), &grants, &user, |sql| {
-        let store = store.clone();
-        async move { store.exec_sql(&sql).await }
-    })
-    .await;
+    relays_with_the_listed_privileges(&name, store, &grants, &user).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,11 +47,7 @@ async fn mysql_relays_with_the_privileges_its_readme_lists() {
         missing: "DELETE on `test`.`outbox_relay_members`".to_owned(),
         grant: format!("GRANT SELECT, INSERT, DELETE ON `test`.`outbox_relay_members` TO {name};"),
     };
-    relays_with_the_listed_privileges(&name, store.clone(), &grants, &user, |sql| {
-        let store = store.clone();
-        async move { store.exec_sql(&sql).await }
-    })
-    .await;
+    relays_with_the_listed_privileges(&name, store, &grants, &user).await;
 }
 
 /// A database user of the test's own, and what the test expects of it.
@@ -71,27 +63,23 @@ struct Restricted {
     grant: String,
 }
 
-async fn relays_with_the_listed_privileges<F, Fut>(
+async fn relays_with_the_listed_privileges(
     name: &str,
     store: Arc<dyn StoreSide>,
     grants: &[String],
     user: &Restricted,
-    exec: F,
-) where
-    F: Fn(String) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+) {
     let redis = Arc::new(RedisSide::open(name).await);
     // Migrated by the test's (administrator) user, as a deployment would.
-    let mut scenario = Scenario::prepare(store, redis.clone(), Settings::default()).await;
-    exec(user.create.clone()).await;
+    let mut scenario = Scenario::prepare(store.clone(), redis.clone(), Settings::default()).await;
+    store.exec_sql(&user.create).await;
     let grant_all = || async {
         for grant in grants {
-            exec(grant.clone()).await;
+            store.exec_sql(grant).await;
         }
     };
     grant_all().await;
-    exec(user.revoke.clone()).await;
+    store.exec_sql(&user.revoke).await;
     let as_user = [("OUTBOX_STORE__URL", user.url.as_str())];
 
     let relay = scenario.start_relay("relay-lacking", &as_user);
@@ -139,7 +127,7 @@ async fn relays_with_the_listed_privileges<F, Fut>(
     redis.delete(&[stream]).await;
     scenario.cleanup().await;
     for sql in &user.drop {
-        exec(sql.clone()).await;
+        store.exec_sql(sql).await;
     }
 }
 

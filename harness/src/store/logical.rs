@@ -324,6 +324,10 @@ impl StoreSide for LogicalSide {
         self.commit_order().await.get(&event_id).copied()
     }
 
+    async fn exec_sql(&self, sql: &str) {
+        self.inner.exec_sql(sql).await
+    }
+
     async fn dead_rows(&self) -> Vec<DeadRow> {
         self.inner.dead_rows().await
     }
