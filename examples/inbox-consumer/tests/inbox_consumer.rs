@@ -44,8 +44,8 @@ async fn xadd(
     event_id: Uuid,
     order: &str,
     amount: i64,
-) {
-    let _: String = redis::cmd("XADD")
+) -> String {
+    redis::cmd("XADD")
         .arg(stream)
         .arg("*")
         .arg("event_id")
@@ -56,7 +56,28 @@ async fn xadd(
         .arg(serde_json::json!({ "amount": amount }).to_string())
         .query_async(redis)
         .await
+        .unwrap()
+}
+
+async fn total(pool: &sqlx::PgPool, suffix: &str, order: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT total FROM totals_{suffix} WHERE order_id = $1"
+    ))
+    .bind(order)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Messages of the group delivered and not acknowledged.
+async fn pending(redis: &mut redis::aio::MultiplexedConnection, stream: &str) -> i64 {
+    let summary: (i64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg("billing")
+        .query_async(redis)
+        .await
         .unwrap();
+    summary.0
 }
 
 fn consumer(name: &str, stream: &str, suffix: &str) -> OrderTotalsConsumer {
@@ -69,13 +90,26 @@ fn consumer(name: &str, stream: &str, suffix: &str) -> OrderTotalsConsumer {
     }
 }
 
-#[tokio::test]
-async fn an_event_delivered_twice_is_applied_once() {
+/// The services and a prepared consumer of a stream of its own, `<prefix>-<suffix>`.
+async fn prepared(
+    prefix: &str,
+) -> (
+    redis::aio::MultiplexedConnection,
+    sqlx::PgPool,
+    String,
+    OrderTotalsConsumer,
+) {
     let (mut redis, pool) = services().await;
     let suffix = Uuid::new_v4().simple().to_string()[..10].to_owned();
-    let stream = format!("inbox-example-{suffix}");
-    let c = consumer("billing", &stream, &suffix);
+    let c = consumer("billing", &format!("{prefix}-{suffix}"), &suffix);
     c.prepare(&mut redis, &pool).await.unwrap();
+    (redis, pool, suffix, c)
+}
+
+#[tokio::test]
+async fn an_event_delivered_twice_is_applied_once() {
+    let (mut redis, pool, suffix, c) = prepared("inbox-example").await;
+    let stream = c.stream.clone();
 
     let (e1, e2) = (Uuid::now_v7(), Uuid::now_v7());
     xadd(&mut redis, &stream, e1, "o1", 10).await;
@@ -87,18 +121,112 @@ async fn an_event_delivered_twice_is_applied_once() {
         Pass {
             read: 3,
             applied: 2,
-            duplicates: 1
+            duplicates: 1,
+            malformed: 0,
         }
     );
-    let total: i64 = sqlx::query_scalar(&format!(
-        "SELECT total FROM totals_{suffix} WHERE order_id = 'o1'"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(total, 15);
+    assert_eq!(total(&pool, &suffix, "o1").await, 15);
 
     clean_up(&mut redis, &pool, &[&stream], &suffix).await;
+}
+
+#[tokio::test]
+async fn messages_of_a_failed_pass_are_taken_again() {
+    let (mut redis, pool, suffix, c) = prepared("inbox-retry").await;
+    let stream = c.stream.clone();
+    xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 10).await;
+    xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 5).await;
+    let trimmed = xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 100).await;
+
+    // The database refuses the effect: the pass fails on its first message, having read three.
+    let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+    let (table, away) = (format!("totals_{suffix}"), format!("away_{suffix}"));
+    sqlx::query(&rename(&table, &away))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let e = c.pass(&mut redis, &pool, 100).await.unwrap_err();
+    assert!(e.contains(&table), "{e}");
+    assert_eq!(pending(&mut redis, &stream).await, 3);
+    sqlx::query(&rename(&away, &table))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // One of them is trimmed from the stream meanwhile: it comes back without fields.
+    let _: i64 = redis::cmd("XDEL")
+        .arg(&stream)
+        .arg(&trimmed)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let pass = c.pass(&mut redis, &pool, 100).await.unwrap();
+    assert_eq!(
+        (pass.read, pass.applied, pass.duplicates),
+        (3, 2, 0),
+        "the pending messages are read again: {pass:?}"
+    );
+    assert_eq!(total(&pool, &suffix, "o1").await, 15);
+    assert_eq!(pending(&mut redis, &stream).await, 0);
+    let again = c.pass(&mut redis, &pool, 100).await.unwrap();
+    assert_eq!(again.read, 0, "{again:?}");
+
+    let dead = c.dead_letter_stream();
+    clean_up(&mut redis, &pool, &[&stream, &dead], &suffix).await;
+}
+
+#[tokio::test]
+async fn a_message_that_is_not_an_event_goes_to_the_dead_letter_stream() {
+    let (mut redis, pool, suffix, c) = prepared("inbox-dead").await;
+    let stream = c.stream.clone();
+    xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 10).await;
+    let bad: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("event_id")
+        .arg("not-a-uuid")
+        .arg("payload")
+        .arg("{}")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 5).await;
+
+    let pass = c.pass(&mut redis, &pool, 100).await.unwrap();
+    assert_eq!(
+        pass,
+        Pass {
+            read: 3,
+            applied: 2,
+            duplicates: 0,
+            malformed: 1,
+        }
+    );
+    assert_eq!(total(&pool, &suffix, "o1").await, 15);
+    assert_eq!(pending(&mut redis, &stream).await, 0);
+    let dead = c.dead_letter_stream();
+    let parked: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&dead)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(parked.ids.len(), 1);
+    let parked = &parked.ids[0];
+    assert_eq!(
+        parked.get::<String>("source_id").as_deref(),
+        Some(bad.as_str())
+    );
+    assert_eq!(
+        parked.get::<String>("event_id").as_deref(),
+        Some("not-a-uuid")
+    );
+    assert_eq!(parked.get::<String>("payload").as_deref(), Some("{}"));
+    let reason: String = parked.get("reason").unwrap();
+    assert!(reason.starts_with("no valid event_id"), "{reason}");
+
+    clean_up(&mut redis, &pool, &[&stream, &dead], &suffix).await;
 }
 
 #[tokio::test]
