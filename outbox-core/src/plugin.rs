@@ -107,6 +107,16 @@ pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
         None
     }
 
+    /// Whether this configuration relays `table`, a table another pipeline's pattern found
+    /// (its qualified name, and `identity`, its [`table_identity`](Self::table_identity)): the
+    /// table it names, or (a pattern) one it matches, on the same database. The binary gives
+    /// such a table to one pipeline only. The default compares the identities, which is right
+    /// for a store without patterns.
+    fn relays_table(&self, table: &str, identity: &str) -> bool {
+        let _ = table;
+        self.table_identity().as_deref() == Some(identity)
+    }
+
     /// `Some` when this configuration names a pattern of tables (discovery) rather than one
     /// table: the binary then calls [`discover`](Self::discover) every `interval` and runs one
     /// relay per table found, starting new tables' relays and stopping dropped tables' ones.

@@ -129,4 +129,32 @@ mod tests {
             49,
         );
     }
+
+    #[test]
+    fn a_table_is_relayed_by_the_configurations_that_name_or_match_it_on_its_database() {
+        use outboxkit_core::StoreConfig;
+        let config = |url: &str, table: &str| PostgresStoreConfig::new(url).table(table);
+        let identity = config("postgres://db/app", "t1.outbox")
+            .table_identity()
+            .unwrap();
+        let relays =
+            |url: &str, table: &str| config(url, table).relays_table("t1.outbox", &identity);
+        assert!(relays("postgres://u:pw@DB:5432/app", "t1.outbox"));
+        assert!(relays("postgres://db/app", "*.outbox"));
+        assert!(relays("postgres://db/app", "t*.*"));
+        assert!(!relays("postgres://db/app", "t2.outbox"));
+        assert!(!relays("postgres://db/app", "a*.outbox"), "does not match");
+        assert!(
+            !relays("postgres://db/other", "*.outbox"),
+            "another database"
+        );
+        assert!(
+            !relays("postgres://db:5433/app", "*.outbox"),
+            "another server"
+        );
+        let public = config("postgres://db/app", "outbox")
+            .table_identity()
+            .unwrap();
+        assert!(config("postgres://db/app", "*.outbox").relays_table("public.outbox", &public));
+    }
 }

@@ -289,6 +289,14 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
         S::table_identity(self)
     }
 
+    fn relays_table(&self, table: &str, identity: &str) -> bool {
+        if !self.is_pattern() {
+            return S::table_identity(self).as_deref() == Some(identity);
+        }
+        glob_match(&self.table, table)
+            && S::table_identity(&self.clone().table(table)).as_deref() == Some(identity)
+    }
+
     fn discovery(&self) -> Option<outboxkit_core::Discovery> {
         self.is_pattern().then_some(outboxkit_core::Discovery {
             interval: self.discovery_interval,

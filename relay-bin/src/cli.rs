@@ -8,7 +8,7 @@ use outboxkit_core::{ErrorKind, Store};
 
 use crate::out::outln;
 use crate::pipeline::Pipeline;
-use crate::registry::{FactoryContext, Registry};
+use crate::registry::{Discovered, FactoryContext, Registry};
 use crate::settings::{self, LogFormat, Settings};
 
 /// Relay outbox rows to a broker, at least once, in order per aggregate.
@@ -342,9 +342,31 @@ async fn targets(
             store: registry.build_store(ctx).await,
         }]);
     }
-    let mut found = registry.discover(ctx).await?;
+    let Discovered {
+        tables: mut found,
+        elsewhere,
+    } = loaded.discover(registry, pipeline).await?;
     if let Some(table) = table {
         found.retain(|t| t.table == table);
+        if let Some((_, owner)) = elsewhere.iter().find(|(t, _)| t == table) {
+            let owner_is_a_pattern = loaded
+                .pipelines
+                .iter()
+                .find(|p| &p.name == owner)
+                .map(|p| registry.discovery(loaded.context(p)))
+                .transpose()?
+                .flatten()
+                .is_some();
+            let target = match owner_is_a_pattern {
+                true => format!("{owner}/{table}"),
+                false => owner.clone(),
+            };
+            return Err(Failure::config(format!(
+                "--pipeline {}/{table}: the table is relayed by pipeline {owner}, not {}: use \
+                 --pipeline {target}",
+                pipeline.name, pipeline.name
+            )));
+        }
         if found.is_empty() {
             return Err(Failure::config(format!(
                 "--pipeline {}/{table}: the pattern of pipeline {} matches no such table",
@@ -380,6 +402,18 @@ impl Loaded {
             figment: &self.figment,
             file: self.file.as_ref(),
         }
+    }
+
+    /// The tables of pattern pipeline `pipeline` now: those it relays, and those it matches
+    /// that another pipeline relays ([`Registry::discover`]).
+    pub async fn discover(
+        &self,
+        registry: &Registry,
+        pipeline: &Pipeline,
+    ) -> outboxkit_core::Result<Discovered> {
+        registry
+            .discover(pipeline, &self.pipelines, |p| self.context(p))
+            .await
     }
 }
 

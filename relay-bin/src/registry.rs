@@ -48,6 +48,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 type Check = fn(FactoryContext<'_>) -> Result<()>;
 type Identity = fn(FactoryContext<'_>) -> Result<Option<String>>;
+type RelaysTable = fn(FactoryContext<'_>, &str, &str) -> Result<bool>;
 type DiscoveryOf = fn(FactoryContext<'_>) -> Result<Option<Discovery>>;
 type Discover = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Vec<DiscoveredTable>>>;
 
@@ -55,7 +56,19 @@ type Discover = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Vec<Disco
 pub struct DiscoveredTable {
     /// Its qualified name: `tenant_7.outbox`.
     pub table: String,
+    /// Its [`StoreConfig::table_identity`], to find the pipelines that relay it.
+    identity: Option<String>,
     build: BuildDiscovered,
+}
+
+/// What a scan of a pattern pipeline found.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// The tables the pipeline relays.
+    pub tables: Vec<DiscoveredTable>,
+    /// Tables its pattern matches that belong to another pipeline (see
+    /// [`Registry::discover`]): each table's name and that pipeline's.
+    pub elsewhere: Vec<(String, String)>,
 }
 
 /// Connects a discovered table's store, once.
@@ -82,6 +95,7 @@ type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn 
 struct StoreEntry {
     check: Check,
     identity: Identity,
+    relays_table: RelaysTable,
     discovery: DiscoveryOf,
     discover: Discover,
     build: BuildStore,
@@ -158,6 +172,9 @@ impl Registry {
             StoreEntry {
                 check: |ctx| store_config::<C>(ctx).map(drop),
                 identity: |ctx| store_config::<C>(ctx).map(|c| c.table_identity()),
+                relays_table: |ctx, table, identity| {
+                    store_config::<C>(ctx).map(|c| c.relays_table(table, identity))
+                },
                 discovery: |ctx| store_config::<C>(ctx).map(|c| c.discovery()),
                 discover: discover_tables::<C>,
                 build: build_store::<C>,
@@ -283,7 +300,8 @@ impl Registry {
             };
             if let Some(first) = seen.get(&identity) {
                 return Err(Error::config(format!(
-                    "{} and {}: pipelines `{}` and `{}` both relay the table {identity}: give                      each its own table",
+                    "{} and {}: pipelines `{}` and `{}` both relay the table {identity}: give \
+                     each its own table",
                     first.store_key, pipeline.store_key, first.name, pipeline.name
                 )));
             }
@@ -298,10 +316,48 @@ impl Registry {
         (entry.discovery)(ctx)
     }
 
-    /// The tables the pipeline's pattern matches now.
-    pub async fn discover(&self, ctx: FactoryContext<'_>) -> Result<Vec<DiscoveredTable>> {
-        let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
-        (entry.discover)(ctx).await
+    /// The tables the pipeline's pattern matches now, each given to one pipeline of
+    /// `pipelines` (the configuration's, with `context` to read each): a table that a
+    /// pipeline names in its own `store.table` is that pipeline's; one that only patterns
+    /// match is the first such pipeline's (in the configuration's order: `default`, then by
+    /// name). Otherwise two relays with different sinks would share the table's events.
+    pub async fn discover<'a>(
+        &self,
+        pipeline: &'a Pipeline,
+        pipelines: &'a [Pipeline],
+        context: impl Fn(&'a Pipeline) -> FactoryContext<'a>,
+    ) -> Result<Discovered> {
+        let ctx = context(pipeline);
+        let entry = self.store_entry(pipeline).map_err(|e| ctx.locate(e))?;
+        let found = (entry.discover)(ctx).await?;
+        // Pipelines that name one table first, then the patterns.
+        let mut claimants = Vec::new();
+        for other in pipelines {
+            let ctx = context(other);
+            let entry = self.store_entry(other).map_err(|e| ctx.locate(e))?;
+            let pattern = (entry.discovery)(ctx)?.is_some();
+            claimants.push((pattern, other, entry.relays_table));
+        }
+        claimants.sort_by_key(|(pattern, _, _)| *pattern);
+        let mut discovered = Discovered::default();
+        for table in found {
+            let mut owner = None;
+            if let Some(identity) = &table.identity {
+                for (_, other, relays_table) in &claimants {
+                    if relays_table(context(other), &table.table, identity)? {
+                        owner = Some(*other);
+                        break;
+                    }
+                }
+            }
+            match owner {
+                Some(other) if other.name != pipeline.name => {
+                    discovered.elsewhere.push((table.table, other.name.clone()));
+                }
+                _ => discovered.tables.push(table),
+            }
+        }
+        Ok(discovered)
     }
 
     /// Read, check and build the configured store.
@@ -335,6 +391,7 @@ fn discover_tables<C: StoreConfig>(
             .into_iter()
             .map(|(table, config)| {
                 let pipeline = ctx.pipeline.clone();
+                let identity = config.table_identity();
                 let build = move || -> BoxFuture<'static, Result<Arc<dyn Store>>> {
                     Box::pin(async move {
                         let store = config.build().await.map_err(|e| match e.kind() {
@@ -346,6 +403,7 @@ fn discover_tables<C: StoreConfig>(
                 };
                 DiscoveredTable {
                     table,
+                    identity,
                     build: Box::new(build),
                 }
             })

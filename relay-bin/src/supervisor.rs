@@ -25,7 +25,7 @@ use tracing::{error, info, warn, Instrument};
 
 use crate::cli::{Failure, Loaded};
 use crate::pipeline::Pipeline;
-use crate::registry::{DiscoveredTable, FactoryContext, Registry};
+use crate::registry::{Discovered, FactoryContext, Registry};
 
 /// What each pipeline is doing, for `/healthz` and `/readyz`.
 #[derive(Debug, Clone, Default)]
@@ -295,11 +295,11 @@ enum Started {
     Pattern(Scan),
 }
 
-/// A pattern pipeline's sink, scan interval and the tables found by the last scan.
+/// A pattern pipeline's sink, scan interval and what the last scan found.
 struct Scan {
     sink: Arc<dyn Sink>,
     interval: Duration,
-    tables: Vec<DiscoveredTable>,
+    found: Discovered,
 }
 
 /// Connect `pipeline`: its store and sink; or, when its table is a pattern, its sink and the
@@ -313,8 +313,8 @@ async fn start(
     let Some(discovery) = registry.discovery(ctx)? else {
         return Ok(Started::One(connect(registry, ctx).await?));
     };
-    let tables = registry.discover(ctx).await?;
-    if tables.is_empty() {
+    let found = loaded.discover(registry, pipeline).await?;
+    if found.tables.is_empty() {
         let message = format!(
             "{}.table: the pattern matches no table yet",
             pipeline.store_key
@@ -332,7 +332,7 @@ async fn start(
     Ok(Started::Pattern(Scan {
         sink,
         interval: discovery.interval,
-        tables,
+        found,
     }))
 }
 
@@ -354,14 +354,22 @@ async fn discover_and_relay(
     let Scan {
         sink,
         interval,
-        tables,
+        found,
     } = scan;
-    let mut found = Some(tables);
+    let mut found = Some(found);
     let mut running: BTreeMap<String, TableRelay> = BTreeMap::new();
     // Tables not relayed: their label and whether they were never migrated.
     let mut idle: BTreeMap<String, bool> = BTreeMap::new();
+    // Tables matched and left to another pipeline (said once each).
+    let mut left: BTreeSet<String> = BTreeSet::new();
     loop {
-        if let Some(tables) = found.take() {
+        if let Some(Discovered { tables, elsewhere }) = found.take() {
+            for (table, owner) in &elsewhere {
+                if !left.contains(table) {
+                    warn!(%table, relayed_by = %owner, "the pattern matches a table that another pipeline relays: it is left to that pipeline");
+                }
+            }
+            left = elsewhere.into_iter().map(|(table, _)| table).collect();
             let labels: BTreeSet<String> = tables
                 .iter()
                 .map(|t| format!("{}/{}", pipeline.name, t.table))
@@ -457,8 +465,8 @@ async fn discover_and_relay(
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.wait() => break,
         }
-        match registry.discover(loaded.context(pipeline)).await {
-            Ok(tables) => found = Some(tables),
+        match loaded.discover(registry, pipeline).await {
+            Ok(discovered) => found = Some(discovered),
             Err(e) => {
                 warn!(error = %e, "scanning for tables failed; the running ones go on, looking again later")
             }

@@ -885,7 +885,8 @@ fn two_pipelines_on_one_table_are_refused_naming_both() {
         "run",
         &[
             "pipelines.billing.store and pipelines.orders.store: pipelines `billing` and \
-             `orders` both relay the table postgres 127.0.0.1:5432/test a.outbox",
+             `orders` both relay the table postgres 127.0.0.1:5432/test a.outbox: give each \
+             its own table",
         ],
     );
     // Checked before connecting: the server is unreachable here and never tried.

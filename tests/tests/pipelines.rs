@@ -496,6 +496,138 @@ listen = "127.0.0.1:{port}"
     tenant_c.drop_schema(&c).await;
 }
 
+/// A pattern that also matches the table another pipeline names: that table is the other
+/// pipeline's alone (`migrate`, `status`, `run`), else its events would go to either sink. A
+/// table two patterns match is the first pattern pipeline's (`zz`, after `tenants`, relays
+/// nothing, into the broker of `own`, which would catch a misrouted event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pattern_leaves_alone_the_table_another_pipeline_names() {
+    let prefix = unique("claimed");
+    let port = free_port();
+    let (tenant, own) = (format!("{prefix}_t"), format!("{prefix}_own"));
+    let (tenants_broker, own_broker) = (
+        RedisSide::open(&format!("{prefix}-tenants")).await,
+        RedisSide::open(&format!("{prefix}-own")).await,
+    );
+    let store = |table: &str| {
+        format!(
+            "kind = \"postgres\"\nurl = \"{}\"\ntable = \"{table}\"\nshards = 8\n",
+            postgres_url()
+        )
+    };
+    let sink = |broker: &RedisSide, pipeline: &str| {
+        broker
+            .sink_toml()
+            .replace("[sink", &format!("[pipelines.{pipeline}.sink"))
+    };
+    let config_text = format!(
+        "[pipelines.own.store]\n{}\n{}\n[pipelines.tenants.store]\n{}\n{}\n\
+         [pipelines.zz.store]\n{}\n{}\n[relay]\nrebalance_interval = \"200ms\"\npoll_interval_max = \"50ms\"\n\n\
+         [server]\nlisten = \"127.0.0.1:{port}\"\n",
+        store(&format!("{own}.outbox")),
+        sink(&own_broker, "own"),
+        store(&format!("{prefix}_*.outbox")),
+        sink(&tenants_broker, "tenants"),
+        store(&format!("{prefix}_t*.outbox")),
+        sink(&own_broker, "zz"),
+    );
+    let dir = scratch_dir(&prefix);
+    let config = write_file(&dir, "relay.toml", &config_text);
+    let cli = |args: &[&str], env: &[(String, String)]| run_cli(&config, args, env);
+    let (tenant_side, own_side) = (
+        PostgresSide::open_in_schema(&tenant).await,
+        PostgresSide::open_in_schema(&own).await,
+    );
+    let env = [(
+        "OUTBOX_PIPELINES__TENANTS__STORE__TABLE".to_owned(),
+        format!("{tenant}.outbox"),
+    )];
+    let (ok, out, err) = cli(&["migrate", "--pipeline", "tenants"], &env);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = cli(&["migrate"], &[]);
+    let claimed = format!("tenants/{own}.outbox");
+    assert!(
+        ok && !out.contains(&claimed),
+        "migrated once, by its own pipeline: {out}{err}"
+    );
+    assert!(out.contains("migrated pipeline own: "), "{out}");
+    let (ok, text, err) = cli(&["status", "--json"], &[]);
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let reported: Vec<&String> = status["pipelines"].as_object().unwrap().keys().collect();
+    let expected = [
+        &"own".to_owned(),
+        &format!("tenants/{tenant}.outbox"),
+        &"zz".to_owned(),
+    ];
+    assert!(ok && reported == expected, "{status}{err}");
+    let (ok, _, err) = cli(&["--pipeline", &claimed, "status"], &[]);
+    assert!(
+        !ok && err
+            .contains("the table is relayed by pipeline own, not tenants: use --pipeline own"),
+        "{err}"
+    );
+
+    let events = |aggregate: &str| -> Vec<outboxkit_core::NewEvent> {
+        (0..20)
+            .map(|i| {
+                outboxkit_core::NewEvent::new(
+                    "order",
+                    aggregate,
+                    "Placed",
+                    serde_json::json!({ "i": i }),
+                )
+                .event_id(uuid::Uuid::now_v7())
+            })
+            .collect()
+    };
+    let (to_tenants, to_own) = (events("t1"), events("o1"));
+    tenant_side.enqueue_many(&to_tenants).await;
+    own_side.enqueue_many(&to_own).await;
+    let mut relay = RelayProcess::start(&config, &dir, "relay-claimed", &[]);
+    wait_for("both tables relayed", Duration::from_secs(30), || async {
+        tenant_side.pending().await == 0 && own_side.pending().await == 0
+    })
+    .await;
+    relay.stop(Duration::from_secs(30));
+    let log = relay.log_text();
+    let left: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("it is left to that pipeline"))
+        .collect();
+    let said = |pipeline: &str, table: &str, owner: &str| {
+        left.iter().any(|l| {
+            l.contains(&format!("relay{{pipeline={pipeline}}}"))
+                && l.ends_with(&format!("table={table}.outbox relayed_by={owner}"))
+        })
+    };
+    assert!(
+        left.len() == 2 && said("tenants", &own, "own") && said("zz", &tenant, "tenants"),
+        "{log}"
+    );
+    for (broker, written, name) in [
+        (&tenants_broker, &to_tenants, "tenants"),
+        (&own_broker, &to_own, "own"),
+    ] {
+        let mut read: Vec<uuid::Uuid> = broker
+            .read_back(&Default::default(), Duration::ZERO)
+            .await
+            .iter()
+            .map(|d| d.event_id)
+            .collect();
+        read.sort();
+        let mut expected: Vec<uuid::Uuid> = written.iter().map(|e| e.event_id.unwrap()).collect();
+        expected.sort();
+        assert_eq!(
+            read, expected,
+            "pipeline {name}'s broker has its own table's events only"
+        );
+    }
+    tenants_broker.cleanup().await;
+    own_broker.cleanup().await;
+    tenant_side.drop_schema(&tenant).await;
+    own_side.drop_schema(&own).await;
+}
+
 /// The cumulative buckets `(le, count)` of `outbox_commit_to_ack_seconds` of `pipeline` in a
 /// `/metrics` text.
 fn commit_to_ack_buckets(metrics: &str, pipeline: &str) -> Vec<(f64, f64)> {
