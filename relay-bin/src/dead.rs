@@ -53,8 +53,8 @@ pub struct Chosen {
     /// Every dead event (of one aggregate with --aggregate-id).
     #[arg(long)]
     all: bool,
-    /// With --all: only this aggregate. (clap's `requires` alone lets it pass beside ids: `all`
-    /// has a default.)
+    /// With --all: only this aggregate.
+    // `conflicts_with` too: `requires` alone lets it pass beside ids, `all` having a default.
     #[arg(long, requires = "all", conflicts_with = "ids")]
     aggregate_id: Option<String>,
 }
@@ -232,5 +232,22 @@ mod tests {
                 assert!(parse(bad).is_err(), "{bad:?}");
             }
         }
+    }
+
+    /// `--help` of every command speaks to the operator: no note to maintainers in it.
+    #[test]
+    fn help_texts_hold_no_notes_for_maintainers() {
+        fn walk(command: &mut clap::Command, path: &str) {
+            let help = command.render_long_help().to_string();
+            assert!(!help.contains("clap"), "{path} --help:\n{help}");
+            for sub in command.get_subcommands_mut() {
+                let path = format!("{path} {}", sub.get_name());
+                walk(sub, &path);
+            }
+        }
+        walk(
+            &mut <Cli as clap::CommandFactory>::command(),
+            "outbox-relay",
+        );
     }
 }
