@@ -563,6 +563,9 @@ pub fn check_url_options(url: &str, known: &[&str]) -> Result<()> {
     }
 }
 
+/// Longest `store.session_timeout`.
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// Check the numbers of `[store]`; each error names its key under `store.`.
 pub fn check_limits(
     shards: u32,
@@ -581,10 +584,14 @@ pub fn check_limits(
     if connect_timeout.is_zero() {
         return Err(Error::config("store.connect_timeout: must be above 0"));
     }
-    if session_timeout < Duration::from_millis(100) {
-        return Err(Error::config(
-            "store.session_timeout: must be at least 100ms",
-        ));
+    // PostgreSQL takes a statement_timeout of at most 2^31 - 1 ms (24.8 days): above it, every
+    // session would fail to open; and a relay whose host vanished can hold its shards for a
+    // few times this on MySQL.
+    if session_timeout < Duration::from_millis(100) || session_timeout > MAX_SESSION_TIMEOUT {
+        return Err(Error::config(format!(
+            "store.session_timeout: must be between 100ms and 24h, got {}",
+            crate::format_duration(session_timeout)
+        )));
     }
     Ok(())
 }
@@ -1158,6 +1165,13 @@ mod tests {
                 4,
                 ok.2,
                 Duration::from_millis(99),
+                "store.session_timeout",
+            ),
+            (
+                64,
+                4,
+                ok.2,
+                MAX_SESSION_TIMEOUT + Duration::from_millis(1),
                 "store.session_timeout",
             ),
         ] {
