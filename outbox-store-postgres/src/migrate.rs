@@ -32,7 +32,8 @@ const _: () = outboxkit_store_sql::migrate::assert_numbered(MIGRATIONS, SCHEMA_V
 /// table must not race either. FNV-1a of `outbox-relay:migrate`.
 const MIGRATION_LOCK_KEY: i64 = fnv1a64(b"outbox-relay:migrate") as i64;
 
-const fn fnv1a64(bytes: &[u8]) -> u64 {
+/// FNV-1a, 64 bits.
+pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut i = 0;
     while i < bytes.len() {

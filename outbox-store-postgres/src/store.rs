@@ -112,18 +112,33 @@ impl PostgresStore {
         .map_err(|e| classify(e, &target))?
         .flatten();
         let tls = config::tls_summary(&config.url, tls_version.as_deref(), "sslmode", "prefer");
+        target.table = table.to_string();
+        let names = match config.capture {
+            outboxkit_store_sql::config::Capture::Poll => None,
+            outboxkit_store_sql::config::Capture::Logical => {
+                let names = crate::logical::LogicalNames::new(&table, &config.logical);
+                let names = crate::logical::with_recorded(
+                    &mut conn,
+                    &table,
+                    &config.logical,
+                    names,
+                    &target,
+                )
+                .await?;
+                Some(names)
+            }
+        };
         if let Err(e) = conn.close().await {
             tracing::debug!("closing the first connection: {e}");
         }
-        target.table = table.to_string();
 
         let pool = config
             .pool_options()
             .connect_lazy_with(options.clone().application_name("outbox-relay"));
-        let logical = match config.capture {
-            outboxkit_store_sql::config::Capture::Poll => None,
-            outboxkit_store_sql::config::Capture::Logical => Some(Arc::new(LogicalContext {
-                names: crate::logical::LogicalNames::new(&table, &config.logical),
+        let logical = match names {
+            None => None,
+            Some(names) => Some(Arc::new(LogicalContext {
+                names,
                 table: table.clone(),
                 sql: Sql::new(&table),
                 target: target.clone(),

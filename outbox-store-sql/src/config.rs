@@ -219,7 +219,8 @@ impl<S: SqlStore> SqlStoreConfig<S> {
             {
                 return Err(Error::config(
                     "store.logical.slot: cannot be set with a pattern store.table: each table \
-                     found gets its own slot and publication, outbox_relay_<schema>_<table>",
+                     found gets its own slot and publication, outbox_relay_<schema>_<table> \
+                     (cut to 63 bytes with a hash of the name when longer)",
                 ));
             }
         }

@@ -735,3 +735,84 @@ async fn migrate_names_each_missing_prerequisite() {
     );
     drop(server);
 }
+
+/// Default slot names past PostgreSQL's 63 bytes: two tenants whose names begin alike get a
+/// slot each (cut to 63 bytes they shared one, and the second table could not be set up), and a
+/// table set up with the name an earlier version gave it keeps that slot, which `run` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_table_names_get_a_slot_each_and_keep_the_recorded_one() {
+    let name = unique("lgslot");
+    let server = PrivatePostgres::start_logical(&name);
+    let url = server.url("postgres", "");
+    // 51 bytes each: `outbox_relay_<schema>_outbox` is 71.
+    let schemas = [1, 2, 3].map(|n| format!("t_{name}_{}{n}", "x".repeat(30)));
+    let side = PostgresSide::open_with_pool(&url, "probe", 2).await;
+    for schema in &schemas {
+        side.exec_sql(&format!("CREATE SCHEMA {schema}")).await;
+    }
+    let redis = RedisSide::open(&name).await;
+    let dir = scratch_dir(&name);
+    let config = write_file(
+        &dir,
+        "relay.toml",
+        &format!(
+            "[store]\nkind = \"postgres\"\nurl = \"{url}\"\ntable = \"t_{name}_*.outbox\"\n\
+             capture = \"logical\"\ndiscovery_interval = \"1s\"\n\n{}\n\
+             [relay]\npoll_interval_max = \"50ms\"\n\n[server]\nlisten = \"\"\n",
+            redis.sink_toml()
+        ),
+    );
+    let migrate = |schema: &str, slot: Option<&str>| {
+        let mut env = vec![("OUTBOX_STORE__TABLE".to_owned(), format!("{schema}.outbox"))];
+        env.extend(slot.map(|s| ("OUTBOX_STORE__LOGICAL__SLOT".to_owned(), s.to_owned())));
+        let (ok, out, err) = run_cli(&config, &["migrate"], &env);
+        assert!(ok, "migrate {schema}: {out}{err}");
+    };
+    migrate(&schemas[0], None);
+    migrate(&schemas[1], None);
+    // The third as an earlier version set it up: the default name cut to 63 bytes.
+    let mut old = format!("outbox_relay_{}_outbox", schemas[2]);
+    old.truncate(63);
+    migrate(&schemas[2], Some(&old));
+
+    let slots = side
+        .query_text(
+            "SELECT string_agg(slot_name, ' ' ORDER BY slot_name) FROM pg_replication_slots",
+        )
+        .await;
+    let slots: Vec<String> = slots.split(' ').map(str::to_owned).collect();
+    assert_eq!(slots.len(), 3, "{slots:?}");
+    assert!(slots.contains(&old), "{slots:?}");
+    assert!(slots.iter().all(|s| s.len() <= 63), "{slots:?}");
+
+    // Without the slot setting, every table (the third with its recorded slot) is relayed.
+    let (ok, out, err) = run_cli(&config, &["status"], &[]);
+    assert!(ok, "{out}{err}");
+    let mut relay = RelayProcess::start(&config, &dir, "relay-long-names", &[]);
+    for schema in &schemas {
+        side.exec_sql(&format!(
+            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', '{schema}', 'Placed', '{{}}')"
+        ))
+        .await;
+    }
+    let mut tables = Vec::new();
+    for schema in &schemas {
+        tables.push(PostgresSide::open_with_pool(&url, &format!("{schema}.outbox"), 1).await);
+    }
+    wait_for("every tenant relayed", Duration::from_secs(30), || async {
+        let mut pending = 0;
+        for table in &tables {
+            pending += table.pending().await;
+        }
+        pending == 0
+    })
+    .await;
+    relay.stop(Duration::from_secs(30));
+    let delivered = redis.read_back(&Default::default(), Duration::ZERO).await;
+    let mut aggregates: Vec<String> = delivered.iter().map(|d| d.aggregate_id.clone()).collect();
+    aggregates.sort();
+    assert_eq!(aggregates, schemas.to_vec(), "{}", relay.log_text());
+    redis.cleanup().await;
+    drop(server);
+}

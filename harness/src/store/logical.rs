@@ -97,10 +97,7 @@ impl LogicalSide {
 
     /// The first column of the first row of `sql`, which must be text.
     pub async fn query_text(&self, sql: &str) -> String {
-        sqlx::query_scalar(sql)
-            .fetch_one(self.pool())
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        self.inner.query_text(sql).await
     }
 
     /// The pool of the test's own connections.

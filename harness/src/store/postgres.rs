@@ -146,4 +146,12 @@ impl PostgresSide {
         self.exec(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
             .await;
     }
+
+    /// The first column of the first row of `sql`, which must be text.
+    pub async fn query_text(&self, sql: &str) -> String {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
 }

@@ -23,6 +23,7 @@ use sqlx::PgConnection;
 use outboxkit_core::{DeadSelection, Error, PayloadType, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
 
+pub(crate) use setup::with_recorded;
 pub use setup::{LogicalNames, SlotLag};
 
 /// The replication connection's TLS, from the URL's `sslmode`, `sslrootcert`, `sslcert` and

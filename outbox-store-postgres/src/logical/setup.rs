@@ -31,14 +31,29 @@ pub struct LogicalNames {
     pub function: String,
 }
 
+/// Longest name of a replication slot or a publication (`NAMEDATALEN` - 1).
+const MAX_NAME: usize = 63;
+
+/// The slot of a table when `store.logical.slot` is not set: `outbox_relay_<schema>_<table>`,
+/// or, when that is longer than 63 bytes, its first 54 bytes, `_` and 8 hex digits of a hash of
+/// `<schema>.<table>`, so that tables whose long names begin alike get slots of their own.
+fn default_slot(schema: &str, table: &str) -> String {
+    let name = format!("outbox_relay_{schema}_{table}");
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let hash = crate::migrate::fnv1a64(format!("{schema}.{table}").as_bytes());
+    // Names are ASCII (checked), so any byte is a char boundary.
+    format!("{}_{:08x}", &name[..MAX_NAME - 9], hash as u32)
+}
+
 impl LogicalNames {
     pub fn new(table: &TableName, settings: &LogicalSettings) -> Self {
         let schema = table.qualifier().unwrap_or("public");
-        let mut slot = settings
+        let slot = settings
             .slot
             .clone()
-            .unwrap_or_else(|| format!("outbox_relay_{schema}_{}", table.name()));
-        slot.truncate(63);
+            .unwrap_or_else(|| default_slot(schema, table.name()));
         Self {
             style: settings.style,
             publication: settings.publication.clone().unwrap_or_else(|| slot.clone()),
@@ -129,18 +144,55 @@ pub(crate) async fn slot_state(
 }
 
 /// The bookkeeping row of `table`: (slot, style), when migrate set logical capture up.
+/// `names` with the slot and publication `migrate` recorded for `table`, where the settings do
+/// not name them: the table keeps the slot it was set up with (by an earlier version, whose
+/// default name was another, or with a setting since removed).
+pub(crate) async fn with_recorded(
+    conn: &mut PgConnection,
+    table: &TableName,
+    settings: &LogicalSettings,
+    mut names: LogicalNames,
+    target: &Target,
+) -> Result<LogicalNames> {
+    if settings.slot.is_some() || !capture_table_exists(conn, table, target).await? {
+        return Ok(names);
+    }
+    let row: Option<(String, String)> = sqlx::query_as(&format!(
+        "SELECT slot, publication FROM {} WHERE table_name = $1",
+        table.quoted_sibling(CAPTURE_TABLE)
+    ))
+    .bind(table.name())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(err(target, "reading the capture bookkeeping"))?;
+    if let Some((slot, publication)) = row {
+        if settings.publication.is_none() {
+            names.publication = publication;
+        }
+        names.slot = slot;
+    }
+    Ok(names)
+}
+
+async fn capture_table_exists(
+    conn: &mut PgConnection,
+    table: &TableName,
+    target: &Target,
+) -> Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1::text) IS NOT NULL")
+        .bind(table.quoted_sibling(CAPTURE_TABLE))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err(target, "reading the capture bookkeeping"))
+}
+
 pub(crate) async fn recorded(
     conn: &mut PgConnection,
     table: &TableName,
     target: &Target,
 ) -> Result<Option<(String, String)>> {
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1::text) IS NOT NULL")
-        .bind(&bookkeeping)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(err(target, "reading the capture bookkeeping"))?;
-    if !exists {
+    if !capture_table_exists(conn, table, target).await? {
         return Ok(None);
     }
     sqlx::query_as(&format!(
@@ -542,4 +594,30 @@ pub(crate) async fn slot_lag<'c, E: sqlx::PgExecutor<'c>>(
         })
     })
     .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_slots_fit_in_63_bytes_and_differ_per_table() {
+        assert_eq!(default_slot("app", "outbox"), "outbox_relay_app_outbox");
+        let fits = format!("t_{}", "x".repeat(41));
+        assert_eq!(
+            default_slot(&fits, "outbox").len(),
+            63,
+            "unchanged up to 63"
+        );
+        assert_eq!(
+            default_slot(&fits, "outbox"),
+            format!("outbox_relay_{fits}_outbox")
+        );
+        let long = |n: u32| default_slot(&format!("tenant_{}_{n}", "x".repeat(50)), "outbox");
+        let (a, b) = (long(1), long(2));
+        assert_eq!((a.len(), b.len()), (63, 63));
+        assert_ne!(a, b);
+        assert_eq!(a, long(1), "the same table, the same slot");
+        assert!(a.starts_with("outbox_relay_tenant_xxx"), "{a}");
+    }
 }
