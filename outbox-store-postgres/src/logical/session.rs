@@ -137,11 +137,11 @@ impl fmt::Debug for LogicalSession {
     }
 }
 
-/// The `application_name` of the sessions' own connections, by which they count each other.
-fn members_name(slot: &str) -> String {
-    let mut name = format!("outbox-relay-logical:{slot}");
-    name.truncate(63);
-    name
+/// The `application_name` of the sessions' own connections, by which they count each other:
+/// one per slot (a long slot name is shortened with a hash, not cut, so that two slots whose
+/// names begin alike do not count each other's relays).
+pub(super) fn members_name(slot: &str) -> String {
+    super::setup::fit_name(format!("outbox-relay-logical:{slot}"), slot)
 }
 
 impl LogicalSession {

@@ -38,12 +38,19 @@ const MAX_NAME: usize = 63;
 /// or, when that is longer than 63 bytes, its first 54 bytes, `_` and 8 hex digits of a hash of
 /// `<schema>.<table>`, so that tables whose long names begin alike get slots of their own.
 fn default_slot(schema: &str, table: &str) -> String {
-    let name = format!("outbox_relay_{schema}_{table}");
+    fit_name(
+        format!("outbox_relay_{schema}_{table}"),
+        &format!("{schema}.{table}"),
+    )
+}
+
+/// `name` when it has at most 63 bytes, else its first 54 bytes, `_` and 8 hex digits of a hash
+/// of `key` (which tells the long names apart). `name` is ASCII.
+pub(crate) fn fit_name(name: String, key: &str) -> String {
     if name.len() <= MAX_NAME {
         return name;
     }
-    let hash = crate::migrate::fnv1a64(format!("{schema}.{table}").as_bytes());
-    // Names are ASCII (checked), so any byte is a char boundary.
+    let hash = crate::migrate::fnv1a64(key.as_bytes());
     format!("{}_{:08x}", &name[..MAX_NAME - 9], hash as u32)
 }
 
@@ -619,5 +626,9 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, long(1), "the same table, the same slot");
         assert!(a.starts_with("outbox_relay_tenant_xxx"), "{a}");
+        // The members' application_name of two such slots (63 bytes each) differ too.
+        let member = crate::logical::session::members_name;
+        assert_ne!(member(&a), member(&b));
+        assert!(member(&a).len() <= 63);
     }
 }
