@@ -348,23 +348,14 @@ async fn targets(
     } = loaded.discover(registry, pipeline).await?;
     if let Some(table) = table {
         found.retain(|t| t.table == table);
-        if let Some((_, owner)) = elsewhere.iter().find(|(t, _)| t == table) {
-            let owner_is_a_pattern = loaded
-                .pipelines
-                .iter()
-                .find(|p| &p.name == owner)
-                .map(|p| registry.discovery(loaded.context(p)))
-                .transpose()?
-                .flatten()
-                .is_some();
-            let target = match owner_is_a_pattern {
-                true => format!("{owner}/{table}"),
-                false => owner.clone(),
-            };
+        if let Some(claimed) = elsewhere.iter().find(|c| c.table == table) {
             return Err(Failure::config(format!(
-                "--pipeline {}/{table}: the table is relayed by pipeline {owner}, not {}: use \
-                 --pipeline {target}",
-                pipeline.name, pipeline.name
+                "--pipeline {}/{table}: the table is relayed by pipeline {}, not {}: use \
+                 --pipeline {}",
+                pipeline.name,
+                claimed.pipeline,
+                pipeline.name,
+                claimed.label()
             )));
         }
         if found.is_empty() {

@@ -67,8 +67,29 @@ pub struct Discovered {
     /// The tables the pipeline relays.
     pub tables: Vec<DiscoveredTable>,
     /// Tables its pattern matches that belong to another pipeline (see
-    /// [`Registry::discover`]): each table's name and that pipeline's.
-    pub elsewhere: Vec<(String, String)>,
+    /// [`Registry::discover`]).
+    pub elsewhere: Vec<Claimed>,
+}
+
+/// A table that a pattern matches and another pipeline relays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// Its qualified name.
+    pub table: String,
+    /// The pipeline that relays it.
+    pub pipeline: String,
+    /// Whether that pipeline found it with a pattern too.
+    pub by_pattern: bool,
+}
+
+impl Claimed {
+    /// How `--pipeline` names the table where it is relayed: `orders`, or `tenants/t7.outbox`.
+    pub fn label(&self) -> String {
+        match self.by_pattern {
+            true => format!("{}/{}", self.pipeline, self.table),
+            false => self.pipeline.clone(),
+        }
+    }
 }
 
 /// Connects a discovered table's store, once.
@@ -343,16 +364,20 @@ impl Registry {
         for table in found {
             let mut owner = None;
             if let Some(identity) = &table.identity {
-                for (_, other, relays_table) in &claimants {
+                for (pattern, other, relays_table) in &claimants {
                     if relays_table(context(other), &table.table, identity)? {
-                        owner = Some(*other);
+                        owner = Some((*other, *pattern));
                         break;
                     }
                 }
             }
             match owner {
-                Some(other) if other.name != pipeline.name => {
-                    discovered.elsewhere.push((table.table, other.name.clone()));
+                Some((other, by_pattern)) if other.name != pipeline.name => {
+                    discovered.elsewhere.push(Claimed {
+                        table: table.table,
+                        pipeline: other.name.clone(),
+                        by_pattern,
+                    });
                 }
                 _ => discovered.tables.push(table),
             }

@@ -315,10 +315,17 @@ async fn start(
     };
     let found = loaded.discover(registry, pipeline).await?;
     if found.tables.is_empty() {
-        let message = format!(
-            "{}.table: the pattern matches no table yet",
-            pipeline.store_key
-        );
+        let message = match found.elsewhere.first() {
+            None => format!(
+                "{}.table: the pattern matches no table yet",
+                pipeline.store_key
+            ),
+            Some(claimed) => format!(
+                "{}.table: the pattern matches no table of its own yet ({} is relayed by \
+                 pipeline {})",
+                pipeline.store_key, claimed.table, claimed.pipeline
+            ),
+        };
         if discovery.require_match {
             return Err(outboxkit_core::Error::config(format!(
                 "{message}, and {}.require_match is true",
@@ -364,12 +371,12 @@ async fn discover_and_relay(
     let mut left: BTreeSet<String> = BTreeSet::new();
     loop {
         if let Some(Discovered { tables, elsewhere }) = found.take() {
-            for (table, owner) in &elsewhere {
-                if !left.contains(table) {
-                    warn!(%table, relayed_by = %owner, "the pattern matches a table that another pipeline relays: it is left to that pipeline");
+            for claimed in &elsewhere {
+                if !left.contains(&claimed.table) {
+                    warn!(table = %claimed.table, relayed_by = %claimed.pipeline, "the pattern matches a table that another pipeline relays: it is left to that pipeline");
                 }
             }
-            left = elsewhere.into_iter().map(|(table, _)| table).collect();
+            left = elsewhere.into_iter().map(|c| c.table).collect();
             let labels: BTreeSet<String> = tables
                 .iter()
                 .map(|t| format!("{}/{}", pipeline.name, t.table))

@@ -566,6 +566,14 @@ async fn a_pattern_leaves_alone_the_table_another_pipeline_names() {
             .contains("the table is relayed by pipeline own, not tenants: use --pipeline own"),
         "{err}"
     );
+    let (ok, _, err) = cli(
+        &["--pipeline", &format!("zz/{tenant}.outbox"), "status"],
+        &[],
+    );
+    let use_instead = format!(
+        "the table is relayed by pipeline tenants, not zz: use --pipeline tenants/{tenant}.outbox"
+    );
+    assert!(!ok && err.contains(&use_instead), "{err}");
 
     let events = |aggregate: &str| -> Vec<outboxkit_core::NewEvent> {
         (0..20)
