@@ -387,7 +387,14 @@ impl MySqlStore {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        classify(error, self.target())
+        let pool = &self.inner.pool;
+        let max = pool.options().get_max_connections();
+        outboxkit_store_sql::classify::classify_pooled::<MySql>(
+            error,
+            self.target(),
+            pool.size(),
+            max,
+        )
     }
 }
 

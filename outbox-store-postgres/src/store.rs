@@ -373,7 +373,14 @@ impl PostgresStore {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        classify(error, self.target())
+        let pool = &self.inner.pool;
+        let max = pool.options().get_max_connections();
+        outboxkit_store_sql::classify::classify_pooled::<Postgres>(
+            error,
+            self.target(),
+            pool.size(),
+            max,
+        )
     }
 }
 

@@ -181,6 +181,37 @@ pub fn classify<D: Dialect>(error: sqlx::Error, target: &Target) -> Error {
     }
 }
 
+/// [`classify`] for a call on a pool of at most `max` connections that holds `size` now: a
+/// pool that timed out says which of its two causes it was. sqlx keeps retrying a connection
+/// the server refuses (down, starting up, at its own connection limit) until
+/// `store.connect_timeout`, so the pool then holds fewer than `max`; when every one of its
+/// connections was in use, it holds `max`.
+pub fn classify_pooled<D: Dialect>(
+    error: sqlx::Error,
+    target: &Target,
+    size: u32,
+    max: u32,
+) -> Error {
+    if !matches!(error, sqlx::Error::PoolTimedOut) {
+        return classify::<D>(error, target);
+    }
+    let at = target.at::<D>();
+    let message = if size < max {
+        format!(
+            "cannot reach {at} ({}): it refused every connection for store.connect_timeout (the \
+             {} is down, starting up, or at its own connection limit)",
+            target.url_key::<D>(),
+            D::UNREACHABLE
+        )
+    } else {
+        format!(
+            "no connection to {at} within store.connect_timeout: all {max} connections of the \
+             pool (store.pool_size) were in use"
+        )
+    };
+    Error::new(ErrorKind::Connection, message)
+}
+
 /// The TLS library's error inside a sqlx error (a failed handshake comes as I/O or TLS).
 fn tls_error(error: &sqlx::Error) -> Option<&rustls::Error> {
     match error {
@@ -344,6 +375,25 @@ mod tests {
         assert!(
             e.message().contains(": the server is unreachable or"),
             "{e}"
+        );
+        let refused = classify_pooled::<Plain>(sqlx::Error::PoolTimedOut, &target(), 0, 4);
+        assert_eq!(
+            refused.message(),
+            "cannot reach SomeSQL at db:1234 (store.url): it refused every connection for \
+             store.connect_timeout (the server is down, starting up, or at its own connection \
+             limit)"
+        );
+        let busy = classify_pooled::<Plain>(sqlx::Error::PoolTimedOut, &target(), 4, 4);
+        assert!(
+            busy.message()
+                .ends_with("all 4 connections of the pool (store.pool_size) were in use"),
+            "{busy}"
+        );
+        assert!(refused.is_retryable() && busy.is_retryable());
+        let other = classify_pooled::<Plain>(sqlx::Error::PoolClosed, &target(), 0, 4);
+        assert_eq!(
+            other.message(),
+            classify::<Plain>(sqlx::Error::PoolClosed, &target()).message()
         );
         let e = classify::<Plain>(sqlx::Error::RowNotFound, &target());
         assert!(!e.is_retryable() && e.message().contains("table app.outbox"));
