@@ -387,13 +387,10 @@ impl MySqlStore {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        let pool = &self.inner.pool;
-        let max = pool.options().get_max_connections();
-        outboxkit_store_sql::classify::classify_pooled::<MySql>(
+        outboxkit_store_sql::classify::classify_on_pool::<MySql, _>(
             error,
             self.target(),
-            pool.size(),
-            max,
+            &self.inner.pool,
         )
     }
 }

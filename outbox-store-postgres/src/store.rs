@@ -373,13 +373,10 @@ impl PostgresStore {
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
-        let pool = &self.inner.pool;
-        let max = pool.options().get_max_connections();
-        outboxkit_store_sql::classify::classify_pooled::<Postgres>(
+        outboxkit_store_sql::classify::classify_on_pool::<Postgres, _>(
             error,
             self.target(),
-            pool.size(),
-            max,
+            &self.inner.pool,
         )
     }
 }

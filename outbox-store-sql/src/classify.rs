@@ -212,6 +212,16 @@ pub fn classify_pooled<D: Dialect>(
     Error::new(ErrorKind::Connection, message)
 }
 
+/// [`classify_pooled`] with the state of `pool` now.
+pub fn classify_on_pool<D: Dialect, DB: sqlx::Database>(
+    error: sqlx::Error,
+    target: &Target,
+    pool: &sqlx::Pool<DB>,
+) -> Error {
+    let max = pool.options().get_max_connections();
+    classify_pooled::<D>(error, target, pool.size(), max)
+}
+
 /// The TLS library's error inside a sqlx error (a failed handshake comes as I/O or TLS).
 fn tls_error(error: &sqlx::Error) -> Option<&rustls::Error> {
     match error {

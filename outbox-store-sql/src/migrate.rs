@@ -7,7 +7,7 @@ use std::future::Future;
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
-use crate::classify::{classify, classify_pooled, Dialect, Target};
+use crate::classify::{classify, classify_on_pool, Dialect, Target};
 use crate::config::{TableName, TableRules, SCHEMA_TABLE};
 use crate::payload::PayloadColumn;
 
@@ -196,10 +196,10 @@ pub async fn pooled_table_facts<S: TableCatalog>(
     configured: Option<PayloadType>,
     target: &Target,
 ) -> Result<(u32, PayloadType)> {
-    let mut conn = pool.acquire().await.map_err(|e| {
-        let max = pool.options().get_max_connections();
-        classify_pooled::<S>(e, target, pool.size(), max)
-    })?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| classify_on_pool::<S, _>(e, target, pool))?;
     let row = S::schema_row(&mut *conn, table, target).await;
     table_facts::<S>(&mut *conn, table, row, configured, target).await
 }
