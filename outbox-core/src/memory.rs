@@ -43,6 +43,8 @@ struct StoreState {
     sessions: HashMap<u64, String>,
     /// sessions whose "connection" was cut: every call fails with LeaseLost
     broken: HashSet<u64>,
+    /// Marks fail, as on a server that became read-only.
+    refuse_marks: bool,
 }
 
 /// An in-memory outbox shared by every session opened on it.
@@ -144,6 +146,11 @@ impl MemoryStore {
             st.sessions.remove(&id);
         }
         st.locks.clear();
+    }
+
+    /// Make every mark fail (`true`), as a read-only server would, or work again.
+    pub fn refuse_marks(&self, refuse: bool) {
+        self.lock().refuse_marks = refuse;
     }
 
     /// Which relay holds each shard.
@@ -483,6 +490,12 @@ impl ShardSession for MemorySession {
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
         let mut st = self.guard()?;
+        if st.refuse_marks {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "the in-memory outbox is read-only",
+            ));
+        }
         for id in ids {
             match mode {
                 MarkMode::Delete => {

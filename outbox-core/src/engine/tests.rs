@@ -421,6 +421,29 @@ async fn lost_session_is_reopened_and_nothing_is_lost() {
     assert_first_occurrences_in_order(&delivered);
 }
 
+/// A session that opens and claims but cannot mark (a read-only server, a privilege revoked):
+/// its rows are published again at each new session, so new sessions come after a growing
+/// backoff, not at once (which sent the same events thousands of times a second), and the
+/// rows are marked as soon as marks work again.
+#[tokio::test]
+async fn marks_that_keep_failing_back_off_instead_of_republishing_at_once() {
+    let store = MemoryStore::new(4);
+    write(&store, 10, 1).await;
+    store.refuse_marks(true);
+    let sink = ScriptedSink::new();
+    let relay = start(&store, &sink, fast_config());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rounds = sink.delivered().len() / 10;
+    println!("marks refused for 2 s: the 10 events were published {rounds} times");
+    assert!(
+        (2..=8).contains(&rounds),
+        "{rounds} publishes of the same 10 events in 2 s"
+    );
+    store.refuse_marks(false);
+    drained(&store, Duration::from_secs(10)).await;
+    relay.stop().await;
+}
+
 #[tokio::test]
 async fn keep_retention_marks_then_purges() {
     let store = MemoryStore::new(2);

@@ -41,6 +41,11 @@ struct OpenSession {
     prefetched: Vec<OutboxEvent>,
     /// Rows acknowledged by the broker, to mark while the next batch is being published.
     unmarked: Vec<i64>,
+    /// The session marked rows, or found none to claim: it works, not just opens. Until then
+    /// the worker keeps counting database failures, so that a session that opens and claims
+    /// but cannot mark (a read-only server, a privilege revoked) is reopened after a growing
+    /// backoff rather than at once, publishing the same rows again each time.
+    proven: bool,
 }
 
 /// What the session did while the broker worked on a batch.
@@ -58,6 +63,7 @@ impl OpenSession {
             session,
             prefetched: Vec::new(),
             unmarked: Vec::new(),
+            proven: false,
         }
     }
 
@@ -72,6 +78,7 @@ impl OpenSession {
             .mark_published(&marks, relay.config.retention.mark_mode())
             .await?;
         relay.handle.marked(marks.len());
+        self.proven = true;
         Ok(())
     }
 
@@ -111,8 +118,9 @@ impl OpenSession {
             }
         };
         let (report, next) = tokio::join!(publish, database);
-        if next.is_ok() {
+        if next.is_ok() && !marks.is_empty() {
             relay.handle.marked(marks.len());
+            self.proven = true;
         }
         Pipelined { report, next }
     }
@@ -157,21 +165,32 @@ impl<'a> Worker<'a> {
         while !shutdown.is_triggered() {
             let open = match self.open.as_mut() {
                 Some(open) => open,
-                None => match relay.store.open_session(&relay.relay_id).await {
-                    Ok(session) => {
-                        info!(relay_id = %relay.relay_id, shards = session.shard_count(), "database session open");
-                        self.store_failures = 0;
-                        self.next_rebalance = Instant::now();
-                        relay.handle.session_opened();
-                        self.open.insert(OpenSession::new(session))
-                    }
-                    Err(e) => {
-                        self.store_failed("session", e);
+                None => {
+                    // After a database failure, whatever the stage: back off before the next
+                    // session (a lost session's rows would be claimed and published again).
+                    if self.store_failures > 0 {
                         shutdown.pause(outage_backoff(self.store_failures)).await;
-                        continue;
+                        if shutdown.is_triggered() {
+                            break;
+                        }
                     }
-                },
+                    match relay.store.open_session(&relay.relay_id).await {
+                        Ok(session) => {
+                            info!(relay_id = %relay.relay_id, shards = session.shard_count(), "database session open");
+                            self.next_rebalance = Instant::now();
+                            relay.handle.session_opened();
+                            self.open.insert(OpenSession::new(session))
+                        }
+                        Err(e) => {
+                            self.store_failed("session", e);
+                            continue;
+                        }
+                    }
+                }
             };
+            if open.proven {
+                self.store_failures = 0;
+            }
 
             if Instant::now() >= self.next_rebalance {
                 if let Err(e) = open.flush(relay).await {
@@ -188,7 +207,6 @@ impl<'a> Worker<'a> {
                     }
                     Err(e) => {
                         self.lose_session("rebalance", e).await;
-                        shutdown.pause(outage_backoff(self.store_failures)).await;
                         continue;
                     }
                 }
@@ -206,7 +224,6 @@ impl<'a> Worker<'a> {
                     Ok(batch) => batch,
                     Err(e) => {
                         self.lose_session("claim", e).await;
-                        shutdown.pause(outage_backoff(self.store_failures)).await;
                         continue;
                     }
                 }
@@ -215,6 +232,7 @@ impl<'a> Worker<'a> {
             };
 
             if batch.is_empty() {
+                open.proven = true;
                 match open.flush(relay).await {
                     Err(e) => self.lose_session("mark", e).await,
                     Ok(()) if open.session.claim_waits() && !open.session.owned().is_empty() => {
@@ -340,8 +358,8 @@ impl<'a> Worker<'a> {
                 return blocked;
             }
             relay.handle.parked_dead(dead);
+            open.proven = true;
         }
-        self.store_failures = 0;
         blocked
     }
 
