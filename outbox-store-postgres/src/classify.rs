@@ -9,6 +9,7 @@
 //! | SQLSTATE `3D000` (unknown database) | `Config` | no |
 //! | SQLSTATE `42P01` (undefined table) | `Schema` | no |
 //! | SQLSTATE `53xxx` (too many connections, out of memory or disk) | `Unavailable` | yes |
+//! | SQLSTATE `25006` (a write on a read-only server: a hot standby) | `Unavailable` | yes |
 //! | SQLSTATE `57014` (statement timeout, cancelled) | `Timeout` | yes |
 //! | SQLSTATE `40001`, `40P01` (serialization failure, deadlock) | `Other` | yes |
 //! | sqlx configuration error | `Config` | no |
@@ -57,6 +58,9 @@ impl outboxkit_store_sql::Dialect for Postgres {
             ErrorKind::Connection => {
                 format!("{at} ended the connection: {message} (SQLSTATE {code})")
             }
+            ErrorKind::Unavailable if code == READ_ONLY => {
+                return read_only(target, &format!("{message} (SQLSTATE {code})"));
+            }
             ErrorKind::Unavailable => {
                 format!("{at} is out of resources: {message} (SQLSTATE {code})")
             }
@@ -70,6 +74,49 @@ impl outboxkit_store_sql::Dialect for Postgres {
     }
 }
 
+/// `read_only_sql_transaction`: a write on a hot standby, or with read-only transactions.
+const READ_ONLY: &str = "25006";
+
+/// The server takes no writes (`why`: what said so). The relay must not claim there: it would
+/// publish rows it can never mark, again at every session. Retryable: after a failover the
+/// address in store.url may lead to the new primary.
+pub(crate) fn read_only(target: &Target, why: &str) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "{} is read-only ({why}): the relay marks and deletes rows of table {}, so it needs \
+             the primary; point store.url at it (a replica's or a reader endpoint's address \
+             will not do)",
+            target.at::<Postgres>(),
+            target.table
+        ),
+    )
+}
+
+/// Refuse a server that takes no writes, before a session claims anything.
+pub(crate) async fn refuse_read_only(
+    conn: &mut sqlx::PgConnection,
+    target: &Target,
+) -> outboxkit_core::Result<()> {
+    let (standby, read_only_transactions): (bool, bool) = sqlx::query_as(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+    )
+    .fetch_one(conn)
+    .await
+    .map_err(|e| classify(e, target))?;
+    match (standby, read_only_transactions) {
+        (true, _) => Err(read_only(
+            target,
+            "a hot standby: pg_is_in_recovery() is true",
+        )),
+        (false, true) => Err(read_only(
+            target,
+            "default_transaction_read_only is on for this user or database",
+        )),
+        (false, false) => Ok(()),
+    }
+}
+
 /// The kind and retryability of a database error by its SQLSTATE.
 pub(crate) fn kind_of_sqlstate(code: &str) -> (ErrorKind, bool) {
     let class = code.get(..2).unwrap_or("");
@@ -78,7 +125,7 @@ pub(crate) fn kind_of_sqlstate(code: &str) -> (ErrorKind, bool) {
         (_, "3D000") => (ErrorKind::Config, false),
         (_, "42P01") => (ErrorKind::Schema, false),
         (_, "57P01" | "57P02" | "57P03") | ("08", _) => (ErrorKind::Connection, true),
-        ("53", _) => (ErrorKind::Unavailable, true),
+        ("53", _) | (_, READ_ONLY) => (ErrorKind::Unavailable, true),
         (_, "57014") => (ErrorKind::Timeout, true),
         (_, "40001" | "40P01") => (ErrorKind::Other, true),
         _ => (ErrorKind::Other, false),
@@ -117,6 +164,19 @@ mod tests {
 
     /// The table of the module's documentation, row by row.
     #[test]
+    fn a_write_on_a_read_only_server_asks_for_the_primary() {
+        let e = db("25006");
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert!(e.is_retryable());
+        assert!(
+            e.message()
+                .starts_with("PostgreSQL at 127.0.0.1:5999 is read-only (")
+                && e.message().contains("point store.url at it"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn every_sqlstate_has_its_kind() {
         use ErrorKind::*;
         check_kinds(
@@ -131,7 +191,7 @@ mod tests {
                     Connection,
                     true,
                 ),
-                (&["53300", "53100", "53200"], Unavailable, true),
+                (&["53300", "53100", "53200", "25006"], Unavailable, true),
                 (&["57014"], Timeout, true),
                 (&["40001", "40P01"], Other, true),
                 (&["23505", "42601", "22P02", ""], Other, false),

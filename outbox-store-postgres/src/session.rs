@@ -139,6 +139,7 @@ impl PostgresShardSession {
         let mut conn = connect_within::<Postgres, _>(&options, target, connect_timeout)
             .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
+        crate::classify::refuse_read_only(&mut conn, target).await?;
         let (joined, backend_pid): (bool, i32) = sqlx::query_as(JOIN_MEMBERS)
             .bind(context.keys.member_key)
             .fetch_one(&mut conn)

@@ -439,6 +439,7 @@ impl Store for PostgresStore {
         if !outbox_exists {
             return Err(migrate::not_migrated(table));
         }
+        crate::classify::refuse_read_only(&mut conn, self.target()).await?;
         privileges::check::<Postgres>(&mut conn, &self.grants(), self.target()).await?;
         let row = match schema_table_exists {
             true => Postgres::schema_row(&mut conn, table, self.target()).await?,

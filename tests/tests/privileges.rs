@@ -82,13 +82,7 @@ async fn relays_with_the_listed_privileges(
     store.exec_sql(&user.revoke).await;
     let as_user = [("OUTBOX_STORE__URL", user.url.as_str())];
 
-    let relay = scenario.start_relay("relay-lacking", &as_user);
-    let exit = scenario.relays[relay].exit_within(
-        Duration::from_secs(30),
-        "a relay lacking a privilege must stop at start",
-    );
-    let log = scenario.relays[relay].log_text();
-    assert!(!exit.success(), "{log}");
+    let log = stopped_at_start(&mut scenario, "relay-lacking", &as_user);
     assert!(
         log.contains(&format!("user \"{name}\" lacks privileges the relay needs"))
             && log.contains(&user.missing)
@@ -131,6 +125,15 @@ async fn relays_with_the_listed_privileges(
     }
 }
 
+/// Start relay `name` with `env`; it must stop by itself, failing, within 30 s. Its log.
+fn stopped_at_start(scenario: &mut Scenario, name: &str, env: &[(&str, &str)]) -> String {
+    let relay = scenario.start_relay(name, env);
+    let exit = scenario.relays[relay].exit_within(Duration::from_secs(30), "it must stop at start");
+    let log = scenario.relays[relay].log_text();
+    assert!(!exit.success(), "{log}");
+    log
+}
+
 /// The `GRANT` statements of `readme`'s "Privileges" section, for the test's `table` and user
 /// `table`: each `(from, to)` of `rename` replaced, then the README's table `outbox` and user
 /// `relay` by the test's.
@@ -163,4 +166,93 @@ fn with_user(url: &str, user: &str) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let host = rest.split_once('@').map_or(rest, |(_, host)| host);
     format!("{scheme}://{user}:pw@{host}")
+}
+
+/// A PostgreSQL server that takes no writes (here a user with default_transaction_read_only;
+/// a hot standby, a replica's address, is the same to the relay): `run` stops at start saying
+/// so, where it used to claim, publish, fail to mark and claim again, sending the same events
+/// thousands of times a second while /readyz said ready. Once running, a server that turns
+/// read-only (a failover) gets no new session until it takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_a_read_only_server_instead_of_publishing_again_and_again() {
+    let name = unique("ro");
+    let store = Arc::new(PostgresSide::open(&name).await);
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let mut scenario = Scenario::prepare(store.clone(), redis.clone(), Settings::default()).await;
+    store
+        .exec_sql(&format!("CREATE ROLE {name} LOGIN PASSWORD 'pw'"))
+        .await;
+    let grants = readme_grants(
+        POSTGRES_README,
+        &name,
+        &[("app.", "public."), ("SCHEMA app", "SCHEMA public")],
+    );
+    for grant in &grants {
+        store.exec_sql(grant).await;
+    }
+    let read_only = |on: bool| {
+        let setting = match on {
+            true => "SET default_transaction_read_only = on",
+            false => "RESET default_transaction_read_only",
+        };
+        format!("ALTER ROLE {name} {setting}")
+    };
+    let url = with_user(&postgres_url(), &name);
+    let as_user = [("OUTBOX_STORE__URL", url.as_str())];
+    let events = |from: u32| -> Vec<NewEvent> {
+        (from..from + 10)
+            .map(|n| NewEvent::new("order", "A", "Changed", serde_json::json!({ "n": n })))
+            .collect()
+    };
+    let stream = redis.destination("order");
+
+    store.exec_sql(&read_only(true)).await;
+    scenario.store.enqueue_many(&events(0)).await;
+    let log = stopped_at_start(&mut scenario, "relay-read-only", &as_user);
+    assert!(
+        log.contains("is read-only") && log.contains("default_transaction_read_only"),
+        "{log}"
+    );
+    assert_eq!(redis.stream_len(&stream).await, 0, "nothing was published");
+
+    store.exec_sql(&read_only(false)).await;
+    let relay = scenario.start_relay("relay-writable", &as_user);
+    let published = |n: u64| {
+        let (redis, stream) = (redis.clone(), stream.clone());
+        move || {
+            let (redis, stream) = (redis.clone(), stream.clone());
+            async move { redis.stream_len(&stream).await == n }
+        }
+    };
+    wait_for("10 events", Duration::from_secs(30), published(10)).await;
+
+    // The server turns read-only under the running relay; its connections are cut.
+    store.exec_sql(&read_only(true)).await;
+    scenario.store.enqueue_many(&events(10)).await;
+    store
+        .exec_sql(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"
+        ))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        redis.stream_len(&stream).await,
+        10,
+        "no session, no publish: {}",
+        scenario.relays[relay].log_text()
+    );
+    assert!(
+        scenario.relays[relay].log_text().contains("is read-only"),
+        "{}",
+        scenario.relays[relay].log_text()
+    );
+    store.exec_sql(&read_only(false)).await;
+    wait_for("20 events", Duration::from_secs(30), published(20)).await;
+
+    let exit = scenario.relays[relay].terminate(Duration::from_secs(20));
+    assert!(exit.success(), "{}", scenario.relays[relay].log_text());
+    redis.delete(&[stream]).await;
+    scenario.cleanup().await;
+    store.exec_sql(&format!("DROP OWNED BY {name}")).await;
+    store.exec_sql(&format!("DROP ROLE {name}")).await;
 }

@@ -163,9 +163,10 @@ impl LogicalSession {
                 ("tcp_keepalives_count", "3"),
             ]);
         let target = &context.target;
-        let conn = connect_within::<Postgres, _>(&options, target, context.connect_timeout)
+        let mut conn = connect_within::<Postgres, _>(&options, target, context.connect_timeout)
             .await?
             .map_err(|e| classify(e, target).context("opening a logical capture session"))?;
+        crate::classify::refuse_read_only(&mut conn, target).await?;
         let fence = Fence::new(conn, target.clone(), relay_id, 1, context.session_timeout);
         Ok(Self {
             fence,
