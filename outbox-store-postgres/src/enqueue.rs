@@ -128,7 +128,7 @@ impl Outbox {
         }
         let recorded = crate::logical::setup::recorded(conn, &self.table, &self.target).await?;
         let style = match recorded {
-            Some((_, style)) if style == CaptureStyle::Message.as_str() => CaptureStyle::Message,
+            Some(r) if r.style == CaptureStyle::Message.as_str() => CaptureStyle::Message,
             _ => CaptureStyle::Table,
         };
         Ok(*self.style.get_or_init(|| style))

@@ -90,6 +90,16 @@ fn consumer(name: &str, stream: &str, suffix: &str) -> OrderTotalsConsumer {
     }
 }
 
+/// A [`Pass`] that read, applied, skipped as duplicates and dead-lettered these many.
+fn passed(read: usize, applied: usize, duplicates: usize, malformed: usize) -> Pass {
+    Pass {
+        read,
+        applied,
+        duplicates,
+        malformed,
+    }
+}
+
 /// The services and a prepared consumer of a stream of its own, `<prefix>-<suffix>`.
 async fn prepared(
     prefix: &str,
@@ -116,15 +126,7 @@ async fn an_event_delivered_twice_is_applied_once() {
     xadd(&mut redis, &stream, e2, "o1", 5).await;
     xadd(&mut redis, &stream, e1, "o1", 10).await; // the relay published e1 again
     let pass = c.pass(&mut redis, &pool, 100).await.unwrap();
-    assert_eq!(
-        pass,
-        Pass {
-            read: 3,
-            applied: 2,
-            duplicates: 1,
-            malformed: 0,
-        }
-    );
+    assert_eq!(pass, passed(3, 2, 1, 0));
     assert_eq!(total(&pool, &suffix, "o1").await, 15);
 
     clean_up(&mut redis, &pool, &[&stream], &suffix).await;
@@ -193,15 +195,7 @@ async fn a_message_that_is_not_an_event_goes_to_the_dead_letter_stream() {
     xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 5).await;
 
     let pass = c.pass(&mut redis, &pool, 100).await.unwrap();
-    assert_eq!(
-        pass,
-        Pass {
-            read: 3,
-            applied: 2,
-            duplicates: 0,
-            malformed: 1,
-        }
-    );
+    assert_eq!(pass, passed(3, 2, 0, 1));
     assert_eq!(total(&pool, &suffix, "o1").await, 15);
     assert_eq!(pending(&mut redis, &stream).await, 0);
     let dead = c.dead_letter_stream();

@@ -150,7 +150,6 @@ pub(crate) async fn slot_state(
     .map_err(err(target, "reading the replication slot"))
 }
 
-/// The bookkeeping row of `table`: (slot, style), when migrate set logical capture up.
 /// `names` with the slot and publication `migrate` recorded for `table`, where the settings do
 /// not name them: the table keeps the slot it was set up with (by an earlier version, whose
 /// default name was another, or with a setting since removed).
@@ -161,54 +160,54 @@ pub(crate) async fn with_recorded(
     mut names: LogicalNames,
     target: &Target,
 ) -> Result<LogicalNames> {
-    if settings.slot.is_some() || !capture_table_exists(conn, table, target).await? {
+    if settings.slot.is_some() {
         return Ok(names);
     }
-    let row: Option<(String, String)> = sqlx::query_as(&format!(
-        "SELECT slot, publication FROM {} WHERE table_name = $1",
-        table.quoted_sibling(CAPTURE_TABLE)
-    ))
-    .bind(table.name())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(err(target, "reading the capture bookkeeping"))?;
-    if let Some((slot, publication)) = row {
+    if let Some(recorded) = recorded(conn, table, target).await? {
         if settings.publication.is_none() {
-            names.publication = publication;
+            names.publication = recorded.publication;
         }
-        names.slot = slot;
+        names.slot = recorded.slot;
     }
     Ok(names)
 }
 
-async fn capture_table_exists(
-    conn: &mut PgConnection,
-    table: &TableName,
-    target: &Target,
-) -> Result<bool> {
-    sqlx::query_scalar("SELECT to_regclass($1::text) IS NOT NULL")
-        .bind(table.quoted_sibling(CAPTURE_TABLE))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(err(target, "reading the capture bookkeeping"))
+/// The bookkeeping row of a table that `migrate` set logical capture up for.
+#[derive(Debug)]
+pub(crate) struct Recorded {
+    pub slot: String,
+    pub style: String,
+    pub publication: String,
 }
 
+/// The bookkeeping row of `table`, when migrate set logical capture up.
 pub(crate) async fn recorded(
     conn: &mut PgConnection,
     table: &TableName,
     target: &Target,
-) -> Result<Option<(String, String)>> {
+) -> Result<Option<Recorded>> {
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
-    if !capture_table_exists(conn, table, target).await? {
+    let read = err(target, "reading the capture bookkeeping");
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1::text) IS NOT NULL")
+        .bind(&bookkeeping)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(&read)?;
+    if !exists {
         return Ok(None);
     }
-    sqlx::query_as(&format!(
-        "SELECT slot, style FROM {bookkeeping} WHERE table_name = $1"
+    let row: Option<(String, String, String)> = sqlx::query_as(&format!(
+        "SELECT slot, style, publication FROM {bookkeeping} WHERE table_name = $1"
     ))
     .bind(table.name())
     .fetch_optional(&mut *conn)
     .await
-    .map_err(err(target, "reading the capture bookkeeping"))
+    .map_err(&read)?;
+    Ok(row.map(|(slot, style, publication)| Recorded {
+        slot,
+        style,
+        publication,
+    }))
 }
 
 /// The check of a table relayed with `capture = "poll"` that `migrate` once set up for logical
@@ -221,7 +220,7 @@ pub(crate) async fn check_polled(
     table: &TableName,
     target: &Target,
 ) -> Result<()> {
-    let Some((slot, style)) = recorded(conn, table, target).await? else {
+    let Some(Recorded { slot, style, .. }) = recorded(conn, table, target).await? else {
         return Ok(());
     };
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
@@ -294,7 +293,7 @@ pub(crate) async fn check(
     target: &Target,
 ) -> Result<()> {
     check_server(conn, target).await?;
-    let Some((slot, style)) = recorded(conn, table, target).await? else {
+    let Some(Recorded { slot, style, .. }) = recorded(conn, table, target).await? else {
         return Err(Error::new(
             ErrorKind::Schema,
             format!(
@@ -491,11 +490,11 @@ pub(crate) async fn migrate(
     let recorded = recorded(&mut conn, table, target).await?;
     let state = slot_state(&mut conn, &names.slot, target).await?;
     match (&recorded, &state) {
-        (Some((slot, style)), Some(state)) => {
+        (Some(Recorded { slot, style, .. }), Some(state)) => {
             check_recorded(slot, style, names, table)?;
             check_slot(state, names, table)?;
         }
-        (Some((slot, style)), None) => {
+        (Some(Recorded { slot, style, .. }), None) => {
             check_recorded(slot, style, names, table)?;
             return Err(slot_gone(names, table, "was dropped"));
         }
