@@ -8,7 +8,7 @@ use outboxkit_core::{ErrorKind, Store};
 
 use crate::out::outln;
 use crate::pipeline::Pipeline;
-use crate::registry::{Discovered, FactoryContext, Registry};
+use crate::registry::{Claimed, Discovered, FactoryContext, Registry};
 use crate::settings::{self, LogFormat, Settings};
 
 /// Relay outbox rows to a broker, at least once, in order per aggregate.
@@ -196,9 +196,10 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             let mut all = Vec::new();
             let mut unmatched = Vec::new();
             for pipeline in &pipelines {
-                let found = targets(&registry, &loaded, pipeline, wanted_table).await?;
+                let (found, elsewhere) =
+                    targets(&registry, &loaded, pipeline, wanted_table).await?;
                 if found.is_empty() {
-                    unmatched.push(pipeline.name.clone());
+                    unmatched.push((pipeline.name.clone(), no_table(&elsewhere)));
                 }
                 all.extend(found);
             }
@@ -218,11 +219,13 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
                     crate::pipeline::names(&loaded.pipelines)
                 )));
             };
-            let mut targets = targets(&registry, &loaded, pipeline, wanted_table).await?;
+            let (mut targets, elsewhere) =
+                targets(&registry, &loaded, pipeline, wanted_table).await?;
             if targets.is_empty() {
                 return Err(Failure::runtime(format!(
-                    "dead: pipeline {} has no table: {NO_MATCH}",
-                    pipeline.name
+                    "dead: pipeline {} has no table: {}",
+                    pipeline.name,
+                    no_table(&elsewhere)
                 )));
             }
             if targets.len() != 1 {
@@ -254,8 +257,8 @@ async fn migrate(
     let several = loaded.pipelines.len() > 1;
     let mut failed: Vec<(String, Failure)> = Vec::new();
     for pipeline in pipelines {
-        let targets = match targets(registry, loaded, pipeline, wanted_table).await {
-            Ok(targets) => targets,
+        let (targets, elsewhere) = match targets(registry, loaded, pipeline, wanted_table).await {
+            Ok(found) => found,
             Err(failure) if several => {
                 failed.push((pipeline.name.clone(), failure));
                 continue;
@@ -263,7 +266,7 @@ async fn migrate(
             Err(failure) => return Err(failure),
         };
         if targets.is_empty() {
-            outln!("pipeline {}: {NO_MATCH}", pipeline.name);
+            outln!("pipeline {}: {}", pipeline.name, no_table(&elsewhere));
         }
         let one = !several && targets.len() == 1;
         for target in targets {
@@ -314,6 +317,22 @@ fn dead_list(loaded: &Loaded, label: &str) -> String {
 /// tenants' pipeline before its first tenant).
 pub(crate) const NO_MATCH: &str = "no table matches its pattern";
 
+/// Why a pattern pipeline has no table: [`NO_MATCH`], or the tables it matches that other
+/// pipelines relay.
+pub(crate) fn no_table(elsewhere: &[Claimed]) -> String {
+    if elsewhere.is_empty() {
+        return NO_MATCH.to_owned();
+    }
+    let tables: Vec<String> = elsewhere
+        .iter()
+        .map(|c| format!("{} (pipeline {})", c.table, c.pipeline))
+        .collect();
+    format!(
+        "its pattern matches only tables other pipelines relay: {}",
+        tables.join(", ")
+    )
+}
+
 /// One relay's worth of a pipeline: the pipeline's table, or one table its pattern matched
 /// (`tenants/t7.outbox`), with its store or the error connecting it.
 #[derive(Debug)]
@@ -322,13 +341,14 @@ pub struct Target {
     pub store: outboxkit_core::Result<std::sync::Arc<dyn Store>>,
 }
 
-/// The targets of `pipeline` (only `table` of a pattern pipeline when given).
+/// The targets of `pipeline` (only `table` of a pattern pipeline when given), and the tables
+/// its pattern matches that other pipelines relay.
 async fn targets(
     registry: &Registry,
     loaded: &Loaded,
     pipeline: &Pipeline,
     table: Option<&str>,
-) -> Result<Vec<Target>, Failure> {
+) -> Result<(Vec<Target>, Vec<Claimed>), Failure> {
     let ctx = loaded.context(pipeline);
     if registry.discovery(ctx)?.is_none() {
         if let Some(table) = table {
@@ -337,10 +357,11 @@ async fn targets(
                 pipeline.name, pipeline.name, pipeline.name
             )));
         }
-        return Ok(vec![Target {
+        let target = Target {
             label: pipeline.name.clone(),
             store: registry.build_store(ctx).await,
-        }]);
+        };
+        return Ok((vec![target], Vec::new()));
     }
     let Discovered {
         tables: mut found,
@@ -372,7 +393,7 @@ async fn targets(
             store: t.build().await,
         });
     }
-    Ok(targets)
+    Ok((targets, elsewhere))
 }
 
 /// The configuration as loaded: settings, the figment they came from (for key paths and

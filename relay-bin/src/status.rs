@@ -175,21 +175,22 @@ struct PipelineLine {
 /// `status` of several pipelines: one line each (pending, oldest pending age, dead, relays
 /// owning shards), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
 /// reached gets its error on its line; the command then fails (exit 1) after printing all. A
-/// pattern pipeline that matches no table (`unmatched`) gets a line that says so.
+/// pattern pipeline without a table of its own (`unmatched`: its name, and why) gets a line
+/// that says so.
 pub async fn print_each(
     targets: Vec<crate::cli::Target>,
-    unmatched: &[String],
+    unmatched: &[(String, String)],
     json: bool,
 ) -> Result<(), Failure> {
     let mut lines: BTreeMap<String, PipelineLine> = BTreeMap::new();
-    for name in unmatched {
+    for (name, why) in unmatched {
         let line = PipelineLine {
             store: None,
             backlog: None,
             relays: None,
             error: None,
             problem: None,
-            note: Some(crate::cli::NO_MATCH.to_owned()),
+            note: Some(why.clone()),
         };
         lines.insert(name.clone(), line);
     }

@@ -39,8 +39,9 @@ enum Slot {
     Connecting(String),
     /// A discovered table that was never migrated: the store's error.
     Unmigrated(String),
-    /// A pattern pipeline whose pattern matches no table now: nothing to do, ready.
-    NoTable,
+    /// A pattern pipeline whose pattern matches no table now, or only other pipelines' tables
+    /// (then why, as `status` says it): nothing to do, ready.
+    NoTable(Option<String>),
     /// Relaying.
     Relaying(RelayHandle),
 }
@@ -72,7 +73,7 @@ impl Board {
     /// Every pipeline's relay loop is running, or it is still trying to connect.
     pub fn is_alive(&self) -> bool {
         self.snapshot().iter().all(|(_, slot)| match slot {
-            Slot::Connecting(_) | Slot::Unmigrated(_) | Slot::NoTable => true,
+            Slot::Connecting(_) | Slot::Unmigrated(_) | Slot::NoTable(_) => true,
             Slot::Relaying(handle) => handle.is_alive(),
         })
     }
@@ -102,7 +103,8 @@ impl Board {
                     all_ready = false;
                     format!("not migrated, not relayed: {error}")
                 }
-                Slot::NoTable => "ready, no table matches the pattern yet".to_owned(),
+                Slot::NoTable(None) => "ready, no table matches the pattern yet".to_owned(),
+                Slot::NoTable(Some(why)) => format!("ready, {why}"),
             };
             body.push_str(&format!("{name}: {line}\n"));
         }
@@ -376,6 +378,7 @@ async fn discover_and_relay(
                     warn!(table = %claimed.table, relayed_by = %claimed.pipeline, "the pattern matches a table that another pipeline relays: it is left to that pipeline");
                 }
             }
+            let none_because = (!elsewhere.is_empty()).then(|| crate::cli::no_table(&elsewhere));
             left = elsewhere.into_iter().map(|c| c.table).collect();
             let labels: BTreeSet<String> = tables
                 .iter()
@@ -450,7 +453,7 @@ async fn discover_and_relay(
             }
             record_tables(&pipeline.name, running.len(), &idle);
             if running.is_empty() && idle.is_empty() {
-                board.set(&pipeline.name, Slot::NoTable);
+                board.set(&pipeline.name, Slot::NoTable(none_because));
             } else {
                 board.remove(&pipeline.name);
             }
@@ -601,7 +604,7 @@ mod tests {
         assert!(body.ends_with("orders: not ready: starting\n"), "{body}");
 
         let board = Board::default();
-        board.set("tenants", Slot::NoTable);
+        board.set("tenants", Slot::NoTable(None));
         assert_eq!(
             board.readiness(),
             (

@@ -553,6 +553,14 @@ async fn a_pattern_leaves_alone_the_table_another_pipeline_names() {
     assert!(out.contains("migrated pipeline own: "), "{out}");
     let (ok, text, err) = cli(&["status", "--json"], &[]);
     let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let zz_note = format!(
+        "its pattern matches only tables other pipelines relay: {tenant}.outbox (pipeline tenants)"
+    );
+    assert_eq!(
+        status["pipelines"]["zz"]["note"],
+        zz_note.as_str(),
+        "{status}"
+    );
     let reported: Vec<&String> = status["pipelines"].as_object().unwrap().keys().collect();
     let expected = [
         &"own".to_owned(),
@@ -596,6 +604,8 @@ async fn a_pattern_leaves_alone_the_table_another_pipeline_names() {
         tenant_side.pending().await == 0 && own_side.pending().await == 0
     })
     .await;
+    let (_, ready) = http_get(port, "/readyz").unwrap();
+    assert!(ready.contains(&format!("zz: ready, {zz_note}")), "{ready}");
     relay.stop(Duration::from_secs(30));
     let log = relay.log_text();
     let left: Vec<&str> = log
