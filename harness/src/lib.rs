@@ -86,6 +86,6 @@ pub use store::{DeadRow, StoreSide, PENDING};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use store::{SqlOutbox, SqlSide};
 pub use util::{
-    free_port, http_get, metric_at, metric_value, running_as_root, scratch_dir, unique, wait_for,
-    wait_for_metric, wait_for_ready, write_file,
+    free_port, http_get, metric_at, metric_value, one_pipeline_config, running_as_root,
+    scratch_dir, unique, wait_for, wait_for_metric, wait_for_ready, write_file,
 };

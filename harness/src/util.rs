@@ -21,6 +21,18 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
+/// Scratch directory `name` with a `relay.toml` of one pipeline: the `[store]` keys `store`,
+/// the sink's own section `sink` (a broker side's `sink_toml()`), idle polling at 50 ms and no
+/// HTTP server. The directory and the file.
+pub fn one_pipeline_config(name: &str, store: &str, sink: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch_dir(name);
+    let text = format!(
+        "[store]\n{store}\n{sink}\n[relay]\npoll_interval_max = \"50ms\"\n\n[server]\nlisten = \"\"\n"
+    );
+    let config = write_file(&dir, "relay.toml", &text);
+    (dir, config)
+}
+
 /// `who` and the warning and error lines of its `log` (how many, then the last 10, without
 /// terminal colours), for a failure message.
 pub fn log_troubles(who: &str, log: &str) -> String {

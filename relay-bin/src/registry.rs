@@ -48,7 +48,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 type Check = fn(FactoryContext<'_>) -> Result<()>;
 type Identity = fn(FactoryContext<'_>) -> Result<Option<String>>;
-type RelaysTable = fn(FactoryContext<'_>, &str, &str) -> Result<bool>;
+/// For each (table, identity): whether the pipeline relays it ([`StoreConfig::relays_table`]),
+/// its section read once.
+type RelaysTables = fn(FactoryContext<'_>, &[(&str, Option<&str>)]) -> Result<Vec<bool>>;
 type DiscoveryOf = fn(FactoryContext<'_>) -> Result<Option<Discovery>>;
 type Discover = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Vec<DiscoveredTable>>>;
 
@@ -116,7 +118,7 @@ type BuildSink = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Arc<dyn 
 struct StoreEntry {
     check: Check,
     identity: Identity,
-    relays_table: RelaysTable,
+    relays_tables: RelaysTables,
     discovery: DiscoveryOf,
     discover: Discover,
     build: BuildStore,
@@ -193,8 +195,14 @@ impl Registry {
             StoreEntry {
                 check: |ctx| store_config::<C>(ctx).map(drop),
                 identity: |ctx| store_config::<C>(ctx).map(|c| c.table_identity()),
-                relays_table: |ctx, table, identity| {
-                    store_config::<C>(ctx).map(|c| c.relays_table(table, identity))
+                relays_tables: |ctx, tables| {
+                    let config = store_config::<C>(ctx)?;
+                    Ok(tables
+                        .iter()
+                        .map(|(table, identity)| {
+                            identity.is_some_and(|identity| config.relays_table(table, identity))
+                        })
+                        .collect())
                 },
                 discovery: |ctx| store_config::<C>(ctx).map(|c| c.discovery()),
                 discover: discover_tables::<C>,
@@ -351,26 +359,31 @@ impl Registry {
         let ctx = context(pipeline);
         let entry = self.store_entry(pipeline).map_err(|e| ctx.locate(e))?;
         let found = (entry.discover)(ctx).await?;
-        // Pipelines that name one table first, then the patterns.
+        let identified: Vec<(&str, Option<&str>)> = found
+            .iter()
+            .map(|t| (t.table.as_str(), t.identity.as_deref()))
+            .collect();
+        // Per pipeline (those that name one table first, then the patterns): which of the
+        // found tables it relays.
         let mut claimants = Vec::new();
         for other in pipelines {
             let ctx = context(other);
             let entry = self.store_entry(other).map_err(|e| ctx.locate(e))?;
             let pattern = (entry.discovery)(ctx)?.is_some();
-            claimants.push((pattern, other, entry.relays_table));
+            let relays = (entry.relays_tables)(ctx, &identified)?;
+            claimants.push((pattern, other, relays));
         }
         claimants.sort_by_key(|(pattern, _, _)| *pattern);
+        let owners: Vec<Option<(&Pipeline, bool)>> = (0..found.len())
+            .map(|i| {
+                claimants
+                    .iter()
+                    .find(|(_, _, relays)| relays[i])
+                    .map(|(pattern, other, _)| (*other, *pattern))
+            })
+            .collect();
         let mut discovered = Discovered::default();
-        for table in found {
-            let mut owner = None;
-            if let Some(identity) = &table.identity {
-                for (pattern, other, relays_table) in &claimants {
-                    if relays_table(context(other), &table.table, identity)? {
-                        owner = Some((*other, *pattern));
-                        break;
-                    }
-                }
-            }
+        for (table, owner) in found.into_iter().zip(owners) {
             match owner {
                 Some((other, by_pattern)) if other.name != pipeline.name => {
                     discovered.elsewhere.push(Claimed {

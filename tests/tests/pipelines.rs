@@ -823,16 +823,13 @@ async fn a_pattern_finds_the_outbox_of_every_matching_mysql_database() {
     }
     sides[0].enqueue_many(&placed_events(30, 3)).await;
     let redis = RedisSide::open(&prefix).await;
-    let dir = scratch_dir(&prefix);
-    let config = write_file(
-        &dir,
-        "relay.toml",
+    let (dir, config) = one_pipeline_config(
+        &prefix,
         &format!(
-            "[store]\nkind = \"mysql\"\nurl = \"{}\"\ntable = \"{prefix}_*.outbox\"\n\n{}\n\
-             [relay]\npoll_interval_max = \"50ms\"\n\n[server]\nlisten = \"\"\n",
-            mysql_url(),
-            redis.sink_toml()
+            "kind = \"mysql\"\nurl = \"{}\"\ntable = \"{prefix}_*.outbox\"\n",
+            mysql_url()
         ),
+        &redis.sink_toml(),
     );
     let (ok, text, err) = run_cli(&config, &["status", "--json"], &[]);
     assert!(ok, "status: {err}");

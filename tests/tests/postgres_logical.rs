@@ -751,16 +751,13 @@ async fn long_table_names_get_a_slot_each_and_keep_the_recorded_one() {
         side.exec_sql(&format!("CREATE SCHEMA {schema}")).await;
     }
     let redis = RedisSide::open(&name).await;
-    let dir = scratch_dir(&name);
-    let config = write_file(
-        &dir,
-        "relay.toml",
+    let (dir, config) = one_pipeline_config(
+        &name,
         &format!(
-            "[store]\nkind = \"postgres\"\nurl = \"{url}\"\ntable = \"t_{name}_*.outbox\"\n\
-             capture = \"logical\"\ndiscovery_interval = \"1s\"\n\n{}\n\
-             [relay]\npoll_interval_max = \"50ms\"\n\n[server]\nlisten = \"\"\n",
-            redis.sink_toml()
+            "kind = \"postgres\"\nurl = \"{url}\"\ntable = \"t_{name}_*.outbox\"\n\
+             capture = \"logical\"\ndiscovery_interval = \"1s\"\n"
         ),
+        &redis.sink_toml(),
     );
     let migrate = |schema: &str, slot: Option<&str>| {
         let mut env = vec![("OUTBOX_STORE__TABLE".to_owned(), format!("{schema}.outbox"))];
