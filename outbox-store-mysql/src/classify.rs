@@ -24,7 +24,7 @@ use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
 use outboxkit_core::{Error, ErrorKind};
-use outboxkit_store_sql::classify::with_retryability;
+use outboxkit_store_sql::classify::{read_only, with_retryability};
 pub(crate) use outboxkit_store_sql::Target;
 
 pub(crate) use crate::config::MySql;
@@ -71,6 +71,9 @@ impl outboxkit_store_sql::Dialect for MySql {
                 target.credentials_key()
             ),
             ErrorKind::Connection => format!("{at} ended the connection: {message} ({code})"),
+            ErrorKind::Unavailable if is_read_only(number, &message) => {
+                return read_only::<Self>(target, &format!("{message} ({code})"));
+            }
             ErrorKind::Unavailable => {
                 format!("{at} cannot serve right now: {message} ({code})")
             }
@@ -88,6 +91,68 @@ impl outboxkit_store_sql::Dialect for MySql {
             _ => format!("{at}, table {table}: {message} ({code})"),
         };
         with_retryability(Error::new(kind, text), retryable)
+    }
+}
+
+/// 1792: a write in a read-only transaction; 1290 with the server's `--read-only` (or
+/// `--super-read-only`) option, not another option that prevents a statement.
+fn is_read_only(number: Option<u16>, message: &str) -> bool {
+    match number {
+        Some(1792) => true,
+        Some(1290) => message.contains("read-only") || message.contains("read_only"),
+        _ => false,
+    }
+}
+
+/// The server variables that make a server or a connection take no writes, with what each
+/// means. A user with SUPER (MySQL) or READ_ONLY ADMIN (MariaDB) may still write under
+/// `read_only`, but on a replica that breaks its replication and marks rows the primary still
+/// holds as pending; so the relay refuses them whoever it connects as.
+const READ_ONLY_VARIABLES: [(&str, &str); 5] = [
+    (
+        "read_only",
+        "read_only is ON: a replica, or a primary being failed over",
+    ),
+    (
+        "super_read_only",
+        "super_read_only is ON: a replica, or a primary being failed over",
+    ),
+    (
+        "innodb_read_only",
+        "innodb_read_only is ON: a read-only instance, such as a reader of a cluster",
+    ),
+    (
+        "transaction_read_only",
+        "transaction_read_only is ON: transactions are read-only by default",
+    ),
+    (
+        "tx_read_only",
+        "tx_read_only is ON: transactions are read-only by default",
+    ),
+];
+
+/// Refuse a server that takes no writes, before a session claims anything (the variables of
+/// [`READ_ONLY_VARIABLES`] the server has: MariaDB has no super_read_only, MySQL 8 no
+/// tx_read_only).
+pub(crate) async fn refuse_read_only(
+    conn: &mut sqlx::MySqlConnection,
+    target: &Target,
+) -> outboxkit_core::Result<()> {
+    let names = READ_ONLY_VARIABLES
+        .map(|(name, _)| format!("'{name}'"))
+        .join(", ");
+    let on: Vec<(String, String)> = sqlx::query_as(&format!(
+        "SHOW VARIABLES WHERE Variable_name IN ({names}) AND Value IN ('ON', '1')"
+    ))
+    .fetch_all(conn)
+    .await
+    .map_err(|e| classify(e, target))?;
+    match READ_ONLY_VARIABLES
+        .iter()
+        .find(|(name, _)| on.iter().any(|(variable, _)| variable == name))
+    {
+        Some((_, why)) => Err(read_only::<MySql>(target, why)),
+        None => Ok(()),
     }
 }
 
@@ -198,6 +263,30 @@ mod tests {
                 (&["22001"], InvalidMessage, false),
                 (&[""], Other, false),
             ],
+        );
+    }
+
+    #[test]
+    fn a_write_on_a_read_only_server_asks_for_the_primary() {
+        let read_only_option = "The MariaDB server is running with the --read-only option so it \
+                                cannot execute this statement";
+        assert!(is_read_only(Some(1290), read_only_option));
+        assert!(is_read_only(
+            Some(1792),
+            "Cannot execute statement in a READ ONLY transaction"
+        ));
+        let file_option = "The MySQL server is running with the --secure-file-priv option so it \
+                           cannot execute this statement";
+        assert!(!is_read_only(Some(1290), file_option));
+        assert!(!is_read_only(Some(1040), "Too many connections"));
+        let e = read_only::<MySql>(&target(), READ_ONLY_VARIABLES[0].1);
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+        assert_eq!(
+            e.message(),
+            "MySQL at 127.0.0.1:3999 is read-only (read_only is ON: a replica, or a primary being \
+             failed over): the relay marks and deletes rows of table shop.outbox, so it needs the \
+             primary; point store.url at it (a replica's or a reader endpoint's address will not \
+             do)"
         );
     }
 

@@ -211,6 +211,11 @@ async fn migrate_on(
     target: &Target,
 ) -> Result<()> {
     let err = |e: sqlx::Error| classify(e, target).context(format!("migrating table {table}"));
+    // A user allowed to write on a read-only replica would create the tables there, breaking
+    // its replication.
+    crate::classify::refuse_read_only(conn, target)
+        .await
+        .map_err(|e| e.context(format!("migrating table {table}")))?;
     let locked: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
         .bind(MIGRATION_LOCK)
         .bind(MIGRATION_LOCK_WAIT_SECS)

@@ -158,19 +158,22 @@ impl MySqlShardSession {
             .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let timeout = session_timeout + CLIENT_TIMEOUT_MARGIN;
-        let joined = tokio::time::timeout(timeout, join(&mut conn, &context, relay_id))
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "opening a shard session: MySQL at {} did not answer within {}",
-                        target.endpoint.as_deref().unwrap_or("?"),
-                        outboxkit_store_sql::format_duration(timeout)
-                    ),
-                )
-            })?
-            .map_err(|e| classify(e, target).context("opening a shard session"))?;
+        let opened = async {
+            crate::classify::refuse_read_only(&mut conn, target).await?;
+            join(&mut conn, &context, relay_id)
+                .await
+                .map_err(|e| classify(e, target).context("opening a shard session"))
+        };
+        let joined = tokio::time::timeout(timeout, opened).await.map_err(|_| {
+            Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "opening a shard session: MySQL at {} did not answer within {}",
+                    target.endpoint.as_deref().unwrap_or("?"),
+                    outboxkit_store_sql::format_duration(timeout)
+                ),
+            )
+        })??;
         let (connection_id, slot) = joined;
         if slot.is_none() {
             tracing::warn!(

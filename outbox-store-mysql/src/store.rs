@@ -443,6 +443,7 @@ impl Store for MySqlStore {
                 _ => migrate::not_migrated(table),
             });
         }
+        crate::classify::refuse_read_only(&mut conn, self.target()).await?;
         let configured = self.inner.config.payload_type;
         table_facts::<MySql>(&mut conn, table, Ok(row), configured, self.target()).await?;
         privileges::check::<MySql>(&mut conn, &grants, self.target()).await

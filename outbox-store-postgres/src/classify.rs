@@ -18,7 +18,7 @@
 use sqlx::error::DatabaseError;
 
 use outboxkit_core::{Error, ErrorKind};
-use outboxkit_store_sql::classify::with_retryability;
+use outboxkit_store_sql::classify::{read_only, with_retryability};
 pub(crate) use outboxkit_store_sql::Target;
 
 pub(crate) use crate::config::Postgres;
@@ -59,7 +59,7 @@ impl outboxkit_store_sql::Dialect for Postgres {
                 format!("{at} ended the connection: {message} (SQLSTATE {code})")
             }
             ErrorKind::Unavailable if code == READ_ONLY => {
-                return read_only(target, &format!("{message} (SQLSTATE {code})"));
+                return read_only::<Postgres>(target, &format!("{message} (SQLSTATE {code})"));
             }
             ErrorKind::Unavailable => {
                 format!("{at} is out of resources: {message} (SQLSTATE {code})")
@@ -77,22 +77,6 @@ impl outboxkit_store_sql::Dialect for Postgres {
 /// `read_only_sql_transaction`: a write on a hot standby, or with read-only transactions.
 const READ_ONLY: &str = "25006";
 
-/// The server takes no writes (`why`: what said so). The relay must not claim there: it would
-/// publish rows it can never mark, again at every session. Retryable: after a failover the
-/// address in store.url may lead to the new primary.
-pub(crate) fn read_only(target: &Target, why: &str) -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        format!(
-            "{} is read-only ({why}): the relay marks and deletes rows of table {}, so it needs \
-             the primary; point store.url at it (a replica's or a reader endpoint's address \
-             will not do)",
-            target.at::<Postgres>(),
-            target.table
-        ),
-    )
-}
-
 /// Refuse a server that takes no writes, before a session claims anything.
 pub(crate) async fn refuse_read_only(
     conn: &mut sqlx::PgConnection,
@@ -105,11 +89,11 @@ pub(crate) async fn refuse_read_only(
     .await
     .map_err(|e| classify(e, target))?;
     match (standby, read_only_transactions) {
-        (true, _) => Err(read_only(
+        (true, _) => Err(read_only::<Postgres>(
             target,
             "a hot standby: pg_is_in_recovery() is true",
         )),
-        (false, true) => Err(read_only(
+        (false, true) => Err(read_only::<Postgres>(
             target,
             "default_transaction_read_only is on for this user or database",
         )),

@@ -312,6 +312,23 @@ where
     Ok(tables)
 }
 
+/// The server takes no writes (`why`: what said so). The relay must not claim there: it would
+/// publish rows it can never mark (or, as a user allowed to write on a read-only replica, mark
+/// them on the replica), again at every session. Retryable: after a failover the address in
+/// store.url may lead to the new primary.
+pub fn read_only<D: Dialect>(target: &Target, why: &str) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "{} is read-only ({why}): the relay marks and deletes rows of table {}, so it needs \
+             the primary; point store.url at it (a replica's or a reader endpoint's address \
+             will not do)",
+            target.at::<D>(),
+            target.table
+        ),
+    )
+}
+
 /// The error of a connection attempt that got no answer within `store.connect_timeout`.
 pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) -> Error {
     Error::new(

@@ -190,69 +190,131 @@ async fn postgres_refuses_a_read_only_server_instead_of_publishing_again_and_aga
     for grant in &grants {
         store.exec_sql(grant).await;
     }
-    let read_only = |on: bool| {
+    let url = with_user(&postgres_url(), &name);
+    let read_only = async |on: bool| {
         let setting = match on {
             true => "SET default_transaction_read_only = on",
             false => "RESET default_transaction_read_only",
         };
-        format!("ALTER ROLE {name} {setting}")
+        store
+            .exec_sql(&format!("ALTER ROLE {name} {setting}"))
+            .await;
     };
-    let url = with_user(&postgres_url(), &name);
-    let as_user = [("OUTBOX_STORE__URL", url.as_str())];
-    let events = |from: u32| -> Vec<NewEvent> {
-        (from..from + 10)
-            .map(|n| NewEvent::new("order", "A", "Changed", serde_json::json!({ "n": n })))
-            .collect()
-    };
-    let stream = redis.destination("order");
-
-    store.exec_sql(&read_only(true)).await;
-    scenario.store.enqueue_many(&events(0)).await;
-    let log = stopped_at_start(&mut scenario, "relay-read-only", &as_user);
-    assert!(
-        log.contains("is read-only") && log.contains("default_transaction_read_only"),
-        "{log}"
-    );
-    assert_eq!(redis.stream_len(&stream).await, 0, "nothing was published");
-
-    store.exec_sql(&read_only(false)).await;
-    let relay = scenario.start_relay("relay-writable", &as_user);
-    let published = |n: u64| {
-        let (redis, stream) = (redis.clone(), stream.clone());
-        move || {
-            let (redis, stream) = (redis.clone(), stream.clone());
-            async move { redis.stream_len(&stream).await == n }
-        }
-    };
-    wait_for("10 events", Duration::from_secs(30), published(10)).await;
-
-    // The server turns read-only under the running relay; its connections are cut.
-    store.exec_sql(&read_only(true)).await;
-    scenario.store.enqueue_many(&events(10)).await;
-    store
-        .exec_sql(&format!(
+    let cut = async || {
+        let sql = format!(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"
-        ))
-        .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        redis.stream_len(&stream).await,
-        10,
-        "no session, no publish: {}",
-        scenario.relays[relay].log_text()
-    );
-    assert!(
-        scenario.relays[relay].log_text().contains("is read-only"),
-        "{}",
-        scenario.relays[relay].log_text()
-    );
-    store.exec_sql(&read_only(false)).await;
-    wait_for("20 events", Duration::from_secs(30), published(20)).await;
-
-    let exit = scenario.relays[relay].terminate(Duration::from_secs(20));
-    assert!(exit.success(), "{}", scenario.relays[relay].log_text());
-    redis.delete(&[stream]).await;
+        );
+        store.exec_sql(&sql).await;
+    };
+    let stopped = ReadOnly {
+        env: &[("OUTBOX_STORE__URL", url.as_str())],
+        why: "default_transaction_read_only",
+    };
+    stopped.refused(&mut scenario, &redis, read_only, cut).await;
     scenario.cleanup().await;
     store.exec_sql(&format!("DROP OWNED BY {name}")).await;
     store.exec_sql(&format!("DROP ROLE {name}")).await;
+}
+
+/// A MariaDB server with `read_only` on (a replica, a primary being failed over): `run` stops at
+/// start saying so, and `migrate` refuses too. `read_only` does not stop root (READ_ONLY ADMIN,
+/// SUPER on MySQL): a relay as root used to claim from the replica, publish and mark its rows
+/// there, breaking its replication while the primary kept them pending. Once running, a server
+/// that turns read-only gets no new session until it takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_refuses_a_read_only_server_even_as_a_user_read_only_does_not_stop() {
+    let name = unique("ro");
+    let server = PrivateMariaDb::create(&name);
+    server.start().await;
+    let store = Arc::new(MySqlSide::open_at(&server.url("test"), &name).await);
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let mut scenario = Scenario::prepare(store.clone(), redis.clone(), Settings::default()).await;
+    let read_only = async |on: bool| {
+        store
+            .exec_sql(&format!("SET GLOBAL read_only = {}", u8::from(on)))
+            .await
+    };
+    let cut = async || server.cut_connections().await;
+    // A user read_only does not stop would create the tables on a replica too.
+    read_only(true).await;
+    let (migrated, _, said) = scenario.cli(&["migrate"]);
+    assert!(
+        !migrated && said.contains("is read-only (read_only is ON"),
+        "{said}"
+    );
+    let stopped = ReadOnly {
+        env: &[],
+        why: "read_only is ON: a replica",
+    };
+    stopped.refused(&mut scenario, &redis, read_only, cut).await;
+    scenario.cleanup().await;
+    store.pool().close().await;
+    drop(server);
+}
+
+/// What a read-only test runs its relays with, and how their start error says why the server
+/// is read-only.
+struct ReadOnly<'a> {
+    env: &'a [(&'a str, &'a str)],
+    why: &'a str,
+}
+
+impl ReadOnly<'_> {
+    /// With the server read-only (`read_only(true)`): `run` stops at start saying why, and
+    /// nothing is published or marked. Writable again: a relay publishes.
+    /// Read-only under it, its connections cut (`cut`): no session, no publish, the log says
+    /// why; writable again: it goes on.
+    async fn refused(
+        &self,
+        scenario: &mut Scenario,
+        redis: &RedisSide,
+        read_only: impl AsyncFn(bool),
+        cut: impl AsyncFn(),
+    ) {
+        let events = |from: u32| -> Vec<NewEvent> {
+            (from..from + 10)
+                .map(|n| NewEvent::new("order", "A", "Changed", serde_json::json!({ "n": n })))
+                .collect()
+        };
+        let stream = redis.destination("order");
+        let published = async |n: u64| {
+            wait_for(&format!("{n} events"), Duration::from_secs(30), || async {
+                redis.stream_len(&stream).await == n
+            })
+            .await;
+        };
+
+        read_only(true).await;
+        scenario.store.enqueue_many(&events(0)).await;
+        let log = stopped_at_start(scenario, "relay-read-only", self.env);
+        assert!(
+            log.contains("is read-only") && log.contains(self.why),
+            "{log}"
+        );
+        assert_eq!(redis.stream_len(&stream).await, 0, "nothing was published");
+        let pending = scenario.store.count_rows("published_at IS NULL").await;
+        assert_eq!(pending, 10, "nothing was marked");
+
+        read_only(false).await;
+        let relay = scenario.start_relay("relay-writable", self.env);
+        published(10).await;
+
+        read_only(true).await;
+        scenario.store.enqueue_many(&events(10)).await;
+        cut().await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let log = scenario.relays[relay].log_text();
+        assert_eq!(
+            redis.stream_len(&stream).await,
+            10,
+            "no session, no publish: {log}"
+        );
+        assert!(log.contains("is read-only"), "{log}");
+        read_only(false).await;
+        published(20).await;
+
+        let exit = scenario.relays[relay].terminate(Duration::from_secs(20));
+        assert!(exit.success(), "{}", scenario.relays[relay].log_text());
+        redis.delete(&[stream]).await;
+    }
 }

@@ -343,6 +343,26 @@ impl PrivateMariaDb {
         }
     }
 
+    /// `KILL` every client connection but the one that asks (a failover tool does this to the
+    /// old primary's clients).
+    pub async fn cut_connections(&self) {
+        let mut conn = sqlx::MySqlConnection::connect(&self.admin_url())
+            .await
+            .expect("connecting to the private mariadbd");
+        let others: Vec<i64> = sqlx::query_scalar(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() \
+             AND COMMAND <> 'Daemon'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .expect("listing the connections");
+        for id in others {
+            // A connection may end by itself meanwhile.
+            let _ = conn.execute(format!("KILL {id}").as_str()).await;
+        }
+        let _ = conn.close().await;
+    }
+
     /// SIGKILL: the server crashes; committed transactions survive in its redo log.
     pub fn kill(&self) {
         if let Some(mut child) = self.child.lock().unwrap().take() {
