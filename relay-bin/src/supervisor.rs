@@ -153,11 +153,20 @@ pub async fn run(
     // instead of killing the process.
     let mut signals = Signals::listen();
     tokio::spawn(async move {
-        signals.next().await;
-        info!("shutdown requested: finishing in-flight work");
+        let signal = signals.next().await;
+        if signal == "SIGHUP" {
+            info!(
+                "SIGHUP: outbox-relay does not reload its configuration; it stops as on \
+                 SIGTERM (start it again to apply a changed configuration)"
+            );
+        }
+        info!(signal, "shutdown requested: finishing in-flight work");
         trigger.trigger();
-        signals.next().await;
-        warn!("second signal: exiting now; unacknowledged events stay pending");
+        let signal = signals.next().await;
+        warn!(
+            signal,
+            "second signal: exiting now; unacknowledged events stay pending"
+        );
         std::process::exit(130);
     });
     let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
@@ -542,38 +551,45 @@ async fn keep_connecting(
     }
 }
 
-/// SIGTERM and SIGINT (Ctrl-C), listened for from the moment [`Signals::listen`] returns.
+/// SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the terminal closed, or `kill -HUP`), listened for
+/// from the moment [`Signals::listen`] returns. Each stops the relay gracefully: it reloads
+/// nothing on SIGHUP, and the signal's default action would end it with its batch unmarked.
 struct Signals {
     #[cfg(unix)]
-    unix: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+    unix: Option<[tokio::signal::unix::Signal; 3]>,
 }
 
 impl Signals {
-    /// Take SIGTERM and SIGINT over from their default action (ending the process) now.
+    /// Take SIGTERM, SIGINT and SIGHUP over from their default action (ending the process) now.
     fn listen() -> Self {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
-            let unix = signal(SignalKind::terminate()).and_then(|term| {
-                signal(SignalKind::interrupt()).map(|interrupt| (term, interrupt))
-            });
+            let unix = (|| {
+                Ok::<_, std::io::Error>([
+                    signal(SignalKind::terminate())?,
+                    signal(SignalKind::interrupt())?,
+                    signal(SignalKind::hangup())?,
+                ])
+            })();
             Self { unix: unix.ok() }
         }
         #[cfg(not(unix))]
         Self {}
     }
 
-    /// The next signal.
-    async fn next(&mut self) {
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
         #[cfg(unix)]
-        if let Some((term, interrupt)) = &mut self.unix {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-            return;
+        if let Some([term, interrupt, hangup]) = &mut self.unix {
+            return tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+                _ = hangup.recv() => "SIGHUP",
+            };
         }
         let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
     }
 }
 

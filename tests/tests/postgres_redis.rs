@@ -136,3 +136,28 @@ async fn a_sigterm_while_connecting_ends_the_start_cleanly() {
     assert!(log.contains("stopped while connecting"), "{log}");
     scenario.cleanup().await;
 }
+
+/// SIGHUP (the terminal the relay ran in closed, or a `kill -HUP` meant to reload it) stops the
+/// relay as SIGTERM does: it finishes and marks its batch and exits 0, saying it reloads
+/// nothing. Before, the signal's default action killed it with its batch unmarked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_stops_the_relay_cleanly_and_says_it_reloads_nothing() {
+    let name = unique("e2ehup");
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let mut scenario = Scenario::on_postgres(&name, redis.clone(), Settings::default()).await;
+    scenario.store.enqueue_many(&placed_events(100, 5)).await;
+    let i = scenario.start_relay("relay-hup", &[]);
+    scenario.drain("100 events", Duration::from_secs(30)).await;
+
+    let relay = &mut scenario.relays[i];
+    let exit = relay.signal_and_wait("HUP", Duration::from_secs(20));
+    let log = relay.log_text();
+    assert!(exit.success(), "exit {exit}; log:\n{log}");
+    assert!(
+        log.contains("SIGHUP: outbox-relay does not reload its configuration")
+            && log.contains("shutdown requested: finishing in-flight work signal=\"SIGHUP\"")
+            && log.contains("relay stopped relay_id=relay-hup published=100"),
+        "{log}"
+    );
+    scenario.cleanup().await;
+}

@@ -207,11 +207,19 @@ impl RelayProcess {
     /// SIGTERM, then its exit status (at once when it has exited already); fails the test, with
     /// the log, unless it exits within `timeout` (SIGKILLed first).
     pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.signal_and_wait("TERM", timeout)
+    }
+
+    /// [`Self::terminate`] with another `signal` (`HUP`, `INT`).
+    pub fn signal_and_wait(&mut self, signal: &str, timeout: Duration) -> ExitStatus {
         if let Some(status) = self.exited() {
             return status;
         }
-        assert!(signal_pid(self.child.id(), "TERM"), "kill -TERM failed");
-        let still_running = format!("{} did not exit within {timeout:?} of SIGTERM", self.name);
+        assert!(signal_pid(self.child.id(), signal), "kill -{signal} failed");
+        let still_running = format!(
+            "{} did not exit within {timeout:?} of SIG{signal}",
+            self.name
+        );
         self.exit_within(timeout, &still_running)
     }
 
