@@ -235,12 +235,28 @@ impl Registry {
         self.sinks.keys().copied().collect()
     }
 
+    /// `key` (`sink.kind`, `pipelines.billing.store.kind`) names no registered kind. The
+    /// error names the feature that compiles a shipped kind in, and the kind meant when `kind`
+    /// differs from one only by case or `_` for `-` (the settings section's spelling:
+    /// `redis_streams` for `redis-streams`).
     fn unknown_kind(key: &str, kind: &str, known: Vec<&str>) -> Error {
-        let prefix = key.split('.').next().unwrap_or_default();
-        let feature = format!("{prefix}-{kind}");
-        if ADAPTER_FEATURES.contains(&feature.as_str()) {
+        // `store` or `sink`: the segment before `.kind`.
+        let adapter = key.rsplit('.').nth(1).unwrap_or_default();
+        let spelled = kind.to_ascii_lowercase().replace('_', "-");
+        let feature = format!("{adapter}-{spelled}");
+        if known.contains(&spelled.as_str()) {
             return Error::config(format!(
-                "{key} = \"{kind}\" is not compiled into this binary: rebuild with `--features {feature}` \
+                "{key} = \"{kind}\" is not a known kind: did you mean \"{spelled}\"? (known: {})",
+                known.join(", ")
+            ));
+        }
+        if ADAPTER_FEATURES.contains(&feature.as_str()) {
+            let respell = match spelled != kind {
+                true => format!(", and write \"{spelled}\""),
+                false => String::new(),
+            };
+            return Error::config(format!(
+                "{key} = \"{kind}\" is not compiled into this binary: rebuild with `--features {feature}`{respell} \
                  (compiled in: {})",
                 known.join(", ")
             ));
@@ -545,6 +561,29 @@ mod tests {
         assert!(
             e.message()
                 .contains("is not a known kind (known: redis-streams)"),
+            "{e}"
+        );
+        // In a pipeline of its own too (the key used to lead to a feature `pipelines-kafka`).
+        let e = Registry::unknown_kind("pipelines.billing.sink.kind", "kafka", vec![]);
+        assert!(e.message().contains("--features sink-kafka"), "{e}");
+    }
+
+    /// The settings section's spelling (`[sink.redis_streams]`) as the kind, or another case.
+    #[test]
+    fn a_kind_spelled_like_its_section_names_the_kind_meant() {
+        let e =
+            Registry::unknown_kind("sink.kind", "redis_streams", vec!["kafka", "redis-streams"]);
+        assert_eq!(
+            e.message(),
+            "sink.kind = \"redis_streams\" is not a known kind: did you mean \"redis-streams\"? \
+             (known: kafka, redis-streams)"
+        );
+        let e = Registry::unknown_kind("store.kind", "PostgreS", vec!["postgres"]);
+        assert!(e.message().contains("did you mean \"postgres\"?"), "{e}");
+        let e = Registry::unknown_kind("sink.kind", "Redis_Streams", vec!["kafka"]);
+        assert!(
+            e.message().contains("--features sink-redis-streams")
+                && e.message().contains(", and write \"redis-streams\""),
             "{e}"
         );
     }

@@ -164,6 +164,16 @@ impl ConfigError {
             path.extend(own);
             let key = path.join(".");
             let text = match &e.kind {
+                figment::error::Kind::MissingField(field) if field == "kind" => {
+                    let said = missing(&key, field, file);
+                    match kind_of_section(figment, &key) {
+                        Some(kind) => format!(
+                            "{said}; for [{key}.{}] it is kind = \"{kind}\"",
+                            kind.replace('-', "_")
+                        ),
+                        None => said,
+                    }
+                }
                 figment::error::Kind::MissingField(field) => missing(&key, field, file),
                 kind => {
                     let what = explain(kind, path.last().copied());
@@ -214,6 +224,20 @@ pub(crate) fn missing(parent: &str, field: &str, file: Option<&Path>) -> String 
     match in_file {
         Some(in_file) => format!("{key}: missing required key ({in_file}, or set {var})"),
         None => format!("{key}: missing required key (set it in the --config file or with {var})"),
+    }
+}
+
+/// The sink kind a `[sink]` table without `kind` is meant to be, when it has exactly one
+/// settings section (`[sink.redis_streams]`: `redis-streams`).
+fn kind_of_section(figment: &Figment, table: &str) -> Option<String> {
+    if table != "sink" && !table.ends_with(".sink") {
+        return None;
+    }
+    let dict = figment.find_value(table).ok()?.into_dict()?;
+    let mut sections = dict.iter().filter(|(_, value)| value.as_dict().is_some());
+    match (sections.next(), sections.next()) {
+        (Some((section, _)), None) => Some(section.replace('_', "-")),
+        _ => None,
     }
 }
 
@@ -802,6 +826,16 @@ mod tests {
             );
             assert!(e.ends_with("(in relay.toml)") && !e.contains('\n'), "{e}");
             assert!(!e.contains("s3cr3t"), "{e}");
+            // A sink table whose one settings section says which kind it is meant to be.
+            jail.create_file(
+                "relay.toml",
+                "[store]\nkind = \"postgres\"\n[sink.redis_streams]\nurl = \"redis://r\"\n",
+            )?;
+            assert_eq!(
+                load_err(Some("relay.toml")),
+                "invalid configuration: sink.kind: missing required key (in relay.toml, or set \
+                 OUTBOX_SINK__KIND); for [sink.redis_streams] it is kind = \"redis-streams\""
+            );
             assert_eq!(
                 load_err(Some("missing.toml")),
                 "invalid configuration: configuration file missing.toml does not exist (given with --config)"
