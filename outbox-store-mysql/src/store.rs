@@ -84,9 +84,8 @@ impl ServerInfo {
     fn session_setup(&self, session_timeout: Duration) -> String {
         let lock_wait = session_timeout.as_secs_f64().ceil().max(1.0) as u64;
         // The server drops a session (and its locks) that stayed silent this long: a relay
-        // whose host vanished gives its shards back after it. Live relays talk to their session
-        // at least every relay.rebalance_interval.
-        let idle = (session_timeout.as_secs() * 4).max(120);
+        // whose host vanished, or that hangs, gives its shards back after it.
+        let idle = outboxkit_store_sql::session::idle_session_limit(session_timeout).as_secs();
         let statement_limit = if self.mariadb {
             format!("max_statement_time = {:.3}", session_timeout.as_secs_f64())
         } else {

@@ -3,7 +3,7 @@
 //! | sqlx error | kind | retryable |
 //! |---|---|---|
 //! | I/O, TLS, protocol, crashed worker, pool timed out / closed | `Connection` | yes |
-//! | SQLSTATE `08xxx`, `57P01`, `57P02`, `57P03` (connection lost, server shutting down) | `Connection` | yes |
+//! | SQLSTATE `08xxx`, `57P01`, `57P02`, `57P03`, `57P05` (connection lost, server shutting down, session idle too long) | `Connection` | yes |
 //! | SQLSTATE `28xxx` (authentication) | `Unauthorized` | no |
 //! | SQLSTATE `42501` (insufficient privilege) | `Unauthorized` | no |
 //! | SQLSTATE `3D000` (unknown database) | `Config` | no |
@@ -108,7 +108,7 @@ pub(crate) fn kind_of_sqlstate(code: &str) -> (ErrorKind, bool) {
         (_, "42501") | ("28", _) => (ErrorKind::Unauthorized, false),
         (_, "3D000") => (ErrorKind::Config, false),
         (_, "42P01") => (ErrorKind::Schema, false),
-        (_, "57P01" | "57P02" | "57P03") | ("08", _) => (ErrorKind::Connection, true),
+        (_, "57P01" | "57P02" | "57P03" | "57P05") | ("08", _) => (ErrorKind::Connection, true),
         ("53", _) | (_, READ_ONLY) => (ErrorKind::Unavailable, true),
         (_, "57014") => (ErrorKind::Timeout, true),
         (_, "40001" | "40P01") => (ErrorKind::Other, true),
@@ -171,7 +171,7 @@ mod tests {
                 (&["3D000"], Config, false),
                 (&["42P01"], Schema, false),
                 (
-                    &["57P01", "57P02", "57P03", "08006", "08003"],
+                    &["57P01", "57P02", "57P03", "57P05", "08006", "08003"],
                     Connection,
                     true,
                 ),

@@ -18,11 +18,11 @@ use outboxkit_core::{
 };
 
 use outboxkit_store_sql::classify::connect_within;
-use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence};
+use outboxkit_store_sql::session::{idle_session_limit, parse_headers, truncate_error, Fence};
 
 use crate::classify::{classify, Postgres, Target};
 use crate::config::TableName;
-use crate::sql::{Sql, JOIN_MEMBERS, TRY_LOCK, UNLOCK, UNLOCK_ALL};
+use crate::sql::{Sql, IDLE_SESSION_TIMEOUT, JOIN_MEMBERS, TRY_LOCK, UNLOCK, UNLOCK_ALL};
 
 /// Prefix of the `application_name` of session connections.
 pub(crate) const APPLICATION_PREFIX: &str = "outbox-relay:";
@@ -140,6 +140,15 @@ impl PostgresShardSession {
             .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         crate::classify::refuse_read_only(&mut conn, target).await?;
+        // The server ends the session (and its locks) once it stayed silent this long, so a
+        // relay that hangs with its connection up gives its shards back (PostgreSQL 14 and
+        // later; 13 has no idle_session_timeout).
+        let idle = idle_session_limit(session_timeout).as_millis().to_string();
+        sqlx::query(IDLE_SESSION_TIMEOUT)
+            .bind(idle)
+            .execute(&mut conn)
+            .await
+            .map_err(|e| classify(e, target).context("opening a shard session"))?;
         let (joined, backend_pid): (bool, i32) = sqlx::query_as(JOIN_MEMBERS)
             .bind(context.keys.member_key)
             .fetch_one(&mut conn)

@@ -171,6 +171,11 @@ impl Sql {
     }
 }
 
+/// A shard session's idle limit in milliseconds (bound), on servers that have the setting.
+pub(crate) const IDLE_SESSION_TIMEOUT: &str =
+    "SELECT set_config('idle_session_timeout', $1, false) \
+     WHERE current_setting('server_version_num')::int >= 140000";
+
 /// Lock statements (independent of the table: the keys are bound).
 pub(crate) const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1, $2)";
 pub(crate) const UNLOCK: &str = "SELECT pg_advisory_unlock($1, $2)";

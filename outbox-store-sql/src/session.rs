@@ -30,6 +30,16 @@ use crate::format_duration;
 /// waits before giving the session up.
 pub const CLIENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long the server lets a shard session stay silent before it ends it, and its locks with
+/// it: four times `store.session_timeout`, at least two minutes. A relay that stops answering
+/// while its connection stays up (a paused VM or container, a stopped process: its kernel still
+/// answers TCP keepalives) gives its shards back after it. Live relays talk to their session at
+/// least every `relay.rebalance_interval`, and otherwise are silent only while one publish call
+/// runs (the sinks' timeouts are 30 s by default).
+pub fn idle_session_limit(session_timeout: Duration) -> Duration {
+    (session_timeout * 4).max(Duration::from_secs(120))
+}
+
 /// Longest `last_error` stored.
 pub const MAX_ERROR_LEN: usize = 8 * 1024;
 

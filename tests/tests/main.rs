@@ -3,6 +3,7 @@
 
 mod aws;
 mod dead_letters;
+mod frozen_relay;
 mod matrix;
 mod mysql_redis;
 mod nats;

@@ -198,6 +198,17 @@ impl RelayProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// SIGSTOP: it hangs with its connections up, as a paused VM or container would (SIGKILL
+    /// when dropped still ends it).
+    pub fn freeze(&mut self) {
+        assert!(signal_pid(self.child.id(), "STOP"), "kill -STOP failed");
+    }
+
+    /// SIGCONT after [`Self::freeze`].
+    pub fn thaw(&mut self) {
+        assert!(signal_pid(self.child.id(), "CONT"), "kill -CONT failed");
+    }
+
     /// SIGKILL: no chance to finish anything.
     pub fn kill_hard(&mut self) {
         let _ = self.child.kill();
