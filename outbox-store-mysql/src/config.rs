@@ -49,9 +49,8 @@ impl SqlStore for MySql {
         let options: sqlx::mysql::MySqlConnectOptions = config.url.parse().ok()?;
         let table = TableName::parse(&config.table).ok()?;
         Some(format!(
-            "mysql {}:{} {}.{}",
-            options.get_host().to_ascii_lowercase(),
-            options.get_port(),
+            "mysql {} {}.{}",
+            endpoint(&options),
             table.qualifier().or(options.get_database())?,
             table.name()
         ))
@@ -93,6 +92,19 @@ pub(crate) const MEMBERS_TABLE: &str = "outbox_relay_members";
 /// A validated outbox table name, `table` or `database.table` ([`TableRules`] of [`MySql`]).
 pub type TableName = outboxkit_store_sql::config::TableName<MySql>;
 
+/// Where `options` connect: the Unix socket (`socket=/run/mysqld/mysqld.sock` in the URL),
+/// else `host:port` (the host in lowercase).
+pub(crate) fn endpoint(options: &sqlx::mysql::MySqlConnectOptions) -> String {
+    match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!(
+            "{}:{}",
+            options.get_host().to_ascii_lowercase(),
+            options.get_port()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use outboxkit_store_sql::config::check_store_settings;
@@ -128,5 +140,27 @@ mod tests {
             &["out`box", "outbox_relay_schema", "app.outbox_relay_members"],
             48,
         );
+    }
+
+    /// Two servers on one machine, each behind its own socket, are two servers: a pattern
+    /// pipeline on one used to leave alone the tables another pipeline names on the other.
+    #[test]
+    fn a_table_is_relayed_by_the_configurations_on_its_server() {
+        use outboxkit_core::StoreConfig;
+        let socket = |path: &str| format!("mysql://u@localhost/app?socket={path}");
+        let identity = MySqlStoreConfig::new(socket("/run/a.sock"))
+            .table_identity()
+            .unwrap();
+        assert_eq!(identity, "mysql /run/a.sock app.outbox");
+        for (url, same) in [
+            (socket("/run/a.sock"), true),
+            (socket("/run/b.sock"), false),
+            ("mysql://u@localhost/app".to_owned(), false),
+        ] {
+            let pattern = MySqlStoreConfig::new(url.as_str()).table("*");
+            assert_eq!(pattern.relays_table("app.outbox", &identity), same, "{url}");
+        }
+        let tcp = MySqlStoreConfig::new("mysql://u@DB:3307/app").table_identity();
+        assert_eq!(tcp.as_deref(), Some("mysql db:3307 app.outbox"));
     }
 }

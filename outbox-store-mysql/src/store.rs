@@ -133,12 +133,8 @@ impl fmt::Debug for MySqlStore {
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: String) -> Target {
-    let endpoint = match options.get_socket() {
-        Some(socket) => socket.display().to_string(),
-        None => format!("{}:{}", options.get_host(), options.get_port()),
-    };
     Target {
-        endpoint: Some(endpoint),
+        endpoint: Some(crate::config::endpoint(options)),
         database: options.get_database().map(str::to_owned),
         user: Some(options.get_username().to_owned()),
         table,

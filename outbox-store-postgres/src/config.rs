@@ -56,9 +56,8 @@ impl SqlStore for Postgres {
         let options: sqlx::postgres::PgConnectOptions = config.url.parse().ok()?;
         let table = TableName::parse(&config.table).ok()?;
         Some(format!(
-            "postgres {}:{}/{} {}.{}",
-            options.get_host().to_ascii_lowercase(),
-            options.get_port(),
+            "postgres {}/{} {}.{}",
+            endpoint(&options),
             options.get_database().unwrap_or(options.get_username()),
             table.qualifier().unwrap_or("public"),
             table.name()
@@ -94,6 +93,26 @@ impl TableRules for Postgres {
 
 /// A validated outbox table name, `table` or `schema.table` ([`TableRules`] of [`Postgres`]).
 pub type TableName = outboxkit_store_sql::config::TableName<Postgres>;
+
+/// Where `options` connect, as sqlx does: the Unix socket file (`host=/run/postgresql` in the
+/// URL, or a socket directory sqlx found by default when the URL names no host:
+/// `/run/postgresql/.s.PGSQL.5432`), else `host:port` (the host in lowercase).
+pub(crate) fn endpoint(options: &sqlx::postgres::PgConnectOptions) -> String {
+    let port = options.get_port();
+    match host(options) {
+        dir if dir.starts_with('/') => format!("{dir}/.s.PGSQL.{port}"),
+        host => format!("{}:{port}", host.to_ascii_lowercase()),
+    }
+}
+
+/// The host `options` connect to, or the directory of their Unix socket: a socket given as
+/// `host=/dir` in the URL is not `get_host()`, which keeps the default sqlx found.
+pub(crate) fn host(options: &sqlx::postgres::PgConnectOptions) -> String {
+    match options.get_socket() {
+        Some(dir) => dir.display().to_string(),
+        None => options.get_host().to_owned(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -156,5 +175,24 @@ mod tests {
             .table_identity()
             .unwrap();
         assert!(config("postgres://db/app", "*.outbox").relays_table("public.outbox", &public));
+    }
+
+    /// Errors named `/var/run/postgresql:5432` for a socket at `host=/nonexistent`: the host
+    /// sqlx found by default, not the socket it connected to.
+    #[test]
+    fn the_endpoint_is_the_socket_or_host_sqlx_connects_to() {
+        let endpoint = |url: &str| endpoint(&url.parse().unwrap());
+        assert_eq!(
+            endpoint("postgres:///app?host=/nonexistent&user=u"),
+            "/nonexistent/.s.PGSQL.5432"
+        );
+        assert_eq!(
+            endpoint("postgres://u@%2Frun%2Fpg:5433/app"),
+            "/run/pg/.s.PGSQL.5433"
+        );
+        assert_eq!(
+            endpoint("postgres://u@DB.example:6432/app"),
+            "db.example:6432"
+        );
     }
 }

@@ -30,7 +30,7 @@ use outboxkit_store_sql::rows::read_backlog;
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
     Target {
-        endpoint: Some(format!("{}:{}", options.get_host(), options.get_port())),
+        endpoint: Some(crate::config::endpoint(options)),
         database: Some(
             options
                 .get_database()

@@ -20,12 +20,8 @@ async fn takes_over_from_a_frozen_relay(store: Arc<dyn StoreSide>, name: &str) {
     scenario.relays[0].freeze();
     let frozen = Instant::now();
     scenario.store.enqueue_many(&placed_events(200, 50)).await;
-    scenario
-        .drain(
-            "the frozen relay's shards taken over",
-            Duration::from_secs(200),
-        )
-        .await;
+    let limit = Duration::from_secs(200);
+    scenario.drain("its shards taken over", limit).await;
     let status = scenario.status();
     assert_eq!(status["shards_owned"], 32, "{status}");
     assert_eq!(

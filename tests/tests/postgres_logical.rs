@@ -381,6 +381,27 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
     drop(server);
 }
 
+/// A URL that reaches the server through its Unix socket (`host=/dir`: a database on the same
+/// host, a sidecar proxy): the slot's reader connects through that socket too. It used to go to
+/// the socket directory sqlx finds by default (/var/run/postgresql), whatever the URL said, and
+/// retried for ever while `run` had passed its start checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_is_read_through_the_unix_socket_the_url_names() {
+    let name = unique("lgsock");
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let (server, side, mut scenario) =
+        prepare(&name, "table", redis.clone(), Settings::default()).await;
+    let url = server.socket_url("postgres");
+    scenario.start_relay("relay-0", &[("OUTBOX_STORE__URL", url.as_str())]);
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+    scenario.store.enqueue_many(&placed_events(100, 10)).await;
+    scenario.drain("100 events", Duration::from_secs(30)).await;
+    assert_eq!(scenario.broker.held(100, Duration::ZERO).await, 100);
+    scenario.stop_relays(Duration::from_secs(20));
+    scenario.cleanup().await;
+    drop(server);
+}
+
 /// `capture = "poll"` on a table `migrate` set up for logical capture (a setting forgotten in
 /// one deployment): message style is refused, since its events are in no row and polling would
 /// publish none of them while the slot keeps the log; table style runs, with a warning that its

@@ -242,6 +242,15 @@ impl PrivatePostgres {
         format!("postgres://{user}@127.0.0.1:{}/test{sep}{query}", self.port)
     }
 
+    /// `postgres:///test?host=<socket dir>&port=<port>&user=<user>`: through its Unix socket.
+    pub fn socket_url(&self, user: &str) -> String {
+        format!(
+            "postgres:///test?host={}&port={}&user={user}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
     /// Serve `cert`/`key` from now on (copied over the server's files, then `pg_ctl reload`):
     /// a certificate rotation without a restart.
     pub fn serve(&self, cert: &Path, key: &Path) {

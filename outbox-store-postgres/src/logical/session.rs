@@ -285,7 +285,7 @@ impl LogicalSession {
         let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
         let options = &context.options;
         let config = ReplicationConfig::new(
-            options.get_host(),
+            crate::config::host(options),
             options.get_username(),
             context.password.clone().unwrap_or_default(),
             options.get_database().unwrap_or(options.get_username()),
