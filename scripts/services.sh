@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the services the tests and the demo need are up on loopback:
-# PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379), then every scripts/services.d/*.sh
+# PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379), the PgBouncer binary, then every
+# scripts/services.d/*.sh
 # (MariaDB, Mosquitto, RabbitMQ, Kafka-API, SQS-API) — or, with arguments, only the ones named
 # (`scripts/services.sh kafka sqs`). Starts what is stopped, installs
 # what is missing (Debian packages), waits until each answers. Idempotent and quick when all
@@ -52,6 +53,11 @@ if ! redis_up; then
   wait_until "Redis" 60 redis_up
 fi
 log "PostgreSQL and Redis are up"
+
+# PgBouncer: only the binary (tests/tests/pgbouncer.rs starts its own, in front of PostgreSQL).
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  log "installing PgBouncer (apt package pgbouncer)"; apt_install pgbouncer
+fi
 
 # Brokers and databases of other adapters: one script each, sourced in name order.
 for script in "$(dirname "$0")"/services.d/*.sh; do

@@ -81,7 +81,7 @@ pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
 #[cfg(feature = "postgres")]
 pub use store::postgres::{postgres_url, PostgresSide};
 #[cfg(feature = "postgres")]
-pub use store::private_postgres::{ClientAuth, PrivatePostgres};
+pub use store::private_postgres::{ClientAuth, PrivatePgBouncer, PrivatePostgres};
 pub use store::{DeadRow, StoreSide, PENDING};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use store::{SqlOutbox, SqlSide};

@@ -12,6 +12,7 @@
 //! | SQLSTATE `25006` (a write on a read-only server: a hot standby) | `Unavailable` | yes |
 //! | SQLSTATE `57014` (statement timeout, cancelled) | `Timeout` | yes |
 //! | SQLSTATE `40001`, `40P01` (serialization failure, deadlock) | `Other` | yes |
+//! | SQLSTATE `08P01` "unsupported startup parameter", `42P05` / `26000` on sqlx's prepared statements (a connection pooler that is not in session mode) | `Config` | no |
 //! | sqlx configuration error | `Config` | no |
 //! | anything else | `Other` | no |
 
@@ -35,6 +36,9 @@ impl outboxkit_store_sql::Dialect for Postgres {
         let table = &target.table;
         let code = e.code().map(|c| c.into_owned()).unwrap_or_default();
         let message = e.message().to_owned();
+        if let Some(error) = pooler_error(&code, &message, target) {
+            return error;
+        }
         let (kind, retryable) = kind_of_sqlstate(&code);
         let text = match kind {
             ErrorKind::Schema => format!(
@@ -72,6 +76,32 @@ impl outboxkit_store_sql::Dialect for Postgres {
         };
         with_retryability(Error::new(kind, text), retryable)
     }
+}
+
+/// What a connection pooler in front of the server (PgBouncer) answers when it cannot serve
+/// the relay as it is set up: a startup parameter it does not know (sqlx sends
+/// `extra_float_digits`), or, in transaction or statement mode, a connection's statements run
+/// on different server sessions (sqlx's prepared statements are missing or there twice). The
+/// relay's shard sessions hold session locks, so they need one server session each: a
+/// configuration error, with what to change.
+fn pooler_error(code: &str, message: &str, target: &Target) -> Option<Error> {
+    let at = target.at::<Postgres>();
+    let text = match code {
+        "08P01" if message.starts_with("unsupported startup parameter") => format!(
+            "{at} refused a startup parameter ({message}): a connection pooler such as PgBouncer \
+             answers there; set `ignore_startup_parameters = extra_float_digits` in its \
+             configuration and run this database's pool in session mode (`pool_mode = \
+             session`), or point store.url at PostgreSQL itself"
+        ),
+        "42P05" | "26000" if message.contains("\"sqlx_s_") => format!(
+            "{at} ran this connection's statements on different server sessions ({message} \
+             (SQLSTATE {code})): a connection pooler in transaction or statement mode answers \
+             there; the relay holds session locks, so run this database's pool in session mode \
+             (PgBouncer `pool_mode = session`), or point store.url at PostgreSQL itself"
+        ),
+        _ => return None,
+    };
+    Some(Error::config(text))
 }
 
 /// `read_only_sql_transaction`: a write on a hot standby, or with read-only transactions.
@@ -158,6 +188,48 @@ mod tests {
                 && e.message().contains("point store.url at it"),
             "{e}"
         );
+    }
+
+    /// PgBouncer's answers, as the relay used to show them: `ended the connection:
+    /// unsupported startup parameter: extra_float_digits`, or `prepared statement "sqlx_s_1"
+    /// already exists`, retried for ever.
+    #[test]
+    fn a_pooler_that_cannot_serve_the_relay_says_how_to_set_it_up() {
+        let e = pooler_error(
+            "08P01",
+            "unsupported startup parameter: extra_float_digits",
+            &target(),
+        )
+        .unwrap();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(!e.is_retryable());
+        assert!(
+            e.message()
+                .starts_with("PostgreSQL at 127.0.0.1:5999 refused a startup parameter")
+                && e.message()
+                    .contains("ignore_startup_parameters = extra_float_digits")
+                && e.message().contains("pool_mode = session"),
+            "{e}"
+        );
+        for (code, message) in [
+            ("42P05", "prepared statement \"sqlx_s_1\" already exists"),
+            ("26000", "prepared statement \"sqlx_s_3\" does not exist"),
+        ] {
+            let e = pooler_error(code, message, &target()).unwrap();
+            assert_eq!(e.kind(), ErrorKind::Config);
+            assert!(
+                e.message().contains("transaction or statement mode")
+                    && e.message().contains("pool_mode = session"),
+                "{e}"
+            );
+        }
+        assert!(pooler_error("08P01", "invalid message length", &target()).is_none());
+        assert!(pooler_error(
+            "26000",
+            "prepared statement \"mine\" does not exist",
+            &target()
+        )
+        .is_none());
     }
 
     #[test]

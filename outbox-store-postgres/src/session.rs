@@ -22,7 +22,7 @@ use outboxkit_store_sql::session::{idle_session_limit, parse_headers, truncate_e
 
 use crate::classify::{classify, Postgres, Target};
 use crate::config::TableName;
-use crate::sql::{Sql, IDLE_SESSION_TIMEOUT, JOIN_MEMBERS, TRY_LOCK, UNLOCK, UNLOCK_ALL};
+use crate::sql::{Sql, JOIN_MEMBERS, SESSION_SETTINGS, TRY_LOCK, UNLOCK, UNLOCK_ALL};
 
 /// Prefix of the `application_name` of session connections.
 pub(crate) const APPLICATION_PREFIX: &str = "outbox-relay:";
@@ -110,42 +110,19 @@ impl PostgresShardSession {
         connect_timeout: Duration,
         session_timeout: Duration,
     ) -> Result<Self> {
-        let timeout_ms = session_timeout.as_millis().to_string();
         let options = options
             .clone()
-            .application_name(&application_name(relay_id))
-            // The server drops the session (and its locks) soon after this client vanishes,
-            // instead of after the kernel's two-hour keepalive.
-            // The session only claims and marks through the partial indexes. A queue table's
-            // statistics are often stale (analyzed while nearly empty, then a burst arrives); the
-            // planner could then pick a nested-loop anti-join over sequential scans — quadratic
-            // in the backlog (seen: 9 s per claim at 15,000 pending rows). Ruling out sequential
-            // scans, bitmap scans and sorts on this connection keeps every claim an ordered
-            // walk of the pending index whatever the statistics say.
-            .options([
-                ("enable_seqscan", "off"),
-                ("enable_bitmapscan", "off"),
-                ("enable_sort", "off"),
-                // A mark that is lost in a database crash only makes its events be published
-                // again (at least once still holds), so marks need not wait for the WAL flush.
-                // Writers' transactions are untouched: this applies to this connection only.
-                ("synchronous_commit", "off"),
-                ("statement_timeout", timeout_ms.as_str()),
-                ("tcp_keepalives_idle", "10"),
-                ("tcp_keepalives_interval", "5"),
-                ("tcp_keepalives_count", "3"),
-            ]);
+            .application_name(&application_name(relay_id));
         let target = &context.target;
         let mut conn = connect_within::<Postgres, _>(&options, target, connect_timeout)
             .await?
             .map_err(|e| classify(e, target).context("opening a shard session"))?;
         crate::classify::refuse_read_only(&mut conn, target).await?;
-        // The server ends the session (and its locks) once it stayed silent this long, so a
-        // relay that hangs with its connection up gives its shards back (PostgreSQL 14 and
-        // later; 13 has no idle_session_timeout).
-        let idle = idle_session_limit(session_timeout).as_millis().to_string();
-        sqlx::query(IDLE_SESSION_TIMEOUT)
-            .bind(idle)
+        let timeout_ms = session_timeout.as_millis().to_string();
+        let idle_ms = idle_session_limit(session_timeout).as_millis().to_string();
+        sqlx::query(SESSION_SETTINGS)
+            .bind(timeout_ms)
+            .bind(idle_ms)
             .execute(&mut conn)
             .await
             .map_err(|e| classify(e, target).context("opening a shard session"))?;

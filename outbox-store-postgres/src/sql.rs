@@ -171,10 +171,32 @@ impl Sql {
     }
 }
 
-/// A shard session's idle limit in milliseconds (bound), on servers that have the setting.
-pub(crate) const IDLE_SESSION_TIMEOUT: &str =
-    "SELECT set_config('idle_session_timeout', $1, false) \
-     WHERE current_setting('server_version_num')::int >= 140000";
+/// A shard session's settings, set once it is connected: as statements rather than startup
+/// options, which a pooler in session mode (PgBouncer) refuses or drops. Bound: $1
+/// `statement_timeout` (store.session_timeout) and $2 `idle_session_timeout`, in milliseconds.
+///
+/// - The session only claims and marks through the partial indexes. A queue table's statistics
+///   are often stale (analyzed while nearly empty, then a burst arrives); the planner could then
+///   pick a nested-loop anti-join over sequential scans — quadratic in the backlog (seen: 9 s
+///   per claim at 15,000 pending rows). Ruling out sequential scans, bitmap scans and sorts on
+///   this connection keeps every claim an ordered walk of the pending index whatever the
+///   statistics say.
+/// - A mark that is lost in a database crash only makes its events be published again (at
+///   least once still holds), so marks need not wait for the WAL flush. Writers' transactions
+///   are untouched: this applies to this connection only.
+/// - Keepalives: the server drops the session (and its locks) soon after this client
+///   vanishes, instead of after the kernel's two-hour keepalive.
+/// - The server ends the session (and its locks) once it stayed silent for
+///   `idle_session_limit`, so a relay that hangs with its connection up gives its shards back
+///   (PostgreSQL 14 and later; 13 has no idle_session_timeout).
+pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', 'off', false), \
+     set_config('enable_bitmapscan', 'off', false), set_config('enable_sort', 'off', false), \
+     set_config('synchronous_commit', 'off', false), set_config('statement_timeout', $1, false), \
+     set_config('tcp_keepalives_idle', '10', false), \
+     set_config('tcp_keepalives_interval', '5', false), \
+     set_config('tcp_keepalives_count', '3', false), \
+     CASE WHEN current_setting('server_version_num')::int >= 140000 \
+     THEN set_config('idle_session_timeout', $2, false) END";
 
 /// Lock statements (independent of the table: the keys are bound).
 pub(crate) const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1, $2)";

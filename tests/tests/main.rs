@@ -8,6 +8,7 @@ mod matrix;
 mod mysql_redis;
 mod nats;
 mod payloads;
+mod pgbouncer;
 mod pipelines;
 mod postgres_kafka;
 mod postgres_logical;

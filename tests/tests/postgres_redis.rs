@@ -143,8 +143,8 @@ async fn a_sigterm_while_connecting_ends_the_start_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sighup_stops_the_relay_cleanly_and_says_it_reloads_nothing() {
     let name = unique("e2ehup");
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::on_postgres(&name, redis.clone(), Settings::default()).await;
+    let broker = RedisSide::open(&name).await;
+    let mut scenario = Scenario::on_postgres(&name, Arc::new(broker), Settings::default()).await;
     scenario.store.enqueue_many(&placed_events(100, 5)).await;
     let i = scenario.start_relay("relay-hup", &[]);
     scenario.drain("100 events", Duration::from_secs(30)).await;

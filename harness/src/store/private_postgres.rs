@@ -44,13 +44,13 @@ fn tool(name: &str) -> PathBuf {
             return path;
         }
     }
-    for dir in ["/usr/local/bin", "/usr/bin"] {
+    for dir in ["/usr/local/bin", "/usr/bin", "/usr/sbin"] {
         let path = Path::new(dir).join(name);
         if path.exists() {
             return path;
         }
     }
-    panic!("{name} is required for this test and was not found: install postgresql (scripts/services.sh does)")
+    panic!("{name} is required for this test and was not found: scripts/services.sh installs it")
 }
 
 /// A PostgreSQL tool, run as the `postgres` user when we are root (the server refuses root).
@@ -278,6 +278,90 @@ impl Drop for PrivatePostgres {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A PgBouncer of the test's own in front of the test server's database `test` (trust
+/// authentication), in `pool_mode`, with `ignore_startup_parameters = <ignore>` (nothing when
+/// empty); killed and deleted on drop. In transaction or statement mode its pool has one server
+/// connection, which every client shares; in session mode, 20.
+#[derive(Debug)]
+pub struct PrivatePgBouncer {
+    child: std::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PrivatePgBouncer {
+    /// Start it under the scratch directory `name` and wait until it accepts connections.
+    pub fn start(name: &str, pool_mode: &str, ignore: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let dir = scratch_dir(name).join(format!("pgbouncer-{pool_mode}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = crate::postgres_url();
+        let server: sqlx::postgres::PgConnectOptions = server.parse().unwrap();
+        let port = free_port();
+        let pool_size = if pool_mode == "session" { 20 } else { 1 };
+        let ignore = match ignore {
+            "" => String::new(),
+            list => format!("ignore_startup_parameters = {list}\n"),
+        };
+        let ini = format!(
+            "[databases]\ntest = host={} port={} dbname=test\n[pgbouncer]\nlisten_addr = \
+             127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = \
+             {}\npool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\n{ignore}",
+            server.get_host(),
+            server.get_port(),
+            dir.join("users.txt").display()
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap();
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        give_to_postgres(&dir);
+        let mut command = Command::new(tool("pgbouncer"));
+        command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("pgbouncer.log")).unwrap());
+        // It refuses to run as root.
+        if running_as_root() {
+            let id = |flag: &str| -> u32 {
+                let out = Command::new("id")
+                    .args([flag, "postgres"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            command.uid(id("-u")).gid(id("-g"));
+        }
+        let child = command
+            .spawn()
+            .expect("starting pgbouncer (scripts/services.sh installs it)");
+        let bouncer = Self { child, dir, port };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pgbouncer did not listen on {port}: {}",
+                std::fs::read_to_string(bouncer.dir.join("pgbouncer.log")).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        bouncer
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/test`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/test", self.port)
+    }
+}
+
+impl Drop for PrivatePgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
