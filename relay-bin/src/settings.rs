@@ -166,10 +166,10 @@ impl ConfigError {
             let text = match &e.kind {
                 figment::error::Kind::MissingField(field) if field == "kind" => {
                     let said = missing(&key, field, file);
-                    match kind_of_section(figment, &key) {
-                        Some(kind) => format!(
-                            "{said}; for [{key}.{}] it is kind = \"{kind}\"",
-                            kind.replace('-', "_")
+                    match only_section(figment, &key) {
+                        Some(section) => format!(
+                            "{said}; for [{key}.{section}] it is kind = \"{}\"",
+                            section.replace('_', "-")
                         ),
                         None => said,
                     }
@@ -227,16 +227,18 @@ pub(crate) fn missing(parent: &str, field: &str, file: Option<&Path>) -> String 
     }
 }
 
-/// The sink kind a `[sink]` table without `kind` is meant to be, when it has exactly one
-/// settings section (`[sink.redis_streams]`: `redis-streams`).
-fn kind_of_section(figment: &Figment, table: &str) -> Option<String> {
+/// The one settings section of a `[sink]` table (`redis_streams` for `[sink.redis_streams]`),
+/// which says the kind a table without `kind` is meant to have; none when it has several.
+fn only_section(figment: &Figment, table: &str) -> Option<String> {
     if table != "sink" && !table.ends_with(".sink") {
         return None;
     }
     let dict = figment.find_value(table).ok()?.into_dict()?;
-    let mut sections = dict.iter().filter(|(_, value)| value.as_dict().is_some());
+    let mut sections = dict
+        .into_iter()
+        .filter(|(_, value)| value.as_dict().is_some());
     match (sections.next(), sections.next()) {
-        (Some((section, _)), None) => Some(section.replace('_', "-")),
+        (Some((section, _)), None) => Some(section),
         _ => None,
     }
 }
