@@ -89,9 +89,10 @@ fn pooler_error(code: &str, message: &str, target: &Target) -> Option<Error> {
     let text = match code {
         "08P01" if message.starts_with("unsupported startup parameter") => format!(
             "{at} refused a startup parameter ({message}): a connection pooler such as PgBouncer \
-             answers there; set `ignore_startup_parameters = extra_float_digits` in its \
-             configuration and run this database's pool in session mode (`pool_mode = \
-             session`), or point store.url at PostgreSQL itself"
+             answers there. Polling works through it with `ignore_startup_parameters = \
+             extra_float_digits` in its configuration and this database's pool in session mode \
+             (`pool_mode = session`); logical capture (store.capture = \"logical\") needs a \
+             replication connection, so point store.url at PostgreSQL itself"
         ),
         "42P05" | "26000" if message.contains("\"sqlx_s_") => format!(
             "{at} ran this connection's statements on different server sessions ({message} \
@@ -223,6 +224,9 @@ mod tests {
                 "{e}"
             );
         }
+        // The logical capture session's startup options: the message says it needs the server.
+        let e = pooler_error("08P01", "unsupported startup parameter: options", &target()).unwrap();
+        assert!(e.message().contains("logical capture"), "{e}");
         assert!(pooler_error("08P01", "invalid message length", &target()).is_none());
         assert!(pooler_error(
             "26000",
