@@ -388,9 +388,8 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_is_read_through_the_unix_socket_the_url_names() {
     let name = unique("lgsock");
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let (server, side, mut scenario) =
-        prepare(&name, "table", redis.clone(), Settings::default()).await;
+    let broker = Arc::new(RedisSide::open(&name).await);
+    let (server, side, mut scenario) = prepare(&name, "table", broker, Settings::default()).await;
     let url = server.socket_url("postgres");
     scenario.start_relay("relay-0", &[("OUTBOX_STORE__URL", url.as_str())]);
     assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
