@@ -558,6 +558,16 @@ impl Scenario {
         self.relays.len() - 1
     }
 
+    /// Start relay `name` with `env`; it must stop by itself, failing, within 30 s (a
+    /// configuration error at start, not an outage retried for ever). Its log.
+    pub fn stopped_at_start(&mut self, name: &str, env: &[(&str, &str)]) -> String {
+        let i = self.start_relay(name, env);
+        let exit = self.relays[i].exit_within(Duration::from_secs(30), "it must stop at start");
+        let log = self.relays[i].log_text();
+        assert!(!exit.success(), "{log}");
+        log
+    }
+
     /// Start `relay-0` .. `relay-<n-1>`.
     pub fn start_relays(&mut self, n: usize) {
         for i in 0..n {

@@ -18,11 +18,7 @@ async fn behind_pgbouncer_in_session_mode_it_relays_and_other_setups_are_named()
     scenario.store.enqueue_many(&placed_events(100, 10)).await;
     let mut stops = |bouncer: &PrivatePgBouncer, relay: &str| {
         let url = bouncer.url();
-        let i = scenario.start_relay(relay, &[("OUTBOX_STORE__URL", url.as_str())]);
-        let exit = scenario.relays[i].exit_within(Duration::from_secs(30), "it must stop at start");
-        let log = scenario.relays[i].log_text();
-        assert!(!exit.success(), "{log}");
-        log
+        scenario.stopped_at_start(relay, &[("OUTBOX_STORE__URL", url.as_str())])
     };
 
     let strict = PrivatePgBouncer::start(&name, "session", "");

@@ -82,7 +82,7 @@ async fn relays_with_the_listed_privileges(
     store.exec_sql(&user.revoke).await;
     let as_user = [("OUTBOX_STORE__URL", user.url.as_str())];
 
-    let log = stopped_at_start(&mut scenario, "relay-lacking", &as_user);
+    let log = scenario.stopped_at_start("relay-lacking", &as_user);
     assert!(
         log.contains(&format!("user \"{name}\" lacks privileges the relay needs"))
             && log.contains(&user.missing)
@@ -123,15 +123,6 @@ async fn relays_with_the_listed_privileges(
     for sql in &user.drop {
         store.exec_sql(sql).await;
     }
-}
-
-/// Start relay `name` with `env`; it must stop by itself, failing, within 30 s. Its log.
-fn stopped_at_start(scenario: &mut Scenario, name: &str, env: &[(&str, &str)]) -> String {
-    let relay = scenario.start_relay(name, env);
-    let exit = scenario.relays[relay].exit_within(Duration::from_secs(30), "it must stop at start");
-    let log = scenario.relays[relay].log_text();
-    assert!(!exit.success(), "{log}");
-    log
 }
 
 /// The `GRANT` statements of `readme`'s "Privileges" section, for the test's `table` and user
@@ -286,7 +277,7 @@ impl ReadOnly<'_> {
 
         read_only(true).await;
         scenario.store.enqueue_many(&events(0)).await;
-        let log = stopped_at_start(scenario, "relay-read-only", self.env);
+        let log = scenario.stopped_at_start("relay-read-only", self.env);
         assert!(
             log.contains("is read-only") && log.contains(self.why),
             "{log}"
