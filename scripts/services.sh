@@ -59,6 +59,12 @@ if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
   log "installing PgBouncer (apt package pgbouncer)"; apt_install pgbouncer
 fi
 
+# iproute2's `ip`: tests/tests/partition.rs puts a relay in a network namespace of its own
+# (which needs root, as the tests' private servers do).
+if ! command -v ip >/dev/null && [ ! -x /usr/sbin/ip ] && [ ! -x /sbin/ip ]; then
+  log "installing iproute2 (apt package iproute2)"; apt_install iproute2
+fi
+
 # Brokers and databases of other adapters: one script each, sourced in name order.
 for script in "$(dirname "$0")"/services.d/*.sh; do
   [ -e "$script" ] || continue

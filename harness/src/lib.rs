@@ -26,6 +26,7 @@
 
 mod broker;
 mod delivery;
+mod netns;
 #[cfg(any(
     feature = "kafka",
     feature = "nats",
@@ -62,6 +63,7 @@ pub use broker::sns::SnsSide;
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
+pub use netns::{Link, NetworkHost};
 #[cfg(any(
     feature = "kafka",
     feature = "nats",
@@ -82,10 +84,10 @@ pub use store::mysql::{mysql_url, MySqlSide, PrivateMariaDb};
 pub use store::postgres::{postgres_url, PostgresSide};
 #[cfg(feature = "postgres")]
 pub use store::private_postgres::{ClientAuth, PrivatePgBouncer, PrivatePostgres};
-pub use store::{DeadRow, StoreSide, PENDING};
+pub use store::{DeadRow, StoreSide, TableLock, PENDING};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub use store::{SqlOutbox, SqlSide};
 pub use util::{
-    free_port, http_get, metric_at, metric_value, one_pipeline_config, running_as_root,
-    scratch_dir, unique, wait_for, wait_for_metric, wait_for_ready, write_file,
+    assert_no_error_lines, free_port, http_get, metric_at, metric_value, one_pipeline_config,
+    running_as_root, scratch_dir, unique, wait_for, wait_for_metric, wait_for_ready, write_file,
 };

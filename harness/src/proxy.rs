@@ -21,9 +21,15 @@ pub struct Blackhole {
 impl Blackhole {
     /// Listen on a free port of 127.0.0.1 and forward to `upstream` (`host:port`).
     pub async fn to(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::on("127.0.0.1", upstream).await
+    }
+
+    /// Listen on a free port of `address` (a [`crate::Link`]'s machine end, say) and forward
+    /// to `upstream` (`host:port`).
+    pub async fn on(address: &str, upstream: String) -> Self {
+        let listener = TcpListener::bind((address, 0))
             .await
-            .expect("binding a proxy port");
+            .unwrap_or_else(|e| panic!("binding a proxy port on {address}: {e}"));
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicUsize::new(0));

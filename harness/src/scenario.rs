@@ -626,6 +626,14 @@ impl Scenario {
         .await;
     }
 
+    /// Each relay's (name, log text).
+    pub fn relay_logs(&self) -> Vec<(String, String)> {
+        self.relays
+            .iter()
+            .map(|r| (r.name().to_owned(), r.log_text()))
+            .collect()
+    }
+
     /// SIGTERM every relay; each must exit cleanly.
     pub fn stop_relays(&mut self, timeout: Duration) {
         for relay in &mut self.relays {
@@ -871,11 +879,7 @@ impl Scenario {
             assert!(owner.starts_with("relay-"), "{status}");
         }
         self.stop_relays(Duration::from_secs(30));
-        let relay_logs: Vec<(String, String)> = self
-            .relays
-            .iter()
-            .map(|r| (r.name().to_owned(), r.log_text()))
-            .collect();
+        let relay_logs = self.relay_logs();
 
         assert_eq!(writes.committed.len() as u64, events);
         if plan.writers.rollbacks {

@@ -99,7 +99,53 @@ pub trait StoreSide: Send + Sync + std::fmt::Debug {
     /// Run `sql`, a statement of the test's own (DDL, `GRANT`), on the side's pool; fails the
     /// test with the server's error.
     async fn exec_sql(&self, sql: &str);
+    /// Lock the outbox table from a connection of its own: every other statement on the table
+    /// waits until [`TableLock::release`].
+    async fn lock_table(&self) -> TableLock;
+    /// How many connections from `client` (an IP address) wait on a table lock.
+    async fn lock_waiters(&self, client: &str) -> i64;
 }
+
+/// The outbox table locked by [`StoreSide::lock_table`].
+pub struct TableLock(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>);
+
+impl TableLock {
+    /// Run `lock` on a connection of `pool`'s own; [`Self::release`] runs `release` on it.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn take<DB: sqlx::Database>(
+        pool: &sqlx::Pool<DB>,
+        lock: String,
+        release: &'static str,
+    ) -> Self
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
+        let mut conn = pool.acquire().await.expect("connecting");
+        sqlx::Executor::execute(&mut *conn, lock.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("{lock}: {e}"));
+        Self(Box::new(move || {
+            Box::pin(async move {
+                sqlx::Executor::execute(&mut *conn, release)
+                    .await
+                    .unwrap_or_else(|e| panic!("{release}: {e}"));
+            })
+        }))
+    }
+
+    /// Let the table go.
+    pub async fn release(self) {
+        (self.0)().await
+    }
+}
+
+impl std::fmt::Debug for TableLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TableLock")
+    }
+}
+
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// A SQL store crate's writers' handle on an outbox table (its `Outbox`), as a [`SqlSide`]
 /// opens it: the crate's store and sqlx database, the server and its test URL, and what the
@@ -165,6 +211,11 @@ pub trait SqlOutbox: Sized + Send + Sync + std::fmt::Debug + 'static {
     async fn any_pending(side: &SqlSide<Self>) -> bool;
     /// [`StoreSide::create_orders`]: the statements (re)creating the business table `orders`.
     fn create_orders_sql(orders: &str, aggregates: u64) -> String;
+    /// [`StoreSide::lock_table`]: the statement locking `table`, and the one letting it go.
+    fn lock_table_sql(table: &str) -> (String, &'static str);
+    /// [`StoreSide::lock_waiters`]: the count of the connections from `client` waiting on a
+    /// table lock.
+    fn lock_waiters_sql(client: &str) -> String;
     /// [`StoreSide::drop_tables`] after the tables: the store's bookkeeping rows of `side`.
     async fn drop_bookkeeping(side: &SqlSide<Self>);
 }
@@ -388,6 +439,19 @@ where
         .fetch_one(&self.pool)
         .await
         .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
+    }
+
+    async fn lock_table(&self) -> TableLock {
+        let (lock, release) = O::lock_table_sql(&self.table);
+        TableLock::take(&self.pool, lock, release).await
+    }
+
+    async fn lock_waiters(&self, client: &str) -> i64 {
+        let sql = O::lock_waiters_sql(client);
+        sqlx::query_scalar(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     async fn publish_latencies(&self) -> Vec<Duration> {

@@ -33,6 +33,13 @@ pub fn one_pipeline_config(name: &str, store: &str, sink: &str) -> (PathBuf, Pat
     (dir, config)
 }
 
+/// For a fault the relays must ride out (a restart, a partition): `relay`'s `log` may warn, but
+/// holds no ERROR line (what log alerts page on).
+pub fn assert_no_error_lines(relay: &str, log: &str) {
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "{relay}: {errors:#?}");
+}
+
 /// `who` and the warning and error lines of its `log` (how many, then the last 10, without
 /// terminal colours), for a failure message.
 pub fn log_troubles(who: &str, log: &str) -> String {

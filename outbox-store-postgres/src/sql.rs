@@ -184,8 +184,12 @@ impl Sql {
 /// - A mark that is lost in a database crash only makes its events be published again (at
 ///   least once still holds), so marks need not wait for the WAL flush. Writers' transactions
 ///   are untouched: this applies to this connection only.
-/// - Keepalives: the server drops the session (and its locks) soon after this client
-///   vanishes, instead of after the kernel's two-hour keepalive.
+/// - Keepalives and a TCP user timeout: the server drops the session (and its locks) about
+///   25 s after this client stops answering, instead of after the kernel's two-hour
+///   keepalive. The keepalives tell while the server has nothing to send; once it has sent
+///   something the client never acknowledged (an answer sent into a partition), TCP stops
+///   them, and only `tcp_user_timeout` (PostgreSQL 12 and later) ends the connection before
+///   the idle limit or the kernel's retransmission limit (about 15 minutes).
 /// - The server ends the session (and its locks) once it stayed silent for
 ///   `idle_session_limit`, so a relay that hangs with its connection up gives its shards back
 ///   (PostgreSQL 14 and later; 13 has no idle_session_timeout).
@@ -195,6 +199,8 @@ pub(crate) const SESSION_SETTINGS: &str = "SELECT set_config('enable_seqscan', '
      set_config('tcp_keepalives_idle', '10', false), \
      set_config('tcp_keepalives_interval', '5', false), \
      set_config('tcp_keepalives_count', '3', false), \
+     CASE WHEN current_setting('server_version_num')::int >= 120000 \
+     THEN set_config('tcp_user_timeout', '25000', false) END, \
      CASE WHEN current_setting('server_version_num')::int >= 140000 \
      THEN set_config('idle_session_timeout', $2, false) END";
 

@@ -7,6 +7,7 @@ mod frozen_relay;
 mod matrix;
 mod mysql_redis;
 mod nats;
+mod partition;
 mod payloads;
 mod pgbouncer;
 mod pipelines;

@@ -187,12 +187,9 @@ async fn kill_and_partition(style: &'static str) {
         "about 5% roll back"
     );
     scenario.stop_relays(Duration::from_secs(30));
-    // Relays racing for the slot, a SIGKILL and a partition are all expected: warnings, never
-    // an ERROR line (what log alerts page on).
-    for relay in &scenario.relays {
-        let log = relay.log_text();
-        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
-        assert!(errors.is_empty(), "{}: {errors:#?}", relay.name());
+    // Relays racing for the slot, a SIGKILL and a partition are all expected.
+    for (relay, log) in scenario.relay_logs() {
+        assert_no_error_lines(&relay, &log);
     }
 
     let check = check_in_commit_order(&scenario, &side, &mut writes).await;

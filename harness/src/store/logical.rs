@@ -325,6 +325,14 @@ impl StoreSide for LogicalSide {
         self.inner.exec_sql(sql).await
     }
 
+    async fn lock_table(&self) -> crate::store::TableLock {
+        self.inner.lock_table().await
+    }
+
+    async fn lock_waiters(&self, client: &str) -> i64 {
+        self.inner.lock_waiters(client).await
+    }
+
     async fn dead_rows(&self) -> Vec<DeadRow> {
         self.inner.dead_rows().await
     }

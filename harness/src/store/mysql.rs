@@ -136,6 +136,17 @@ impl SqlOutbox for Outbox {
         row.is_some()
     }
 
+    fn lock_table_sql(table: &str) -> (String, &'static str) {
+        (format!("LOCK TABLES {table} WRITE"), "UNLOCK TABLES")
+    }
+
+    fn lock_waiters_sql(client: &str) -> String {
+        format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE HOST LIKE '{client}:%' \
+             AND STATE LIKE 'Waiting for table%'"
+        )
+    }
+
     fn create_orders_sql(orders: &str, aggregates: u64) -> String {
         let values: Vec<String> = (0..aggregates).map(|a| format!("('{a}', 0)")).collect();
         format!(
@@ -168,6 +179,8 @@ pub struct PrivateMariaDb {
     child: Mutex<Option<Child>>,
     /// With [`Self::tls_only`]: the CA the readiness check trusts.
     tls_ca: Option<PathBuf>,
+    /// With [`Self::reachable_at`]: the other address it listens on.
+    also_at: Option<std::net::Ipv4Addr>,
 }
 
 fn tool(name: &str) -> PathBuf {
@@ -211,7 +224,21 @@ impl PrivateMariaDb {
             port: free_port(),
             child: Mutex::new(None),
             tls_ca: None,
+            also_at: None,
         }
+    }
+
+    /// Listen on `address` too (a [`crate::Link`]'s machine end, for a relay on a
+    /// [`crate::NetworkHost`]; [`Self::url_at`]), where root logs in from the link's other end;
+    /// call before [`Self::start`].
+    pub fn reachable_at(mut self, address: std::net::Ipv4Addr) -> Self {
+        self.also_at = Some(address);
+        self
+    }
+
+    /// Root's URL for database `test` at [`Self::reachable_at`]'s address.
+    pub fn url_at(&self, address: std::net::Ipv4Addr) -> String {
+        format!("mysql://root@{address}:{}/test", self.port)
     }
 
     /// Serve `pki`'s server certificate and refuse every connection without TLS
@@ -271,7 +298,10 @@ impl PrivateMariaDb {
                 self.dir.join("mysqld.pid").display()
             ))
             .arg(format!("--port={}", self.port))
-            .arg("--bind-address=127.0.0.1")
+            .arg(match self.also_at {
+                Some(address) => format!("--bind-address=127.0.0.1,{address}"),
+                None => "--bind-address=127.0.0.1".to_owned(),
+            })
             .arg("--skip-name-resolve")
             .arg("--innodb-buffer-pool-size=64M")
             // A binary log synced at every commit, as replicated production servers run: a
@@ -318,6 +348,19 @@ impl PrivateMariaDb {
                     )
                     .await
                     .expect("creating the certificate user");
+                }
+                if let Some(address) = self.also_at {
+                    // Root from the link's other end, as root from 127.0.0.1.
+                    let [a, b, c, _] = address.octets();
+                    conn.execute(
+                        format!(
+                            "CREATE USER IF NOT EXISTS 'root'@'{a}.{b}.{c}.%'; \
+                             GRANT ALL ON *.* TO 'root'@'{a}.{b}.{c}.%' WITH GRANT OPTION"
+                        )
+                        .as_str(),
+                    )
+                    .await
+                    .expect("creating root at the other address");
                 }
                 let _ = conn.close().await;
                 return;

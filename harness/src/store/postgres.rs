@@ -105,6 +105,18 @@ impl SqlOutbox for Outbox {
         .expect("looking for a pending row")
     }
 
+    fn lock_table_sql(table: &str) -> (String, &'static str) {
+        let lock = format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE");
+        (lock, "ROLLBACK")
+    }
+
+    fn lock_waiters_sql(client: &str) -> String {
+        format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '{client}' \
+             AND wait_event_type = 'Lock'"
+        )
+    }
+
     fn create_orders_sql(orders: &str, aggregates: u64) -> String {
         format!(
             "DROP TABLE IF EXISTS {orders}; \

@@ -138,6 +138,18 @@ impl PrivatePostgres {
         )
     }
 
+    /// A new cluster under the scratch directory `name`: plain TCP with trust, listening on
+    /// 127.0.0.1 and on `address` too (a [`crate::Link`]'s machine end, for a relay on a
+    /// [`crate::NetworkHost`]; [`Self::url_at`]); started, with database `test`.
+    pub fn start_reachable_at(name: &str, address: std::net::Ipv4Addr) -> Self {
+        Self::init(
+            name,
+            &format!("listen_addresses = '127.0.0.1, {address}'\n"),
+            "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all samenet trust\n",
+            |_| {},
+        )
+    }
+
     fn init(name: &str, conf_extra: &str, hba: &str, files: impl FnOnce(&Path)) -> Self {
         let dir = scratch_dir(name).join("postgres");
         let _ = std::fs::remove_dir_all(&dir);
@@ -240,6 +252,11 @@ impl PrivatePostgres {
     pub fn url(&self, user: &str, query: &str) -> String {
         let sep = if query.is_empty() { "" } else { "?" };
         format!("postgres://{user}@127.0.0.1:{}/test{sep}{query}", self.port)
+    }
+
+    /// `postgres://postgres@<address>:port/test`: [`Self::start_reachable_at`]'s other address.
+    pub fn url_at(&self, address: std::net::Ipv4Addr) -> String {
+        format!("postgres://postgres@{address}:{}/test", self.port)
     }
 
     /// `postgres:///test?host=<socket dir>&port=<port>&user=<user>`: through its Unix socket.

@@ -161,6 +161,7 @@ impl LogicalSession {
                 ("tcp_keepalives_idle", "10"),
                 ("tcp_keepalives_interval", "5"),
                 ("tcp_keepalives_count", "3"),
+                ("tcp_user_timeout", "25000"),
             ]);
         let target = &context.target;
         let mut conn = connect_within::<Postgres, _>(&options, target, context.connect_timeout)

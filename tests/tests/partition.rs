@@ -1,0 +1,176 @@
+//! A relay cut off from its database by the network, with its broker still in reach: the link
+//! between its host (a network namespace of the test's own) and the database goes down. Packets
+//! are dropped and nothing is closed, so neither end hears of it: the relay's statements hang
+//! until its client-side timeout, and the server sees a quiet client. Only the server can end
+//! the cut relay's shard session, its locks with it; the other relay then takes the shards
+//! over. The cut relay must ride it out without exiting, and join again once the link is back.
+//! Writers write throughout, with rollbacks; the scenario's delivery check runs at the end.
+//!
+//! The cut comes while the server is answering the relay: its statement waits on a table lock
+//! the test holds, and the lock is let go once the link is down, so the server sends its answer
+//! into the partition. Unacknowledged data stops TCP keepalives. Before, PostgreSQL then ended
+//! the session only at its idle limit (2 minutes), or at the kernel's retransmission limit
+//! (about 15 minutes) where the answer filled the socket; each shard session now sets
+//! `tcp_user_timeout` too, and the server drops the connection once what it sent has gone
+//! unacknowledged for 25 s, as the keepalives do for a quiet one. A MySQL server has neither
+//! for a session to set: it ends the session at the idle limit (`wait_timeout`, 2 minutes).
+//! Both stores at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboxkit_harness::proxy::Blackhole;
+use outboxkit_harness::*;
+
+/// `store` on a private server that listens on `to_database`'s machine end, at `url_at` there;
+/// relay-0 on `host` reaching it over `to_database`, relay-1 on the machine. The cut, and how
+/// long until relay-1 owned every shard: it must be within `limit`.
+async fn cut_off(
+    store: Arc<dyn StoreSide>,
+    host: &NetworkHost,
+    to_database: &Link,
+    url_at: String,
+    limit: Duration,
+) -> Duration {
+    let name = store.table().to_owned();
+    let to_broker = host.link();
+    let upstream = redis_url().trim_start_matches("redis://").to_owned();
+    let broker_path = Blackhole::on(&to_broker.machine.to_string(), upstream).await;
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let mut scenario = Scenario::prepare(store.clone(), redis, Settings::default()).await;
+
+    let mut env = scenario.broker.relay_env();
+    env.push(("OUTBOX_STORE__URL".into(), url_at));
+    env.push((
+        "OUTBOX_SINK__REDIS_STREAMS__URL".into(),
+        format!("redis://{}:{}", to_broker.machine, broker_path.port()),
+    ));
+    let launcher = host.launcher(&scenario.dir, &relay_binary());
+    let (config, dir) = (scenario.config.clone(), scenario.dir.clone());
+    let cut_relay = RelayProcess::start_binary(&launcher, &config, &dir, "relay-0", &env);
+    scenario.relays.push(cut_relay);
+    scenario.start_relay("relay-1", &[]);
+    scenario.wait_shared(2).await;
+
+    let writers = scenario
+        .start_writers(&WriterPlan::steady(4, 200, Duration::from_millis(20)))
+        .await;
+    writers.wait_written(1_000, Duration::from_secs(60)).await;
+    let lock = store.lock_table().await;
+    let client = to_database.host.to_string();
+    wait_for(
+        "relay-0 waiting on the table",
+        Duration::from_secs(20),
+        || {
+            let (store, client) = (store.clone(), client.clone());
+            async move { store.lock_waiters(&client).await > 0 }
+        },
+    )
+    .await;
+    // Its other statements (the shard session's claim, if that was not the first) reach the
+    // lock too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    to_database.cut();
+    let cut = Instant::now();
+    let cut_at = writers.written();
+    lock.release().await;
+    let (config, env) = (scenario.config.clone(), scenario.broker.relay_env());
+    wait_for("relay-1 owning every shard", limit, move || {
+        let (ok, status, _) = run_cli(&config, &["status", "--json"], &env);
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+        let owners = status["owners"].as_object();
+        let alone = ok
+            && status["shards_owned"] == 32
+            && owners.is_some_and(|o| o.len() == 1 && o.keys().all(|k| k.starts_with("relay-1")));
+        async move { alone }
+    })
+    .await;
+    let took = cut.elapsed();
+
+    to_database.heal();
+    let healed = Instant::now();
+    scenario.wait_shared(2).await;
+    let rejoined = healed.elapsed();
+    // relay-0 takes its share of new events again.
+    let after = writers.written() + 1_000;
+    writers.wait_written(after, Duration::from_secs(60)).await;
+    let writes = writers.finish().await;
+    scenario
+        .drain("the backlog to drain", Duration::from_secs(120))
+        .await;
+    scenario.assert_relays_running();
+    let status = scenario.settled_status().await;
+    assert_eq!(status["dead"], 0, "{status}");
+    scenario.stop_relays(Duration::from_secs(30));
+    let logs = scenario.relay_logs();
+    for (relay, log) in &logs {
+        assert_no_error_lines(relay, log);
+    }
+
+    let delivered = scenario
+        .read_back(&writes.committed, Duration::from_secs(60))
+        .await;
+    let mut check = check_delivery(&writes.committed, &delivered);
+    scenario
+        .look_for_missing(&writes, &mut check, &delivered, &logs)
+        .await;
+    scenario.assert_delivery(&writes, &check, &delivered);
+    println!(
+        "{}: {} committed over 200 aggregates ({} rolled back); relay-0 cut off from the \
+         database after {cut_at} writes, its shards taken over {:.1}s later, sharing again \
+         {:.1}s after the link came back; {} messages, {} distinct, {} duplicates, 0 order \
+         violations",
+        store.name(),
+        writes.committed.len(),
+        writes.rolled_back.len(),
+        took.as_secs_f64(),
+        rejoined.as_secs_f64(),
+        check.messages,
+        check.distinct,
+        check.duplicates,
+    );
+    scenario.cleanup().await;
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_from_its_database_gives_its_shards_back_and_joins_again() {
+    let name = unique("cutoff");
+    let (postgres, mysql) = (format!("{name}_pg"), format!("{name}_my"));
+    let (postgres_host, mysql_host) = (NetworkHost::create(), NetworkHost::create());
+    let (postgres_link, mysql_link) = (postgres_host.link(), mysql_host.link());
+    let postgres_server = PrivatePostgres::start_reachable_at(&postgres, postgres_link.machine);
+    let mysql_server = PrivateMariaDb::create(&mysql).reachable_at(mysql_link.machine);
+    mysql_server.start().await;
+    let (on_postgres, on_mysql) = tokio::join!(
+        async {
+            let url = postgres_server.url("postgres", "");
+            let store = Arc::new(PostgresSide::open_at(&url, &postgres).await);
+            let at = postgres_server.url_at(postgres_link.machine);
+            // The user timeout's 25 s, and the next rebalance: well before the 2 minutes after
+            // which the server ends a silent session anyway.
+            cut_off(
+                store,
+                &postgres_host,
+                &postgres_link,
+                at,
+                Duration::from_secs(60),
+            )
+            .await
+        },
+        async {
+            let store = Arc::new(MySqlSide::open_at(&mysql_server.url("test"), &mysql).await);
+            let at = mysql_server.url_at(mysql_link.machine);
+            // The server's idle limit: 4 × store.session_timeout, at least 2 minutes.
+            cut_off(
+                store,
+                &mysql_host,
+                &mysql_link,
+                at,
+                Duration::from_secs(200),
+            )
+            .await
+        },
+    );
+    println!("taken over after {on_postgres:?} (PostgreSQL), {on_mysql:?} (MariaDB)");
+}
