@@ -118,6 +118,11 @@ pub struct RelayConfig {
     /// On SIGTERM, time allowed to finish in-flight publishes before giving up.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// A relay whose broker calls have failed as a whole for this long gives its shards back,
+    /// for relays that can reach the broker, and takes shards again once its broker answers a
+    /// check. Zero: it keeps them however long the broker fails.
+    #[serde(with = "humantime_serde")]
+    pub hand_over_after: Duration,
     /// This relay's name in `status` (defaults to host name and process id).
     pub relay_id: Option<String>,
 }
@@ -138,6 +143,7 @@ impl Default for RelayConfig {
             purge_interval: Duration::from_secs(10),
             purge_batch_size: 1000,
             shutdown_grace: Duration::from_secs(20),
+            hand_over_after: Duration::from_secs(60),
             relay_id: None,
         }
     }

@@ -1,20 +1,24 @@
-//! A relay cut off from its database by the network, with its broker still in reach: the link
-//! between its host (a network namespace of the test's own) and the database goes down. Packets
-//! are dropped and nothing is closed, so neither end hears of it: the relay's statements hang
-//! until its client-side timeout, and the server sees a quiet client. Only the server can end
-//! the cut relay's shard session, its locks with it; the other relay then takes the shards
-//! over. The cut relay must ride it out without exiting, and join again once the link is back.
-//! Writers write throughout, with rollbacks; the scenario's delivery check runs at the end.
+//! A relay cut off by the network, from its database or from its broker, while the other relay
+//! reaches both. The relay runs on a host of the test's own (a network namespace) and reaches
+//! each server over a link of its own; a cut takes one link down. Packets are dropped and
+//! nothing is closed, so neither end hears of it. The other relay must end up owning every
+//! shard, the cut relay must ride it out without exiting and join again once the link is back;
+//! writers write throughout, with rollbacks, and the scenario's delivery check runs at the end.
 //!
-//! The cut comes while the server is answering the relay: its statement waits on a table lock
-//! the test holds, and the lock is let go once the link is down, so the server sends its answer
-//! into the partition. Unacknowledged data stops TCP keepalives. Before, PostgreSQL then ended
-//! the session only at its idle limit (2 minutes), or at the kernel's retransmission limit
-//! (about 15 minutes) where the answer filled the socket; each shard session now sets
+//! Cut from the database, only the server can end the cut relay's shard session, its locks with
+//! it. The cut comes while the server is answering the relay: its statement waits on a table
+//! lock the test holds, and the lock is let go once the link is down, so the server sends its
+//! answer into the partition. Unacknowledged data stops TCP keepalives. Before, PostgreSQL then
+//! ended the session only at its idle limit (2 minutes), or at the kernel's retransmission
+//! limit (about 15 minutes) where the answer filled the socket; each shard session now sets
 //! `tcp_user_timeout` too, and the server drops the connection once what it sent has gone
 //! unacknowledged for 25 s, as the keepalives do for a quiet one. A MySQL server has neither
 //! for a session to set: it ends the session at the idle limit (`wait_timeout`, 2 minutes).
-//! Both stores at once.
+//!
+//! Cut from the broker, the relay kept its shards, their events stuck however long the cut
+//! lasted, though the other relay could publish them. Now it gives them back once its broker
+//! calls have failed for `relay.hand_over_after`, and takes shards again when the broker
+//! answers a check.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,14 +26,24 @@ use std::time::{Duration, Instant};
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 
+/// Which of relay-0's links the test cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Database,
+    Broker,
+}
+
 /// `store` on a private server that listens on `to_database`'s machine end, at `url_at` there;
-/// relay-0 on `host` reaching it over `to_database`, relay-1 on the machine. The cut, and how
-/// long until relay-1 owned every shard: it must be within `limit`.
+/// relay-0 on `host` reaching it over `to_database` and Redis over a link of its own, relay-1 on
+/// the machine. The cut, and how long until relay-1 owned every shard: it must be within
+/// `limit`.
 async fn cut_off(
     store: Arc<dyn StoreSide>,
     host: &NetworkHost,
     to_database: &Link,
     url_at: String,
+    cut_link: Cut,
+    settings: Settings,
     limit: Duration,
 ) -> Duration {
     let name = store.table().to_owned();
@@ -37,7 +51,7 @@ async fn cut_off(
     let upstream = redis_url().trim_start_matches("redis://").to_owned();
     let broker_path = Blackhole::on(&to_broker.machine.to_string(), upstream).await;
     let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::prepare(store.clone(), redis, Settings::default()).await;
+    let mut scenario = Scenario::prepare(store.clone(), redis, settings).await;
 
     let mut env = scenario.broker.relay_env();
     env.push(("OUTBOX_STORE__URL".into(), url_at));
@@ -56,24 +70,32 @@ async fn cut_off(
         .start_writers(&WriterPlan::steady(4, 200, Duration::from_millis(20)))
         .await;
     writers.wait_written(1_000, Duration::from_secs(60)).await;
-    let lock = store.lock_table().await;
-    let client = to_database.host.to_string();
-    wait_for(
-        "relay-0 waiting on the table",
-        Duration::from_secs(20),
-        || {
-            let (store, client) = (store.clone(), client.clone());
-            async move { store.lock_waiters(&client).await > 0 }
-        },
-    )
-    .await;
-    // Its other statements (the shard session's claim, if that was not the first) reach the
-    // lock too.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    to_database.cut();
-    let cut = Instant::now();
-    let cut_at = writers.written();
-    lock.release().await;
+    let (cut, cut_at) = match cut_link {
+        Cut::Database => {
+            let lock = store.lock_table().await;
+            let client = to_database.host.to_string();
+            wait_for(
+                "relay-0 waiting on the table",
+                Duration::from_secs(20),
+                || {
+                    let (store, client) = (store.clone(), client.clone());
+                    async move { store.lock_waiters(&client).await > 0 }
+                },
+            )
+            .await;
+            // Its other statements (the shard session's claim, if that was not the first)
+            // reach the lock too.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            to_database.cut();
+            let cut = (Instant::now(), writers.written());
+            lock.release().await;
+            cut
+        }
+        Cut::Broker => {
+            to_broker.cut();
+            (Instant::now(), writers.written())
+        }
+    };
     let (config, env) = (scenario.config.clone(), scenario.broker.relay_env());
     wait_for("relay-1 owning every shard", limit, move || {
         let (ok, status, _) = run_cli(&config, &["status", "--json"], &env);
@@ -87,7 +109,10 @@ async fn cut_off(
     .await;
     let took = cut.elapsed();
 
-    to_database.heal();
+    match cut_link {
+        Cut::Database => to_database.heal(),
+        Cut::Broker => to_broker.heal(),
+    }
     let healed = Instant::now();
     scenario.wait_shared(2).await;
     let rejoined = healed.elapsed();
@@ -106,6 +131,14 @@ async fn cut_off(
     for (relay, log) in &logs {
         assert_no_error_lines(relay, log);
     }
+    if cut_link == Cut::Broker {
+        let log = &logs[0].1;
+        assert!(
+            log.contains("the broker has failed every call for relay.hand_over_after: giving this relay's shards back")
+                && log.contains("the broker answers a check again: taking shards again"),
+            "{log}"
+        );
+    }
 
     let delivered = scenario
         .read_back(&writes.committed, Duration::from_secs(60))
@@ -117,7 +150,7 @@ async fn cut_off(
     scenario.assert_delivery(&writes, &check, &delivered);
     println!(
         "{}: {} committed over 200 aggregates ({} rolled back); relay-0 cut off from the \
-         database after {cut_at} writes, its shards taken over {:.1}s later, sharing again \
+         {cut_link:?} after {cut_at} writes, its shards taken over {:.1}s later, sharing again \
          {:.1}s after the link came back; {} messages, {} distinct, {} duplicates, 0 order \
          violations",
         store.name(),
@@ -149,12 +182,16 @@ async fn a_relay_cut_off_from_its_database_gives_its_shards_back_and_joins_again
             let at = postgres_server.url_at(postgres_link.machine);
             // The user timeout's 25 s, and the next rebalance: well before the 2 minutes after
             // which the server ends a silent session anyway.
+            let limit = Duration::from_secs(60);
+            let (link, settings) = (&postgres_link, Settings::default());
             cut_off(
                 store,
                 &postgres_host,
-                &postgres_link,
+                link,
                 at,
-                Duration::from_secs(60),
+                Cut::Database,
+                settings,
+                limit,
             )
             .await
         },
@@ -162,15 +199,27 @@ async fn a_relay_cut_off_from_its_database_gives_its_shards_back_and_joins_again
             let store = Arc::new(MySqlSide::open_at(&mysql_server.url("test"), &mysql).await);
             let at = mysql_server.url_at(mysql_link.machine);
             // The server's idle limit: 4 × store.session_timeout, at least 2 minutes.
-            cut_off(
-                store,
-                &mysql_host,
-                &mysql_link,
-                at,
-                Duration::from_secs(200),
-            )
-            .await
+            let limit = Duration::from_secs(200);
+            let (link, settings) = (&mysql_link, Settings::default());
+            cut_off(store, &mysql_host, link, at, Cut::Database, settings, limit).await
         },
     );
     println!("taken over after {on_postgres:?} (PostgreSQL), {on_mysql:?} (MariaDB)");
+}
+
+/// Cut from Redis with `relay.hand_over_after = "5s"`: the first call into the cut fails at the
+/// sink's `response_timeout` (10 s), the next one 10 s later is past the 5 s, and relay-0 gives
+/// its shards back. Before, it kept them as long as the cut lasted (here, 60 s of waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_from_its_broker_hands_its_shards_over_and_joins_again() {
+    let name = unique("brokercut");
+    let host = NetworkHost::create();
+    let link = host.link();
+    let server = PrivatePostgres::start_reachable_at(&name, link.machine);
+    let store = Arc::new(PostgresSide::open_at(&server.url("postgres", ""), &name).await);
+    let at = server.url_at(link.machine);
+    let settings = Settings::default().relay("hand_over_after = \"5s\"");
+    let limit = Duration::from_secs(60);
+    let took = cut_off(store, &host, &link, at, Cut::Broker, settings, limit).await;
+    println!("taken over after {took:?}");
 }

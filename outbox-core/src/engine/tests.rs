@@ -421,6 +421,63 @@ async fn lost_session_is_reopened_and_nothing_is_lost() {
     assert_first_occurrences_in_order(&delivered);
 }
 
+/// Two relays, and only relay-0's broker fails (a partition between that relay and the
+/// broker): once its calls have failed for `hand_over_after`, relay-0 gives its shards back and
+/// relay-1 publishes everything; relay-0 takes shards again once its broker answers a check.
+/// With `hand_over_after = 0` it keeps them, and their events wait.
+#[tokio::test]
+async fn a_relay_whose_broker_fails_hands_its_shards_over_until_it_answers() {
+    let store = MemoryStore::new(8);
+    let (cut_off, reachable) = (ScriptedSink::new(), ScriptedSink::new());
+    cut_off.set_down(true);
+    let config = |i: usize, hand_over_after: Duration| RelayConfig {
+        relay_id: Some(format!("relay-{i}")),
+        hand_over_after,
+        ..fast_config()
+    };
+
+    // Kept: relay-0's shards stay relay-0's, their events pending.
+    let keeping = start(&store, &cut_off, config(0, Duration::ZERO));
+    let other = start(&store, &reachable, config(1, Duration::ZERO));
+    wait_until("the shards shared", Duration::from_secs(5), || {
+        keeping.handle.shards_owned() == 4 && other.handle.shards_owned() == 4
+    })
+    .await;
+    write(&store, 40, 2).await;
+    wait_until("several failed calls", Duration::from_secs(5), || {
+        cut_off.calls() >= 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(keeping.handle.shards_owned(), 4);
+    assert!(pending(&store) > 0);
+    keeping.stop().await;
+    other.stop().await;
+
+    let failing = start(&store, &cut_off, config(0, Duration::from_millis(200)));
+    let other = start(&store, &reachable, config(1, Duration::from_millis(200)));
+    write(&store, 40, 2).await;
+    drained(&store, Duration::from_secs(10)).await;
+    assert_eq!(failing.handle.shards_owned(), 0);
+    assert_eq!(other.handle.shards_owned(), 8);
+    assert!(failing.handle.last_error().unwrap().contains("down"));
+
+    cut_off.set_down(false);
+    wait_until("relay-0 sharing again", Duration::from_secs(10), || {
+        failing.handle.shards_owned() == 4 && other.handle.shards_owned() == 4
+    })
+    .await;
+    write(&store, 40, 2).await;
+    drained(&store, Duration::from_secs(10)).await;
+    failing.stop().await;
+    other.stop().await;
+    assert!(!cut_off.delivered().is_empty(), "relay-0 published again");
+    let mut delivered = reachable.delivered();
+    delivered.extend(cut_off.delivered());
+    let unique: std::collections::HashSet<i64> = delivered.iter().map(|e| e.id).collect();
+    assert_eq!(unique.len(), 240);
+}
+
 /// A session that opens and claims but cannot mark (a read-only server, a privilege revoked):
 /// its rows are published again at each new session, so new sessions come after a growing
 /// backoff, not at once (which sent the same events thousands of times a second), and the

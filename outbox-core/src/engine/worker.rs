@@ -135,6 +135,11 @@ pub(super) struct Worker<'a> {
     poll: Duration,
     store_failures: u32,
     sink_failures: u32,
+    /// Since when every publish call has failed as a whole (`None` while the broker answers).
+    sink_failing_since: Option<Instant>,
+    /// The shards were given back after `relay.hand_over_after` of broker failures: no session
+    /// until the broker answers a check.
+    handed_over: bool,
     next_rebalance: Instant,
     acquire_offset: u32,
     /// When the last claim at the top of the loop started (partial batches wait for
@@ -150,6 +155,8 @@ impl<'a> Worker<'a> {
             poll: relay.config.poll_interval_min,
             store_failures: 0,
             sink_failures: 0,
+            sink_failing_since: None,
+            handed_over: false,
             next_rebalance: Instant::now(),
             acquire_offset: acquire_offset(&relay.relay_id),
             last_claim: Instant::now(),
@@ -166,6 +173,9 @@ impl<'a> Worker<'a> {
             let open = match self.open.as_mut() {
                 Some(open) => open,
                 None => {
+                    if self.handed_over && !self.broker_answers(shutdown).await {
+                        continue;
+                    }
                     // After a database failure, whatever the stage: back off before the next
                     // session (a lost session's rows would be claimed and published again).
                     if self.store_failures > 0 {
@@ -257,6 +267,7 @@ impl<'a> Worker<'a> {
             if !self.settle(&batch, pipelined).await {
                 break;
             }
+            self.hand_over_if_due().await;
             if self.sink_failures > 0 {
                 shutdown.pause(outage_backoff(self.sink_failures)).await;
             } else if partial && self.open.as_ref().is_none_or(|o| o.prefetched.is_empty()) {
@@ -300,6 +311,7 @@ impl<'a> Worker<'a> {
 
         if let Some(e) = report.call_error {
             self.sink_failures += 1;
+            self.sink_failing_since.get_or_insert_with(Instant::now);
             relay.handle.sink_failed(&e);
             metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "publish")
                 .increment(1);
@@ -318,12 +330,70 @@ impl<'a> Worker<'a> {
             info!(sink = relay.sink.kind(), "broker is answering again");
         }
         self.sink_failures = 0;
+        self.sink_failing_since = None;
         relay.handle.sink_answered();
         if let (Some(open), Some(mut next)) = (self.open.as_mut(), next) {
             next.retain(|e| !blocked.contains(e.aggregate_id.as_str()));
             open.prefetched = next;
         }
         true
+    }
+
+    /// Once every publish call has failed as a whole for `relay.hand_over_after`, give the
+    /// shards back: relays that can reach the broker take them over at their next rebalance
+    /// (if none can, nothing is published either way).
+    async fn hand_over_if_due(&mut self) {
+        let after = self.relay.config.hand_over_after;
+        let Some(since) = self.sink_failing_since else {
+            return;
+        };
+        if after.is_zero() || since.elapsed() < after || self.open.is_none() {
+            return;
+        }
+        warn!(
+            sink = self.relay.sink.kind(),
+            failing_for = ?since.elapsed(),
+            hand_over_after = ?after,
+            "the broker has failed every call for relay.hand_over_after: giving this relay's \
+             shards back to relays that can reach it; taking shards again once it answers a check"
+        );
+        self.close_session().await;
+        self.handed_over = true;
+    }
+
+    /// After a hand-over: whether the broker answers a check now (then the worker opens a
+    /// session and competes for shards again), after the outage backoff.
+    async fn broker_answers(&mut self, shutdown: &mut Shutdown) -> bool {
+        let relay = self.relay;
+        shutdown.pause(outage_backoff(self.sink_failures)).await;
+        if shutdown.is_triggered() {
+            return false;
+        }
+        let checked = tokio::time::timeout(Duration::from_secs(30), relay.sink.check())
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::new(
+                    crate::ErrorKind::Timeout,
+                    "no answer within 30s",
+                ))
+            });
+        match checked {
+            Ok(()) => {
+                info!(
+                    sink = relay.sink.kind(),
+                    "the broker answers a check again: taking shards again"
+                );
+                self.handed_over = false;
+                self.sink_failing_since = None;
+                true
+            }
+            Err(e) => {
+                self.sink_failures = self.sink_failures.saturating_add(1);
+                relay.handle.sink_failed(&e);
+                debug!(sink = relay.sink.kind(), error = %e, "the broker still fails its check");
+                false
+            }
+        }
     }
 
     /// Queue acknowledged rows for marking and record failures, on the session. Returns the
