@@ -462,11 +462,14 @@ async fn a_relay_whose_broker_fails_hands_its_shards_over_until_it_answers() {
     assert_eq!(other.handle.shards_owned(), 8);
     assert!(failing.handle.last_error().unwrap().contains("down"));
 
+    assert!(!failing.handle.is_ready());
     cut_off.set_down(false);
     wait_until("relay-0 sharing again", Duration::from_secs(10), || {
         failing.handle.shards_owned() == 4 && other.handle.shards_owned() == 4
     })
     .await;
+    // Ready with nothing left to publish: the check that let it back in is the proof.
+    assert!(failing.handle.is_ready(), "{:?}", failing.handle.last_error());
     write(&store, 40, 2).await;
     drained(&store, Duration::from_secs(10)).await;
     failing.stop().await;

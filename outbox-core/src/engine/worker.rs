@@ -385,6 +385,9 @@ impl<'a> Worker<'a> {
                 );
                 self.handed_over = false;
                 self.sink_failing_since = None;
+                // Ready again now, not at the next publish: the relays that kept their shards
+                // may have drained everything meanwhile.
+                relay.handle.sink_answered();
                 true
             }
             Err(e) => {
