@@ -61,7 +61,10 @@ pub trait Sink: Send + Sync + fmt::Debug + 'static {
     /// template. Used for routing and for metrics labels.
     fn destination(&self, event: &OutboxEvent) -> String;
 
-    /// Check the broker answers (start-up and `/readyz`).
+    /// Check the broker answers (start-up and `/readyz`; and, after a relay gave its shards
+    /// back because every publish failed for `relay.hand_over_after`, whether to take shards
+    /// again). Reach the broker: a check that always passes makes such a relay take shards
+    /// back at once.
     async fn check(&self) -> Result<()>;
 
     /// Publish a batch and await every acknowledgement: one outcome per event, in order
