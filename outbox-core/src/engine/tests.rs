@@ -469,7 +469,11 @@ async fn a_relay_whose_broker_fails_hands_its_shards_over_until_it_answers() {
     })
     .await;
     // Ready with nothing left to publish: the check that let it back in is the proof.
-    assert!(failing.handle.is_ready(), "{:?}", failing.handle.last_error());
+    assert!(
+        failing.handle.is_ready(),
+        "{:?}",
+        failing.handle.last_error()
+    );
     write(&store, 40, 2).await;
     drained(&store, Duration::from_secs(10)).await;
     failing.stop().await;
