@@ -60,15 +60,21 @@ impl NetworkHost {
             running_as_root(),
             "this test makes a network namespace (`ip netns add`), which needs root"
         );
-        // One namespace per test process and call: the pid's low bits and a counter keep
-        // concurrent test processes apart.
-        static MADE: AtomicU8 = AtomicU8::new(0);
-        let made = MADE.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let net = 100 + ((pid as u8).wrapping_add(made.wrapping_mul(37)) % 150);
-        let name = format!("obx{pid}n{made}");
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ip(&["netns", "add", &name]);
+        // The namespace's name carries the second octet of its addresses, and `ip netns add`
+        // fails when the name is taken: the first name it creates claims that octet, so
+        // concurrent tests (and namespaces a killed test left behind) never share addresses.
+        let start = std::process::id() % 150;
+        let (name, net) = (0..150)
+            .map(|i| 100 + ((start + i) % 150) as u8)
+            .find_map(|net| {
+                let name = format!("obx{net}");
+                let added = Command::new("ip")
+                    .args(["netns", "add", &name])
+                    .output()
+                    .is_ok_and(|out| out.status.success());
+                added.then_some((name, net))
+            })
+            .expect("`ip netns add` failed for every name obx100..obx249 (is iproute2 there?)");
         ip(&["-n", &name, "link", "set", "lo", "up"]);
         Self {
             name,
