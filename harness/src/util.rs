@@ -131,8 +131,13 @@ pub fn free_port() -> u16 {
 
 /// GET `path` from 127.0.0.1:`port` with a bare HTTP/1.1 request; (status code, body).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_get_at("127.0.0.1", port, path)
+}
+
+/// [`http_get`] from `address`:`port` (a relay on a [`crate::NetworkHost`]).
+pub fn http_get_at(address: &str, port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut stream = std::net::TcpStream::connect((address, port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         stream,

@@ -30,6 +30,9 @@ pub const SHARDS_OWNED: &str = "outbox_shards_owned";
 /// Counter: whole-call failures. Label `stage`: `session`, `rebalance`, `claim`, `publish`, `mark`,
 /// `status`, `purge`.
 pub const ERRORS: &str = "outbox_relay_errors_total";
+/// Counter: times this relay gave its shards back because every publish call failed for
+/// `relay.hand_over_after`.
+pub const HAND_OVERS: &str = "outbox_hand_overs_total";
 /// Counter: published rows deleted by the retention purge.
 pub const PURGED: &str = "outbox_purged_total";
 /// Gauge, recorded by the binary for a pipeline whose `store.table` is a pattern: the tables
@@ -62,6 +65,7 @@ pub const ALL: &[&str] = &[
     PUBLISH_DURATION,
     SHARDS_OWNED,
     ERRORS,
+    HAND_OVERS,
     PURGED,
     DISCOVERED_TABLES,
     SLOT_LAG_BYTES,

@@ -53,8 +53,15 @@ async fn cut_off(
     let redis = Arc::new(RedisSide::open(&name).await);
     let mut scenario = Scenario::prepare(store.clone(), redis, settings).await;
 
+    // relay-0 serves its endpoints on the link that stays up.
+    let endpoints = match cut_link {
+        Cut::Database => to_broker.host,
+        Cut::Broker => to_database.host,
+    }
+    .to_string();
     let mut env = scenario.broker.relay_env();
     env.push(("OUTBOX_STORE__URL".into(), url_at));
+    env.push(("OUTBOX_SERVER__LISTEN".into(), format!("{endpoints}:9464")));
     env.push((
         "OUTBOX_SINK__REDIS_STREAMS__URL".into(),
         format!("redis://{}:{}", to_broker.machine, broker_path.port()),
@@ -108,6 +115,25 @@ async fn cut_off(
     })
     .await;
     let took = cut.elapsed();
+    // The cut relay says so: not ready, no shard, and (cut from the broker) a hand-over.
+    let at = endpoints.clone();
+    wait_for("relay-0 not ready", Duration::from_secs(45), move || {
+        let ready = http_get_at(&at, 9464, "/readyz").map(|(code, _)| code);
+        async move { ready == Some(503) }
+    })
+    .await;
+    let metrics = http_get_at(&endpoints, 9464, "/metrics")
+        .unwrap_or_default()
+        .1;
+    assert_eq!(
+        metric_value(&metrics, "outbox_shards_owned"),
+        Some(0.0),
+        "{metrics}"
+    );
+    if cut_link == Cut::Broker {
+        let hand_overs = metric_value(&metrics, "outbox_hand_overs_total");
+        assert_eq!(hand_overs, Some(1.0), "{metrics}");
+    }
 
     match cut_link {
         Cut::Database => to_database.heal(),

@@ -357,6 +357,7 @@ impl<'a> Worker<'a> {
             "the broker has failed every call for relay.hand_over_after: giving this relay's \
              shards back to relays that can reach it; taking shards again once it answers a check"
         );
+        metrics::counter!(m::HAND_OVERS, m::PIPELINE => self.relay.pipeline.clone()).increment(1);
         self.close_session().await;
         self.handed_over = true;
     }
