@@ -114,18 +114,18 @@ impl NetworkHost {
     /// A script in `dir` that runs `binary` (with its arguments) on this host: give it where a
     /// binary is asked for. The process keeps the script's pid, so signals reach it.
     pub fn launcher(&self, dir: &Path, binary: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
         let path = dir.join(format!("on-{}", self.name));
         std::fs::write(
             &path,
             format!(
-                "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
+                "#!/bin/sh\nexec ip netns exec {} '{}' \"$@\"\n",
                 self.name,
                 binary.display()
             ),
         )
         .unwrap();
-        let status = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
-        assert!(status.success(), "chmod +x {}", path.display());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         path
     }
 }

@@ -610,10 +610,16 @@ impl Scenario {
 
     /// Wait until `relays` relays own the 32 shards between them.
     pub async fn wait_shared(&self, relays: usize) {
+        self.wait_shared_within(relays, Duration::from_secs(30))
+            .await;
+    }
+
+    /// [`Self::wait_shared`], for up to `timeout`.
+    pub async fn wait_shared_within(&self, relays: usize, timeout: Duration) {
         let (config, env) = (self.config.clone(), self.broker.relay_env());
         wait_for(
             &format!("{relays} relays sharing the 32 shards"),
-            Duration::from_secs(30),
+            timeout,
             move || {
                 let (ok, status, _) = run_cli(&config, &["status", "--json"], &env);
                 let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();

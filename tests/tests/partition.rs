@@ -53,12 +53,12 @@ async fn cut_off(
     let redis = Arc::new(RedisSide::open(&name).await);
     let mut scenario = Scenario::prepare(store.clone(), redis, settings).await;
 
+    let (cut_one, kept) = match cut_link {
+        Cut::Database => (to_database, &to_broker),
+        Cut::Broker => (&to_broker, to_database),
+    };
     // relay-0 serves its endpoints on the link that stays up.
-    let endpoints = match cut_link {
-        Cut::Database => to_broker.host,
-        Cut::Broker => to_database.host,
-    }
-    .to_string();
+    let endpoints = kept.host.to_string();
     let mut env = scenario.broker.relay_env();
     env.push(("OUTBOX_STORE__URL".into(), url_at));
     env.push(("OUTBOX_SERVER__LISTEN".into(), format!("{endpoints}:9464")));
@@ -93,28 +93,21 @@ async fn cut_off(
             // Its other statements (the shard session's claim, if that was not the first)
             // reach the lock too.
             tokio::time::sleep(Duration::from_secs(1)).await;
-            to_database.cut();
+            cut_one.cut();
             let cut = (Instant::now(), writers.written());
             lock.release().await;
             cut
         }
         Cut::Broker => {
-            to_broker.cut();
+            cut_one.cut();
             (Instant::now(), writers.written())
         }
     };
-    let (config, env) = (scenario.config.clone(), scenario.broker.relay_env());
-    wait_for("relay-1 owning every shard", limit, move || {
-        let (ok, status, _) = run_cli(&config, &["status", "--json"], &env);
-        let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
-        let owners = status["owners"].as_object();
-        let alone = ok
-            && status["shards_owned"] == 32
-            && owners.is_some_and(|o| o.len() == 1 && o.keys().all(|k| k.starts_with("relay-1")));
-        async move { alone }
-    })
-    .await;
+    scenario.wait_shared_within(1, limit).await;
     let took = cut.elapsed();
+    let status = scenario.status();
+    let owners = status["owners"].as_object().expect("owners");
+    assert!(owners.keys().all(|k| k.starts_with("relay-1")), "{status}");
     // The cut relay says so: not ready, no shard, and (cut from the broker) a hand-over.
     let at = endpoints.clone();
     wait_for("relay-0 not ready", Duration::from_secs(45), move || {
@@ -135,10 +128,7 @@ async fn cut_off(
         assert_eq!(hand_overs, Some(1.0), "{metrics}");
     }
 
-    match cut_link {
-        Cut::Database => to_database.heal(),
-        Cut::Broker => to_broker.heal(),
-    }
+    cut_one.heal();
     let healed = Instant::now();
     scenario.wait_shared(2).await;
     let rejoined = healed.elapsed();
