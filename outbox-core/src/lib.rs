@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cloudevents;
+pub mod command;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -52,8 +52,9 @@ impl outboxkit_store_sql::Dialect for MySql {
         let user = target.user.as_deref().unwrap_or("?");
         let text = match kind {
             ErrorKind::Schema => format!(
-                "table {table} does not exist or is not as expected (not migrated?): run \
-                 `outbox-relay migrate` ({message})"
+                "table {table} does not exist or is not as expected (not migrated?): run {} \
+                 ({message})",
+                outboxkit_core::command::line("migrate")
             ),
             ErrorKind::Config if number == Some(1049) => format!(
                 "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",

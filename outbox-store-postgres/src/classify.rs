@@ -42,8 +42,8 @@ impl outboxkit_store_sql::Dialect for Postgres {
         let (kind, retryable) = kind_of_sqlstate(&code);
         let text = match kind {
             ErrorKind::Schema => format!(
-                "table {table} does not exist (or is not migrated): run `outbox-relay migrate` \
-                 ({message})"
+                "table {table} does not exist (or is not migrated): run {} ({message})",
+                outboxkit_core::command::line("migrate")
             ),
             ErrorKind::Config => format!(
                 "database \"{}\" does not exist on {at} (store.url): create it or fix the URL",

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 
-use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
+use outboxkit_core::{command, Error, ErrorKind, PayloadType, Result};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use crate::classify::{classify, classify_on_pool, Dialect, Target};
@@ -248,7 +248,10 @@ pub fn render_table<S: PayloadColumn + TableRules>(
 pub fn not_migrated(table: &dyn fmt::Display) -> Error {
     Error::new(
         ErrorKind::Schema,
-        format!("table {table} does not exist (or is not migrated): run `outbox-relay migrate`"),
+        format!(
+            "table {table} does not exist (or is not migrated): run {}",
+            command::line("migrate")
+        ),
     )
 }
 
@@ -259,8 +262,9 @@ pub fn not_ours(table: &dyn fmt::Display, schema_table: &str) -> Error {
         ErrorKind::Schema,
         format!(
             "table {table} exists but was not created by outbox-relay (it has no row in \
-             {schema_table}), and `outbox-relay migrate` leaves it alone: rename it or set \
-             store.table to another name"
+             {schema_table}), and {} leaves it alone: rename it or set store.table to \
+             another name",
+            command::line("migrate")
         ),
     )
 }
@@ -271,7 +275,8 @@ pub fn newer_schema(table: &dyn fmt::Display, version: i32, known: i32) -> Error
         ErrorKind::Schema,
         format!(
             "table {table} is at schema version {version}, newer than this relay knows \
-             ({known}): upgrade outbox-relay"
+             ({known}): upgrade {}",
+            command::name()
         ),
     )
 }
@@ -286,7 +291,8 @@ pub fn check_version(table: &dyn fmt::Display, version: i32, expected: i32) -> R
             ErrorKind::Schema,
             format!(
                 "table {table} is at schema version {version}, this relay needs \
-                 {expected}: run `outbox-relay migrate`"
+                 {expected}: run {}",
+                command::line("migrate")
             ),
         ));
     }

@@ -29,7 +29,8 @@ pub fn from_catalog(
         return Err(Error::new(
             ErrorKind::Schema,
             format!(
-                "table {table} does not exist or has no payload column: run `outbox-relay migrate`"
+                "table {table} does not exist or has no payload column: run {}",
+                outboxkit_core::command::line("migrate")
             ),
         ));
     };

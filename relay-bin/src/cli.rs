@@ -102,6 +102,23 @@ fn one_line(message: &str) -> String {
         .join(" ")
 }
 
+/// The command's name: the file name the binary was started as, without a path (and without
+/// `.exe`), else `outbox-relay`.
+fn command_name(argv0: Option<std::ffi::OsString>) -> String {
+    argv0
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .and_then(|name| name.to_str())
+        .map(|name| {
+            name.strip_suffix(std::env::consts::EXE_SUFFIX)
+                .unwrap_or(name)
+        })
+        .filter(|name| !name.is_empty())
+        .unwrap_or(outboxkit_core::command::DEFAULT)
+        .to_owned()
+}
+
 /// `outbox-relay --version`: the version and the adapters compiled in.
 pub fn long_version(registry: &Registry) -> String {
     format!(
@@ -113,11 +130,18 @@ pub fn long_version(registry: &Registry) -> String {
 }
 
 /// The binary's `main`: parse the command line, run the command, map failures to exit codes.
-/// A custom binary calls this with its own registry.
+/// A custom binary calls this with its own registry. Its help, `--version` and every message
+/// that says what to run name the binary as it was started (`outbox-mqtt-relay`).
 pub fn main(registry: Registry) -> ExitCode {
     // Built once per process; clap wants 'static strings.
+    let name: &'static str = Box::leak(command_name(std::env::args_os().next()).into_boxed_str());
+    outboxkit_core::command::set_name(name);
     let version: &'static str = Box::leak(long_version(&registry).into_boxed_str());
-    let command = Cli::command().version(version).long_version(version);
+    let command = Cli::command()
+        .name(name)
+        .bin_name(name)
+        .version(version)
+        .long_version(version);
     let cli = match Cli::from_arg_matches(&command.get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -306,10 +330,11 @@ async fn migrate(
 /// the operator to type it: with `--pipeline` when the configuration has several pipelines,
 /// or the target is one table of a pattern pipeline.
 fn dead_list(loaded: &Loaded, label: &str) -> String {
+    let name = outboxkit_core::command::name();
     if loaded.pipelines.len() > 1 || label.contains('/') {
-        format!("outbox-relay --pipeline {label} dead list")
+        format!("{name} --pipeline {label} dead list")
     } else {
-        "outbox-relay dead list".to_owned()
+        format!("{name} dead list")
     }
 }
 
@@ -534,7 +559,21 @@ fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
 
 #[cfg(test)]
 mod tests {
-    use super::{log_filter, use_colour};
+    use super::{command_name, log_filter, use_colour};
+
+    #[test]
+    fn the_command_is_named_by_the_file_name_it_was_started_as() {
+        let name = |argv0: Option<&str>| command_name(argv0.map(Into::into));
+        assert_eq!(
+            name(Some("/usr/local/bin/outbox-mqtt-relay")),
+            "outbox-mqtt-relay"
+        );
+        assert_eq!(name(Some("./outbox-relay")), "outbox-relay");
+        assert_eq!(name(Some("outbox-webhook-relay")), "outbox-webhook-relay");
+        assert_eq!(name(None), "outbox-relay");
+        assert_eq!(name(Some("")), "outbox-relay");
+        assert_eq!(name(Some("/")), "outbox-relay");
+    }
 
     #[test]
     fn a_log_filter_word_that_is_no_level_is_refused() {

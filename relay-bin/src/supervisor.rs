@@ -156,8 +156,9 @@ pub async fn run(
         let signal = signals.next().await;
         if signal == "SIGHUP" {
             info!(
-                "SIGHUP: outbox-relay does not reload its configuration; it stops as on \
-                 SIGTERM (start it again to apply a changed configuration)"
+                "SIGHUP: {} does not reload its configuration; it stops as on SIGTERM (start it \
+                 again to apply a changed configuration)",
+                outboxkit_core::command::name()
             );
         }
         info!(signal, "shutdown requested: finishing in-flight work");
@@ -442,11 +443,11 @@ async fn discover_and_relay(
                     Err(e) => {
                         let unmigrated = matches!(e.kind(), ErrorKind::Schema | ErrorKind::Config);
                         if idle.insert(label.clone(), unmigrated) != Some(unmigrated) {
-                            warn!(table = %label, error = %e, "{}", if unmigrated {
-                                "found a table that cannot be relayed as it is (run `outbox-relay migrate`); looking again at each scan"
+                            if unmigrated {
+                                warn!(table = %label, error = %e, "found a table that cannot be relayed as it is (run {}); looking again at each scan", outboxkit_core::command::line("migrate"));
                             } else {
-                                "cannot connect a discovered table; trying again at each scan"
-                            });
+                                warn!(table = %label, error = %e, "cannot connect a discovered table; trying again at each scan");
+                            }
                         }
                         let message = e.full_message();
                         board.set(

@@ -166,3 +166,34 @@ async fn refuses_bad_settings_and_an_unreachable_broker() {
     assert!(out.contains("mqtt"), "{out}");
     drop_table(&table).await;
 }
+
+/// A custom binary names itself, never `outbox-relay`, wherever it tells the operator what to
+/// type: its help and version, the store's "run ... migrate", and `status`'s dead-list command.
+/// An operator who copied `outbox-relay migrate` would run another binary, or none.
+#[tokio::test]
+async fn names_itself_where_it_says_what_to_run() {
+    let table = unique("mqtt_name");
+    let (_, config) = write_config(&table, "url = \"mqtt://127.0.0.1:1\"");
+    let (status, out) = run_cli(&config, &["--help"]);
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains("Usage: outbox-mqtt-relay [OPTIONS] <COMMAND>"),
+        "{out}"
+    );
+    let (status, out) = run_cli(&config, &["--version"]);
+    assert!(
+        status.success() && out.starts_with("outbox-mqtt-relay "),
+        "{out}"
+    );
+
+    let (status, out) = run_cli(&config, &["status"]);
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("run `outbox-mqtt-relay migrate`"), "{out}");
+    let (status, out) = run_cli(&config, &["migrate"]);
+    assert!(status.success(), "migrate failed: {out}");
+    let (status, out) = run_cli(&config, &["status"]);
+    assert!(status.success(), "{out}");
+    assert!(out.contains("(see `outbox-mqtt-relay dead list`)"), "{out}");
+    assert!(!out.contains("outbox-relay "), "{out}");
+    drop_table(&table).await;
+}

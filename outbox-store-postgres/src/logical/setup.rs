@@ -251,10 +251,11 @@ fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
             "replication slot \"{}\" of table {table} {why}: events committed since the relay last \
              confirmed its position may not have been relayed. The relay will not make a new \
              slot on its own, since that would skip them silently. Follow the runbook ({RUNBOOK}): \
-             find what was missed, then delete the row of {table} from {} and run `outbox-relay \
-             migrate` to make a new slot",
+             find what was missed, then delete the row of {table} from {} and run {} to make a \
+             new slot",
             names.slot,
-            table.quoted_sibling(CAPTURE_TABLE)
+            table.quoted_sibling(CAPTURE_TABLE),
+            outboxkit_core::command::line("migrate")
         ),
     )
     .permanent()
@@ -297,8 +298,9 @@ pub(crate) async fn check(
         return Err(Error::new(
             ErrorKind::Schema,
             format!(
-                "table {table} is not set up for logical capture: run `outbox-relay migrate` with \
-                 store.capture = \"logical\""
+                "table {table} is not set up for logical capture: run {} with store.capture = \
+                 \"logical\"",
+                outboxkit_core::command::line("migrate")
             ),
         ));
     };
