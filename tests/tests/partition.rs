@@ -33,6 +33,50 @@ enum Cut {
     Broker,
 }
 
+/// Start relay-0 on `host`, reaching the database at `url_at` and Redis over `to_broker`
+/// (through a proxy on its machine end, returned), serving its endpoints on `endpoints`:9464.
+async fn start_on_host(
+    scenario: &mut Scenario,
+    host: &NetworkHost,
+    url_at: String,
+    to_broker: &Link,
+    endpoints: &str,
+) -> Blackhole {
+    let upstream = redis_url().trim_start_matches("redis://").to_owned();
+    let broker_path = Blackhole::on(&to_broker.machine.to_string(), upstream).await;
+    let mut env = scenario.broker.relay_env();
+    env.push(("OUTBOX_STORE__URL".into(), url_at));
+    env.push(("OUTBOX_SERVER__LISTEN".into(), format!("{endpoints}:9464")));
+    env.push((
+        "OUTBOX_SINK__REDIS_STREAMS__URL".into(),
+        format!("redis://{}:{}", to_broker.machine, broker_path.port()),
+    ));
+    let launcher = host.launcher(&scenario.dir, &relay_binary());
+    let (config, dir) = (scenario.config.clone(), scenario.dir.clone());
+    let relay = RelayProcess::start_binary(&launcher, &config, &dir, "relay-0", &env);
+    scenario.relays.push(relay);
+    broker_path
+}
+
+/// relay-0's `/readyz` answers `code`, within 45 s.
+async fn wait_ready_at(endpoints: &str, code: u16) {
+    let at = endpoints.to_owned();
+    wait_for("relay-0's /readyz", Duration::from_secs(45), move || {
+        let ready = http_get_at(&at, 9464, "/readyz").map(|(code, _)| code);
+        async move { ready == Some(code) }
+    })
+    .await;
+}
+
+/// The log lines of a relay that gave its shards back to a broker cut, and took shards again.
+fn assert_handed_over_and_back(log: &str) {
+    assert!(
+        log.contains("the broker has failed every call for relay.hand_over_after: giving this relay's shards back")
+            && log.contains("the broker answers a check again: taking shards again"),
+        "{log}"
+    );
+}
+
 /// `store` on a private server that listens on `to_database`'s machine end, at `url_at` there;
 /// relay-0 on `host` reaching it over `to_database` and Redis over a link of its own, relay-1 on
 /// the machine. The cut, and how long until relay-1 owned every shard: it must be within
@@ -48,8 +92,6 @@ async fn cut_off(
 ) -> Duration {
     let name = store.table().to_owned();
     let to_broker = host.link();
-    let upstream = redis_url().trim_start_matches("redis://").to_owned();
-    let broker_path = Blackhole::on(&to_broker.machine.to_string(), upstream).await;
     let redis = Arc::new(RedisSide::open(&name).await);
     let mut scenario = Scenario::prepare(store.clone(), redis, settings).await;
 
@@ -59,17 +101,7 @@ async fn cut_off(
     };
     // relay-0 serves its endpoints on the link that stays up.
     let endpoints = kept.host.to_string();
-    let mut env = scenario.broker.relay_env();
-    env.push(("OUTBOX_STORE__URL".into(), url_at));
-    env.push(("OUTBOX_SERVER__LISTEN".into(), format!("{endpoints}:9464")));
-    env.push((
-        "OUTBOX_SINK__REDIS_STREAMS__URL".into(),
-        format!("redis://{}:{}", to_broker.machine, broker_path.port()),
-    ));
-    let launcher = host.launcher(&scenario.dir, &relay_binary());
-    let (config, dir) = (scenario.config.clone(), scenario.dir.clone());
-    let cut_relay = RelayProcess::start_binary(&launcher, &config, &dir, "relay-0", &env);
-    scenario.relays.push(cut_relay);
+    let _broker_path = start_on_host(&mut scenario, host, url_at, &to_broker, &endpoints).await;
     scenario.start_relay("relay-1", &[]);
     scenario.wait_shared(2).await;
 
@@ -109,12 +141,7 @@ async fn cut_off(
     let owners = status["owners"].as_object().expect("owners");
     assert!(owners.keys().all(|k| k.starts_with("relay-1")), "{status}");
     // The cut relay says so: not ready, no shard, and (cut from the broker) a hand-over.
-    let at = endpoints.clone();
-    wait_for("relay-0 not ready", Duration::from_secs(45), move || {
-        let ready = http_get_at(&at, 9464, "/readyz").map(|(code, _)| code);
-        async move { ready == Some(503) }
-    })
-    .await;
+    wait_ready_at(&endpoints, 503).await;
     let metrics = http_get_at(&endpoints, 9464, "/metrics")
         .unwrap_or_default()
         .1;
@@ -148,12 +175,7 @@ async fn cut_off(
         assert_no_error_lines(relay, log);
     }
     if cut_link == Cut::Broker {
-        let log = &logs[0].1;
-        assert!(
-            log.contains("the broker has failed every call for relay.hand_over_after: giving this relay's shards back")
-                && log.contains("the broker answers a check again: taking shards again"),
-            "{log}"
-        );
+        assert_handed_over_and_back(&logs[0].1);
     }
 
     let delivered = scenario
@@ -238,4 +260,80 @@ async fn a_relay_cut_off_from_its_broker_hands_its_shards_over_and_joins_again()
     let limit = Duration::from_secs(60);
     let took = cut_off(store, &host, &link, at, Cut::Broker, settings, limit).await;
     println!("taken over after {took:?}");
+}
+
+/// Log-based capture: relay-0 reads the slot and relay-1 stands by; relay-0 is cut from Redis.
+/// With `relay.hand_over_after = "5s"` it lets the slot go and relay-1 reads it, while relay-0
+/// waits for Redis to answer a check, then stands by. Every committed event arrives, none
+/// rolled back does, first deliveries in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reader_cut_off_from_its_broker_hands_the_slot_over() {
+    use super::postgres_logical::{check_in_commit_order, drain_slot, reader_index, takeover};
+
+    let name = unique("lgcut");
+    let host = NetworkHost::create();
+    let (to_database, to_broker) = (host.link(), host.link());
+    let server = PrivatePostgres::start_logical_reachable_at(&name, to_database.machine);
+    let side = Arc::new(LogicalSide::open(&server, &name, "message").await);
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let settings = Settings::default().relay("hand_over_after = \"5s\"");
+    let mut scenario = Scenario::prepare(side.clone(), redis, settings).await;
+    let endpoints = to_database.host.to_string();
+    let url_at = server.url_at(to_database.machine);
+    let _broker_path = start_on_host(&mut scenario, &host, url_at, &to_broker, &endpoints).await;
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+    scenario.start_relay("relay-1", &[]);
+
+    let writers = scenario
+        .start_writers(&WriterPlan::steady(4, 200, Duration::from_millis(20)))
+        .await;
+    writers.wait_written(1_000, Duration::from_secs(60)).await;
+    let cut_at = writers.written();
+    to_broker.cut();
+    let (reader, took) = takeover(&side, 0, Duration::from_secs(60)).await;
+    assert_eq!(reader, 1);
+    wait_ready_at(&endpoints, 503).await;
+    let metrics = http_get_at(&endpoints, 9464, "/metrics")
+        .unwrap_or_default()
+        .1;
+    let hand_overs = metric_value(&metrics, "outbox_hand_overs_total");
+    assert_eq!(hand_overs, Some(1.0), "{metrics}");
+
+    to_broker.heal();
+    let healed = Instant::now();
+    wait_ready_at(&endpoints, 200).await;
+    let standing_by = healed.elapsed();
+    let after = writers.written() + 1_000;
+    writers.wait_written(after, Duration::from_secs(60)).await;
+    let mut writes = writers.finish().await;
+    drain_slot(&scenario, Duration::from_secs(120)).await;
+    scenario.assert_relays_running();
+    let status = scenario.settled_status().await;
+    assert_eq!(status["dead"], 0, "{status}");
+    let reader = status["slot"]["reader"].as_str().unwrap_or_default();
+    assert!(reader.starts_with("relay-1 "), "{status}");
+    scenario.stop_relays(Duration::from_secs(30));
+    let logs = scenario.relay_logs();
+    for (relay, log) in &logs {
+        assert_no_error_lines(relay, log);
+    }
+    assert_handed_over_and_back(&logs[0].1);
+
+    let check = check_in_commit_order(&scenario, &side, &mut writes).await;
+    println!(
+        "{}: {} committed over 200 aggregates ({} rolled back); relay-0 cut off from Redis after \
+         {cut_at} writes, relay-1 read the slot {:.1}s later; relay-0 ready again (standing by) \
+         {:.1}s after the link came back; {} messages, {} distinct, {} duplicates, 0 order \
+         violations (commit order)",
+        side.name(),
+        writes.committed.len(),
+        writes.rolled_back.len(),
+        took.as_secs_f64(),
+        standing_by.as_secs_f64(),
+        check.messages,
+        check.distinct,
+        check.duplicates,
+    );
+    scenario.cleanup().await;
+    drop(server);
 }

@@ -32,7 +32,7 @@ async fn prepare(
 }
 
 /// The index of the relay reading the slot (relays are named `relay-<i>`), waiting for one.
-async fn reader_index(side: &LogicalSide, timeout: Duration) -> usize {
+pub(super) async fn reader_index(side: &LogicalSide, timeout: Duration) -> usize {
     let started = Instant::now();
     loop {
         if let Some(i) = side
@@ -51,7 +51,11 @@ async fn reader_index(side: &LogicalSide, timeout: Duration) -> usize {
 }
 
 /// How long until a relay other than `gone` reads the slot.
-async fn takeover(side: &LogicalSide, gone: usize, timeout: Duration) -> (usize, Duration) {
+pub(super) async fn takeover(
+    side: &LogicalSide,
+    gone: usize,
+    timeout: Duration,
+) -> (usize, Duration) {
     let started = Instant::now();
     loop {
         if let Some(i) = side
@@ -73,9 +77,15 @@ async fn takeover(side: &LogicalSide, gone: usize, timeout: Duration) -> (usize,
     }
 }
 
+/// Wait until the slot is confirmed past every event.
+pub(super) async fn drain_slot(scenario: &Scenario, timeout: Duration) {
+    let what = "the slot confirmed past every event";
+    scenario.drain(what, timeout).await;
+}
+
 /// Committed events keyed by their commit position (the oracle's), then read back and checked:
 /// every committed event arrived, none rolled back did, first deliveries in commit order.
-async fn check_in_commit_order(
+pub(super) async fn check_in_commit_order(
     scenario: &Scenario,
     side: &LogicalSide,
     writes: &mut Writes,
@@ -164,12 +174,7 @@ async fn kill_and_partition(style: &'static str) {
 
     let mut writes = writers.finish().await;
     let write_secs = started.elapsed().as_secs_f64();
-    scenario
-        .drain(
-            "the slot confirmed past every event",
-            Duration::from_secs(300),
-        )
-        .await;
+    drain_slot(&scenario, Duration::from_secs(300)).await;
     let drain_secs = started.elapsed().as_secs_f64();
     scenario.assert_relays_running();
     let status = scenario.settled_status().await;
@@ -492,12 +497,7 @@ async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
     );
     let thawed = Instant::now();
     let mut writes = writers.finish().await;
-    scenario
-        .drain(
-            "the slot confirmed past every event",
-            Duration::from_secs(120),
-        )
-        .await;
+    drain_slot(&scenario, Duration::from_secs(120)).await;
     let drained_after = thawed.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = (lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds"));

@@ -89,6 +89,18 @@ fn give_to_postgres(path: &Path) {
     }
 }
 
+/// `postgresql.conf` lines of a cluster for log-based capture, then `extra`.
+fn logical_conf(extra: &str) -> String {
+    format!(
+        "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
+         track_commit_timestamp = on\nwal_sender_timeout = 60s\n{extra}"
+    )
+}
+
+/// `pg_hba.conf` of a cluster for log-based capture: trust on loopback, replication too.
+const LOGICAL_HBA: &str =
+    "local all all trust\nhost all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n";
+
 impl PrivatePostgres {
     /// A new cluster under the scratch directory `name`, serving `pki`'s server certificate,
     /// started, with database `test` (and user [`crate::tls::CLIENT_NAME`]).
@@ -126,16 +138,16 @@ impl PrivatePostgres {
     /// [`Self::start_logical`] with more `postgresql.conf` lines (later lines win: `fsync = on`
     /// for a benchmark).
     pub fn start_logical_tuned(name: &str, conf: &str) -> Self {
-        Self::init(
-            name,
-            &format!(
-                "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
-                 track_commit_timestamp = on\nwal_sender_timeout = 60s\n{conf}"
-            ),
-            "local all all trust\nhost all all 127.0.0.1/32 trust\n\
-             host replication all 127.0.0.1/32 trust\n",
-            |_| {},
-        )
+        Self::init(name, &logical_conf(conf), LOGICAL_HBA, |_| {})
+    }
+
+    /// [`Self::start_logical`], listening on `address` too, as [`Self::start_reachable_at`].
+    pub fn start_logical_reachable_at(name: &str, address: std::net::Ipv4Addr) -> Self {
+        let conf = format!("listen_addresses = '127.0.0.1, {address}'\n");
+        let hba = format!(
+            "{LOGICAL_HBA}host all all samenet trust\nhost replication all samenet trust\n"
+        );
+        Self::init(name, &logical_conf(&conf), &hba, |_| {})
     }
 
     /// A new cluster under the scratch directory `name`: plain TCP with trust, listening on
