@@ -6,7 +6,8 @@ use std::{fmt, time::Duration};
 
 use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result, Sink};
 use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode as Code, PubAckReason, Publish};
-use rumqttc::v5::mqttbytes::{v5::PublishProperties, QoS};
+use rumqttc::v5::mqttbytes::{v5::DisconnectReasonCode, v5::PublishProperties, QoS};
+use rumqttc::v5::StateError;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, Incoming, MqttOptions};
 use tokio::{sync::oneshot, time::Instant};
 
@@ -79,6 +80,7 @@ impl outboxkit_core::SinkConfig for MqttConfig {
     async fn build(self) -> Result<MqttSink> {
         let ((host, port), topic) = (self.address()?, DestinationTemplate::parse(&self.topic)?);
         let random = || format!("outbox-relay-{}", uuid::Uuid::new_v4().simple());
+        let fixed = self.client_id.is_some();
         let id = self.client_id.unwrap_or_else(random);
         let mut options = MqttOptions::new(id, host, port);
         options.set_keep_alive(Duration::from_secs(15));
@@ -88,7 +90,7 @@ impl outboxkit_core::SinkConfig for MqttConfig {
         }
         let (client, events) = AsyncClient::new(options, 10_000);
         let shared = Arc::default();
-        tokio::spawn(drive(events, Arc::downgrade(&shared)));
+        tokio::spawn(drive(events, Arc::downgrade(&shared), fixed));
         Ok(MqttSink {
             client,
             topic,
@@ -115,9 +117,12 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 }
 
 /// Polls the connection until the sink is dropped. On an error, fails every waiter, drops
-/// everything not yet acknowledged and reconnects after 1 s.
-async fn drive(mut events: EventLoop, shared: Weak<Mutex<Shared>>) {
+/// everything not yet acknowledged and reconnects after 1 s. `fixed`: the client id was
+/// configured (two relays may share it).
+async fn drive(mut events: EventLoop, shared: Weak<Mutex<Shared>>, fixed: bool) {
     let (host, port) = events.options.broker_address();
+    let broker = format!("mqtt broker {host}:{port}");
+    let id = fixed.then(|| events.options.client_id());
     while let Some(shared) = shared.upgrade() {
         let event = events.poll().await;
         {
@@ -141,7 +146,7 @@ async fn drive(mut events: EventLoop, shared: Weak<Mutex<Shared>>) {
                     continue;
                 }
                 Ok(_) => continue,
-                Err(e) => classify(&e, &host, port),
+                Err(e) => classify(&e, &broker, id.as_deref()),
             };
             // Drop what was not acknowledged (its waiter fails now), so that no request of
             // this connection goes out again under a waiter of the next one.
@@ -160,7 +165,10 @@ async fn drive(mut events: EventLoop, shared: Weak<Mutex<Shared>>) {
     }
 }
 
-fn classify(e: &ConnectionError, host: &str, port: u16) -> Error {
+/// `id`: the configured client id. A broker closes a connection when another one connects
+/// with its client id: two relays given the same one take turns, each closing the other.
+fn classify(e: &ConnectionError, broker: &str, id: Option<&str>) -> Error {
+    use StateError::{ConnectionAborted, ServerDisconnect};
     let kind = match e {
         ConnectionError::Timeout(_) => ErrorKind::Timeout,
         ConnectionError::ConnectionRefused(Code::NotAuthorized | Code::BadUserNamePassword) => {
@@ -168,7 +176,24 @@ fn classify(e: &ConnectionError, host: &str, port: u16) -> Error {
         }
         _ => ErrorKind::Connection,
     };
-    Error::new(kind, format!("mqtt broker {host}:{port}: {e}"))
+    let fix = "give each relay its own sink.mqtt.client_id, or leave it unset";
+    let message = match (e, id) {
+        (ConnectionError::MqttState(ServerDisconnect { reason_code, .. }), Some(id))
+            if *reason_code == DisconnectReasonCode::SessionTakenOver =>
+        {
+            format!(
+                "{broker} closed the connection: another client connected with client_id \
+                 \"{id}\": {fix}"
+            )
+        }
+        // Mosquitto closes the older connection without saying why.
+        (ConnectionError::MqttState(ConnectionAborted), Some(id)) => format!(
+            "{broker}: {e} (the broker closes a connection when another client connects with \
+             its client_id, \"{id}\": if another relay has it too, {fix})"
+        ),
+        _ => format!("{broker}: {e}"),
+    };
+    Error::new(kind, message)
 }
 
 fn puback(reason: PubAckReason) -> Result<()> {
@@ -270,5 +295,26 @@ impl Sink for MqttSink {
             outcomes.push(result.map_or_else(Outcome::from_error, |()| Outcome::Published));
         }
         Ok(outcomes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_taken_over_names_the_client_id_and_the_key() {
+        let e = ConnectionError::MqttState(StateError::ServerDisconnect {
+            reason_code: DisconnectReasonCode::SessionTakenOver,
+            reason_string: None,
+        });
+        let error = classify(&e, "mqtt broker b:1883", Some("relay"));
+        assert_eq!(
+            error.message(),
+            "mqtt broker b:1883 closed the connection: another client connected with client_id \
+             \"relay\": give each relay its own sink.mqtt.client_id, or leave it unset"
+        );
+        // A random client id is the relay's own: no other client has it.
+        assert!(!classify(&e, "b", None).message().contains("client_id"));
     }
 }

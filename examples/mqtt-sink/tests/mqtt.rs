@@ -356,3 +356,34 @@ fn configuration_defaults_keys_and_errors() {
     }
     assert_eq!(MqttConfig::KIND, "mqtt");
 }
+
+/// Two relays given the same `sink.mqtt.client_id`: each connection takes the other's session
+/// over, and the broker closes the older one. The error says so, names the client_id and the key
+/// to change; "connection closed" alone would send the operator looking at the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_id_taken_over_by_another_connection_says_so() {
+    let mut config = common::config(&format!("{}/{{aggregate_type}}", unique_prefix()));
+    let id = format!("shared-{}", unique_prefix());
+    config.client_id = Some(id.clone());
+    let first = sink(config.clone()).await;
+    first.check().await.expect("the first connection");
+    let second = sink(config).await;
+    second.check().await.expect("the second connection");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match first.check().await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(std::time::Instant::now() < deadline, "never taken over");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    println!("{e}");
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    let says = format!("connects with its client_id, \"{id}\": if another relay has it too");
+    assert!(
+        e.message().contains(&says) && e.message().contains("sink.mqtt.client_id"),
+        "{e}"
+    );
+}
