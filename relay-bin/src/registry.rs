@@ -261,8 +261,12 @@ impl Registry {
                 known.join(", ")
             ));
         }
+        // A kind of the team's own, and the binary started is one that does not register it
+        // (the stock image's, say).
         Error::config(format!(
-            "{key} = \"{kind}\" is not a known kind (known: {})",
+            "{key} = \"{kind}\" is not a known kind of {} (known: {}): a kind of your own runs \
+             in your own binary, which registers it with `registry.{adapter}::<…>()`",
+            outboxkit_core::command::name(),
             known.join(", ")
         ))
     }
@@ -559,8 +563,10 @@ mod tests {
         assert!(e.message().contains("--features store-mysql"), "{e}");
         let e = Registry::unknown_kind("sink.kind", "carrier-pigeon", vec!["redis-streams"]);
         assert!(
-            e.message()
-                .contains("is not a known kind (known: redis-streams)"),
+            e.message().contains(
+                "is not a known kind of outbox-relay (known: redis-streams): a kind of your own \
+                 runs in your own binary, which registers it with `registry.sink::<…>()`"
+            ),
             "{e}"
         );
         // In a pipeline of its own too (the key used to lead to a feature `pipelines-kafka`).

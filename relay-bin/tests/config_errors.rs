@@ -335,9 +335,11 @@ fn unknown_sink_kind_lists_known_kinds() {
         &valid().replace("redis-streams", "carrier-pigeon"),
         "run",
         &[
-            "sink.kind = \"carrier-pigeon\" is not a known kind",
+            "sink.kind = \"carrier-pigeon\" is not a known kind of outbox-relay",
             "(known: ",
             "redis-streams",
+            "): a kind of your own runs in your own binary, which registers it with \
+             `registry.sink::<…>()`",
         ],
     );
 }
