@@ -20,9 +20,11 @@
 //! backs off and tries again.
 //!
 //! Beside the loop: [`Shutdown`] (`shutdown`), the health behind [`RelayHandle`] (`health`),
-//! and the backlog-figures and purge loops (`background`).
+//! the backlog-figures and purge loops (`background`), and what a panic in a sink or in the
+//! loop ends as (`contain`).
 
 mod background;
+mod contain;
 mod health;
 mod plan;
 mod rebalance;
@@ -31,13 +33,13 @@ mod worker;
 
 use std::sync::Arc;
 
-use tracing::{info, Instrument};
+use tracing::{error, info, Instrument};
 
 pub use health::RelayHandle;
 pub use shutdown::{Shutdown, ShutdownTrigger};
 
 use crate::config::RelayConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sink::Sink;
 use crate::store::Store;
 
@@ -119,12 +121,29 @@ impl Relay {
 
         let mut worker = worker::Worker::new(&relay);
         let mut shutdown_rx = shutdown.clone();
-        worker.run(&mut shutdown_rx).await;
-        worker.close_session().await;
+        let ran = contain::caught(async {
+            worker.run(&mut shutdown_rx).await;
+            worker.close_session().await;
+        })
+        .await;
+        // After a panic: the session goes with the worker (its connection closes, the server
+        // releases its locks).
+        drop(worker);
 
         status_task.abort();
         purge_task.abort();
         relay.handle.stopped();
+        if let Err(panic) = ran {
+            let e = Error::new(
+                crate::ErrorKind::Other,
+                format!(
+                    "the relay panicked and stopped: {panic} (a bug; its session was dropped,                      so other relays take its shards)"
+                ),
+            );
+            relay.handle.store_failed(&e);
+            error!(relay_id = %relay.relay_id, error = %e, "relay stopped");
+            return Err(e);
+        }
         info!(
             relay_id = %relay.relay_id,
             published = relay.handle.published(),

@@ -45,6 +45,8 @@ struct StoreState {
     broken: HashSet<u64>,
     /// Marks fail, as on a server that became read-only.
     refuse_marks: bool,
+    /// Claims panic (a bug in a store).
+    panic_claims: bool,
 }
 
 /// An in-memory outbox shared by every session opened on it.
@@ -151,6 +153,11 @@ impl MemoryStore {
     /// Make every mark fail (`true`), as a read-only server would, or work again.
     pub fn refuse_marks(&self, refuse: bool) {
         self.lock().refuse_marks = refuse;
+    }
+
+    /// Make every claim panic (`true`), as a store with a bug would, or work again.
+    pub fn panic_claims(&self, panic: bool) {
+        self.lock().panic_claims = panic;
     }
 
     /// Which relay holds each shard.
@@ -453,6 +460,10 @@ impl ShardSession for MemorySession {
     async fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<Vec<OutboxEvent>> {
         let owned = self.owned.clone();
         let st = self.guard()?;
+        if st.panic_claims {
+            drop(st);
+            panic!("scripted panic in claim");
+        }
         let now = Instant::now();
         let exclude: HashSet<i64> = request.exclude_ids.iter().copied().collect();
         // Aggregates with an earlier row waiting for a retry (or dead, when it holds).
@@ -558,6 +569,8 @@ pub enum Script {
     /// Fail this many times with an error of this kind (`Retry` or `Reject` by the kind's
     /// default retryability), then publish.
     FailTimes(u32, ErrorKind),
+    /// Panic in the calls that carry it this many times (a bug in a sink), then publish.
+    PanicTimes(u32),
 }
 
 #[derive(Debug, Default)]
@@ -681,6 +694,13 @@ impl Sink for ScriptedSink {
                 *a += 1;
                 *a
             };
+            if let Some(Script::PanicTimes(k)) = st.scripts.get(&event.event_id) {
+                if n <= *k {
+                    let k = *k;
+                    drop(st);
+                    panic!("scripted panic {n}/{k}");
+                }
+            }
             let outcome = match st.scripts.get(&event.event_id) {
                 Some(Script::RetryTimes(k)) if n <= *k => Outcome::Retry(Error::new(
                     ErrorKind::Other,

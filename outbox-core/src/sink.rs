@@ -47,6 +47,11 @@ impl Default for SinkCapabilities {
 /// Return `Err` only when the sink cannot tell per event what happened (the connection
 /// dropped before any answer, a call-wide timeout with unknown acknowledgements...): the
 /// engine treats every `Err` as a failure of the whole call.
+///
+/// A panic in `publish` or `check` is a bug, and the engine contains it: the call fails as a
+/// whole (`the <kind> sink panicked in publish: <message> ...`), so the relay backs off and
+/// tries again, and loses and dead-letters nothing. The sink must stay usable after one: no
+/// lock poisoned for good, no state left half-changed.
 #[async_trait]
 pub trait Sink: Send + Sync + fmt::Debug + 'static {
     /// The sink kind as named in configuration, e.g. `redis-streams`.

@@ -551,15 +551,84 @@ fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
             std::env::var_os("NO_COLOR"),
         ))
         .with_writer(std::io::stderr);
-    let _ = match format {
+    let installed = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    if installed.is_ok() {
+        std::panic::set_hook(Box::new(log_panic));
+    }
+}
+
+/// A panic, as a log line like the others (a JSON object with JSON logs), where the default
+/// hook would write lines of its own to stderr. The relay contains a panic in a sink (the call
+/// fails as a whole) or in a pipeline's loop (that relay stops with an error) and reports it;
+/// this line says where it happened (and the backtrace, with `RUST_BACKTRACE=1`).
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let payload = info.payload();
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic with no message");
+    let location = info
+        .location()
+        .map(|l| format!("{}:{}", l.file(), l.line()))
+        .unwrap_or_default();
+    let backtrace = std::backtrace::Backtrace::capture();
+    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        tracing::error!(%location, %backtrace, "panicked: {message}");
+    } else {
+        tracing::error!(%location, "panicked: {message}");
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{command_name, log_filter, use_colour};
+    use std::sync::{Arc, Mutex};
+
+    use super::{command_name, log_filter, log_panic, use_colour};
+
+    /// A panic caught by the relay still leaves one line, in the log's own format.
+    #[test]
+    fn a_panic_is_one_log_line_in_the_log_format() {
+        let written = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_ansi(false)
+            .with_writer(move || WriteTo(sink.clone()))
+            .finish();
+        std::panic::set_hook(Box::new(log_panic));
+        let caught = tracing::subscriber::with_default(subscriber, || {
+            std::panic::catch_unwind(|| panic!("the sink broke on event {}", 7))
+        });
+        let _ = std::panic::take_hook();
+        assert!(caught.is_err());
+        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        let line: serde_json::Value = serde_json::from_str(lines[0]).expect("a JSON line");
+        assert_eq!(line["level"], "ERROR", "{line}");
+        assert_eq!(
+            line["fields"]["message"],
+            "panicked: the sink broke on event 7"
+        );
+        let location = line["fields"]["location"].as_str().unwrap_or_default();
+        assert!(location.starts_with("relay-bin/src/cli.rs:"), "{line}");
+    }
+
+    struct WriteTo(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for WriteTo {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn the_command_is_named_by_the_file_name_it_was_started_as() {

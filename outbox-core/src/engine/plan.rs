@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::time::Instant;
 
+use super::contain::{caught, sink_panicked};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{OutboxEvent, Outcome};
 use crate::sink::{whole_call_failure, Sink, SinkCapabilities};
@@ -196,7 +197,9 @@ pub(super) async fn publish_batch(
     while let Some(round) = plan.next_round() {
         let events = plan.events(&round);
         let started = Instant::now();
-        let answer = sink.publish(&events).await;
+        let answer = caught(sink.publish(&events))
+            .await
+            .unwrap_or_else(|panic| Err(sink_panicked(sink.kind(), "publish", &panic)));
         duration.record(started.elapsed().as_secs_f64());
         if let Err(e) = plan.settle(&round, answer) {
             call_error = Some(e);

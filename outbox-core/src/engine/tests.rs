@@ -791,3 +791,59 @@ async fn a_partial_unavailable_failure_retries_only_that_event() {
     assert_eq!(sink.delivered().len(), 10);
     assert_first_occurrences_in_order(&sink.delivered());
 }
+
+/// A sink that panics (a bug in a third party's sink, set off by one event) fails its call as a
+/// whole, like an outage: the relay keeps running and says why it is not ready, dead-letters
+/// nothing, and publishes everything, in order, once the sink stops panicking.
+#[tokio::test]
+async fn a_panicking_sink_fails_its_call_as_a_whole_and_the_relay_goes_on() {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 5, 4).await;
+    let sink = ScriptedSink::new();
+    let poison = event_id_of(&store, ids[7]);
+    sink.script(poison, Script::PanicTimes(3));
+    let running = start(&store, &sink, fixed_backoff(Duration::from_millis(100)));
+    let handle = running.handle.clone();
+    wait_until("the panic reported", Duration::from_secs(5), || {
+        let said = handle.last_error().is_some_and(|e| {
+            e.contains("the scripted sink panicked in publish: scripted panic")
+                && e.contains("its events stay pending")
+        });
+        said && !handle.is_ready() && handle.is_alive()
+    })
+    .await;
+    drained(&store, Duration::from_secs(10)).await;
+    assert!(handle.is_alive());
+    let handle = running.stop().await;
+    assert_eq!(sink.attempts(poison), 4);
+    assert_eq!(handle.dead(), 0);
+    assert!(store.rows().iter().all(|r| r.published && !r.dead));
+    assert_first_occurrences_in_order(&sink.delivered());
+}
+
+/// A panic elsewhere in the relay's loop (here in a store's claim) stops the relay with an
+/// error that says so, instead of unwinding through its caller: the handle is no longer alive
+/// (`/healthz` fails) and the session is dropped, so another relay takes every shard.
+#[tokio::test]
+async fn a_panic_in_the_loop_stops_the_relay_with_an_error_and_frees_its_shards() {
+    let store = MemoryStore::new(4);
+    write(&store, 5, 4).await;
+    store.panic_claims(true);
+    let sink = ScriptedSink::new();
+    let running = start(&store, &sink, fast_config());
+    let stopped = running.task.await.expect("the relay's task returns");
+    let e = stopped.expect_err("the relay stops with an error");
+    assert!(
+        e.message()
+            .starts_with("the relay panicked and stopped: scripted panic in claim"),
+        "{e}"
+    );
+    assert!(!running.handle.is_alive());
+    assert!(store.owners().is_empty(), "{:?}", store.owners());
+
+    store.panic_claims(false);
+    let other = start(&store, &sink, fast_config());
+    drained(&store, Duration::from_secs(10)).await;
+    other.stop().await;
+    assert_first_occurrences_in_order(&sink.delivered());
+}

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
+use super::contain::{caught, sink_panicked};
 use super::plan::{publish_batch, Disposition, PublishReport};
 use super::rebalance::{acquire_offset, rebalance};
 use super::shutdown::Shutdown;
@@ -370,14 +371,15 @@ impl<'a> Worker<'a> {
         if shutdown.is_triggered() {
             return false;
         }
-        let checked = tokio::time::timeout(Duration::from_secs(30), relay.sink.check())
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::new(
-                    crate::ErrorKind::Timeout,
-                    "no answer within 30s",
-                ))
-            });
+        let check = caught(relay.sink.check());
+        let checked = match tokio::time::timeout(Duration::from_secs(30), check).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(panic)) => Err(sink_panicked(relay.sink.kind(), "check", &panic)),
+            Err(_) => Err(Error::new(
+                crate::ErrorKind::Timeout,
+                "no answer within 30s",
+            )),
+        };
         match checked {
             Ok(()) => {
                 info!(

@@ -1,0 +1,68 @@
+//! Panics in code the relay calls but does not own end as errors. A panic in a sink (a third
+//! party's too: one bad event may trigger it) fails its call as a whole, like an outage: the
+//! relay backs off and tries again, dead-letters nothing and loses nothing. Any other panic in
+//! the relay's loop stops the relay with an error, its session dropped (its shards go to the
+//! other relays) and its handle no longer alive, instead of leaving a relay that does nothing
+//! and still says it runs.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::task::Poll;
+
+use crate::error::{Error, ErrorKind};
+
+/// Run `future`; a panic in it is `Err` with the panic's message.
+pub(super) async fn caught<F: Future>(future: F) -> Result<F::Output, String> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(
+        |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()))),
+        },
+    )
+    .await
+}
+
+/// What a panic said (`panic!`'s text), or that it said nothing readable.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
+}
+
+/// The error for a panic in the `kind` sink's `call` (`publish`, `check`): the call failed as
+/// a whole, and is tried again after the backoff.
+pub(super) fn sink_panicked(kind: &str, call: &str, panic: &str) -> Error {
+    Error::new(
+        ErrorKind::Other,
+        format!(
+            "the {kind} sink panicked in {call}: {panic} (a bug in the sink; its events stay \
+             pending and are tried again)"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_a_future_is_its_message() {
+        assert_eq!(caught(async { 7 }).await, Ok(7));
+        let fixed = caught(async { panic!("fixed text") }).await;
+        assert_eq!(fixed, Err("fixed text".to_owned()));
+        let n = 3;
+        let formatted = caught(async move {
+            tokio::task::yield_now().await;
+            panic!("after a wait: {n}")
+        })
+        .await;
+        assert_eq!(formatted, Err("after a wait: 3".to_owned()));
+        let other = caught(async { std::panic::panic_any(42u8) }).await;
+        assert_eq!(other, Err("a panic with no message".to_owned()));
+    }
+}
