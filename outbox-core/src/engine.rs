@@ -137,7 +137,8 @@ impl Relay {
             let e = Error::new(
                 crate::ErrorKind::Other,
                 format!(
-                    "the relay panicked and stopped: {panic} (a bug; its session was dropped,                      so other relays take its shards)"
+                    "the relay panicked and stopped: {panic} (a bug; its session was dropped, \
+                     so other relays take its shards)"
                 ),
             );
             relay.handle.store_failed(&e);
