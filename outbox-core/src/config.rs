@@ -123,6 +123,14 @@ pub struct RelayConfig {
     /// check. Zero: it keeps them however long the broker fails.
     #[serde(with = "humantime_serde")]
     pub hand_over_after: Duration,
+    /// Longest a sink's `publish` call may take: past it the engine gives the call up as a
+    /// whole (its events stay pending and are sent again), so a sink that never answers (a
+    /// third party's without timeouts of its own) cannot stall the relay. The shipped sinks
+    /// time out on their own well before. Keep it below the server's limit for a silent shard
+    /// session (4 × `store.session_timeout`, at least 2 minutes), past which the call's
+    /// acknowledgements could not be marked anyway.
+    #[serde(with = "humantime_serde")]
+    pub publish_timeout: Duration,
     /// This relay's name in `status` (defaults to host name and process id).
     pub relay_id: Option<String>,
 }
@@ -144,6 +152,7 @@ impl Default for RelayConfig {
             purge_batch_size: 1000,
             shutdown_grace: Duration::from_secs(20),
             hand_over_after: Duration::from_secs(60),
+            publish_timeout: Duration::from_secs(90),
             relay_id: None,
         }
     }
@@ -182,6 +191,7 @@ impl RelayConfig {
                 ("rebalance_interval", self.rebalance_interval),
                 ("status_interval", self.status_interval),
                 ("purge_interval", self.purge_interval),
+                ("publish_timeout", self.publish_timeout),
             ],
         )
     }
@@ -247,7 +257,7 @@ mod tests {
     #[test]
     fn the_periods_of_the_loops_must_be_above_zero() {
         type Set = fn(&mut RelayConfig);
-        let cases: [(&str, Set); 3] = [
+        let cases: [(&str, Set); 4] = [
             ("relay.rebalance_interval", |c| {
                 c.rebalance_interval = Duration::ZERO
             }),
@@ -256,6 +266,9 @@ mod tests {
             }),
             ("relay.purge_interval", |c| {
                 c.purge_interval = Duration::ZERO
+            }),
+            ("relay.publish_timeout", |c| {
+                c.publish_timeout = Duration::ZERO
             }),
         ];
         for (key, set) in cases {

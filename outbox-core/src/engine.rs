@@ -20,8 +20,8 @@
 //! backs off and tries again.
 //!
 //! Beside the loop: [`Shutdown`] (`shutdown`), the health behind [`RelayHandle`] (`health`),
-//! the backlog-figures and purge loops (`background`), and what a panic in a sink or in the
-//! loop ends as (`contain`).
+//! the backlog-figures and purge loops (`background`), and what a sink call that panics or
+//! never answers, or a panic in the loop, ends as (`contain`).
 
 mod background;
 mod contain;

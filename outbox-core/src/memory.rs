@@ -571,6 +571,9 @@ pub enum Script {
     FailTimes(u32, ErrorKind),
     /// Panic in the calls that carry it this many times (a bug in a sink), then publish.
     PanicTimes(u32),
+    /// Never answer the calls that carry it this many times (a sink without timeouts of its
+    /// own), then publish.
+    HangTimes(u32),
 }
 
 #[derive(Debug, Default)]
@@ -648,6 +651,22 @@ impl ScriptedSink {
         self.lock().calls
     }
 
+    /// Whether this call never answers (an event of `batch` has [`Script::HangTimes`] left):
+    /// then it counts as an attempt of every event in it.
+    fn hangs(&self, batch: &[OutboxEvent]) -> bool {
+        let mut st = self.lock();
+        let hangs = batch.iter().any(|e| match st.scripts.get(&e.event_id) {
+            Some(Script::HangTimes(k)) => st.attempts.get(&e.event_id).copied().unwrap_or(0) < *k,
+            _ => false,
+        });
+        if hangs {
+            for event in batch {
+                *st.attempts.entry(event.event_id).or_default() += 1;
+            }
+        }
+        hangs
+    }
+
     /// Attempts seen for an event id.
     pub fn attempts(&self, event_id: uuid::Uuid) -> u32 {
         self.lock().attempts.get(&event_id).copied().unwrap_or(0)
@@ -683,6 +702,9 @@ impl Sink for ScriptedSink {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
+        if self.hangs(batch) {
+            return std::future::pending().await;
+        }
         let mut st = self.lock();
         if st.down {
             return Err(Error::new(ErrorKind::Connection, "scripted broker is down"));
@@ -694,12 +716,13 @@ impl Sink for ScriptedSink {
                 *a += 1;
                 *a
             };
-            if let Some(Script::PanicTimes(k)) = st.scripts.get(&event.event_id) {
-                if n <= *k {
+            match st.scripts.get(&event.event_id) {
+                Some(Script::PanicTimes(k)) if n <= *k => {
                     let k = *k;
                     drop(st);
                     panic!("scripted panic {n}/{k}");
                 }
+                _ => {}
             }
             let outcome = match st.scripts.get(&event.event_id) {
                 Some(Script::RetryTimes(k)) if n <= *k => Outcome::Retry(Error::new(

@@ -51,7 +51,10 @@ impl Default for SinkCapabilities {
 /// A panic in `publish` or `check` is a bug, and the engine contains it: the call fails as a
 /// whole (`the <kind> sink panicked in publish: <message> ...`), so the relay backs off and
 /// tries again, and loses and dead-letters nothing. The sink must stay usable after one: no
-/// lock poisoned for good, no state left half-changed.
+/// lock poisoned for good, no state left half-changed. A `publish` call that has not answered
+/// within `relay.publish_timeout` (90 s) is dropped and fails as a whole too: bound your
+/// broker calls with timeouts of your own, well below it, and keep the sink usable after a
+/// call is dropped mid-way.
 #[async_trait]
 pub trait Sink: Send + Sync + fmt::Debug + 'static {
     /// The sink kind as named in configuration, e.g. `redis-streams`.

@@ -1,5 +1,6 @@
-//! Panics in code the relay calls but does not own end as errors. A panic in a sink (a third
-//! party's too: one bad event may trigger it) fails its call as a whole, like an outage: the
+//! Panics in code the relay calls but does not own end as errors, and so do sink calls that
+//! never return. A panic in a sink (a third party's too: one bad event may trigger it), or a
+//! call that does not answer within its limit, fails the call as a whole, like an outage: the
 //! relay backs off and tries again, dead-letters nothing and loses nothing. Any other panic in
 //! the relay's loop stops the relay with an error, its session dropped (its shards go to the
 //! other relays) and its handle no longer alive, instead of leaving a relay that does nothing
@@ -9,8 +10,39 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::Poll;
+use std::time::Duration;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long a sink call may take: the limit, where it is set, and what follows when it passes.
+pub(super) struct Limit<'a> {
+    pub(super) limit: Duration,
+    pub(super) set_by: &'a str,
+    pub(super) then: &'a str,
+}
+
+/// The `kind` sink's `call` (`publish`, `check`) within `limit`: a panic in it, or no answer
+/// in time, is an error of the whole call.
+pub(super) async fn sink_call<T>(
+    kind: &str,
+    call: &str,
+    limit: Limit<'_>,
+    future: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit.limit, caught(future)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(panic)) => Err(sink_panicked(kind, call, &panic)),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "the {kind} sink did not answer {call} within {} ({}): {}",
+                humantime::format_duration(limit.limit),
+                limit.set_by,
+                limit.then
+            ),
+        )),
+    }
+}
 
 /// Run `future`; a panic in it is `Err` with the panic's message.
 pub(super) async fn caught<F: Future>(future: F) -> Result<F::Output, String> {
@@ -36,7 +68,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 
 /// The error for a panic in the `kind` sink's `call` (`publish`, `check`): the call failed as
 /// a whole, and is tried again after the backoff.
-pub(super) fn sink_panicked(kind: &str, call: &str, panic: &str) -> Error {
+fn sink_panicked(kind: &str, call: &str, panic: &str) -> Error {
     Error::new(
         ErrorKind::Other,
         format!(

@@ -7,9 +7,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::contain::{caught, sink_panicked};
+use super::contain::{sink_call, Limit};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{OutboxEvent, Outcome};
 use crate::sink::{whole_call_failure, Sink, SinkCapabilities};
@@ -186,10 +186,12 @@ impl<'b> Plan<'b> {
 }
 
 /// Publish a claimed batch round by round (see [`Plan`]), stopping at a call that failed as a
-/// whole.
+/// whole; a call that panics or takes longer than `timeout` (`relay.publish_timeout`) failed
+/// as a whole.
 pub(super) async fn publish_batch(
     sink: &dyn Sink,
     batch: &[OutboxEvent],
+    timeout: Duration,
     duration: &metrics::Histogram,
 ) -> PublishReport {
     let mut plan = Plan::new(batch, sink.capabilities(), sink.kind());
@@ -197,9 +199,12 @@ pub(super) async fn publish_batch(
     while let Some(round) = plan.next_round() {
         let events = plan.events(&round);
         let started = Instant::now();
-        let answer = caught(sink.publish(&events))
-            .await
-            .unwrap_or_else(|panic| Err(sink_panicked(sink.kind(), "publish", &panic)));
+        let limit = Limit {
+            limit: timeout,
+            set_by: "relay.publish_timeout",
+            then: "the call failed as a whole; its events stay pending and are sent again",
+        };
+        let answer = sink_call(sink.kind(), "publish", limit, sink.publish(&events)).await;
         duration.record(started.elapsed().as_secs_f64());
         if let Err(e) = plan.settle(&round, answer) {
             call_error = Some(e);

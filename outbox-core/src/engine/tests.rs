@@ -792,35 +792,6 @@ async fn a_partial_unavailable_failure_retries_only_that_event() {
     assert_first_occurrences_in_order(&sink.delivered());
 }
 
-/// A sink that panics (a bug in a third party's sink, set off by one event) fails its call as a
-/// whole, like an outage: the relay keeps running and says why it is not ready, dead-letters
-/// nothing, and publishes everything, in order, once the sink stops panicking.
-#[tokio::test]
-async fn a_panicking_sink_fails_its_call_as_a_whole_and_the_relay_goes_on() {
-    let store = MemoryStore::new(4);
-    let ids = write(&store, 5, 4).await;
-    let sink = ScriptedSink::new();
-    let poison = event_id_of(&store, ids[7]);
-    sink.script(poison, Script::PanicTimes(3));
-    let running = start(&store, &sink, fixed_backoff(Duration::from_millis(100)));
-    let handle = running.handle.clone();
-    wait_until("the panic reported", Duration::from_secs(5), || {
-        let said = handle.last_error().is_some_and(|e| {
-            e.contains("the scripted sink panicked in publish: scripted panic")
-                && e.contains("its events stay pending")
-        });
-        said && !handle.is_ready() && handle.is_alive()
-    })
-    .await;
-    drained(&store, Duration::from_secs(10)).await;
-    assert!(handle.is_alive());
-    let handle = running.stop().await;
-    assert_eq!(sink.attempts(poison), 4);
-    assert_eq!(handle.dead(), 0);
-    assert!(store.rows().iter().all(|r| r.published && !r.dead));
-    assert_first_occurrences_in_order(&sink.delivered());
-}
-
 /// A panic elsewhere in the relay's loop (here in a store's claim) stops the relay with an
 /// error that says so, instead of unwinding through its caller: the handle is no longer alive
 /// (`/healthz` fails) and the session is dropped, so another relay takes every shard.
@@ -846,4 +817,62 @@ async fn a_panic_in_the_loop_stops_the_relay_with_an_error_and_frees_its_shards(
     drained(&store, Duration::from_secs(10)).await;
     other.stop().await;
     assert_first_occurrences_in_order(&sink.delivered());
+}
+
+/// A sink whose calls carrying one event misbehave as `script` says, `times` times (a bug in a
+/// third party's sink, set off by that event), then work: each such call fails as a whole,
+/// like an outage. The relay keeps running and says why it is not ready (`said`), dead-letters
+/// nothing, and publishes everything, in order, once the sink answers.
+async fn a_misbehaving_call_fails_as_a_whole(
+    script: Script,
+    times: u32,
+    config: RelayConfig,
+    said: impl Fn(&str) -> bool,
+) {
+    let store = MemoryStore::new(4);
+    let ids = write(&store, 5, 4).await;
+    let sink = ScriptedSink::new();
+    let event = event_id_of(&store, ids[7]);
+    sink.script(event, script);
+    let running = start(&store, &sink, config);
+    let handle = running.handle.clone();
+    wait_until("the failed call reported", Duration::from_secs(5), || {
+        let reported = handle.last_error().is_some_and(|e| said(&e));
+        reported && !handle.is_ready() && handle.is_alive()
+    })
+    .await;
+    drained(&store, Duration::from_secs(10)).await;
+    assert!(handle.is_alive());
+    let handle = running.stop().await;
+    assert_eq!(sink.attempts(event), times + 1);
+    assert_eq!(handle.dead(), 0);
+    assert!(store.rows().iter().all(|r| r.published && !r.dead));
+    assert_first_occurrences_in_order(&sink.delivered());
+}
+
+/// A sink that panics three times on one event.
+#[tokio::test]
+async fn a_panicking_sink_fails_its_call_as_a_whole_and_the_relay_goes_on() {
+    let config = fixed_backoff(Duration::from_millis(100));
+    a_misbehaving_call_fails_as_a_whole(Script::PanicTimes(3), 3, config, |e| {
+        e.contains("the scripted sink panicked in publish: scripted panic")
+            && e.contains("its events stay pending")
+    })
+    .await;
+}
+
+/// A sink call that never returns, twice (a sink without timeouts of its own), is given up
+/// after `relay.publish_timeout`. Before, the relay waited on the call for good, its shards
+/// held and `/readyz` still 200.
+#[tokio::test]
+async fn a_sink_call_that_never_returns_is_given_up_after_the_publish_timeout() {
+    let config = RelayConfig {
+        publish_timeout: Duration::from_millis(300),
+        ..fixed_backoff(Duration::from_millis(100))
+    };
+    a_misbehaving_call_fails_as_a_whole(Script::HangTimes(2), 2, config, |e| {
+        e == "the scripted sink did not answer publish within 300ms (relay.publish_timeout): \
+              the call failed as a whole; its events stay pending and are sent again"
+    })
+    .await;
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
-use super::contain::{caught, sink_panicked};
+use super::contain::{sink_call, Limit};
 use super::plan::{publish_batch, Disposition, PublishReport};
 use super::rebalance::{acquire_offset, rebalance};
 use super::shutdown::Shutdown;
@@ -104,7 +104,7 @@ impl OpenSession {
         let grace_period = config.shutdown_grace;
         let publish = async {
             tokio::select! {
-                report = publish_batch(relay.sink.as_ref(), batch, &relay.publish_duration) => Some(report),
+                report = publish_batch(relay.sink.as_ref(), batch, config.publish_timeout, &relay.publish_duration) => Some(report),
                 _ = async { grace.wait().await; tokio::time::sleep(grace_period).await } => None,
             }
         };
@@ -371,15 +371,12 @@ impl<'a> Worker<'a> {
         if shutdown.is_triggered() {
             return false;
         }
-        let check = caught(relay.sink.check());
-        let checked = match tokio::time::timeout(Duration::from_secs(30), check).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(panic)) => Err(sink_panicked(relay.sink.kind(), "check", &panic)),
-            Err(_) => Err(Error::new(
-                crate::ErrorKind::Timeout,
-                "no answer within 30s",
-            )),
+        let limit = Limit {
+            limit: Duration::from_secs(30),
+            set_by: "the limit of a check after a hand-over",
+            then: "the relay checks again after the backoff",
         };
+        let checked = sink_call(relay.sink.kind(), "check", limit, relay.sink.check()).await;
         match checked {
             Ok(()) => {
                 info!(
