@@ -47,6 +47,8 @@ struct StoreState {
     refuse_marks: bool,
     /// Claims panic (a bug in a store).
     panic_claims: bool,
+    /// Purges panic.
+    panic_purges: bool,
 }
 
 /// An in-memory outbox shared by every session opened on it.
@@ -160,6 +162,11 @@ impl MemoryStore {
         self.lock().panic_claims = panic;
     }
 
+    /// Make every purge panic (`true`), or work again.
+    pub fn panic_purges(&self, panic: bool) {
+        self.lock().panic_purges = panic;
+    }
+
     /// Which relay holds each shard.
     pub fn owners(&self) -> BTreeMap<i32, String> {
         let st = self.lock();
@@ -245,6 +252,10 @@ impl Store for MemoryStore {
 
     async fn purge_published(&self, older_than: Duration, limit: u32) -> Result<u64> {
         let mut st = self.table()?;
+        if st.panic_purges {
+            drop(st);
+            panic!("scripted panic in purge");
+        }
         let now = Instant::now();
         let victims: Vec<i64> = st
             .rows

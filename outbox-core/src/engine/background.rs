@@ -1,11 +1,13 @@
 //! The background loops beside the worker: backlog figures for metrics, and the retention
-//! purge. Both stop at shutdown (and are aborted when the worker is done).
+//! purge. Both stop at shutdown (and are aborted when the worker is done). A panic in the
+//! store's call is one failed round, as an error would be: the loop goes on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use super::contain::store_call;
 use super::shutdown::Shutdown;
 use super::Relay;
 use crate::config::Retention;
@@ -15,7 +17,7 @@ use crate::metrics as m;
 pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     loop {
         let pipeline = relay.pipeline.clone();
-        match relay.store.status().await {
+        match store_call("reading backlog figures", relay.store.status()).await {
             Ok(s) => {
                 metrics::gauge!(m::PENDING, m::PIPELINE => pipeline.clone()).set(s.pending as f64);
                 metrics::gauge!(m::OLDEST_PENDING_AGE, m::PIPELINE => pipeline.clone())
@@ -63,7 +65,8 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
         }
         let mut purged = 0;
         loop {
-            match relay.store.purge_published(keep, limit).await {
+            let purge = relay.store.purge_published(keep, limit);
+            match store_call("purging published rows", purge).await {
                 Ok(n) => {
                     metrics::counter!(m::PURGED, m::PIPELINE => relay.pipeline.clone())
                         .increment(n);

@@ -1,8 +1,9 @@
 //! Panics in code the relay calls but does not own end as errors, and so do sink calls that
 //! never return. A panic in a sink (a third party's too: one bad event may trigger it), or a
 //! call that does not answer within its limit, fails the call as a whole, like an outage: the
-//! relay backs off and tries again, dead-letters nothing and loses nothing. Any other panic in
-//! the relay's loop stops the relay with an error, its session dropped (its shards go to the
+//! relay backs off and tries again, dead-letters nothing and loses nothing. A panic in a store
+//! call of the background loops is one failed round of that loop. Any other panic in the
+//! relay's loop stops the relay with an error, its session dropped (its shards go to the
 //! other relays) and its handle no longer alive, instead of leaving a relay that does nothing
 //! and still says it runs.
 
@@ -42,6 +43,20 @@ pub(super) async fn sink_call<T>(
             ),
         )),
     }
+}
+
+/// A store call off the worker's path (`what`: `purging published rows`): a panic in it is
+/// an error, so that one bad round does not end its loop for good.
+pub(super) async fn store_call<T>(
+    what: &str,
+    future: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    caught(future).await.unwrap_or_else(|panic| {
+        Err(Error::new(
+            ErrorKind::Other,
+            format!("the store panicked {what}: {panic} (a bug in the store)"),
+        ))
+    })
 }
 
 /// Run `future`; a panic in it is `Err` with the panic's message.

@@ -508,10 +508,15 @@ async fn marks_that_keep_failing_back_off_instead_of_republishing_at_once() {
     relay.stop().await;
 }
 
-#[tokio::test]
-async fn keep_retention_marks_then_purges() {
+/// With `retention = keep`, rows are marked, kept, then purged. With `purge_panics`, purges
+/// panic (a bug in a store) until every row is published and several rounds have panicked:
+/// each is one failed round, the relay stays ready, and the loop purges once the store works
+/// again. Before, the first panic ended the purge loop for good, and published rows piled up
+/// while the relay said it was fine.
+async fn keep_retention_marks_then_purges_with(purge_panics: bool) {
     let store = MemoryStore::new(2);
     write(&store, 3, 3).await;
+    store.panic_purges(purge_panics);
     let sink = ScriptedSink::new();
     let config = RelayConfig {
         retention: Retention::Keep(Duration::from_millis(100)),
@@ -523,9 +528,26 @@ async fn keep_retention_marks_then_purges() {
         !rows.is_empty() && rows.iter().all(|r| r.published)
     })
     .await;
+    if purge_panics {
+        // Purge rounds (every 20 ms) panic meanwhile; the rows are past their 100 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(store.rows().len(), 9);
+        assert!(relay.handle.is_ready());
+        store.panic_purges(false);
+    }
     wait_until("purged", Duration::from_secs(5), || store.rows().is_empty()).await;
     relay.stop().await;
     assert_eq!(sink.delivered().len(), 9);
+}
+
+#[tokio::test]
+async fn keep_retention_marks_then_purges() {
+    keep_retention_marks_then_purges_with(false).await;
+}
+
+#[tokio::test]
+async fn a_purge_that_panics_fails_one_round_and_the_loop_goes_on() {
+    keep_retention_marks_then_purges_with(true).await;
 }
 
 #[tokio::test]
