@@ -192,6 +192,16 @@ impl Clone for Error {
     }
 }
 
+/// What a panic said (`panic!`'s text, from its payload), or that it said nothing readable.
+/// The engine reports a caught panic with it, and the binary's panic hook logs it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic with no message")
+}
+
 /// A driver error and its causes on one line (`dispatch failure: io error: ...: Connection
 /// refused`), each text once: what adapters quote in their messages.
 pub fn source_chain(err: &(dyn std::error::Error + 'static)) -> String {

@@ -565,12 +565,7 @@ fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
 /// fails as a whole) or in a pipeline's loop (that relay stops with an error) and reports it;
 /// this line says where it happened (and the backtrace, with `RUST_BACKTRACE=1`).
 fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
-    let payload = info.payload();
-    let message = payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic with no message");
+    let message = outboxkit_core::error::panic_message(info.payload());
     let location = info
         .location()
         .map(|l| format!("{}:{}", l.file(), l.line()))

@@ -7,13 +7,12 @@
 //! other relays) and its handle no longer alive, instead of leaving a relay that does nothing
 //! and still says it runs.
 
-use std::any::Any;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{panic_message, Error, ErrorKind, Result};
 
 /// How long a sink call may take: the limit, where it is set, and what follows when it passes.
 pub(super) struct Limit<'a> {
@@ -27,7 +26,7 @@ pub(super) struct Limit<'a> {
 pub(super) async fn sink_call<T>(
     kind: &str,
     call: &str,
-    limit: Limit<'_>,
+    limit: &Limit<'_>,
     future: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit.limit, caught(future)).await {
@@ -66,19 +65,10 @@ pub(super) async fn caught<F: Future>(future: F) -> Result<F::Output, String> {
         |cx| match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
             Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()))),
+            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()).to_owned())),
         },
     )
     .await
-}
-
-/// What a panic said (`panic!`'s text), or that it said nothing readable.
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with no message".to_owned())
 }
 
 /// The error for a panic in the `kind` sink's `call` (`publish`, `check`): the call failed as

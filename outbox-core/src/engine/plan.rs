@@ -196,15 +196,15 @@ pub(super) async fn publish_batch(
 ) -> PublishReport {
     let mut plan = Plan::new(batch, sink.capabilities(), sink.kind());
     let mut call_error = None;
+    let limit = Limit {
+        limit: timeout,
+        set_by: "relay.publish_timeout",
+        then: "the call failed as a whole; its events stay pending and are sent again",
+    };
     while let Some(round) = plan.next_round() {
         let events = plan.events(&round);
         let started = Instant::now();
-        let limit = Limit {
-            limit: timeout,
-            set_by: "relay.publish_timeout",
-            then: "the call failed as a whole; its events stay pending and are sent again",
-        };
-        let answer = sink_call(sink.kind(), "publish", limit, sink.publish(&events)).await;
+        let answer = sink_call(sink.kind(), "publish", &limit, sink.publish(&events)).await;
         duration.record(started.elapsed().as_secs_f64());
         if let Err(e) = plan.settle(&round, answer) {
             call_error = Some(e);

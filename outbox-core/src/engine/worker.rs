@@ -376,7 +376,7 @@ impl<'a> Worker<'a> {
             set_by: "the limit of a check after a hand-over",
             then: "the relay checks again after the backoff",
         };
-        let checked = sink_call(relay.sink.kind(), "check", limit, relay.sink.check()).await;
+        let checked = sink_call(relay.sink.kind(), "check", &limit, relay.sink.check()).await;
         match checked {
             Ok(()) => {
                 info!(
