@@ -161,13 +161,32 @@ pub fn main(registry: Registry) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(execute(cli, registry)) {
+    match contained(&runtime, execute(cli, registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             report(&failure, LOG_FORMAT.get() == Some(&LogFormat::Json));
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// `command` run to its end on `runtime`. A panic that reaches here (an adapter's, building a
+/// store or sink for `migrate`, `status` or `dead`) is a failure like the others: the last line
+/// says so and the exit code is 1, where the panic would end the process with code 101 and no
+/// `error:` line.
+fn contained(
+    runtime: &tokio::runtime::Runtime,
+    command: impl std::future::Future<Output = Result<(), Failure>>,
+) -> Result<(), Failure> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(command)))
+        .unwrap_or_else(|panic| {
+            Err(Failure::runtime(format!(
+                "{} panicked: {} (a bug, most likely in an adapter; the `panicked` log line \
+                 before says where)",
+                outboxkit_core::command::name(),
+                outboxkit_core::error::panic_message(panic.as_ref())
+            )))
+        })
 }
 
 /// The log format: `--log-format`, else `log.format` once the configuration has been read.
@@ -582,7 +601,35 @@ fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{command_name, log_filter, log_panic, use_colour};
+    use super::{command_name, contained, log_filter, log_panic, use_colour, Failure};
+
+    /// A panic that reaches `main` (a store's `build` under `migrate`, say) ends the command
+    /// with exit code 1 and the `error:` line, as any failure does; what the command returned
+    /// otherwise is kept.
+    #[test]
+    fn a_panic_in_a_command_is_a_failure_with_exit_code_1() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let failure = contained(&runtime, async {
+            tokio::task::yield_now().await;
+            panic!("the store cannot build its pool: {}", "bad option")
+        })
+        .unwrap_err();
+        assert_eq!(failure.code, 1);
+        assert!(
+            failure.message.starts_with(
+                "outbox-relay panicked: the store cannot build its pool: bad option (a bug, most \
+                 likely in an adapter;"
+            ),
+            "{}",
+            failure.message
+        );
+        let failure = contained(&runtime, async { Err(Failure::config("store.url: bad")) });
+        assert_eq!(failure.unwrap_err().code, 2);
+        assert!(contained(&runtime, async { Ok(()) }).is_ok());
+    }
 
     /// A panic caught by the relay still leaves one line, in the log's own format.
     #[test]

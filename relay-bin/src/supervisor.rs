@@ -8,7 +8,10 @@
 //! that cannot be reached, refused credentials, a table not migrated) stops it too when there
 //! is only one pipeline (the orchestrator restarts the process, as before pipelines existed);
 //! with several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while
-//! the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0.
+//! the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0. A
+//! panic in an adapter while a pipeline connects ends the start too, naming the pipeline (a bug
+//! that trying again would only repeat); a pipeline's task that panics later ends that
+//! pipeline with an error naming it, as an error would.
 //!
 //! A pipeline whose `store.table` is a pattern runs one relay per table it matches, all sharing
 //! the pipeline's sink, each labelled `<pipeline>/<table>`. Every `discovery_interval` it looks
@@ -173,17 +176,39 @@ pub async fn run(
     let metrics = crate::server::install_recorder().map_err(Failure::runtime)?;
     let board = Board::default();
 
-    // Connect every pipeline at once; configuration errors end the start.
-    let mut attempts = tokio::task::JoinSet::new();
+    // Connect every pipeline at once; configuration errors end the start, and so does a panic
+    // in an adapter (a bug: trying again would only panic again).
+    let mut attempts = Tasks::default();
     for (i, pipeline) in pipelines.iter().enumerate() {
         let (registry, loaded, pipeline) = (registry.clone(), loaded.clone(), pipeline.clone());
         let span = relay_span(&pipeline.name);
-        attempts
-            .spawn(async move { (i, start(&registry, &loaded, &pipeline).await) }.instrument(span));
+        attempts.spawn(
+            &pipeline.name.clone(),
+            async move { (i, start(&registry, &loaded, &pipeline).await) }.instrument(span),
+        );
     }
+    let connecting = async {
+        let mut answers = Vec::new();
+        while let Some((label, joined)) = attempts.next().await {
+            match joined {
+                Ok(answer) => answers.push(answer),
+                Err(broke) => {
+                    return Err(Failure::runtime(format!(
+                        "{}connecting {broke}",
+                        if several {
+                            format!("pipeline {label}: ")
+                        } else {
+                            String::new()
+                        }
+                    )))
+                }
+            }
+        }
+        Ok(answers)
+    };
     let mut stop = shutdown.clone();
     let mut answers: Vec<_> = tokio::select! {
-        answers = attempts.join_all() => answers,
+        answers = connecting => answers?,
         () = stop.wait() => {
             info!("stopped while connecting: nothing was relayed");
             return Ok(());
@@ -227,7 +252,7 @@ pub async fn run(
     // One table: its relay runs on this task (the runtime's main thread), as before pipelines
     // existed, leaving both worker threads to the sink's and the session's I/O.
     let alone = ready.len() == 1 && waiting.is_empty();
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = Tasks::default();
     for (pipeline, started) in ready {
         let span = relay_span(&pipeline.name);
         match started {
@@ -240,13 +265,14 @@ pub async fn run(
                         .await
                         .map_err(Failure::from);
                 }
-                tasks.spawn(relay.run(shutdown.clone()).instrument(span));
+                tasks.spawn(&pipeline.name, relay.run(shutdown.clone()).instrument(span));
             }
             Started::Pattern(scan) => {
                 let (registry, loaded, pipeline) =
                     (registry.clone(), loaded.clone(), pipeline.clone());
                 let (board, shutdown) = (board.clone(), shutdown.clone());
                 tasks.spawn(
+                    &pipeline.name.clone(),
                     async move {
                         discover_and_relay(&registry, &loaded, &pipeline, scan, &board, shutdown)
                             .await
@@ -261,23 +287,72 @@ pub async fn run(
         let (board, shutdown) = (board.clone(), shutdown.clone());
         let span = relay_span(&pipeline.name);
         tasks.spawn(
+            &pipeline.name.clone(),
             async move { keep_connecting(&registry, &loaded, &pipeline, &board, shutdown).await }
                 .instrument(span),
         );
     }
 
     let mut outcome = Ok(());
-    while let Some(joined) = tasks.join_next().await {
+    while let Some((label, joined)) = tasks.next().await {
         let result = match joined {
             Ok(result) => result.map_err(Failure::from),
-            Err(e) => Err(Failure::runtime(format!("a pipeline's task failed: {e}"))),
+            Err(broke) => Err(Failure::runtime(format!(
+                "pipeline {label}: relaying {broke}"
+            ))),
         };
         if let Err(failure) = result {
-            error!(error = %failure.message, "a pipeline stopped with an error");
+            error!(pipeline = %label, error = %failure.message, "a pipeline stopped with an error");
             outcome = Err(failure);
         }
     }
     outcome
+}
+
+/// The pipelines' tasks, each known by its pipeline's name: a task that panicked (a bug, in an
+/// adapter or in the relay) ends as an error naming its pipeline, where a plain `JoinSet`
+/// would hand the panic on to the process.
+struct Tasks<T> {
+    set: tokio::task::JoinSet<T>,
+    labels: std::collections::HashMap<tokio::task::Id, String>,
+}
+
+impl<T> Default for Tasks<T> {
+    fn default() -> Self {
+        Self {
+            set: tokio::task::JoinSet::new(),
+            labels: Default::default(),
+        }
+    }
+}
+
+impl<T: Send + 'static> Tasks<T> {
+    fn spawn(&mut self, label: &str, task: impl std::future::Future<Output = T> + Send + 'static) {
+        let id = self.set.spawn(task).id();
+        self.labels.insert(id, label.to_owned());
+    }
+
+    /// The next task to end: its label, and its output or why it has none (`panicked: ...`,
+    /// said after what it was doing).
+    async fn next(&mut self) -> Option<(String, Result<T, String>)> {
+        let (id, output) = match self.set.join_next_with_id().await? {
+            Ok((id, output)) => (id, Ok(output)),
+            Err(e) => (e.id(), Err(broke(e))),
+        };
+        Some((self.labels.remove(&id).unwrap_or_default(), output))
+    }
+}
+
+/// Why a task has no output, to follow what it was doing (`connecting`, `relaying`).
+fn broke(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(panic) => format!(
+            "panicked: {} (a bug, most likely in an adapter; the `panicked` log line before \
+             says where)",
+            outboxkit_core::error::panic_message(panic.as_ref())
+        ),
+        Err(e) => format!("was cancelled: {e}"),
+    }
 }
 
 /// The span every log line of a pipeline's relay is written in, its tasks' and callbacks' too:

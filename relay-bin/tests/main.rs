@@ -3,3 +3,4 @@
 
 mod config_errors;
 mod configuration_doc;
+mod panics;
