@@ -119,11 +119,27 @@ fn command_name(argv0: Option<std::ffi::OsString>) -> String {
         .to_owned()
 }
 
+/// This library's version, which `outbox-relay --version` prints.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// `outbox-relay --version`: the version and the adapters compiled in.
 pub fn long_version(registry: &Registry) -> String {
+    format!("{VERSION} ({})", adapters(registry))
+}
+
+/// `--version` of a binary with a version of its own: `1.4.2 (outboxkit-relay 0.1.0; stores:
+/// ...; sinks: ...)`.
+fn own_long_version(version: &str, registry: &Registry) -> String {
     format!(
-        "{} (stores: {}; sinks: {})",
-        env!("CARGO_PKG_VERSION"),
+        "{version} (outboxkit-relay {VERSION}; {})",
+        adapters(registry)
+    )
+}
+
+/// `stores: postgres, mysql; sinks: kafka, ...`
+fn adapters(registry: &Registry) -> String {
+    format!(
+        "stores: {}; sinks: {}",
         registry.store_kinds().join(", "),
         registry.sink_kinds().join(", ")
     )
@@ -131,12 +147,26 @@ pub fn long_version(registry: &Registry) -> String {
 
 /// The binary's `main`: parse the command line, run the command, map failures to exit codes.
 /// A custom binary calls this with its own registry. Its help, `--version` and every message
-/// that says what to run name the binary as it was started (`outbox-mqtt-relay`).
+/// that says what to run name the binary as it was started (`outbox-mqtt-relay`); `--version`
+/// gives this library's version ([`main_with_version`] gives the binary's own as well).
 pub fn main(registry: Registry) -> ExitCode {
+    let version = long_version(&registry);
+    run_main(registry, version)
+}
+
+/// [`main`] for a binary with a version of its own, `env!("CARGO_PKG_VERSION")` from the
+/// binary's crate: `--version` prints `outbox-mqtt-relay 1.4.2 (outboxkit-relay 0.1.0; stores:
+/// ...; sinks: ...)`, so that a report names both the team's build and the relay it is built on.
+pub fn main_with_version(registry: Registry, version: &str) -> ExitCode {
+    let version = own_long_version(version, &registry);
+    run_main(registry, version)
+}
+
+fn run_main(registry: Registry, version: String) -> ExitCode {
     // Built once per process; clap wants 'static strings.
     let name: &'static str = Box::leak(command_name(std::env::args_os().next()).into_boxed_str());
     outboxkit_core::command::set_name(name);
-    let version: &'static str = Box::leak(long_version(&registry).into_boxed_str());
+    let version: &'static str = Box::leak(version.into_boxed_str());
     let command = Cli::command()
         .name(name)
         .bin_name(name)

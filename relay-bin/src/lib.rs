@@ -12,7 +12,7 @@ pub mod settings;
 pub mod status;
 pub mod supervisor;
 
-pub use cli::main;
+pub use cli::{main, main_with_version};
 pub use registry::{
     sink_config, sink_config_in_file, store_config, BoxFuture, FactoryContext, Registry,
 };

@@ -168,7 +168,7 @@ async fn refuses_bad_settings_and_an_unreachable_broker() {
 }
 
 /// A custom binary names itself, never `outbox-relay`, wherever it tells the operator what to
-/// type: its help and version, the store's "run ... migrate", and `status`'s dead-list command.
+/// type: its help and version (its own, and the relay's), the store's "run ... migrate", and `status`'s dead-list command.
 /// An operator who copied `outbox-relay migrate` would run another binary, or none.
 #[tokio::test]
 async fn names_itself_where_it_says_what_to_run() {
@@ -180,11 +180,14 @@ async fn names_itself_where_it_says_what_to_run() {
         out.contains("Usage: outbox-mqtt-relay [OPTIONS] <COMMAND>"),
         "{out}"
     );
+    // Its own version, and the relay's it is built on.
     let (status, out) = run_cli(&config, &["--version"]);
-    assert!(
-        status.success() && out.starts_with("outbox-mqtt-relay "),
-        "{out}"
+    let version = format!(
+        "outbox-mqtt-relay {} (outboxkit-relay {}; stores: ",
+        env!("CARGO_PKG_VERSION"),
+        outboxkit_relay::cli::VERSION
     );
+    assert!(status.success() && out.starts_with(&version), "{out}");
 
     let (status, out) = run_cli(&config, &["status"]);
     assert_eq!(status.code(), Some(1), "{out}");

@@ -4,5 +4,5 @@
 fn main() -> std::process::ExitCode {
     let mut registry = outboxkit_relay::Registry::builtin();
     registry.sink::<outboxkit_webhook_sink::WebhookSinkConfig>();
-    outboxkit_relay::main(registry)
+    outboxkit_relay::main_with_version(registry, env!("CARGO_PKG_VERSION"))
 }
