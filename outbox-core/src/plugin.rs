@@ -224,13 +224,8 @@ pub fn refuse_unknown_url_options(key: &str, url: &url::Url, known: &[&str]) -> 
     let Some((option, _)) = url.query_pairs().find(|(option, _)| !is_known(option)) else {
         return Ok(());
     };
-    let closest = known
-        .iter()
-        .map(|k| (edit_distance(&option, k), *k))
-        .filter(|(distance, _)| *distance <= 2)
-        .min();
-    Err(Error::config(match closest {
-        Some((_, k)) => format!("{key}: unknown option `{option}`: did you mean `{k}`?"),
+    Err(Error::config(match closest(&option, known) {
+        Some(k) => format!("{key}: unknown option `{option}`: did you mean `{k}`?"),
         None if known.is_empty() => format!(
             "{key}: unknown option `{option}`, which would be ignored: remove it (the client \
              reads no option from the URL)"
@@ -244,6 +239,17 @@ pub fn refuse_unknown_url_options(key: &str, url: &url::Url, known: &[&str]) -> 
             )
         }
     }))
+}
+
+/// The one of `known` closest to `word`, two one-character edits away at most: what a "did you
+/// mean" names (`heartbeet` → `heartbeat`).
+pub fn closest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(word, k), *k))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map(|(_, k)| k)
 }
 
 /// How many one-character insertions, deletions and substitutions turn `a` into `b`.

@@ -37,11 +37,17 @@ pub fn redact_url_or_strip(raw: &str) -> String {
     redact_url(raw).unwrap_or_else(|| strip_userinfo(raw))
 }
 
-/// What ends the error of a URL that does not parse: when it has a user-info part, the likely
-/// cause, a user name or password holding a character URLs reserve (`p@ss:w/rd` makes the
-/// parser read `ss:w` as the host and port: "invalid port number"). Empty otherwise.
+/// What ends the error of a URL that does not parse: when what stands before its last `@` holds
+/// a character URLs reserve, the likely cause, a user name or password holding it (`p@ss:w/rd`
+/// makes the parser read `ss:w` as the host and port: "invalid port number"). Empty otherwise:
+/// `app@db:99999` has a bad port, whatever its user.
 pub fn reserved_characters_hint(raw: &str) -> &'static str {
-    if raw.contains('@') && url::Url::parse(raw).is_err() {
+    let userinfo = match (raw.find("://"), raw.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => &raw[scheme_end + 3..at],
+        (None, Some(at)) => &raw[..at],
+        _ => return "",
+    };
+    if userinfo.contains(['@', '/', '?', '#', '%']) && url::Url::parse(raw).is_err() {
         "; a user name or password holding `@`, `:`, `/`, `?`, `#` or `%` must be \
          percent-encoded (`@` as `%40`, `:` as `%3A`, `/` as `%2F`)"
     } else {
@@ -71,6 +77,9 @@ mod tests {
         assert!(redact_url(raw).is_none());
         assert!(reserved_characters_hint(raw).contains("`@` as `%40`"));
         assert_eq!(reserved_characters_hint("postgres://db:99999/app"), "");
+        // A port out of range, with a plain user: no hint at passwords.
+        assert_eq!(reserved_characters_hint("postgres://app@db:99999/app"), "");
+        assert!(!reserved_characters_hint("postgres://app:pa/ss@db:5432/app").is_empty());
         // A URL that parses was read as written: its trouble is elsewhere (an option's value).
         let parsed = "postgres://app@db:5432/app?sslmode=verify-fulll";
         assert_eq!(reserved_characters_hint(parsed), "");

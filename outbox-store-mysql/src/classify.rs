@@ -32,6 +32,13 @@ pub(crate) use crate::config::MySql;
 impl outboxkit_store_sql::Dialect for MySql {
     const PRODUCT: &'static str = "MySQL";
     const TLS_OPTION: &'static str = "ssl-mode";
+    const TLS_MODES: &'static [&'static str] = &[
+        "DISABLED",
+        "PREFERRED",
+        "REQUIRED",
+        "VERIFY_CA",
+        "VERIFY_IDENTITY",
+    ];
     const CA_OPTION: &'static str = "ssl-ca";
     const CLIENT_CERT_OPTIONS: &'static str = "ssl-cert and ssl-key";
     const UNREACHABLE: &'static str = "server";

@@ -112,6 +112,17 @@ mod tests {
 
     use super::*;
 
+    /// A TLS mode the driver does not know is named as written, with the modes there are and
+    /// the one meant (`verify-ca`, as PostgreSQL writes it, is `VERIFY_CA` here).
+    #[test]
+    fn a_tls_mode_the_driver_does_not_know_says_what_to_write() {
+        outboxkit_store_sql::testkit::check_url_refused::<MySql, sqlx::mysql::MySqlConnectOptions>(
+            "mysql://app@db/app?ssl-mode=verify-ca",
+            "store.url: ssl-mode=verify-ca is not a TLS mode MySQL knows (one of DISABLED, \
+             PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY): did you mean ssl-mode=VERIFY_CA?",
+        );
+    }
+
     /// The settings themselves are tested in `outboxkit-store-sql`; here, what is this store's.
     #[test]
     fn urls_tables_and_debug_are_this_stores() {

@@ -27,6 +27,14 @@ pub(crate) use crate::config::Postgres;
 impl outboxkit_store_sql::Dialect for Postgres {
     const PRODUCT: &'static str = "PostgreSQL";
     const TLS_OPTION: &'static str = "sslmode";
+    const TLS_MODES: &'static [&'static str] = &[
+        "disable",
+        "allow",
+        "prefer",
+        "require",
+        "verify-ca",
+        "verify-full",
+    ];
     const CA_OPTION: &'static str = "sslrootcert";
     const CLIENT_CERT_OPTIONS: &'static str = "sslcert and sslkey";
     const UNREACHABLE: &'static str = "database";

@@ -121,6 +121,31 @@ mod tests {
 
     use super::*;
 
+    /// A TLS mode the driver does not know is named as written, with the modes there are and
+    /// the one meant; other URLs the driver refuses say its reason once.
+    #[test]
+    fn urls_the_driver_refuses_say_what_to_write() {
+        use outboxkit_store_sql::testkit::check_url_refused;
+        use sqlx::postgres::PgConnectOptions;
+        let modes = "(one of disable, allow, prefer, require, verify-ca, verify-full)";
+        check_url_refused::<Postgres, PgConnectOptions>(
+            "postgres://app@db/app?sslmode=verify_full",
+            &format!(
+                "store.url: sslmode=verify_full is not a TLS mode PostgreSQL knows {modes}: did \
+                 you mean sslmode=verify-full?"
+            ),
+        );
+        check_url_refused::<Postgres, PgConnectOptions>(
+            "postgres://app@db/app?sslmode=bogus",
+            &format!("store.url: sslmode=bogus is not a TLS mode PostgreSQL knows {modes}"),
+        );
+        check_url_refused::<Postgres, PgConnectOptions>(
+            "postgres://app@db:99999/app",
+            "store.url: \"<unparsable URL>\" is not a valid PostgreSQL URL: error with \
+             configuration: invalid port number",
+        );
+    }
+
     /// The settings themselves are tested in `outboxkit-store-sql`; here, what is this store's.
     #[test]
     fn urls_tables_and_debug_are_this_stores() {

@@ -25,6 +25,8 @@ pub trait Dialect: Send + Sync + 'static {
     const PRODUCT: &'static str;
     /// The URL option that sets TLS, named when TLS fails (`sslmode`).
     const TLS_OPTION: &'static str;
+    /// Its values, as the documentation writes them (the driver takes any case).
+    const TLS_MODES: &'static [&'static str];
     /// The URL option naming the CA file that verifies the server (`sslrootcert`).
     const CA_OPTION: &'static str;
     /// The URL options of a client certificate (`sslcert and sslkey`).

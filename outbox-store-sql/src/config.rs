@@ -242,8 +242,19 @@ impl<S: SqlStore + Dialect> SqlStoreConfig<S> {
         with_password: impl FnOnce(O, &str) -> O,
     ) -> Result<O> {
         let options = O::from_str(&self.url).map_err(|e| {
+            if let Some(refused) = unknown_tls_mode::<S>(&self.url) {
+                return Error::config(refused);
+            }
+            // sqlx wraps its own configuration error in another: say "error with
+            // configuration" once.
+            let e = e.to_string();
+            let prefix = "error with configuration: ";
+            let mut reason = e.as_str();
+            while reason.starts_with(prefix) && reason[prefix.len()..].starts_with(prefix) {
+                reason = &reason[prefix.len()..];
+            }
             Error::config(format!(
-                "store.url: \"{}\" is not a valid {} URL: {e}{}",
+                "store.url: \"{}\" is not a valid {} URL: {reason}{}",
                 self.redacted_url(),
                 S::PRODUCT,
                 outboxkit_core::redact::reserved_characters_hint(&self.url)
@@ -595,6 +606,29 @@ pub fn check_limits(
         )));
     }
     Ok(())
+}
+
+/// The error for a TLS mode the driver does not know (`sslmode=verify_full`, `ssl-mode=verify-ca`),
+/// naming the option as written and the modes there are, with the one meant (case, `-` and `_`
+/// aside, two edits away at most); `None` when the URL's mode (if any) is one of them.
+fn unknown_tls_mode<D: Dialect>(url: &str) -> Option<String> {
+    let mode = url_option(url, D::TLS_OPTION)?;
+    if D::TLS_MODES.iter().any(|m| m.eq_ignore_ascii_case(&mode)) {
+        return None;
+    }
+    let folded = |s: &str| s.to_ascii_lowercase().replace('-', "_");
+    let modes: Vec<String> = D::TLS_MODES.iter().map(|m| folded(m)).collect();
+    let names: Vec<&str> = modes.iter().map(String::as_str).collect();
+    let meant = outboxkit_core::plugin::closest(&folded(&mode), &names)
+        .and_then(|near| names.iter().position(|m| *m == near))
+        .map(|i| format!(": did you mean {}={}?", D::TLS_OPTION, D::TLS_MODES[i]))
+        .unwrap_or_default();
+    Some(format!(
+        "store.url: {}={mode} is not a TLS mode {} knows (one of {}){meant}",
+        D::TLS_OPTION,
+        D::PRODUCT,
+        D::TLS_MODES.join(", "),
+    ))
 }
 
 /// The value of the query option `key` of a URL (`sslrootcert`), if set.

@@ -33,6 +33,7 @@ struct SomeSql;
 impl Dialect for SomeSql {
     const PRODUCT: &'static str = "SomeSQL";
     const TLS_OPTION: &'static str = "tls";
+    const TLS_MODES: &'static [&'static str] = &["off", "on"];
     const CA_OPTION: &'static str = "tls-ca";
     const CLIENT_CERT_OPTIONS: &'static str = "tls-cert and tls-key";
     const UNREACHABLE: &'static str = "server";

@@ -149,6 +149,20 @@ pub fn check_shared_errors<D: Dialect>(target: &Target) {
 /// `sibling`, and a qualified name keeps its qualifier; names valid nowhere, this server's
 /// `bad` ones, its reserved names and names longer than `longest` bytes are configuration
 /// errors, a name of `longest` bytes is valid.
+/// `url` refused by the driver `O` of the store `S` at `connect_options`, with `expected`: the
+/// configuration error that names `store.url` and says what to write instead.
+pub fn check_url_refused<S: SqlStore + Dialect, O: sqlx::ConnectOptions>(
+    url: &str,
+    expected: &str,
+) {
+    let config = SqlStoreConfig::<S>::new(url);
+    let e = config
+        .connect_options::<O>(|options, _| options)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert_eq!(e.message(), expected);
+}
+
 pub fn check_table_names<R: TableRules>(
     quoted: &[(&str, Option<&str>, &str, &str)],
     sibling: &str,

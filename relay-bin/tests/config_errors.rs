@@ -686,7 +686,10 @@ fn a_misspelt_url_option_is_refused_not_ignored() {
         &config,
         "status",
         &[("OUTBOX_STORE__URL", &at("sslmode=verify-fulll"))],
-        &["unknown value \"verify-fulll\""],
+        &[
+            "store.url: sslmode=verify-fulll is not a TLS mode PostgreSQL knows (one of disable, \
+             allow, prefer, require, verify-ca, verify-full): did you mean sslmode=verify-full?",
+        ],
     );
     assert!(!line.contains("percent-encoded"), "{line}");
 }
