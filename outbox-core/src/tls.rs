@@ -92,6 +92,32 @@ fn day(time: rustls::pki_types::UnixTime) -> String {
         .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
+/// [`certificate_error`] for a sink whose TLS is set by its URL `<section>.url` and the table
+/// `[<section>.tls]` (`ca_file`, `client_cert_file` and `client_key_file`); `at` is the
+/// server (`Redis at cache:6380`), `ca_file` the CA file in use.
+pub fn sink_certificate_error(
+    error: &rustls::Error,
+    section: &str,
+    at: &str,
+    ca_file: Option<&str>,
+) -> Error {
+    let ca = format!("{section}.tls.ca_file");
+    certificate_error(
+        error,
+        &TlsSettings {
+            at,
+            url_key: &format!("{section}.url"),
+            tls_key: &format!("{section}.tls"),
+            ca_key: &ca,
+            ca_setting: &ca,
+            ca_file,
+            client_cert: &format!(
+                "{section}.tls.client_cert_file and {section}.tls.client_key_file"
+            ),
+        },
+    )
+}
+
 /// A refused TLS handshake as a configuration error naming what to fix: a certificate not
 /// trusted by the CA file (or the system's CAs), issued for another host, expired or not yet
 /// valid, or an alert from the server (most likely a missing client certificate).
@@ -154,6 +180,11 @@ pub fn certificate_error(error: &rustls::Error, s: &TlsSettings<'_>) -> Error {
             "{at} refused the TLS handshake ({alert:?}): it may require a client certificate \
              signed by a CA it trusts ({})",
             s.client_cert
+        ),
+        rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType) => format!(
+            "{at} answered in plain text, not TLS ({}): connect to the port where it takes TLS, \
+             or without TLS",
+            s.tls_key
         ),
         other => format!("TLS with {at} failed ({}): {other}", s.tls_key),
     };
@@ -255,6 +286,16 @@ mod tests {
         assert!(
             e.starts_with("TLS with PostgreSQL at db:5432 failed (store.url, sslmode)"),
             "{e}"
+        );
+        // TLS to a port that speaks plain text (amqps:// to 5672).
+        let e = message(
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+            &SETTINGS,
+        );
+        assert_eq!(
+            e,
+            "PostgreSQL at db:5432 answered in plain text, not TLS (store.url, sslmode): connect \
+             to the port where it takes TLS, or without TLS"
         );
     }
 }

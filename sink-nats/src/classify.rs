@@ -117,20 +117,11 @@ pub fn classify_publish(err: &PublishError, subject: &str) -> Error {
 pub fn classify_connect(err: &ConnectError, servers: &str, ca_file: Option<&str>) -> Error {
     let at = format!("NATS at {servers} ({CONFIG_SECTION}.url)");
     if let Some(tls) = outboxkit_core::tls::rustls_error(err) {
-        let ca = format!("{CONFIG_SECTION}.tls.ca_file");
-        return outboxkit_core::tls::certificate_error(
+        return outboxkit_core::tls::sink_certificate_error(
             tls,
-            &outboxkit_core::tls::TlsSettings {
-                at: &format!("NATS at {servers}"),
-                url_key: &format!("{CONFIG_SECTION}.url"),
-                tls_key: &format!("{CONFIG_SECTION}.tls"),
-                ca_key: &ca,
-                ca_setting: &ca,
-                ca_file,
-                client_cert: &format!(
-                    "{CONFIG_SECTION}.tls.client_cert_file and {CONFIG_SECTION}.tls.client_key_file"
-                ),
-            },
+            CONFIG_SECTION,
+            &format!("NATS at {servers}"),
+            ca_file,
         );
     }
     match err.kind() {

@@ -264,8 +264,13 @@ impl RabbitMqSink {
         error.context(context)
     }
 
-    /// The one-line error of a failed connection, naming server and key.
+    /// The one-line error of a failed connection, naming server and key. A refused TLS
+    /// handshake (a certificate not trusted, for another host, expired; a plain-text server on
+    /// the port) is a configuration error saying which key to fix, as for every adapter.
     fn connect_error(&self, e: lapin::Error) -> Error {
+        if let Some(tls) = outboxkit_core::tls::rustls_error(&e) {
+            return self.tls_error(tls);
+        }
         let error = classify::classify(e);
         let user = &self.uri.authority.userinfo.username;
         let message = match error.kind() {
@@ -295,6 +300,17 @@ impl RabbitMqSink {
         } else {
             out.permanent()
         }
+    }
+
+    /// A failed TLS handshake with the broker, explained.
+    fn tls_error(&self, error: &rustls::Error) -> Error {
+        let ca_file = self.config.tls.ca_file.as_ref();
+        outboxkit_core::tls::sink_certificate_error(
+            error,
+            CONFIG_SECTION,
+            &format!("RabbitMQ at {}", self.host_port),
+            ca_file.map(|f| f.display().to_string()).as_deref(),
+        )
     }
 
     fn connect_timeout_error(&self, what: &str) -> Error {

@@ -8,7 +8,6 @@
 //! because it needs no C toolchain beyond what `cc` builds, and the SQL stores' sqlx
 //! (`tls-rustls-ring-native-roots`) uses it too: one provider for the whole process.
 
-use outboxkit_core::tls::TlsSettings;
 use outboxkit_core::Error;
 use redis::RedisError;
 
@@ -31,22 +30,12 @@ pub(crate) fn certificate_error(
     config: &RedisStreamsConfig,
     host_port: &str,
 ) -> Error {
-    let at = format!("Redis at {host_port}");
-    let ca = format!("{CONFIG_SECTION}.tls.ca_file");
-    let ca_file = config.tls.ca_file.as_ref().map(|f| f.display().to_string());
-    outboxkit_core::tls::certificate_error(
+    let ca_file = config.tls.ca_file.as_ref();
+    outboxkit_core::tls::sink_certificate_error(
         error,
-        &TlsSettings {
-            at: &at,
-            url_key: &format!("{CONFIG_SECTION}.url"),
-            tls_key: &format!("{CONFIG_SECTION}.tls"),
-            ca_key: &ca,
-            ca_setting: &ca,
-            ca_file: ca_file.as_deref(),
-            client_cert: &format!(
-                "{CONFIG_SECTION}.tls.client_cert_file and {CONFIG_SECTION}.tls.client_key_file"
-            ),
-        },
+        CONFIG_SECTION,
+        &format!("Redis at {host_port}"),
+        ca_file.map(|f| f.display().to_string()).as_deref(),
     )
 }
 
