@@ -75,14 +75,26 @@ impl RedisStreamsSink {
                 } else if e.kind() == redis::ErrorKind::AuthenticationFailed {
                     "authentication failed (check the user name and password)".to_owned()
                 } else if e.is_timeout() {
-                    format!("no answer within {}", humanize(connect_timeout))
+                    sink.no_answer(connect_timeout)
+                } else if e.code().is_some() && error_kind(&e) == ErrorKind::Other {
+                    // The server answered, with an error no other row explains (`SELECT` of a
+                    // database it does not have, `HELLO 3` on a Redis without RESP3).
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        format!(
+                            "Redis at {} refused to set up the connection ({CONFIG_SECTION}.url): \
+                             {} (check the URL's database number, user and protocol)",
+                            sink.host_port,
+                            classify(e.clone()).full_message()
+                        ),
+                    ));
                 } else {
                     classify(e.clone()).full_message()
                 };
                 Err(sink.connect_error(error_kind(&e), &reason))
             }
             Err(_) => {
-                let reason = format!("no answer within {}", humanize(connect_timeout));
+                let reason = sink.no_answer(connect_timeout);
                 Err(sink.connect_error(ErrorKind::Timeout, &reason))
             }
         }
@@ -151,6 +163,22 @@ impl RedisStreamsSink {
     async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> redis::RedisResult<T> {
         let mut connection = self.connection.clone();
         command.query_async(&mut connection).await
+    }
+
+    /// `no answer within 5s`, and with a `rediss://` URL the likely cause: a server that does not
+    /// take TLS on that port waits for a command and never answers the handshake.
+    fn no_answer(&self, connect_timeout: Duration) -> String {
+        let tls = self.config.url.starts_with("rediss:");
+        format!(
+            "no answer within {}{}",
+            humanize(connect_timeout),
+            if tls {
+                " (the URL asks for TLS with rediss://: check that the server takes TLS on this \
+                 port)"
+            } else {
+                ""
+            }
+        )
     }
 
     /// The one-line error of a failed [`connect`](Self::connect), naming server and keys (for

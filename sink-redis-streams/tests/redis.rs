@@ -286,6 +286,24 @@ async fn unreachable_url_fails_connect_naming_the_host() {
     );
 }
 
+/// A server that answers the connection's setup with an error (a database number it does not
+/// have) is reachable: a configuration error naming the URL, not "cannot reach".
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_a_configuration_error() {
+    let url = format!("{}/9999", redis_url().trim_end_matches('/'));
+    let error = RedisStreamsSink::connect(RedisStreamsConfig::new(url))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Config, "{error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("Redis at ")
+            && text.contains(" refused to set up the connection (sink.redis_streams.url): ")
+            && text.ends_with("(check the URL's database number, user and protocol)"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn silent_server_times_out() {
     // Accepts connections and never answers.
@@ -311,6 +329,23 @@ async fn silent_server_times_out() {
     .await;
     assert_eq!(error.kind(), ErrorKind::Timeout, "{error}");
     assert!(error.to_string().contains(&address.to_string()), "{error}");
+    // rediss:// to a server that does not take TLS looks the same: the likely cause is said.
+    let tls = fails_within(
+        Duration::from_secs(3),
+        RedisStreamsSink::connect(RedisStreamsConfig {
+            url: format!("rediss://{address}"),
+            ..config.clone()
+        }),
+        "the server never answers the handshake",
+    )
+    .await;
+    assert_eq!(
+        tls.to_string(),
+        format!(
+            "cannot reach Redis at {address} (sink.redis_streams.url): no answer within 500ms \
+             (the URL asks for TLS with rediss://: check that the server takes TLS on this port)"
+        )
+    );
 
     let sink = RedisStreamsSink::connect_lazy(config).unwrap();
     let error = fails_within(
