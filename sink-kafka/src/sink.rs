@@ -541,8 +541,33 @@ fn create_producer(
                     text = text.replace(value.as_str(), "***");
                 }
             }
-            Error::config(format!("{CONFIG_SECTION}: {text}"))
+            Error::config(producer_refused(config, &text))
         })
+}
+
+/// librdkafka's refusal of a combination of properties (`` `acks` must be set to `all` when
+/// `enable.idempotence` is true ``), under the key of the first property it names that the
+/// configuration sets (so that the error says where it was set), with the relay's defaults it
+/// names that the configuration does not set.
+fn producer_refused(config: &KafkaSinkConfig, text: &str) -> String {
+    let named = |name: &str| text.contains(&format!("`{name}`"));
+    let key = match config.properties.keys().find(|name| named(name)) {
+        Some(name) => format!("{CONFIG_SECTION}.\"{name}\""),
+        None => CONFIG_SECTION.to_owned(),
+    };
+    let defaults: Vec<String> = crate::config::SAFE_DEFAULTS
+        .iter()
+        .filter(|(name, _)| named(name) && !config.properties.contains_key(*name))
+        .map(|(name, value)| format!("\"{name}\" = \"{value}\""))
+        .collect();
+    if defaults.is_empty() {
+        format!("{key}: {text}")
+    } else {
+        format!(
+            "{key}: {text} (the relay sets {} unless {CONFIG_SECTION} sets it)",
+            defaults.join(" and ")
+        )
+    }
 }
 
 #[async_trait]
@@ -765,6 +790,25 @@ impl KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A combination librdkafka refuses when it creates the producer is reported under the key
+    /// the configuration set (`OUTBOX_SINK__KAFKA__ACKS=1` is then named as where it came
+    /// from), with the relay's default it conflicts with.
+    #[tokio::test]
+    async fn a_refused_combination_names_the_property_set_and_the_default() {
+        let config = KafkaSinkConfig::new("127.0.0.1:9").property("acks", "1");
+        config
+            .validate()
+            .expect("each property is valid on its own");
+        let e = KafkaSink::new(config).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert_eq!(
+            e.message(),
+            "sink.kafka.\"acks\": cannot create the Kafka producer: `acks` must be set to `all` \
+             when `enable.idempotence` is true (the relay sets \"enable.idempotence\" = \"true\" \
+             unless sink.kafka sets it)"
+        );
+    }
 
     #[test]
     fn client_errors_are_remembered_distinct_and_few() {
