@@ -55,6 +55,22 @@ pub struct Relay {
     /// `outbox_publish_batch_seconds` of this pipeline, looked up once.
     publish_duration: metrics::Histogram,
     handle: RelayHandle,
+    /// What the store's and the sink's errors pass through before they are logged or shown.
+    rekey: Rekey,
+}
+
+/// A function errors pass through ([`Relay::rekey_errors`]); none by default.
+#[derive(Clone, Default)]
+struct Rekey(Option<Arc<dyn Fn(Error) -> Error + Send + Sync>>);
+
+impl std::fmt::Debug for Rekey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Rekey(set)"
+        } else {
+            "Rekey(none)"
+        })
+    }
 }
 
 impl Relay {
@@ -71,6 +87,7 @@ impl Relay {
             pipeline: Arc::from(""),
             publish_duration: metrics::Histogram::noop(),
             handle: RelayHandle::default(),
+            rekey: Rekey::default(),
         };
         Ok(relay.pipeline(crate::DEFAULT_PIPELINE))
     }
@@ -83,6 +100,23 @@ impl Relay {
         self.handle = RelayHandle::new(pipeline.clone());
         self.pipeline = pipeline;
         self
+    }
+
+    /// Pass every error of the store and of the sink through `rekey` before the relay logs it
+    /// or shows it (`/readyz`, the handle's last error). Adapters name their settings as they
+    /// stand in a lone `[store]` and `[sink]` (`store.url`); a binary that reads them from
+    /// elsewhere (`[pipelines.billing.store]`) names them as they are set with this.
+    pub fn rekey_errors(mut self, rekey: impl Fn(Error) -> Error + Send + Sync + 'static) -> Self {
+        self.rekey = Rekey(Some(Arc::new(rekey)));
+        self
+    }
+
+    /// `e` as this relay shows it ([`Relay::rekey_errors`]).
+    pub(crate) fn shown(&self, e: Error) -> Error {
+        match &self.rekey.0 {
+            Some(rekey) => rekey(e),
+            None => e,
+        }
     }
 
     /// This relay's name as other relays and `status` see it.

@@ -36,6 +36,10 @@ pub struct Pipeline {
     pub sink: SinkSettings,
     /// Its engine settings: the shared `[relay]`, with its own keys over them.
     pub relay: RelayConfig,
+    /// The keys its own store and sink tables set, as adapters write them (`store.url`,
+    /// `sink.kafka`): what [`Pipeline::rekey`] finds inside a message, such as
+    /// `refused user "app" (store.url)`. Empty for `default`.
+    pub own_keys: Vec<String>,
 }
 
 /// Longest pipeline name.
@@ -90,6 +94,7 @@ pub fn resolve(
             sink_key: "sink".to_owned(),
             sink,
             relay: settings.relay.clone(),
+            own_keys: Vec::new(),
         });
     } else if settings.pipelines.is_empty() {
         return Err(ConfigError(settings::missing("", "store", file)));
@@ -113,6 +118,7 @@ pub fn resolve(
             Some(own) if !own.is_empty() => relay_settings(figment, file, &key, own)?,
             _ => settings.relay.clone(),
         };
+        let own_keys = own_keys(figment, &key, declared.sink.is_some(), &sink.kind);
         pipelines.push(Pipeline {
             name: name.clone(),
             store_key: format!("{key}.store"),
@@ -120,9 +126,55 @@ pub fn resolve(
             sink_key,
             sink,
             relay,
+            own_keys,
         });
     }
     Ok(pipelines)
+}
+
+/// The keys the pipeline `key` (`pipelines.billing`) sets in its store table, and in its sink
+/// table when it has its own, written as for the top-level tables (`store.url`,
+/// `sink.destination`), with its sink kind's section (`sink.redis_streams`) set or not.
+fn own_keys(figment: &Figment, key: &str, own_sink: bool, sink_kind: &str) -> Vec<String> {
+    let keys_at = |table: &str| {
+        figment
+            .find_value(&format!("{key}.{table}"))
+            .ok()
+            .and_then(|value| value.into_dict())
+            .map(|dict| {
+                dict.into_keys()
+                    .map(|k| format!("{table}.{k}"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let mut keys = keys_at("store");
+    if own_sink {
+        keys.extend(keys_at("sink"));
+        keys.push(format!("sink.{}", sink_kind.replace('-', "_")));
+    }
+    keys
+}
+
+/// `message` with every `key` that stands as a key of its own (not inside a longer name such as
+/// `pipelines.billing.store.url` or `store.urls`) written as `real`.
+fn replace_key(message: &str, key: &str, real: &str) -> String {
+    let part_of_name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '"');
+    let mut out = String::with_capacity(message.len());
+    let mut copied = 0;
+    for (at, _) in message.match_indices(key) {
+        let before = message[..at].chars().next_back();
+        let after = message[at + key.len()..].chars().next();
+        let alone = !before.is_some_and(part_of_name)
+            && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if alone && at >= copied {
+            out.push_str(&message[copied..at]);
+            out.push_str(real);
+            copied = at + key.len();
+        }
+    }
+    out.push_str(&message[copied..]);
+    out
 }
 
 /// The shared `[relay]` keys with the pipeline's own over them, read and validated; errors
@@ -184,9 +236,42 @@ pub fn names(pipelines: &[Pipeline]) -> String {
 }
 
 impl Pipeline {
-    /// A message about this pipeline's key (`store.table: ...`, as adapters write them) with the
-    /// key it really has (`pipelines.billing.store.table: ...`).
+    /// A message about this pipeline's keys, as adapters write them (`store.table: ...`,
+    /// `PostgreSQL at db:5432 refused user "app" (store.url)`), with the keys they really have
+    /// (`pipelines.billing.store.table: ...`): the key it starts with, and the keys the
+    /// pipeline sets wherever they stand.
     pub fn rekey(&self, message: &str) -> String {
+        let mut message = self.rekey_start(message);
+        for key in &self.own_keys {
+            let (written, rest) = key.split_once('.').unwrap_or((key, ""));
+            let real = if written == "store" {
+                &self.store_key
+            } else {
+                &self.sink_key
+            };
+            if written != real.as_str() {
+                message = replace_key(&message, key, &format!("{real}.{rest}"));
+            }
+        }
+        message
+    }
+
+    /// An error of this pipeline's store or sink, of any kind, with its keys [rekeyed](Self::rekey).
+    pub fn rekey_error(&self, e: outboxkit_core::Error) -> outboxkit_core::Error {
+        let message = e.full_message();
+        let rekeyed = self.rekey(&message);
+        if rekeyed == message {
+            return e;
+        }
+        let out = outboxkit_core::Error::new(e.kind(), rekeyed);
+        if e.is_retryable() {
+            out.temporary()
+        } else {
+            out.permanent()
+        }
+    }
+
+    fn rekey_start(&self, message: &str) -> String {
         for (written, real) in [("store", &self.store_key), ("sink", &self.sink_key)] {
             if written == real.as_str() {
                 continue;
@@ -310,6 +395,46 @@ mod tests {
                 "the shared sink keeps its key"
             );
             assert_eq!(billing.rekey("storefront: x"), "storefront: x");
+            Ok(())
+        });
+    }
+
+    /// Keys the pipeline sets are rekeyed wherever a message names them (a refused login names
+    /// `store.url` in its middle), never a name that only looks like one.
+    #[test]
+    fn the_keys_a_pipeline_sets_are_rekeyed_inside_messages() {
+        in_jail(|jail| {
+            let all = pipelines(jail, THREE).unwrap();
+            let [billing, _, stock] = &all[..] else {
+                unreachable!()
+            };
+            assert_eq!(
+                billing.rekey("PostgreSQL at db:5432 refused user \"app\" (store.url): no"),
+                "PostgreSQL at db:5432 refused user \"app\" (pipelines.billing.store.url): no"
+            );
+            assert_eq!(
+                billing
+                    .rekey("the certificate is for db.test (the host of store.url, store.table)"),
+                "the certificate is for db.test (the host of pipelines.billing.store.url, \
+                 pipelines.billing.store.table)"
+            );
+            assert_eq!(
+                stock.rekey("cannot reach Kafka at k:9092 (sink.kafka.\"bootstrap.servers\"): x"),
+                "cannot reach Kafka at k:9092 (pipelines.stock.sink.kafka.\"bootstrap.servers\"): x"
+            );
+            assert_eq!(
+                stock.rekey("no topic for sink.destination `stock.{event_type}`"),
+                "no topic for pipelines.stock.sink.destination `stock.{event_type}`"
+            );
+            for untouched in [
+                // Not a key this pipeline sets: a table in schema `store`, a longer name.
+                "table store.orders does not exist (store.password)",
+                "see store.urls, mystore.url, pipelines.billing.store.url",
+                // The shared sink keeps its key.
+                "cannot reach Redis at r:6379 (sink.redis_streams.url)",
+            ] {
+                assert_eq!(billing.rekey(untouched), untouched);
+            }
             Ok(())
         });
     }

@@ -32,11 +32,11 @@ impl FactoryContext<'_> {
         self.file.map(PathBuf::as_path)
     }
 
-    /// A configuration error with the pipeline's key (adapters write `store.table: ...`) and
-    /// where it was set.
+    /// An error with the pipeline's keys (adapters write `store.table: ...`), and for a
+    /// configuration error where it was set.
     fn locate(&self, e: Error) -> Error {
         if e.kind() != ErrorKind::Config {
-            return e;
+            return self.pipeline.rekey_error(e);
         }
         let message = self.pipeline.rekey(&e.full_message());
         Error::config(settings::locate(&message, self.figment, self.file()))

@@ -370,8 +370,13 @@ fn relay(
     connected: Connected,
     board: &Board,
 ) -> Result<Relay, Failure> {
-    let relay =
+    let mut relay =
         Relay::new(connected.store, connected.sink, pipeline.relay.clone())?.pipeline(label);
+    if !pipeline.own_keys.is_empty() {
+        // Its store's and sink's errors name its own keys (`pipelines.billing.store.url`).
+        let pipeline = pipeline.clone();
+        relay = relay.rekey_errors(move |e| pipeline.rekey_error(e));
+    }
     board.set(label, Slot::Relaying(relay.handle()));
     Ok(relay)
 }
@@ -391,7 +396,18 @@ struct Scan {
 
 /// Connect `pipeline`: its store and sink; or, when its table is a pattern, its sink and the
 /// tables the pattern matches now (none is an error with `require_match`, else a warning).
+/// Errors name the pipeline's keys (`pipelines.billing.store.url`).
 async fn start(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipeline: &Pipeline,
+) -> outboxkit_core::Result<Started> {
+    connect_or_scan(registry, loaded, pipeline)
+        .await
+        .map_err(|e| pipeline.rekey_error(e))
+}
+
+async fn connect_or_scan(
     registry: &Registry,
     loaded: &Loaded,
     pipeline: &Pipeline,
@@ -504,7 +520,7 @@ async fn discover_and_relay(
                         sink: sink.clone(),
                     })
                 };
-                match connected.await {
+                match connected.await.map_err(|e| pipeline.rekey_error(e)) {
                     Ok(connected) => {
                         let relay = relay(&label, pipeline, connected, board)
                             .map_err(|f| outboxkit_core::Error::config(f.message))?;

@@ -883,6 +883,25 @@ fn two_pipelines(table_b: &str) -> String {
     ))
 }
 
+/// A refusal that is no configuration error still names the key as the pipeline has it: a
+/// role the server does not know is `pipelines.billing.store.url`, not a `store.url` that the
+/// file does not have.
+#[test]
+fn a_named_pipelines_refused_login_names_its_own_key() {
+    let mut url = url::Url::parse(&postgres_url()).unwrap();
+    url.set_username("no_such_role_for_outbox").unwrap();
+    let config = TempConfig::new(&with_sink_and_server(
+        &postgres_store("pipelines.billing.store", "").replace(&postgres_url(), url.as_str()),
+    ));
+    for command in ["status", "run"] {
+        let line = error_line(&with_config(&config, command, &[]), 1);
+        assert!(
+            line.contains("refused user \"no_such_role_for_outbox\" (pipelines.billing.store.url)"),
+            "{command}: {line}"
+        );
+    }
+}
+
 #[test]
 fn two_pipelines_on_one_table_are_refused_naming_both() {
     file_error(

@@ -37,6 +37,7 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
             Err(e) => {
                 metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status")
                     .increment(1);
+                let e = relay.shown(e);
                 debug!(error = %e, "reading backlog figures failed");
             }
         }
@@ -78,6 +79,7 @@ pub(super) async fn purge_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                 Err(e) => {
                     metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "purge")
                         .increment(1);
+                    let e = relay.shown(e);
                     // With "delete" only leftovers are purged: the worker says already that
                     // the table cannot be reached, once is enough.
                     if leftovers_only {

@@ -317,6 +317,44 @@ async fn broker_outage_dead_letters_nothing_and_recovers() {
     assert_first_occurrences_in_order(&sink.delivered());
 }
 
+/// A binary that reads a pipeline's settings from its own tables has the store's and the
+/// sink's errors name them so, in the log and in what the handle shows.
+#[tokio::test]
+async fn errors_pass_through_rekey_before_they_are_shown() {
+    let store = MemoryStore::unmigrated(4);
+    let sink = ScriptedSink::new();
+    sink.set_down(true);
+    let relay = Relay::new(
+        Arc::new(store.clone()),
+        Arc::new(sink.clone()),
+        fast_config(),
+    )
+    .unwrap()
+    .rekey_errors(|e| Error::new(e.kind(), format!("{} [rekeyed]", e.message())));
+    let handle = relay.handle();
+    let (trigger, shutdown) = Shutdown::channel();
+    let task = tokio::spawn(relay.run(shutdown));
+    // No table yet: the session cannot open, a store error.
+    wait_until("a store error", Duration::from_secs(5), || {
+        handle.last_error().is_some()
+    })
+    .await;
+    let last = handle.last_error().unwrap();
+    assert!(last.ends_with(" [rekeyed]"), "{last}");
+    // The table, then a batch for the broker that is down: a sink error.
+    store.migrate().await.unwrap();
+    write(&store, 1, 1).await;
+    wait_until("a sink error", Duration::from_secs(5), || sink.calls() >= 1).await;
+    wait_until("the sink's error shown", Duration::from_secs(5), || {
+        handle
+            .last_error()
+            .is_some_and(|e| e.contains("down") && e.ends_with(" [rekeyed]"))
+    })
+    .await;
+    trigger.trigger();
+    task.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn shutdown_finishes_the_in_flight_batch() {
     let store = MemoryStore::new(2);

@@ -311,6 +311,7 @@ impl<'a> Worker<'a> {
         let blocked = self.apply(batch, report.dispositions).await;
 
         if let Some(e) = report.call_error {
+            let e = relay.shown(e);
             self.sink_failures += 1;
             self.sink_failing_since.get_or_insert_with(Instant::now);
             relay.handle.sink_failed(&e);
@@ -391,6 +392,7 @@ impl<'a> Worker<'a> {
                 true
             }
             Err(e) => {
+                let e = relay.shown(e);
                 self.sink_failures = self.sink_failures.saturating_add(1);
                 relay.handle.sink_failed(&e);
                 debug!(sink = relay.sink.kind(), error = %e, "the broker still fails its check");
@@ -448,6 +450,7 @@ impl<'a> Worker<'a> {
     }
 
     fn store_failed(&mut self, stage: &'static str, e: Error) {
+        let e = self.relay.shown(e);
         self.store_failures += 1;
         metrics::counter!(m::ERRORS, m::PIPELINE => self.relay.pipeline.clone(), "stage" => stage)
             .increment(1);
