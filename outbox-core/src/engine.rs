@@ -102,8 +102,8 @@ impl Relay {
         self
     }
 
-    /// Pass every error of the store and of the sink through `rekey` before the relay logs it
-    /// or shows it (`/readyz`, the handle's last error). Adapters name their settings as they
+    /// Pass every error of the store and of the sink through `rekey` before the relay logs it,
+    /// shows it (`/readyz`, the handle's last error) or records it (an event's last error). Adapters name their settings as they
     /// stand in a lone `[store]` and `[sink]` (`store.url`); a binary that reads them from
     /// elsewhere (`[pipelines.billing.store]`) names them as they are set with this.
     pub fn rekey_errors(mut self, rekey: impl Fn(Error) -> Error + Send + Sync + 'static) -> Self {

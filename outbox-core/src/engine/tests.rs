@@ -318,12 +318,12 @@ async fn broker_outage_dead_letters_nothing_and_recovers() {
 }
 
 /// A binary that reads a pipeline's settings from its own tables has the store's and the
-/// sink's errors name them so, in the log and in what the handle shows.
+/// sink's errors name them so, in the log, in what the handle shows and in the rows' last
+/// error.
 #[tokio::test]
 async fn errors_pass_through_rekey_before_they_are_shown() {
     let store = MemoryStore::unmigrated(4);
     let sink = ScriptedSink::new();
-    sink.set_down(true);
     let relay = Relay::new(
         Arc::new(store.clone()),
         Arc::new(sink.clone()),
@@ -341,10 +341,23 @@ async fn errors_pass_through_rekey_before_they_are_shown() {
     .await;
     let last = handle.last_error().unwrap();
     assert!(last.ends_with(" [rekeyed]"), "{last}");
-    // The table, then a batch for the broker that is down: a sink error.
+    // The table, and an event the sink refuses (scripted before it is written): its row's
+    // last error.
     store.migrate().await.unwrap();
+    let refused = uuid::Uuid::now_v7();
+    sink.script(refused, Script::Reject);
+    let mut event = NewEvent::new("order", "agg-0", "OrderChanged", serde_json::json!({}));
+    event.event_id = Some(refused);
+    let ids = store.insert(&[event]).await.unwrap();
+    wait_until("the event parked", Duration::from_secs(5), || {
+        store.row(ids[0]).is_some_and(|r| r.dead)
+    })
+    .await;
+    let last = store.row(ids[0]).unwrap().last_error.unwrap_or_default();
+    assert!(last.ends_with(" [rekeyed]"), "{last}");
+    // A batch for the broker that is down: a sink error of the whole call.
+    sink.set_down(true);
     write(&store, 1, 1).await;
-    wait_until("a sink error", Duration::from_secs(5), || sink.calls() >= 1).await;
     wait_until("the sink's error shown", Duration::from_secs(5), || {
         handle
             .last_error()

@@ -543,6 +543,7 @@ fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) 
             ),
             Disposition::Reject(e) => (e, None),
         };
+        let error = relay.shown(error);
         assessment.blocked.insert(event.aggregate_id.clone());
         let destination = relay.sink.destination(event);
         let kind = error.kind().as_str();
