@@ -120,17 +120,22 @@ impl ClientSettings<'_> {
         self.endpoint.map(|e| e.trim_end_matches('/'))
     }
 
-    /// Where the client sends, for messages: `us-east-1 at http://127.0.0.1:4566` (the
-    /// endpoint key, else the chain's endpoint variables, without user-info), or the region.
+    /// Where the client sends, for messages: `us-east-1 at http://127.0.0.1:4566, set by
+    /// sink.sqs.endpoint` (the endpoint key, else the chain's endpoint variables, without
+    /// user-info, and which of them set it, so that an endpoint that cannot be reached says
+    /// what to change), or the region.
     pub fn location(&self, region: &str) -> String {
-        let endpoint = self.endpoint.map(redact_url).or_else(|| {
+        let key = format!("{}.endpoint", self.section);
+        let endpoint = self.endpoint.map(|e| (redact_url(e), key)).or_else(|| {
             [self.endpoint_env, "AWS_ENDPOINT_URL"]
                 .iter()
-                .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
-                .map(|v| redact_url(&v))
+                .find_map(|var| {
+                    let value = std::env::var(var).ok().filter(|v| !v.is_empty())?;
+                    Some((redact_url(&value), (*var).to_owned()))
+                })
         });
         match endpoint {
-            Some(endpoint) => format!("{region} at {endpoint}"),
+            Some((endpoint, set_by)) => format!("{region} at {endpoint}, set by {set_by}"),
             None => region.to_owned(),
         }
     }
@@ -205,7 +210,7 @@ mod tests {
         };
         assert_eq!(
             s.location("eu-west-1"),
-            "eu-west-1 at http://127.0.0.1:4566"
+            "eu-west-1 at http://127.0.0.1:4566, set by sink.test.endpoint"
         );
         assert_eq!(s.endpoint_url(), Some("http://user:pw@127.0.0.1:4566"));
         assert_eq!(redact_url("not a url:s3cr3t@host"), "***@host");
