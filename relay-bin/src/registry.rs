@@ -452,10 +452,7 @@ fn discover_tables<C: StoreConfig>(
                 let identity = config.table_identity();
                 let build = move || -> BoxFuture<'static, Result<Arc<dyn Store>>> {
                     Box::pin(async move {
-                        let store = config.build().await.map_err(|e| match e.kind() {
-                            ErrorKind::Config => Error::config(pipeline.rekey(&e.full_message())),
-                            _ => e,
-                        })?;
+                        let store = config.build().await.map_err(|e| pipeline.rekey_error(e))?;
                         Ok(Arc::new(store) as Arc<dyn Store>)
                     })
                 };

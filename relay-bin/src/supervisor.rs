@@ -192,16 +192,12 @@ pub async fn run(
         while let Some((label, joined)) = attempts.next().await {
             match joined {
                 Ok(answer) => answers.push(answer),
-                Err(broke) => {
+                Err(broke) if several => {
                     return Err(Failure::runtime(format!(
-                        "{}connecting {broke}",
-                        if several {
-                            format!("pipeline {label}: ")
-                        } else {
-                            String::new()
-                        }
+                        "pipeline {label}: connecting {broke}"
                     )))
                 }
+                Err(broke) => return Err(Failure::runtime(format!("connecting {broke}"))),
             }
         }
         Ok(answers)
