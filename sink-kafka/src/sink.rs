@@ -118,9 +118,36 @@ impl ClientContext for KafkaContext {
             Some(RDKafkaErrorCode::Fatal) => {
                 error!(target: "librdkafka", error = %error, "Kafka producer fatal error: {reason}")
             }
-            _ => warn!(target: "librdkafka", error = %error, "{reason}"),
+            _ => match not_kafka(reason) {
+                Some(explained) => warn!(target: "librdkafka", error = %error, "{explained}"),
+                None => warn!(target: "librdkafka", error = %error, "{reason}"),
+            },
         }
     }
+}
+
+/// librdkafka's `Invalid response size N (..): increase receive.message.max.bytes`, when the
+/// four bytes of N are printable text, rewritten to say what they are: a server that is not
+/// Kafka answered (`"AMQP"` is RabbitMQ, `"HTTP"` a web server), and the property to raise is
+/// not the fix. A real Kafka response that large (over 500 MB) does not happen to a producer.
+fn not_kafka(reason: &str) -> Option<String> {
+    const MARK: &str = "Invalid response size ";
+    let at = reason.find(MARK)?;
+    let digits = &reason[at + MARK.len()..];
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
+    let size: u32 = digits[..end].parse().ok()?;
+    let bytes = size.to_be_bytes();
+    if !bytes.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let (server, _) = reason[..at].split_once('/').unwrap_or((&reason[..at], ""));
+    Some(format!(
+        "{server} answered {text:?}, which is not Kafka's protocol: check the host and port in \
+         {CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\""
+    ))
 }
 
 type RelayProducer = FutureProducer<KafkaContext>;
@@ -255,7 +282,10 @@ impl KafkaSink {
         if recent.is_empty() {
             return String::new();
         }
-        let reasons: Vec<String> = recent.into_iter().map(|(_, reason)| reason).collect();
+        let reasons: Vec<String> = recent
+            .into_iter()
+            .map(|(_, reason)| not_kafka(&reason).unwrap_or(reason))
+            .collect();
         format!(" (client errors: {})", reasons.join("; "))
     }
 
@@ -807,6 +837,61 @@ mod tests {
             "sink.kafka.\"acks\": cannot create the Kafka producer: `acks` must be set to `all` \
              when `enable.idempotence` is true (the relay sets \"enable.idempotence\" = \"true\" \
              unless sink.kafka sets it)"
+        );
+    }
+
+    /// A server that is not Kafka answers librdkafka's first request with its own protocol;
+    /// librdkafka reads the first four bytes as a response size and says to raise
+    /// `receive.message.max.bytes`. The message says which server answered what instead.
+    #[test]
+    fn a_server_that_is_not_kafka_is_named_not_the_size_property() {
+        let rabbitmq = "127.0.0.1:5672/bootstrap: Receive failed: Invalid response size \
+                        1095586128 (0..100000000): increase receive.message.max.bytes (after 1ms \
+                        in state APIVERSION_QUERY)";
+        assert_eq!(
+            not_kafka(rabbitmq).as_deref(),
+            Some(
+                "127.0.0.1:5672 answered \"AMQP\", which is not Kafka's protocol: check the host \
+                 and port in sink.kafka.\"bootstrap.servers\""
+            )
+        );
+        let http = "broker:8080/1: Receive failed: Invalid response size 1213486160 (0..100000000)";
+        assert!(not_kafka(http)
+            .unwrap()
+            .starts_with("broker:8080 answered \"HTTP\""));
+        // A size that is a size (a real response above the limit), and other errors: as they are.
+        let large = "broker:9092/1: Receive failed: Invalid response size 104857600 \
+                     (0..100000000): increase receive.message.max.bytes";
+        assert_eq!(not_kafka(large), None);
+        assert_eq!(not_kafka("1/1 brokers are down"), None);
+    }
+
+    /// The same through a sink: a web server where the brokers should be.
+    #[tokio::test]
+    async fn a_sink_pointed_at_a_web_server_says_so() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = [0u8; 64];
+                let _ = socket.read(&mut request).await;
+                let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            }
+        });
+        let mut config = KafkaSinkConfig::new(address.clone());
+        config.check_timeout = Duration::from_secs(3);
+        let e = KafkaSink::connect(config).await.unwrap_err();
+        assert!(
+            e.message().contains(&format!(
+                "{address} answered \"HTTP\", which is not Kafka's protocol: check the host and \
+                 port in sink.kafka.\"bootstrap.servers\""
+            )),
+            "{e}"
+        );
+        assert!(
+            !e.message().contains("increase receive.message.max.bytes"),
+            "{e}"
         );
     }
 
