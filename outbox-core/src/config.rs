@@ -131,6 +131,11 @@ pub struct RelayConfig {
     /// acknowledgements could not be marked anyway.
     #[serde(with = "humantime_serde")]
     pub publish_timeout: Duration,
+    /// Most destinations counted under a `destination` label of their own by the
+    /// per-destination counters; events to further destinations are counted under
+    /// `destination="(other)"`. It bounds the memory the metrics take, and the `/metrics`
+    /// page, when a template holds `{aggregate_id}`. Zero: every event under `(other)`.
+    pub destination_labels: usize,
     /// This relay's name in `status` (defaults to host name and process id).
     pub relay_id: Option<String>,
 }
@@ -153,6 +158,7 @@ impl Default for RelayConfig {
             shutdown_grace: Duration::from_secs(20),
             hand_over_after: Duration::from_secs(60),
             publish_timeout: Duration::from_secs(90),
+            destination_labels: 1000,
             relay_id: None,
         }
     }

@@ -26,6 +26,7 @@
 mod background;
 mod contain;
 mod health;
+mod labels;
 mod plan;
 mod rebalance;
 mod shutdown;
@@ -54,6 +55,8 @@ pub struct Relay {
     pipeline: Arc<str>,
     /// `outbox_publish_batch_seconds` of this pipeline, looked up once.
     publish_duration: metrics::Histogram,
+    /// The `destination` label of the per-destination counters.
+    destination_labels: labels::DestinationLabels,
     handle: RelayHandle,
     /// What the store's and the sink's errors pass through before they are logged or shown.
     rekey: Rekey,
@@ -82,6 +85,7 @@ impl Relay {
         let relay = Self {
             store,
             sink,
+            destination_labels: labels::DestinationLabels::new(config.destination_labels),
             config,
             relay_id,
             pipeline: Arc::from(""),

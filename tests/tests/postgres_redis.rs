@@ -5,21 +5,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
+
+/// A scenario on a new Redis prefix whose relays serve their endpoints on the port returned,
+/// with `relay` in their `[relay]` table.
+async fn serving_endpoints(prefix: &str, relay: &str) -> (u16, Arc<RedisSide>, Scenario) {
+    let name = unique(prefix);
+    let port = free_port();
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let settings = Settings::default().listen_on(port).relay(relay);
+    let scenario = Scenario::on_postgres(&name, redis.clone(), settings).await;
+    (port, redis, scenario)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
-    let name = unique("e2e");
-    let port = free_port();
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let mut scenario = Scenario::on_postgres(
-        &name,
-        redis.clone(),
-        Settings::default()
-            .listen_on(port)
-            .relay("status_interval = \"200ms\""),
-    )
-    .await;
+    let (port, redis, mut scenario) = serving_endpoints("e2e", "status_interval = \"200ms\"").await;
 
     // Before any relay runs: a backlog that status reports.
     scenario.store.enqueue_many(&placed_events(300, 7)).await;
@@ -93,6 +95,59 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     let delivered = redis.read_stream(&redis.destination("order")).await;
     assert_eq!(delivered.len(), 300);
+    scenario.cleanup().await;
+}
+
+/// The per-destination counters label the first `relay.destination_labels` destinations by
+/// name and count the others together under `(other)`: a template with `{aggregate_id}` would
+/// otherwise add a series, kept until the relay exits, for every aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_destination_counters_stop_at_destination_labels() {
+    let (port, redis, mut scenario) =
+        serving_endpoints("e2elabels", "destination_labels = 1").await;
+    // Both aggregate types, so two destinations: `<name>.order` and `<name>.customer`.
+    let events: Vec<NewEvent> = (0..20u64)
+        .map(|i| {
+            NewEvent::new(
+                aggregate_type(i),
+                i.to_string(),
+                "Placed",
+                serde_json::json!({}),
+            )
+        })
+        .collect();
+    scenario.store.enqueue_many(&events).await;
+    scenario.start_relay("relay-labels", &[]);
+    wait_for_metric(
+        "20 published in /metrics",
+        port,
+        "outbox_events_published_total",
+        Duration::from_secs(30),
+        |v| v >= 20.0,
+    )
+    .await;
+    let (_, metrics) = http_get(port, "/metrics").unwrap();
+    let mut labels: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("outbox_events_published_total{"))
+        .filter_map(|l| l.split("destination=\"").nth(1)?.split('"').next())
+        .collect();
+    labels.sort_unstable();
+    // `(` sorts before the prefix's letters.
+    assert_eq!(labels.len(), 2, "{metrics}");
+    assert_eq!(labels[0], "(other)", "{metrics}");
+    let named = [redis.destination("order"), redis.destination("customer")];
+    assert!(named.iter().any(|d| d == labels[1]), "{metrics}");
+    let relay = &mut scenario.relays[0];
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+    let log = relay.log_text();
+    assert_eq!(
+        log.matches("more destinations than relay.destination_labels")
+            .count(),
+        1,
+        "{log}"
+    );
     scenario.cleanup().await;
 }
 

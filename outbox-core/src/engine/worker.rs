@@ -546,15 +546,16 @@ fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) 
         let error = relay.shown(error);
         assessment.blocked.insert(event.aggregate_id.clone());
         let destination = relay.sink.destination(event);
+        let label = relay.destination_labels.label(destination.clone());
         let kind = error.kind().as_str();
         match retry_in {
             Some(delay) => {
-                metrics::counter!(m::EVENTS_RETRIED, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                metrics::counter!(m::EVENTS_RETRIED, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => label, "error" => kind).increment(1);
                 warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, retry_in = ?delay, error = %error, "event failed; its aggregate waits for the retry");
             }
             None => {
                 assessment.dead += 1;
-                metrics::counter!(m::EVENTS_DEAD, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => destination.clone(), "error" => kind).increment(1);
+                metrics::counter!(m::EVENTS_DEAD, m::PIPELINE => pipeline.clone(), "sink" => sink_kind, "destination" => label, "error" => kind).increment(1);
                 warn!(id = event.id, event_id = %event.event_id, aggregate_id = %event.aggregate_id, destination = %destination, attempts, error = %error, "event parked as dead");
             }
         }
@@ -579,7 +580,8 @@ fn count_published(relay: &Relay, batch: &[OutboxEvent], published: &[i64]) {
         }
     }
     for (destination, n) in per_destination {
-        metrics::counter!(m::EVENTS_PUBLISHED, m::PIPELINE => relay.pipeline.clone(), "sink" => sink_kind, "destination" => destination)
+        let label = relay.destination_labels.label(destination);
+        metrics::counter!(m::EVENTS_PUBLISHED, m::PIPELINE => relay.pipeline.clone(), "sink" => sink_kind, "destination" => label)
             .increment(n);
     }
 }
