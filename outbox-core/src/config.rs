@@ -79,12 +79,21 @@ pub enum OnDead {
     Hold,
 }
 
+/// Most rows the first claim of a relay asks for: it measures the payloads before a claim of
+/// `relay.batch_size` rows could bring gigabytes of them.
+pub const FIRST_CLAIM: usize = 16;
+
 /// Engine settings. Durations are human strings (`"500ms"`, `"7d"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     /// Most rows claimed (and published) per round.
     pub batch_size: usize,
+    /// Payload bytes a claim aims at: after each claim the next one asks for as many rows as
+    /// this holds at that claim's mean payload size (at least 1, at most `batch_size`), and the
+    /// first claim asks for at most [`FIRST_CLAIM`] rows. It bounds the memory large payloads
+    /// take, for which `batch_size` rows would be gigabytes.
+    pub batch_bytes: usize,
     /// Failed attempts before an event is parked as dead.
     pub max_attempts: u32,
     /// `"delete"` or a duration to keep published rows.
@@ -144,6 +153,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             batch_size: 500,
+            batch_bytes: 8 << 20,
             max_attempts: 12,
             retention: Retention::Delete,
             on_dead: OnDead::Skip,
@@ -172,6 +182,9 @@ impl RelayConfig {
                 "relay.batch_size: must be between 1 and 100000, got {}",
                 self.batch_size
             )));
+        }
+        if self.batch_bytes == 0 {
+            return Err(Error::config("relay.batch_bytes: must be at least 1"));
         }
         if self.max_attempts == 0 {
             return Err(Error::config("relay.max_attempts: must be at least 1"));

@@ -648,8 +648,62 @@ async fn ordered_sinks_get_whole_batches_and_unordered_ones_get_waves() {
     let relay = start(&store, &ordered, fast_config());
     drained(&store, Duration::from_secs(5)).await;
     relay.stop().await;
-    assert_eq!(ordered.calls(), 1, "the whole batch in one call");
+    // The first claim measures the payloads with FIRST_CLAIM rows, the second takes the rest.
+    assert_eq!(ordered.calls(), 2, "each claimed batch whole in one call");
     assert_first_occurrences_in_order(&ordered.delivered());
+}
+
+/// Claims aim at `relay.batch_bytes` of payload: the first asks for FIRST_CLAIM rows, each
+/// later one for as many as the budget holds at the previous claim's mean payload size.
+#[tokio::test]
+async fn large_payloads_are_claimed_a_few_at_a_time() {
+    let store = MemoryStore::new(1);
+    let blob = "x".repeat(100_000);
+    let events: Vec<NewEvent> = (0..60)
+        .map(|i| {
+            let payload = serde_json::json!({ "blob": blob });
+            NewEvent::new("doc", format!("d{i}"), "Stored", payload)
+        })
+        .collect();
+    store.insert(&events).await.unwrap();
+    let ordered = ScriptedSink::new().with_capabilities(SinkCapabilities {
+        max_batch_len: 100,
+        max_payload_bytes: None,
+        ordered_per_key: true,
+    });
+    let config = RelayConfig {
+        batch_bytes: 300_000,
+        ..fast_config()
+    };
+    let relay = start(&store, &ordered, config);
+    drained(&store, Duration::from_secs(5)).await;
+    relay.stop().await;
+    assert_eq!(ordered.delivered().len(), 60);
+    // 16 rows, then 2 at a time (300,000 bytes hold two payloads of 100,011).
+    assert_eq!(ordered.calls(), 1 + 44 / 2);
+}
+
+#[test]
+fn the_next_claim_holds_batch_bytes_at_the_mean_payload_size() {
+    let config = RelayConfig {
+        batch_size: 500,
+        batch_bytes: 1_000,
+        ..RelayConfig::default()
+    };
+    let event = |bytes: usize| {
+        let mut e = OutboxEvent::new(1, "doc", "d1", "Stored", serde_json::json!({}));
+        e.payload = vec![b'x'; bytes];
+        e
+    };
+    let limit = |sizes: &[usize]| {
+        let batch: Vec<OutboxEvent> = sizes.iter().map(|&n| event(n)).collect();
+        worker::next_claim_limit(&config, &batch, 7)
+    };
+    assert_eq!(limit(&[100, 100]), 10);
+    assert_eq!(limit(&[10, 390]), 5, "the mean, not the largest");
+    assert_eq!(limit(&[5_000]), 1, "at least one row, however large");
+    assert_eq!(limit(&[0, 0]), 500, "at most batch_size");
+    assert_eq!(limit(&[]), 7, "an empty claim keeps the limit");
 }
 
 // --- When a call fails as a whole: the rule (`whole_call_failure`), then the engine. ---

@@ -12,7 +12,7 @@ use super::plan::{publish_batch, Disposition, PublishReport};
 use super::rebalance::{acquire_offset, rebalance};
 use super::shutdown::Shutdown;
 use super::Relay;
-use crate::config::{OnDead, RelayConfig};
+use crate::config::{OnDead, RelayConfig, FIRST_CLAIM};
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use crate::model::OutboxEvent;
@@ -25,12 +25,32 @@ fn outage_backoff(failures: u32) -> Duration {
     capped / 2 + (capped / 2).mul_f64(fastrand::f64())
 }
 
-fn claim_request<'e>(config: &RelayConfig, exclude_ids: &'e [i64]) -> ClaimRequest<'e> {
+fn claim_request<'e>(
+    config: &RelayConfig,
+    limit: usize,
+    exclude_ids: &'e [i64],
+) -> ClaimRequest<'e> {
     ClaimRequest {
-        limit: config.batch_size,
+        limit,
         exclude_ids,
         dead_holds_aggregate: config.on_dead == OnDead::Hold,
     }
+}
+
+/// The limit of the claim after `batch`: as many rows as `relay.batch_bytes` holds at the
+/// batch's mean payload size, at least 1 and at most `relay.batch_size`; `current` after an
+/// empty claim.
+pub(super) fn next_claim_limit(
+    config: &RelayConfig,
+    batch: &[OutboxEvent],
+    current: usize,
+) -> usize {
+    if batch.is_empty() {
+        return current;
+    }
+    let bytes: usize = batch.iter().map(|e| e.payload.len()).sum();
+    let mean = (bytes / batch.len()).max(1);
+    (config.batch_bytes / mean).clamp(1, config.batch_size)
 }
 
 /// An open session and what only exists while it is open: losing the session drops the
@@ -86,16 +106,18 @@ impl OpenSession {
     /// Publish `batch` while the session marks the previous batch's acknowledged rows and —
     /// when the batch was full and no shutdown is asked for — claims the next batch (excluding
     /// this one's rows): the database and the broker work in parallel.
+    /// `next_limit`: `None` claims nothing (the batch was not full), else the claim's limit.
     async fn pipeline(
         &mut self,
         relay: &Relay,
         batch: &[OutboxEvent],
+        next_limit: Option<usize>,
         shutdown: &Shutdown,
     ) -> Pipelined {
         let config = &relay.config;
         let exclude: Vec<i64> = batch.iter().map(|e| e.id).collect();
-        let prefetch = batch.len() >= config.batch_size && !shutdown.is_triggered();
-        let request = claim_request(config, &exclude);
+        let prefetch = next_limit.is_some() && !shutdown.is_triggered();
+        let request = claim_request(config, next_limit.unwrap_or(0), &exclude);
         let marks = std::mem::take(&mut self.unmarked);
         let mode = config.retention.mark_mode();
         let session = &mut self.session;
@@ -146,6 +168,8 @@ pub(super) struct Worker<'a> {
     /// When the last claim at the top of the loop started (partial batches wait for
     /// `poll_interval_min` from there).
     last_claim: Instant,
+    /// The limit of the next claim ([`next_claim_limit`]); [`FIRST_CLAIM`] rows at most first.
+    claim_limit: usize,
 }
 
 impl<'a> Worker<'a> {
@@ -161,6 +185,7 @@ impl<'a> Worker<'a> {
             next_rebalance: Instant::now(),
             acquire_offset: acquire_offset(&relay.relay_id),
             last_claim: Instant::now(),
+            claim_limit: relay.config.batch_size.min(FIRST_CLAIM),
         }
     }
 
@@ -231,7 +256,11 @@ impl<'a> Worker<'a> {
                     continue;
                 }
                 self.last_claim = Instant::now();
-                match open.session.claim(&claim_request(config, &[])).await {
+                match open
+                    .session
+                    .claim(&claim_request(config, self.claim_limit, &[]))
+                    .await
+                {
                     Ok(batch) => batch,
                     Err(e) => {
                         self.lose_session("claim", e).await;
@@ -262,9 +291,13 @@ impl<'a> Worker<'a> {
                 continue;
             }
             self.poll = config.poll_interval_min;
-            let partial = batch.len() < config.batch_size;
+            // Full: as many rows as the claim asked for (the prefetched batch was claimed with
+            // the limit set after the batch before it, which is still `claim_limit`).
+            let partial = batch.len() < self.claim_limit;
+            self.claim_limit = next_claim_limit(config, &batch, self.claim_limit);
+            let next_limit = (!partial).then_some(self.claim_limit);
 
-            let pipelined = open.pipeline(relay, &batch, shutdown).await;
+            let pipelined = open.pipeline(relay, &batch, next_limit, shutdown).await;
             if !self.settle(&batch, pipelined).await {
                 break;
             }
