@@ -143,7 +143,10 @@ fn not_kafka(reason: &str) -> Option<String> {
         return None;
     }
     let text = String::from_utf8_lossy(&bytes);
-    let (server, _) = reason[..at].split_once('/').unwrap_or((&reason[..at], ""));
+    // `sasl_plaintext://host:9092/bootstrap: Receive failed: ...`: the broker's name, less
+    // librdkafka's node id.
+    let name = reason.split(": ").next().unwrap_or(reason);
+    let server = name.rsplit_once('/').map_or(name, |(server, _)| server);
     Some(format!(
         "{server} answered {text:?}, which is not Kafka's protocol: check the host and port in \
          {CONFIG_SECTION}.\"{BOOTSTRAP_SERVERS}\""
@@ -859,6 +862,11 @@ mod tests {
         assert!(not_kafka(http)
             .unwrap()
             .starts_with("broker:8080 answered \"HTTP\""));
+        let sasl = "sasl_plaintext://broker:9092/bootstrap: Receive failed: Invalid response \
+                    size 1213486160 (0..100000000)";
+        assert!(not_kafka(sasl)
+            .unwrap()
+            .starts_with("sasl_plaintext://broker:9092 answered \"HTTP\""));
         // A size that is a size (a real response above the limit), and other errors: as they are.
         let large = "broker:9092/1: Receive failed: Invalid response size 104857600 \
                      (0..100000000): increase receive.message.max.bytes";
