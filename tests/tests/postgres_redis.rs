@@ -19,6 +19,16 @@ async fn serving_endpoints(prefix: &str, relay: &str) -> (u16, Arc<RedisSide>, S
     (port, redis, scenario)
 }
 
+/// Wait until the relay serving its endpoints on `port` counts `events` published.
+async fn wait_published(port: u16, events: usize) {
+    let what = format!("{events} published in /metrics");
+    let total = "outbox_events_published_total";
+    wait_for_metric(&what, port, total, Duration::from_secs(30), |v| {
+        v >= events as f64
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
     let (port, redis, mut scenario) = serving_endpoints("e2e", "status_interval = \"200ms\"").await;
@@ -32,14 +42,7 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
 
     scenario.start_relay("relay-metrics", &[]);
     wait_for_ready("/readyz", port, 200, Duration::from_secs(20)).await;
-    wait_for_metric(
-        "300 published in /metrics",
-        port,
-        "outbox_events_published_total",
-        Duration::from_secs(30),
-        |v| v >= 300.0,
-    )
-    .await;
+    wait_published(port, 300).await;
     let (code, _) = http_get(port, "/healthz").unwrap();
     assert_eq!(code, 200);
     wait_for_metric(
@@ -118,14 +121,7 @@ async fn per_destination_counters_stop_at_destination_labels() {
         .collect();
     scenario.store.enqueue_many(&events).await;
     scenario.start_relay("relay-labels", &[]);
-    wait_for_metric(
-        "20 published in /metrics",
-        port,
-        "outbox_events_published_total",
-        Duration::from_secs(30),
-        |v| v >= 20.0,
-    )
-    .await;
+    wait_published(port, 20).await;
     let (_, metrics) = http_get(port, "/metrics").unwrap();
     let mut labels: Vec<&str> = metrics
         .lines()
