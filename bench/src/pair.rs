@@ -107,17 +107,7 @@ impl Pair {
     }
 }
 
-/// The peak resident set (VmHWM) so far of the process `pid`.
-pub fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
+pub use outboxkit_harness::peak_rss_mib;
 
 /// SIGTERM, then SIGKILL after 30 s. (A relay dropped without it, after a failed measurement,
 /// is killed: it never runs into the next one.)

@@ -89,6 +89,6 @@ pub use store::{DeadRow, StoreSide, TableLock, PENDING};
 pub use store::{SqlOutbox, SqlSide};
 pub use util::{
     assert_no_error_lines, free_port, http_get, http_get_at, metric_at, metric_value,
-    one_pipeline_config, running_as_root, scratch_dir, unique, wait_for, wait_for_metric,
-    wait_for_ready, write_file,
+    one_pipeline_config, peak_rss_mib, running_as_root, scratch_dir, unique, wait_for,
+    wait_for_metric, wait_for_ready, write_file,
 };
