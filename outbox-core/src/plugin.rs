@@ -71,6 +71,11 @@ pub trait SinkConfig: DeserializeOwned + fmt::Debug + Send + 'static {
     /// topic filter...). The registry checks the template before it calls this.
     fn destination_mut(&mut self) -> &mut String;
 
+    /// The key in `[sink.<section>]` of that template (`"topic"`), when the sink's messages
+    /// name it (`sink.sns.topic: no such topic`): where `sink.destination` set the template,
+    /// the relay's messages then say `sink.destination`, the key the user wrote.
+    const DESTINATION_KEY: Option<&'static str> = None;
+
     /// Checks that need no connection (URLs, ranges, files that must exist). Runs before the
     /// relay connects to anything. Errors name their key: `sink.<section>.<key>: ...`.
     fn validate(&self) -> Result<()> {

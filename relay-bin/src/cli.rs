@@ -243,7 +243,8 @@ fn report(failure: &Failure, json: bool) {
 
 /// Run one parsed command.
 pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
-    let loaded = load(&cli)?;
+    let mut loaded = load(&cli)?;
+    registry.name_destinations(&mut loaded.pipelines);
     // `--pipeline tenants/t7.outbox`: one table of a pattern pipeline.
     let (wanted, wanted_table) = match cli.pipeline.as_deref() {
         Some(wanted) => match wanted.split_once('/') {

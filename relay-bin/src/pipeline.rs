@@ -40,6 +40,10 @@ pub struct Pipeline {
     /// `sink.kafka`): what [`Pipeline::rekey`] finds inside a message, such as
     /// `refused user "app" (store.url)`. Empty for `default`.
     pub own_keys: Vec<String>,
+    /// When `sink.destination` sets the sink's template: the key the sink's messages name it
+    /// by, as adapters write it (`sink.sns.topic`), which [`Pipeline::rekey`] writes as
+    /// `sink.destination` ([`Registry::name_destinations`](crate::registry::Registry::name_destinations)).
+    pub destination_key: Option<String>,
 }
 
 /// Longest pipeline name.
@@ -95,6 +99,7 @@ pub fn resolve(
             sink,
             relay: settings.relay.clone(),
             own_keys: Vec::new(),
+            destination_key: None,
         });
     } else if settings.pipelines.is_empty() {
         return Err(ConfigError(settings::missing("", "store", file)));
@@ -127,6 +132,7 @@ pub fn resolve(
             sink,
             relay,
             own_keys,
+            destination_key: None,
         });
     }
     Ok(pipelines)
@@ -241,6 +247,14 @@ impl Pipeline {
     /// (`pipelines.billing.store.table: ...`): the key it starts with, and the keys the
     /// pipeline sets wherever they stand.
     pub fn rekey(&self, message: &str) -> String {
+        let named;
+        let message = match &self.destination_key {
+            Some(key) => {
+                named = replace_key(message, key, "sink.destination");
+                &named
+            }
+            None => message,
+        };
         let mut message = self.rekey_start(message);
         for key in &self.own_keys {
             let (written, rest) = key.split_once('.').unwrap_or((key, ""));
@@ -254,6 +268,11 @@ impl Pipeline {
             }
         }
         message
+    }
+
+    /// Whether [`rekey`](Self::rekey) can change a message of this pipeline.
+    pub fn rekeys(&self) -> bool {
+        !self.own_keys.is_empty() || self.destination_key.is_some()
     }
 
     /// An error of this pipeline's store or sink, of any kind, with its keys [rekeyed](Self::rekey).
@@ -348,6 +367,36 @@ mod tests {
             );
             assert_eq!(p.relay, RelayConfig::default());
             assert_eq!(p.rekey("store.table: bad"), "store.table: bad");
+            Ok(())
+        });
+    }
+
+    /// Where `sink.destination` sets the template, the sink's own key for it (`sink.kafka.topic`,
+    /// which the registry knows from the kind) is written as the pipeline's `sink.destination`.
+    #[cfg(feature = "sink-kafka")]
+    #[test]
+    fn the_sinks_own_template_key_is_named_as_sink_destination() {
+        in_jail(|jail| {
+            let mut all = pipelines(jail, THREE).unwrap();
+            crate::registry::Registry::builtin().name_destinations(&mut all);
+            let [billing, _, stock] = &all[..] else {
+                unreachable!()
+            };
+            assert_eq!(stock.destination_key.as_deref(), Some("sink.kafka.topic"));
+            assert_eq!(
+                stock.rekey(
+                    "sink.kafka.topic: no topic `stock.x` (create it, or fix sink.kafka.topic)"
+                ),
+                "pipelines.stock.sink.destination: no topic `stock.x` (create it, or fix \
+                 pipelines.stock.sink.destination)"
+            );
+            assert!(stock.rekeys());
+            // The shared sink sets no destination: its own key stays.
+            assert_eq!(billing.destination_key, None);
+            assert_eq!(
+                billing.rekey("sink.redis_streams.stream: x"),
+                "sink.redis_streams.stream: x"
+            );
             Ok(())
         });
     }

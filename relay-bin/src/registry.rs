@@ -128,6 +128,8 @@ struct StoreEntry {
 struct SinkEntry {
     check: Check,
     build: BuildSink,
+    /// [`SinkConfig::DESTINATION_KEY`].
+    destination_key: Option<&'static str>,
 }
 
 /// The cargo features of `outboxkit-relay` that compile an adapter in. A kind's feature is
@@ -220,9 +222,27 @@ impl Registry {
             SinkEntry {
                 check: |ctx| sink_config::<C>(ctx).map(drop),
                 build: build_sink::<C>,
+                destination_key: C::DESTINATION_KEY,
             },
         );
         self
+    }
+
+    /// For each pipeline whose sink table sets `destination`: the key its sink kind's messages
+    /// name the template by (`sink.sns.topic`), so that [`Pipeline::rekey`] says
+    /// `sink.destination` instead.
+    pub fn name_destinations(&self, pipelines: &mut [Pipeline]) {
+        for pipeline in pipelines {
+            if pipeline.sink.destination.is_none() {
+                continue;
+            }
+            let Some(entry) = self.sinks.get(pipeline.sink.kind.as_str()) else {
+                continue;
+            };
+            pipeline.destination_key = entry
+                .destination_key
+                .map(|key| format!("sink.{}.{key}", plugin::sink_section(&pipeline.sink.kind)));
+        }
     }
 
     /// Store kinds registered.

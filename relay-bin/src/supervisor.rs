@@ -368,8 +368,9 @@ fn relay(
 ) -> Result<Relay, Failure> {
     let mut relay =
         Relay::new(connected.store, connected.sink, pipeline.relay.clone())?.pipeline(label);
-    if !pipeline.own_keys.is_empty() {
-        // Its store's and sink's errors name its own keys (`pipelines.billing.store.url`).
+    if pipeline.rekeys() {
+        // Its store's and sink's errors name its own keys (`pipelines.billing.store.url`,
+        // `sink.destination`).
         let pipeline = pipeline.clone();
         relay = relay.rekey_errors(move |e| pipeline.rekey_error(e));
     }

@@ -786,6 +786,45 @@ fn a_table_the_relay_did_not_create_is_named_so_by_every_command() {
     }
 }
 
+/// With `sink.destination` setting the template, a sink's message about it names
+/// `sink.destination`, the key the file has, not the sink's own (`sink.nats.subject`): the file
+/// does not set that one, and setting it would change nothing, `sink.destination` overrides it.
+#[test]
+fn a_destination_the_broker_refuses_is_named_as_sink_destination() {
+    let table = format!("destination_key_{}", std::process::id());
+    let subject = format!("no_stream_{}", std::process::id());
+    let nats = std::env::var("OUTBOX_TEST_NATS_URL")
+        .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let config = TempConfig::new(&format!(
+        "{}\n[sink]\nkind = \"nats\"\ndestination = \"{subject}.{{aggregate_type}}\"\n\n\
+         [sink.nats]\nurl = \"{nats}\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n",
+        postgres_store("store", &format!("table = \"{table}\"\n")),
+    ));
+    let migrated = with_config(&config, "migrate", &[]);
+    let out = with_config(&config, "run", &[]);
+    let dropped = postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"));
+    assert_eq!(
+        migrated.code,
+        Some(0),
+        "migrate needs PostgreSQL at {} (set OUTBOX_TEST_POSTGRES_URL):\n{}",
+        postgres_url(),
+        migrated.stderr
+    );
+    dropped.expect("dropping the test table");
+    // The sink's connection logs come first: the failure is the last line.
+    assert_eq!(out.code, Some(2), "exit code; stderr:\n{}", out.stderr);
+    let line = out.stderr.lines().last().unwrap_or_default();
+    assert!(line.starts_with("error: "), "{}", out.stderr);
+    assert!(
+        line.contains(&format!(
+            "no stream for subject `{subject}.*` (sink.destination = `{subject}.{{aggregate_type}}`)"
+        )),
+        "the missing stream's error, naming sink.destination (NATS at {nats}, \
+         OUTBOX_TEST_NATS_URL): {line}"
+    );
+    assert!(!line.contains("sink.nats.subject"), "{line}");
+}
+
 /// Logs written to a pipe or a file (containers, log collectors) carry no ANSI colour codes,
 /// whatever the level; `NO_COLOR` is honoured on terminals (unit-tested in cli.rs).
 #[test]

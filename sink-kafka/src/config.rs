@@ -423,6 +423,7 @@ impl<'de> Deserialize<'de> for KafkaSinkConfig {
 impl outboxkit_core::SinkConfig for KafkaSinkConfig {
     const KIND: &'static str = crate::KafkaSink::KIND;
     type Sink = crate::KafkaSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("topic");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.topic

@@ -348,6 +348,7 @@ impl StreamDeclaration {
 impl outboxkit_core::SinkConfig for NatsConfig {
     const KIND: &'static str = crate::NatsSink::KIND;
     type Sink = crate::NatsSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("subject");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.subject

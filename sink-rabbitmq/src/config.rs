@@ -431,6 +431,7 @@ impl RabbitMqConfig {
 impl outboxkit_core::SinkConfig for RabbitMqConfig {
     const KIND: &'static str = crate::RabbitMqSink::KIND;
     type Sink = crate::RabbitMqSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("routing_key");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.routing_key

@@ -238,6 +238,7 @@ const PEM_CERTIFICATE: &str = "-----BEGIN CERTIFICATE-----";
 impl outboxkit_core::SinkConfig for RedisStreamsConfig {
     const KIND: &'static str = crate::RedisStreamsSink::KIND;
     type Sink = crate::RedisStreamsSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("stream");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.stream

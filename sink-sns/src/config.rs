@@ -173,6 +173,7 @@ impl SnsConfig {
 impl outboxkit_core::SinkConfig for SnsConfig {
     const KIND: &'static str = crate::SnsSink::KIND;
     type Sink = crate::SnsSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("topic");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.topic

@@ -181,6 +181,7 @@ impl SqsConfig {
 impl outboxkit_core::SinkConfig for SqsConfig {
     const KIND: &'static str = crate::SqsSink::KIND;
     type Sink = crate::SqsSink;
+    const DESTINATION_KEY: Option<&'static str> = Some("queue");
 
     fn destination_mut(&mut self) -> &mut String {
         &mut self.queue
