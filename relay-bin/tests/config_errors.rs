@@ -745,6 +745,14 @@ fn postgres_execute(sql: &str) -> Result<(), outboxkit_store_postgres::sqlx::Err
     })
 }
 
+/// Drop the table `migrate` made in the test database's `public` schema, and its schema row.
+fn drop_migrated(table: &str) -> Result<(), outboxkit_store_postgres::sqlx::Error> {
+    postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"))?;
+    postgres_execute(&format!(
+        "DELETE FROM outbox_relay_schema WHERE table_name = '{table}'"
+    ))
+}
+
 /// A table of the configured name that the relay did not create (a team's own `outbox`, say):
 /// every command says so and that `migrate` is no way out, instead of a SQL error (`status`,
 /// `dead`) or "run `outbox-relay migrate`" (`run`), which would refuse it.
@@ -802,7 +810,7 @@ fn a_destination_the_broker_refuses_is_named_as_sink_destination() {
     ));
     let migrated = with_config(&config, "migrate", &[]);
     let out = with_config(&config, "run", &[]);
-    let dropped = postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"));
+    let dropped = drop_migrated(&table);
     assert_eq!(
         migrated.code,
         Some(0),
@@ -833,7 +841,7 @@ fn logs_to_a_pipe_have_no_colour() {
     let config =
         TempConfig::new(&valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]")));
     let out = with_config(&config, "migrate", &[("RUST_LOG", "debug")]);
-    let dropped = postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"));
+    let dropped = drop_migrated(&table);
     assert_eq!(
         out.code,
         Some(0),
