@@ -13,6 +13,7 @@
 //! ones. Names are metric labels and parts of environment variable names
 //! (`OUTBOX_PIPELINES__BILLING__STORE__URL`), hence lowercase.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use figment::providers::Serialized;
@@ -245,17 +246,14 @@ impl Pipeline {
     /// A message about this pipeline's keys, as adapters write them (`store.table: ...`,
     /// `PostgreSQL at db:5432 refused user "app" (store.url)`), with the keys they really have
     /// (`pipelines.billing.store.table: ...`): the key it starts with, and the keys the
-    /// pipeline sets wherever they stand.
+    /// pipeline sets wherever they stand; first, where `sink.destination` set the sink's
+    /// template, the sink's own key for it ([`destination_key`](Self::destination_key)).
     pub fn rekey(&self, message: &str) -> String {
-        let named;
         let message = match &self.destination_key {
-            Some(key) => {
-                named = replace_key(message, key, "sink.destination");
-                &named
-            }
-            None => message,
+            Some(key) => Cow::Owned(replace_key(message, key, "sink.destination")),
+            None => Cow::Borrowed(message),
         };
-        let mut message = self.rekey_start(message);
+        let mut message = self.rekey_start(&message);
         for key in &self.own_keys {
             let (written, rest) = key.split_once('.').unwrap_or((key, ""));
             let real = if written == "store" {
