@@ -143,12 +143,6 @@ pub fn check_shared_errors<D: Dialect>(target: &Target) {
     );
 }
 
-/// What every store checks of its table names under its rules `R`: a plain name has no
-/// qualifier; each of `quoted` — (a name, the qualifier it is put in or `None`, its quoted form,
-/// its text) — quotes and shows as given; the bookkeeping table beside `app.outbox_2` is
-/// `sibling`, and a qualified name keeps its qualifier; names valid nowhere, this server's
-/// `bad` ones, its reserved names and names longer than `longest` bytes are configuration
-/// errors, a name of `longest` bytes is valid.
 /// `url` refused by the driver `O` of the store `S` at `connect_options`, with `expected`: the
 /// configuration error that names `store.url` and says what to write instead.
 pub fn check_url_refused<S: SqlStore + Dialect, O: sqlx::ConnectOptions>(
@@ -163,6 +157,12 @@ pub fn check_url_refused<S: SqlStore + Dialect, O: sqlx::ConnectOptions>(
     assert_eq!(e.message(), expected);
 }
 
+/// What every store checks of its table names under its rules `R`: a plain name has no
+/// qualifier; each of `quoted` — (a name, the qualifier it is put in or `None`, its quoted form,
+/// its text) — quotes and shows as given; the bookkeeping table beside `app.outbox_2` is
+/// `sibling`, and a qualified name keeps its qualifier; names valid nowhere, this server's
+/// `bad` ones, its reserved names and names longer than `longest` bytes are configuration
+/// errors, a name of `longest` bytes is valid.
 pub fn check_table_names<R: TableRules>(
     quoted: &[(&str, Option<&str>, &str, &str)],
     sibling: &str,
