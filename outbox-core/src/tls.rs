@@ -99,9 +99,10 @@ pub fn sink_certificate_error(
     error: &rustls::Error,
     section: &str,
     at: &str,
-    ca_file: Option<&str>,
+    ca_file: Option<&std::path::Path>,
 ) -> Error {
     let ca = format!("{section}.tls.ca_file");
+    let ca_file = ca_file.map(|f| f.display().to_string());
     certificate_error(
         error,
         &TlsSettings {
@@ -110,7 +111,7 @@ pub fn sink_certificate_error(
             tls_key: &format!("{section}.tls"),
             ca_key: &ca,
             ca_setting: &ca,
-            ca_file,
+            ca_file: ca_file.as_deref(),
             client_cert: &format!(
                 "{section}.tls.client_cert_file and {section}.tls.client_key_file"
             ),

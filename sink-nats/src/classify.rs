@@ -114,7 +114,11 @@ pub fn classify_publish(err: &PublishError, subject: &str) -> Error {
 
 /// The error of a failed connection to `servers` (already redacted); `ca_file` is
 /// `tls.ca_file`, named when the server's certificate is not trusted.
-pub fn classify_connect(err: &ConnectError, servers: &str, ca_file: Option<&str>) -> Error {
+pub fn classify_connect(
+    err: &ConnectError,
+    servers: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Error {
     let at = format!("NATS at {servers} ({CONFIG_SECTION}.url)");
     if let Some(tls) = outboxkit_core::tls::rustls_error(err) {
         return outboxkit_core::tls::sink_certificate_error(
@@ -372,7 +376,7 @@ mod tests {
         let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
         let io = io::Error::new(io::ErrorKind::InvalidData, unknown);
         let err = ConnectError::with_source(ConnectErrorKind::Io, io);
-        let e = classify_connect(&err, "tls://a:4222", Some("/etc/relay/ca.pem"));
+        let e = classify_connect(&err, "tls://a:4222", Some("/etc/relay/ca.pem".as_ref()));
         let e = check(e, ErrorKind::Config, false);
         assert!(
             e.message()

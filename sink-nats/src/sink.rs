@@ -189,8 +189,7 @@ impl NatsSink {
         let client = match tokio::time::timeout(config.connect_timeout, connect).await {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
-                let ca_file = tls.ca_file.as_ref().map(|f| f.display().to_string());
-                return Err(classify_connect(&e, &shown, ca_file.as_deref()));
+                return Err(classify_connect(&e, &shown, tls.ca_file.as_deref()));
             }
             Err(_) => {
                 return Err(Error::new(

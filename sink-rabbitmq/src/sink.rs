@@ -304,12 +304,11 @@ impl RabbitMqSink {
 
     /// A failed TLS handshake with the broker, explained.
     fn tls_error(&self, error: &rustls::Error) -> Error {
-        let ca_file = self.config.tls.ca_file.as_ref();
         outboxkit_core::tls::sink_certificate_error(
             error,
             CONFIG_SECTION,
             &format!("RabbitMQ at {}", self.host_port),
-            ca_file.map(|f| f.display().to_string()).as_deref(),
+            self.config.tls.ca_file.as_deref(),
         )
     }
 

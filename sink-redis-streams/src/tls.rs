@@ -30,12 +30,11 @@ pub(crate) fn certificate_error(
     config: &RedisStreamsConfig,
     host_port: &str,
 ) -> Error {
-    let ca_file = config.tls.ca_file.as_ref();
     outboxkit_core::tls::sink_certificate_error(
         error,
         CONFIG_SECTION,
         &format!("Redis at {host_port}"),
-        ca_file.map(|f| f.display().to_string()).as_deref(),
+        config.tls.ca_file.as_deref(),
     )
 }
 
