@@ -146,6 +146,7 @@ impl PostgresStore {
                 password: crate::logical::password_of(&config.url, config.password.as_deref()),
                 tls: crate::logical::tls_of_url(&config.url)?,
                 max_unsettled: config.logical.max_unsettled,
+                max_unsettled_bytes: config.logical.max_unsettled_bytes,
                 takeover_after: config.logical.takeover_after,
                 connect_timeout: config.connect_timeout,
                 session_timeout: config.session_timeout,

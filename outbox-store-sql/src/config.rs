@@ -435,6 +435,10 @@ pub struct LogicalSettings {
     /// than this is still read whole.
     #[serde(default = "default_max_unsettled")]
     pub max_unsettled: usize,
+    /// Most payload bytes of those events: the bound that holds for large payloads, where
+    /// `max_unsettled` events would take gigabytes. Past it, it stops reading as well.
+    #[serde(default = "default_max_unsettled_bytes")]
+    pub max_unsettled_bytes: usize,
     /// A standby relay takes the slot over when the relay reading it has not reported to the
     /// server for this long (it is partitioned away or hung): it ends that reader's connection.
     #[serde(default = "default_takeover_after", with = "humantime_serde")]
@@ -448,6 +452,7 @@ impl Default for LogicalSettings {
             slot: None,
             publication: None,
             max_unsettled: default_max_unsettled(),
+            max_unsettled_bytes: default_max_unsettled_bytes(),
             takeover_after: default_takeover_after(),
         }
     }
@@ -475,6 +480,13 @@ impl LogicalSettings {
                 self.max_unsettled
             )));
         }
+        if self.max_unsettled_bytes < MIN_UNSETTLED_BYTES {
+            return Err(Error::config(format!(
+                "store.logical.max_unsettled_bytes: must be at least {MIN_UNSETTLED_BYTES} \
+                 (1 MiB), got {}",
+                self.max_unsettled_bytes
+            )));
+        }
         if self.takeover_after < Duration::from_secs(2) {
             return Err(Error::config(
                 "store.logical.takeover_after: must be at least 2s",
@@ -488,6 +500,13 @@ impl LogicalSettings {
 pub fn default_max_unsettled() -> usize {
     10_000
 }
+/// Default `store.logical.max_unsettled_bytes`: 64 MiB.
+pub fn default_max_unsettled_bytes() -> usize {
+    64 << 20
+}
+/// The least `store.logical.max_unsettled_bytes`: below it, reading small events would stop
+/// every few hundred.
+pub const MIN_UNSETTLED_BYTES: usize = 1 << 20;
 /// Default `store.logical.takeover_after`.
 pub fn default_takeover_after() -> Duration {
     Duration::from_secs(10)
@@ -956,6 +975,10 @@ mod tests {
             (
                 serde_json::json!({"max_unsettled": 10}),
                 "store.logical.max_unsettled",
+            ),
+            (
+                serde_json::json!({"max_unsettled_bytes": 65_536}),
+                "store.logical.max_unsettled_bytes",
             ),
             (
                 serde_json::json!({"takeover_after": "1s"}),

@@ -830,3 +830,41 @@ async fn long_table_names_get_a_slot_each_and_keep_the_recorded_one() {
     redis.cleanup().await;
     drop(server);
 }
+
+/// Large payloads read from the log while the broker is out of reach, the worst case: nothing
+/// is settled, so the relay reads ahead as far as its bounds let it. It holds at most
+/// `store.logical.max_unsettled_bytes` of payload (with one transaction and the replication
+/// client's buffer), not the 10,000 events `max_unsettled` allows: 1,600 events of 128 KiB
+/// (200 MiB, in transactions of 100), then every one delivered once the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payloads_are_read_from_the_log_a_bounded_amount_at_a_time() {
+    let name = unique("lgbig");
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let (server, side, mut scenario) = prepare(&name, "table", redis, Settings::default()).await;
+    let (cut_off, url) = redis_behind_blackhole().await;
+    scenario.start_relay(
+        "relay-0",
+        &[
+            ("OUTBOX_SINK__REDIS_STREAMS__URL", url.as_str()),
+            ("OUTBOX_STORE__LOGICAL__MAX_UNSETTLED_BYTES", "8388608"),
+        ],
+    );
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+    cut_off.partition();
+    side.bulk_load(1_600, 20, 128 * 1024, outboxkit_core::PayloadType::Json)
+        .await;
+    // Time to read up to the bounds and fill the replication client's buffer.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let peak = peak_rss_mib(scenario.relays[0].id());
+    cut_off.heal();
+    scenario
+        .drain("1,600 large events", Duration::from_secs(120))
+        .await;
+    assert!(scenario.broker.held(1_600, Duration::ZERO).await >= 1_600);
+    // A debug build's relay peaks near 85 MiB here; with the bound in events alone it read
+    // every event (245 MiB), and with a client buffer of 1,024 messages 175 MiB.
+    assert!(peak > 0.0 && peak < 130.0, "peak RSS {peak:.1} MiB");
+    scenario.stop_relays(Duration::from_secs(20));
+    scenario.cleanup().await;
+    drop(server);
+}

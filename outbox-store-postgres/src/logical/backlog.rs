@@ -39,6 +39,8 @@ pub(crate) struct Backlog {
     /// Sequence number of `txns[0]`.
     first_txn: u64,
     unsettled: usize,
+    /// The payload bytes of the unsettled events.
+    unsettled_bytes: usize,
     /// Where the slot may be confirmed to.
     confirmable: u64,
 }
@@ -55,6 +57,11 @@ impl Backlog {
     /// Events read and not settled.
     pub(crate) fn unsettled(&self) -> usize {
         self.unsettled
+    }
+
+    /// The payload bytes of the events read and not settled.
+    pub(crate) fn unsettled_bytes(&self) -> usize {
+        self.unsettled_bytes
     }
 
     /// The position the slot may be confirmed to.
@@ -84,6 +91,7 @@ impl Backlog {
         for event in events {
             let position = self.base + self.entries.len() as u64;
             self.positions.insert(event.id, position);
+            self.unsettled_bytes += event.payload.len();
             self.entries.push_back(Some(Entry {
                 event,
                 txn,
@@ -179,6 +187,7 @@ impl Backlog {
                 continue;
             };
             self.unsettled -= 1;
+            self.unsettled_bytes -= entry.event.payload.len();
             self.txns[(entry.txn - self.first_txn) as usize].unsettled -= 1;
         }
         self.trim();
@@ -231,6 +240,7 @@ mod tests {
         b.settle(&[3, 3, 77]);
         assert_eq!(b.confirmable(), 400, "every transaction settled");
         assert_eq!(b.unsettled(), 0);
+        assert_eq!(b.unsettled_bytes(), 0);
         b.idle_at(450);
         assert_eq!(b.confirmable(), 450);
         b.push(vec![], 500);
@@ -273,6 +283,30 @@ mod tests {
         assert_eq!(b.confirmable(), 0, "1 is acknowledged, not settled");
         b.settle(&[1]);
         assert_eq!(b.confirmable(), 10);
+    }
+
+    #[test]
+    fn unsettled_bytes_count_the_payloads_until_they_are_settled() {
+        let sized = |id: i64, bytes: usize| {
+            let mut e = event(id, &id.to_string());
+            e.payload = vec![b'x'; bytes];
+            e
+        };
+        let mut b = Backlog::new(0);
+        b.push(vec![sized(1, 1000), sized(2, 24)], 10);
+        b.push(vec![sized(3, 500)], 20);
+        assert_eq!(b.unsettled_bytes(), 1524);
+        b.retry(3, Duration::from_secs(1), Instant::now());
+        b.acknowledge(1);
+        assert_eq!(
+            b.unsettled_bytes(),
+            1524,
+            "acknowledged or failed, still held"
+        );
+        b.settle(&[1, 1, 99]);
+        assert_eq!(b.unsettled_bytes(), 524);
+        b.settle(&[2, 3]);
+        assert_eq!((b.unsettled(), b.unsettled_bytes()), (0, 0));
     }
 
     #[test]
