@@ -431,8 +431,8 @@ pub struct LogicalSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publication: Option<String>,
     /// Most events read from the log and not yet settled (acknowledged or dead) that the relay
-    /// keeps in memory; past it, it stops reading and the server waits. One transaction larger
-    /// than this is still read whole.
+    /// keeps in memory; past it, it stops reading (in the middle of a transaction too) and the
+    /// server waits.
     #[serde(default = "default_max_unsettled")]
     pub max_unsettled: usize,
     /// Most payload bytes of those events: the bound that holds for large payloads, where

@@ -238,9 +238,9 @@ impl StoreSide for LogicalSide {
         self.inner.analyze().await
     }
 
-    /// As [`PostgresSide`]'s (JSON payloads only), but in transactions of 100 events: the
-    /// relay reads a transaction whole, so one transaction of the whole load would be held in
-    /// its memory at once. Message style emits the events instead of inserting them.
+    /// As [`PostgresSide`]'s (JSON payloads only), but in transactions of 100 events, as the
+    /// benchmark's drains were measured. Message style emits the events instead of inserting
+    /// them.
     async fn bulk_load(&self, events: u64, aggregates: u64, pad: usize, payload_type: PayloadType) {
         assert_eq!(
             payload_type,

@@ -1,6 +1,11 @@
 //! The events read from the log and not yet settled, in commit order, and the log position the
 //! slot may be confirmed to: the end of the last transaction whose events, and every earlier
 //! transaction's, are all settled (acknowledged by the broker, or recorded as dead).
+//!
+//! A transaction's events join the backlog as they are read, before its end: the server sends
+//! a transaction only once it committed, so they can be published at once, and a transaction
+//! of a million events need not be held whole. The slot moves past it only once its end was
+//! read and all its events are settled.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -22,7 +27,8 @@ struct Entry {
 
 #[derive(Debug)]
 struct Txn {
-    end_lsn: u64,
+    /// Where it ends in the log; `None` while its end is not read yet.
+    end_lsn: Option<u64>,
     unsettled: usize,
 }
 
@@ -76,31 +82,51 @@ impl Backlog {
         self.entries.front()?.as_ref().map(|e| e.event.created_at)
     }
 
-    /// A committed transaction ending at `end_lsn`, with its events in the order written
-    /// (none when it wrote nothing of ours).
-    pub(crate) fn push(&mut self, events: Vec<OutboxEvent>, end_lsn: u64) {
-        if events.is_empty() && self.txns.is_empty() {
-            self.confirmable = self.confirmable.max(end_lsn);
-            return;
+    /// The next event of the transaction being read, in the order written.
+    pub(crate) fn add(&mut self, event: OutboxEvent) {
+        if self.txns.back().is_none_or(|t| t.end_lsn.is_some()) {
+            self.txns.push_back(Txn {
+                end_lsn: None,
+                unsettled: 0,
+            });
         }
-        let txn = self.first_txn + self.txns.len() as u64;
-        self.txns.push_back(Txn {
-            end_lsn,
-            unsettled: events.len(),
-        });
-        for event in events {
-            let position = self.base + self.entries.len() as u64;
-            self.positions.insert(event.id, position);
-            self.unsettled_bytes += event.payload.len();
-            self.entries.push_back(Some(Entry {
-                event,
-                txn,
-                retry_at: None,
-                acked: false,
-            }));
-            self.unsettled += 1;
+        let txn = self.first_txn + self.txns.len() as u64 - 1;
+        if let Some(open) = self.txns.back_mut() {
+            open.unsettled += 1;
+        }
+        let position = self.base + self.entries.len() as u64;
+        self.positions.insert(event.id, position);
+        self.unsettled_bytes += event.payload.len();
+        self.unsettled += 1;
+        self.entries.push_back(Some(Entry {
+            event,
+            txn,
+            retry_at: None,
+            acked: false,
+        }));
+    }
+
+    /// The transaction being read ends at `end_lsn` (having added no event when it wrote
+    /// nothing of ours).
+    pub(crate) fn commit(&mut self, end_lsn: u64) {
+        match self.txns.back_mut() {
+            Some(open) if open.end_lsn.is_none() => open.end_lsn = Some(end_lsn),
+            None => self.confirmable = self.confirmable.max(end_lsn),
+            Some(_) => self.txns.push_back(Txn {
+                end_lsn: Some(end_lsn),
+                unsettled: 0,
+            }),
         }
         self.trim();
+    }
+
+    /// A whole transaction: its events, then its end.
+    #[cfg(test)]
+    fn push(&mut self, events: Vec<OutboxEvent>, end_lsn: u64) {
+        for event in events {
+            self.add(event);
+        }
+        self.commit(end_lsn);
     }
 
     /// The server reports it has sent everything up to `wal_end`: with nothing unsettled, the
@@ -199,10 +225,10 @@ impl Backlog {
             self.base += 1;
         }
         while let Some(txn) = self.txns.front() {
-            if txn.unsettled > 0 {
+            let Some(end_lsn) = txn.end_lsn.filter(|_| txn.unsettled == 0) else {
                 break;
-            }
-            self.confirmable = self.confirmable.max(txn.end_lsn);
+            };
+            self.confirmable = self.confirmable.max(end_lsn);
             self.txns.pop_front();
             self.first_txn += 1;
         }
@@ -307,6 +333,39 @@ mod tests {
         assert_eq!(b.unsettled_bytes(), 524);
         b.settle(&[2, 3]);
         assert_eq!((b.unsettled(), b.unsettled_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_transaction_is_handed_out_as_it_is_read_and_confirmed_once_it_ended() {
+        let mut b = Backlog::new(0);
+        b.push(vec![event(1, "a")], 10);
+        b.add(event(2, "a"));
+        b.add(event(3, "b"));
+        let now = Instant::now();
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), now)), [1, 2, 3]);
+        b.settle(&[1, 2, 3]);
+        assert_eq!(
+            b.confirmable(),
+            10,
+            "the second transaction's end is not read yet"
+        );
+        assert_eq!(b.unsettled(), 0);
+        b.add(event(4, "b"));
+        b.commit(20);
+        assert_eq!(b.confirmable(), 10, "4 is not settled");
+        b.settle(&[4]);
+        assert_eq!(b.confirmable(), 20);
+        b.commit(30);
+        assert_eq!(b.confirmable(), 30, "nothing of ours, nothing pending");
+        b.add(event(5, "c"));
+        b.commit(40);
+        b.commit(50);
+        b.settle(&[5]);
+        assert_eq!(
+            b.confirmable(),
+            50,
+            "an empty transaction behind a settled one"
+        );
     }
 
     #[test]

@@ -92,8 +92,6 @@ struct Reader {
     client: ReplicationClient,
     backlog: Backlog,
     relations: HashMap<u32, Relation>,
-    /// The events of the transaction being read (between its Begin and its Commit).
-    current: Vec<OutboxEvent>,
     /// Messages and rows of the transaction being read that cannot be relayed, parked as dead
     /// at its commit.
     malformed: Vec<Malformed>,
@@ -334,7 +332,6 @@ impl LogicalSession {
             client,
             backlog: Backlog::new(confirmed),
             relations: HashMap::new(),
-            current: Vec::new(),
             malformed: Vec::new(),
             in_transaction: false,
             confirmed,
@@ -343,8 +340,8 @@ impl LogicalSession {
     }
 
     /// Read what the log has ready (without waiting, or up to `wait` for the first message),
-    /// up to `max_unsettled` events or `max_unsettled_bytes` of payload held (a transaction is
-    /// always read whole). Ends the reader on a stream error.
+    /// up to `max_unsettled` events or `max_unsettled_bytes` of payload held, in the middle of
+    /// a transaction too. Ends the reader on a stream error.
     async fn pump(&mut self, wait: Duration) -> Result<()> {
         let (max, max_bytes) = (self.context.max_unsettled, self.context.max_unsettled_bytes);
         let mut waited = false;
@@ -352,10 +349,7 @@ impl LogicalSession {
             let Some(reader) = self.reader.as_mut() else {
                 return Ok(());
             };
-            if !reader.in_transaction
-                && (reader.backlog.unsettled() >= max
-                    || reader.backlog.unsettled_bytes() >= max_bytes)
-            {
+            if reader.backlog.unsettled() >= max || reader.backlog.unsettled_bytes() >= max_bytes {
                 return Ok(());
             }
             let budget = if waited || wait.is_zero() {
@@ -399,10 +393,7 @@ impl LogicalSession {
         let context = Arc::clone(&self.context);
         let reader = self.reader.as_mut().expect("pump checked the reader");
         match event {
-            ReplicationEvent::Begin { .. } => {
-                reader.in_transaction = true;
-                reader.current.clear();
-            }
+            ReplicationEvent::Begin { .. } => reader.in_transaction = true,
             ReplicationEvent::XLogData { data, .. } => match decode(&data, &reader.relations) {
                 Ok(Change::Relation(oid, relation)) => {
                     reader.relations.insert(oid, relation);
@@ -414,7 +405,7 @@ impl LogicalSession {
                     });
                     if ours && context.names.style == CaptureStyle::Table {
                         match event_of_row(&values, payload_type) {
-                            Ok(event) => reader.current.push(event),
+                            Ok(event) => reader.backlog.add(event),
                             Err(error) => {
                                 let id = values
                                     .iter()
@@ -448,7 +439,7 @@ impl LogicalSession {
                     let id = lsn.as_u64() as i64;
                     let parsed = event_of_message(id, &content, payload_type);
                     match parsed {
-                        Ok(event) if transactional => reader.current.push(event),
+                        Ok(event) if transactional => reader.backlog.add(event),
                         Ok(_) => {
                             // Outside any transaction: parked now, it is in none to settle.
                             let malformed = Malformed {
@@ -477,8 +468,7 @@ impl LogicalSession {
                     self.park_malformed(&malformed).await?;
                 }
                 let reader = self.reader.as_mut().expect("still reading");
-                let events = std::mem::take(&mut reader.current);
-                reader.backlog.push(events, end_lsn.as_u64());
+                reader.backlog.commit(end_lsn.as_u64());
                 self.confirm();
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
