@@ -77,6 +77,16 @@ pub(super) async fn takeover(
     }
 }
 
+/// Wait up to a minute until the broker holds `events` messages.
+async fn wait_until_held(scenario: &Scenario, what: &str, events: u64) {
+    let broker = scenario.broker.clone();
+    wait_for(what, Duration::from_secs(60), move || {
+        let broker = broker.clone();
+        async move { broker.held(events, Duration::ZERO).await >= events }
+    })
+    .await;
+}
+
 /// Wait until the slot is confirmed past every event.
 pub(super) async fn drain_slot(scenario: &Scenario, timeout: Duration) {
     let what = "the slot confirmed past every event";
@@ -355,16 +365,7 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
         .await;
     let mut writes = writers.finish().await;
     let expected = writes.committed.len() as u64;
-    let broker = scenario.broker.clone();
-    wait_for(
-        "relay-0 to publish every event",
-        Duration::from_secs(60),
-        move || {
-            let broker = broker.clone();
-            async move { broker.held(expected, Duration::ZERO).await >= expected }
-        },
-    )
-    .await;
+    wait_until_held(&scenario, "relay-0 to publish every event", expected).await;
     // At once: the slot's position is reported once a second.
     let exit = scenario.relays[0].terminate(Duration::from_secs(20));
     assert!(exit.success(), "relay-0 exit {exit}");
@@ -873,6 +874,101 @@ async fn large_payloads_are_read_from_the_log_a_bounded_amount_at_a_time() {
     // of it out; with a client buffer of 1,024 messages it held 175 MiB.
     assert!(peak > 0.0 && peak < 130.0, "peak RSS {peak:.1} MiB");
     scenario.stop_relays(Duration::from_secs(20));
+    scenario.cleanup().await;
+    drop(server);
+}
+
+/// One transaction of 20,000 events, read a hundred at a time (`max_unsettled = 100`): the
+/// relay publishes its events before it has read the transaction's end, so the slot must not
+/// move past the transaction until that end is read and every event settled. The relay is
+/// SIGKILLed in the middle; the next one publishes the whole transaction again (duplicates,
+/// never losses), first deliveries in order. Both styles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_inside_a_transaction_leaves_all_of_it_to_the_next() {
+    for (style, prefix) in [("table", "lgtxkt"), ("message", "lgtxkm")] {
+        killed_inside_a_transaction(style, prefix).await;
+    }
+}
+
+async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
+    const EVENTS: i64 = 20_000;
+    let name = unique(prefix);
+    let redis = Arc::new(RedisSide::open(&name).await);
+    let (server, side, mut scenario) = prepare(&name, style, redis, Settings::default()).await;
+    let small_reads = [
+        ("OUTBOX_STORE__LOGICAL__MAX_UNSETTLED", "100"),
+        ("OUTBOX_RELAY__BATCH_SIZE", "20"),
+    ];
+    scenario.start_relay("relay-0", &small_reads);
+    assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
+
+    let event_id = |n: i64| format!("00000000-0000-7000-8000-{n:012x}");
+    // The scenario writers' events (what `Scenario::assert_delivery` checks), by SQL.
+    let values = format!(
+        "CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END, (g % 50)::text, 'Changed', \
+         jsonb_build_object('aggregate', (g % 50)::text, 'n', g, 'note', 'caf\u{e9}'), \
+         jsonb_build_object('traceparent', '{TRACEPARENT}')"
+    );
+    let uuid = "('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid";
+    let table = side.table();
+    side.exec(&if style == "message" {
+        format!("SELECT {table}_emit({values}, NULL, {uuid}) FROM generate_series(1, {EVENTS}) g")
+    } else {
+        format!(
+            "INSERT INTO {table} \
+             (aggregate_type, aggregate_id, event_type, payload, headers, event_id) \
+             SELECT {values}, {uuid} FROM generate_series(1, {EVENTS}) g"
+        )
+    })
+    .await;
+    let end = side
+        .commit_order()
+        .await
+        .values()
+        .copied()
+        .max()
+        .expect("the transaction in the log");
+
+    wait_until_held(
+        &scenario,
+        "relay-0 to publish part of the transaction",
+        2_000,
+    )
+    .await;
+    scenario.relays.remove(0).kill_hard();
+    let published = scenario.broker.held(0, Duration::ZERO).await;
+    assert!(
+        published < EVENTS as u64,
+        "{style} style: relay-0 published all {published} events before its kill; the test \
+         needs it killed in the middle"
+    );
+    let confirmed = side.confirmed().await.expect("the relay's slot");
+    assert!(
+        confirmed < end,
+        "{style} style: the slot was confirmed to {confirmed}, past the transaction's end \
+         ({end}), with {published} of its {EVENTS} events published"
+    );
+
+    // With its defaults: the rows relay-0 deleted, read again, hold their place in the backlog
+    // for a few seconds while their marks look for them (docs/ARCHITECTURE.md).
+    scenario.start_relay("relay-1", &[]);
+    drain_slot(&scenario, Duration::from_secs(120)).await;
+    scenario.stop_relays(Duration::from_secs(20));
+    let mut writes = Writes {
+        committed: (1..=EVENTS)
+            .map(|n| {
+                let id = uuid::Uuid::parse_str(&event_id(n)).unwrap();
+                (id, (n, (n % 50).to_string()))
+            })
+            .collect(),
+        ..Writes::default()
+    };
+    let check = check_in_commit_order(&scenario, &side, &mut writes).await;
+    println!(
+        "{style} style: relay-0 published {published} of {EVENTS} before its kill; {} published \
+         again by relay-1",
+        check.duplicates
+    );
     scenario.cleanup().await;
     drop(server);
 }

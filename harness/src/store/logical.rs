@@ -168,6 +168,12 @@ impl LogicalSide {
                 parse_lsn(&now)
             }
         };
+        self.confirmed().await.is_some_and(|c| c >= last)
+    }
+
+    /// Where the relay's slot is confirmed to, if it exists (in the units of
+    /// [`Self::commit_order`]).
+    pub async fn confirmed(&self) -> Option<i64> {
         let confirmed: Option<String> = sqlx::query_scalar(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
         )
@@ -176,7 +182,7 @@ impl LogicalSide {
         .await
         .ok()
         .flatten();
-        confirmed.is_some_and(|c| parse_lsn(&c) >= last)
+        confirmed.map(|c| parse_lsn(&c))
     }
 }
 
