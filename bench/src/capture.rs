@@ -114,17 +114,35 @@ impl Contender {
     }
 
     /// Move the slot to the log's end (no relay runs): what earlier measurements wrote, of
-    /// any mode, is not read (each measurement empties the outbox table first).
+    /// any mode, is not read (each measurement empties the outbox table first). The server's
+    /// sender for a relay just stopped may hold the slot a moment longer: waited for, up to
+    /// 10 s.
     async fn skip_others(&self) -> Result<(), String> {
         let Some(slot) = &self.slot else {
             return Ok(());
         };
-        sqlx::query("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())")
-            .bind(slot)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| format!("{}: moving the slot to the log's end: {e}", self.name))?;
-        Ok(())
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let advanced =
+                sqlx::query("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())")
+                    .bind(slot)
+                    .execute(&self.pool)
+                    .await;
+            match advanced {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.to_string().contains("is active for PID") && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{}: moving the slot to the log's end: {e}",
+                        self.name
+                    ))
+                }
+            }
+        }
     }
 
     /// Load `events`, start one relay, time until Redis holds them all; (events/s, peak RSS).
