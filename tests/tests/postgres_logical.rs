@@ -952,7 +952,9 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     // With its defaults: the rows relay-0 deleted, read again, hold their place in the backlog
     // for a few seconds while their marks look for them (docs/ARCHITECTURE.md).
     scenario.start_relay("relay-1", &[]);
+    let restarted = Instant::now();
     drain_slot(&scenario, Duration::from_secs(120)).await;
+    let drained_in = restarted.elapsed();
     scenario.stop_relays(Duration::from_secs(20));
     let mut writes = Writes {
         committed: (1..=EVENTS)
@@ -966,7 +968,7 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     let check = check_in_commit_order(&scenario, &side, &mut writes).await;
     println!(
         "{style} style: relay-0 published {published} of {EVENTS} before its kill; {} published \
-         again by relay-1",
+         again by relay-1, which drained the rest in {drained_in:.1?}",
         check.duplicates
     );
     scenario.cleanup().await;

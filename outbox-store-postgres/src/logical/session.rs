@@ -125,7 +125,7 @@ pub struct LogicalSession {
     relay_id: String,
     reader: Option<Reader>,
     /// Table style: published rows a mark did not find yet, with when it first missed them.
-    unmarked: Vec<(i64, Instant)>,
+    unmarked: HashMap<i64, Instant>,
     /// When `unmarked` was last tried.
     unmarked_tried: Instant,
     /// How the engine asked the rows of `unmarked` to be marked (`relay.retention`).
@@ -180,7 +180,7 @@ impl LogicalSession {
             relay_id: relay_id.to_owned(),
             context,
             reader: None,
-            unmarked: Vec::new(),
+            unmarked: HashMap::new(),
             unmarked_tried: Instant::now(),
             unmarked_mode: MarkMode::Delete,
         })
@@ -195,7 +195,7 @@ impl LogicalSession {
         };
         let now = Instant::now();
         let mut all: Vec<i64> = ids.to_vec();
-        all.extend(self.unmarked.iter().map(|(id, _)| *id));
+        all.extend(self.unmarked.keys().copied());
         let marked: Vec<i64> = self
             .fence
             .run("marking rows published", async |conn| {
@@ -208,7 +208,7 @@ impl LogicalSession {
         self.unmarked_tried = now;
         self.unmarked_mode = mode;
         let marked: HashSet<i64> = marked.into_iter().collect();
-        let mut first_missed: HashMap<i64, Instant> = self.unmarked.drain(..).collect();
+        let mut first_missed = std::mem::take(&mut self.unmarked);
         let mut settled = Vec::with_capacity(all.len());
         for id in all {
             let missed_since = first_missed.remove(&id);
@@ -223,12 +223,12 @@ impl LogicalSession {
                     "published row not found to mark: taken as marked already"
                 );
                 settled.push(id);
-            } else if !self.unmarked.iter().any(|(u, _)| *u == id) {
-                self.unmarked.push((id, since));
+            } else {
+                self.unmarked.entry(id).or_insert(since);
             }
         }
         if let Some(reader) = self.reader.as_mut() {
-            for (id, _) in &self.unmarked {
+            for id in self.unmarked.keys() {
                 reader.backlog.acknowledge(*id);
             }
             reader.backlog.settle(&settled);
