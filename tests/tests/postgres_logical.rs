@@ -31,6 +31,20 @@ async fn prepare(
     (server, side, scenario)
 }
 
+/// [`prepare`] with the machine's Redis as the broker, and the default settings.
+async fn prepare_on_redis(
+    name: &str,
+    style: &'static str,
+) -> (PrivatePostgres, Arc<LogicalSide>, Scenario) {
+    prepare(
+        name,
+        style,
+        Arc::new(RedisSide::open(name).await),
+        Settings::default(),
+    )
+    .await
+}
+
 /// The index of the relay reading the slot (relays are named `relay-<i>`), waiting for one.
 pub(super) async fn reader_index(side: &LogicalSide, timeout: Duration) -> usize {
     let started = Instant::now();
@@ -144,13 +158,7 @@ pub(super) async fn check_in_commit_order(
 async fn kill_and_partition(style: &'static str) {
     let name = unique(&format!("lg{}", &style[..3]));
     let scale = Scale::FULL;
-    let (server, side, mut scenario) = prepare(
-        &name,
-        style,
-        Arc::new(RedisSide::open(&name).await),
-        Settings::default(),
-    )
-    .await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, style).await;
     let mut proxies = Vec::new();
     for i in 0..scale.relays {
         let proxy = Blackhole::to(format!("127.0.0.1:{}", server.port())).await;
@@ -355,9 +363,7 @@ async fn a_relay_stopped_with_sigterm_leaves_nothing_to_publish_again() {
 
 async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &str) {
     let name = unique(prefix);
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let (server, side, mut scenario) =
-        prepare(&name, style, redis.clone(), Settings::default()).await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, style).await;
     scenario.start_relay("relay-0", &[]);
     assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
     let writers = scenario
@@ -391,8 +397,7 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_is_read_through_the_unix_socket_the_url_names() {
     let name = unique("lgsock");
-    let broker = Arc::new(RedisSide::open(&name).await);
-    let (server, side, mut scenario) = prepare(&name, "table", broker, Settings::default()).await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, "table").await;
     let url = server.socket_url("postgres");
     scenario.start_relay("relay-0", &[("OUTBOX_STORE__URL", url.as_str())]);
     assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
@@ -412,9 +417,7 @@ async fn the_slot_is_read_through_the_unix_socket_the_url_names() {
 async fn polling_a_table_set_up_for_logical_capture_is_refused_or_warned() {
     for (style, prefix) in [("message", "lgpollm"), ("table", "lgpollt")] {
         let name = unique(prefix);
-        let redis = Arc::new(RedisSide::open(&name).await);
-        let (server, _side, mut scenario) =
-            prepare(&name, style, redis.clone(), Settings::default()).await;
+        let (server, _side, mut scenario) = prepare_on_redis(&name, style).await;
         let mut env = scenario.broker.relay_env();
         env.push(("OUTBOX_STORE__CAPTURE".to_owned(), "poll".to_owned()));
         let err = if style == "message" {
@@ -545,13 +548,7 @@ async fn a_database_crash_and_restart_loses_nothing() {
         writers: 4,
         relays: 2,
     };
-    let (server, side, mut scenario) = prepare(
-        &name,
-        "table",
-        Arc::new(RedisSide::open(&name).await),
-        Settings::default(),
-    )
-    .await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, "table").await;
     scenario.start_relays(scale.relays);
     reader_index(&side, Duration::from_secs(30)).await;
     let writers = scenario
@@ -599,13 +596,7 @@ async fn a_database_crash_and_restart_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_or_dropped_slot_is_a_loud_error_never_a_silent_new_slot() {
     let name = unique("lgslot");
-    let (server, side, scenario) = prepare(
-        &name,
-        "table",
-        Arc::new(RedisSide::open(&name).await),
-        Settings::default(),
-    )
-    .await;
+    let (server, side, scenario) = prepare_on_redis(&name, "table").await;
     let slot = side.slot().to_owned();
 
     // Past max_slot_wal_keep_size with nobody reading, the server gives the slot up.
@@ -841,8 +832,7 @@ async fn long_table_names_get_a_slot_each_and_keep_the_recorded_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_payloads_are_read_from_the_log_a_bounded_amount_at_a_time() {
     let name = unique("lgbig");
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let (server, side, mut scenario) = prepare(&name, "table", redis, Settings::default()).await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, "table").await;
     let (cut_off, url) = redis_behind_blackhole().await;
     scenario.start_relay(
         "relay-0",
@@ -893,8 +883,7 @@ async fn a_relay_killed_inside_a_transaction_leaves_all_of_it_to_the_next() {
 async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     const EVENTS: i64 = 20_000;
     let name = unique(prefix);
-    let redis = Arc::new(RedisSide::open(&name).await);
-    let (server, side, mut scenario) = prepare(&name, style, redis, Settings::default()).await;
+    let (server, side, mut scenario) = prepare_on_redis(&name, style).await;
     let small_reads = [
         ("OUTBOX_STORE__LOGICAL__MAX_UNSETTLED", "100"),
         ("OUTBOX_RELAY__BATCH_SIZE", "20"),
