@@ -73,8 +73,8 @@ pub use netns::{Link, NetworkHost};
 pub use process::{OwnProcess, OwnServer};
 pub use relay::{pipelines_config, relay_binary, relay_config, run_cli, RelayProcess, Settings};
 pub use scenario::{
-    aggregate_type, placed_events, Fault, Outage, Plan, Run, Scale, Scenario, WriteError,
-    WriterPlan, Writers, Writes, TRACEPARENT,
+    aggregate_type, placed_events, scenario_event, Fault, Outage, Plan, Run, Scale, Scenario,
+    WriteError, WriterPlan, Writers, Writes, TRACEPARENT,
 };
 #[cfg(feature = "postgres")]
 pub use store::logical::LogicalSide;

@@ -59,8 +59,9 @@ pub fn placed_events(events: usize, orders: usize) -> Vec<NewEvent> {
         .collect()
 }
 
-/// The event writer `w` writes as its `n`-th for `aggregate`.
-fn scenario_event(w: u64, n: u64, aggregate: u64) -> NewEvent {
+/// The event writer `w` writes as its `n`-th for `aggregate`: what
+/// [`Scenario::assert_delivery`] checks of every delivery.
+pub fn scenario_event(w: u64, n: u64, aggregate: u64) -> NewEvent {
     NewEvent::new(
         aggregate_type(aggregate),
         aggregate.to_string(),

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outboxkit_core::NewEvent;
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 
@@ -881,7 +882,7 @@ async fn a_relay_killed_inside_a_transaction_leaves_all_of_it_to_the_next() {
 }
 
 async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
-    const EVENTS: i64 = 20_000;
+    const EVENTS: u64 = 20_000;
     let name = unique(prefix);
     let (server, side, mut scenario) = prepare_on_redis(&name, style).await;
     let small_reads = [
@@ -891,25 +892,10 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     scenario.start_relay("relay-0", &small_reads);
     assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
 
-    let event_id = |n: i64| format!("00000000-0000-7000-8000-{n:012x}");
-    // The scenario writers' events (what `Scenario::assert_delivery` checks), by SQL.
-    let values = format!(
-        "CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END, (g % 50)::text, 'Changed', \
-         jsonb_build_object('aggregate', (g % 50)::text, 'n', g, 'note', 'caf\u{e9}'), \
-         jsonb_build_object('traceparent', '{TRACEPARENT}')"
-    );
-    let uuid = "('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid";
-    let table = side.table();
-    side.exec(&if style == "message" {
-        format!("SELECT {table}_emit({values}, NULL, {uuid}) FROM generate_series(1, {EVENTS}) g")
-    } else {
-        format!(
-            "INSERT INTO {table} \
-             (aggregate_type, aggregate_id, event_type, payload, headers, event_id) \
-             SELECT {values}, {uuid} FROM generate_series(1, {EVENTS}) g"
-        )
-    })
-    .await;
+    // The scenario writers' events, in one transaction (`enqueue_many` emits them in message
+    // style).
+    let events: Vec<NewEvent> = (1..=EVENTS).map(|n| scenario_event(0, n, n % 50)).collect();
+    side.enqueue_many(&events).await;
     let end = side
         .commit_order()
         .await
@@ -927,7 +913,7 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     scenario.relays.remove(0).kill_hard();
     let published = scenario.broker.held(0, Duration::ZERO).await;
     assert!(
-        published < EVENTS as u64,
+        published < EVENTS,
         "{style} style: relay-0 published all {published} events before its kill; the test \
          needs it killed in the middle"
     );
@@ -946,11 +932,10 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
     let drained_in = restarted.elapsed();
     scenario.stop_relays(Duration::from_secs(20));
     let mut writes = Writes {
-        committed: (1..=EVENTS)
-            .map(|n| {
-                let id = uuid::Uuid::parse_str(&event_id(n)).unwrap();
-                (id, (n, (n % 50).to_string()))
-            })
+        committed: events
+            .iter()
+            .zip(1..)
+            .filter_map(|(e, n)| Some((e.event_id?, (n, e.aggregate_id.clone()))))
             .collect(),
         ..Writes::default()
     };
