@@ -924,12 +924,23 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
          ({end}), with {published} of its {EVENTS} events published"
     );
 
-    // With its defaults: the rows relay-0 deleted, read again, hold their place in the backlog
-    // for a few seconds while their marks look for them (docs/ARCHITECTURE.md).
-    scenario.start_relay("relay-1", &[]);
+    // Table style: the rows relay-0 deleted, read again, are published again and their marks
+    // find nothing. They must not hold relay-1's backlog while it waits to see whether they
+    // are only not visible yet: their transaction is visible, so they are gone, settled at the
+    // second try (docs/ARCHITECTURE.md). Held 5 s each, they would let relay-1 through 200
+    // every 5 s: 2,000 of them, 50 s.
+    scenario.start_relay(
+        "relay-1",
+        &[("OUTBOX_STORE__LOGICAL__MAX_UNSETTLED", "200")],
+    );
     let restarted = Instant::now();
     drain_slot(&scenario, Duration::from_secs(120)).await;
     let drained_in = restarted.elapsed();
+    assert!(
+        drained_in < Duration::from_secs(30),
+        "{style} style: relay-1 took {drained_in:.1?} to drain the transaction after relay-0 \
+         published {published} of it"
+    );
     scenario.stop_relays(Duration::from_secs(20));
     let mut writes = Writes {
         committed: events

@@ -30,6 +30,8 @@ struct Txn {
     /// Where it ends in the log; `None` while its end is not read yet.
     end_lsn: Option<u64>,
     unsettled: usize,
+    /// The server's (32-bit) transaction id.
+    xid: u32,
 }
 
 /// See the module's documentation.
@@ -49,6 +51,8 @@ pub(crate) struct Backlog {
     unsettled_bytes: usize,
     /// Where the slot may be confirmed to.
     confirmable: u64,
+    /// The transaction id of the transaction being read (from its `Begin`).
+    reading_xid: u32,
 }
 
 impl Backlog {
@@ -82,12 +86,18 @@ impl Backlog {
         self.entries.front()?.as_ref().map(|e| e.event.created_at)
     }
 
+    /// A transaction begins: `xid` is the server's id for it.
+    pub(crate) fn begin(&mut self, xid: u32) {
+        self.reading_xid = xid;
+    }
+
     /// The next event of the transaction being read, in the order written.
     pub(crate) fn add(&mut self, event: OutboxEvent) {
         if self.txns.back().is_none_or(|t| t.end_lsn.is_some()) {
             self.txns.push_back(Txn {
                 end_lsn: None,
                 unsettled: 0,
+                xid: self.reading_xid,
             });
         }
         let txn = self.first_txn + self.txns.len() as u64 - 1;
@@ -115,6 +125,7 @@ impl Backlog {
             Some(_) => self.txns.push_back(Txn {
                 end_lsn: Some(end_lsn),
                 unsettled: 0,
+                xid: self.reading_xid,
             }),
         }
         self.trim();
@@ -194,6 +205,16 @@ impl Backlog {
             .get((position - self.base) as usize)?
             .as_ref()
             .map(|e| &e.event)
+    }
+
+    /// The server's id of the transaction that wrote the unsettled event `id`.
+    pub(crate) fn xid_of(&self, id: i64) -> Option<u32> {
+        let position = *self.positions.get(&id)?;
+        let entry = self
+            .entries
+            .get((position - self.base) as usize)?
+            .as_ref()?;
+        Some(self.txns[(entry.txn - self.first_txn) as usize].xid)
     }
 
     fn entry_mut(&mut self, id: i64) -> Option<&mut Entry> {
@@ -366,6 +387,23 @@ mod tests {
             50,
             "an empty transaction behind a settled one"
         );
+    }
+
+    #[test]
+    fn each_event_knows_the_transaction_that_wrote_it() {
+        let mut b = Backlog::new(0);
+        b.begin(700);
+        b.push(vec![event(1, "a"), event(2, "b")], 10);
+        b.begin(702);
+        b.commit(15);
+        b.begin(u32::MAX);
+        b.add(event(3, "a"));
+        assert_eq!(
+            [1, 2, 3, 4].map(|id| b.xid_of(id)),
+            [Some(700), Some(700), Some(u32::MAX), None]
+        );
+        b.settle(&[1]);
+        assert_eq!((b.xid_of(1), b.xid_of(2)), (None, Some(700)));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::PgConnection;
+use sqlx::{Arguments as _, PgConnection};
 
 use outboxkit_core::{
     ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
@@ -45,15 +45,34 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 /// small events as fast, 64 about 10% slower).
 const CLIENT_BUFFER: usize = 256;
 
-/// Table style: how long a published row that its mark did not find is looked for again. The
-/// log can deliver a transaction a moment before it is visible to other sessions (the server
-/// sends it once its commit is flushed, and makes it visible right after), so a mark right
-/// away can miss the row; past this, the row is taken to be gone already (a row read again
-/// after a takeover, whose first reader had marked it).
+/// Table style: how long a failure whose row its statement did not find is looked for again.
+/// The log can deliver a transaction a moment before it is visible to other sessions (the
+/// server sends it once its commit is flushed, and makes it visible right after), so a
+/// statement right away can miss the row; past this, the row is taken to be gone already.
 const UNMARKED_GRACE: Duration = Duration::from_secs(5);
+
+/// Table style: how long a published row that its mark did not find, and whose transaction
+/// is still not visible, is looked for again before it is taken to be gone (with a warning).
+/// A committed transaction becomes visible a moment after the log delivers it, unless the
+/// server waits for a synchronous standby first.
+const INVISIBLE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Table style: how often rows a mark missed are marked again.
 const UNMARKED_RETRY: Duration = Duration::from_millis(20);
+
+/// Of the 32-bit transaction ids in parameter `$n` (as `int8`), those whose commits the
+/// statement's snapshot sees: each id is widened against the snapshot's 64-bit `xmax` (an id of
+/// a transaction the log delivered is less than 2^31 transactions old: its slot holds the
+/// server's xid horizon back); one at or past `xmax` is not seen.
+fn visible_xids(n: u8) -> String {
+    format!(
+        "SELECT x FROM unnest(${n}::int8[]) AS x, \
+         (SELECT s, pg_snapshot_xmax(s)::text::int8 AS xmax FROM pg_current_snapshot() AS s) AS n, \
+         LATERAL (SELECT n.xmax - 4294967296 + ((x - n.xmax) & 4294967295) AS behind) AS w \
+         WHERE CASE WHEN w.behind >= n.xmax - 2147483648 AND w.behind >= 0 \
+             THEN pg_visible_in_snapshot(w.behind::text::xid8, n.s) ELSE false END"
+    )
+}
 
 /// What a logical store shares with its sessions: names, statements, and the reader's figures
 /// for `status` and the metrics.
@@ -187,27 +206,59 @@ impl LogicalSession {
     }
 
     /// Table style: mark `ids` (published), and the rows earlier marks missed; settle what was
-    /// marked, and what stayed missing past [`UNMARKED_GRACE`].
+    /// marked, and what is gone already.
+    ///
+    /// A row a mark misses is either not visible yet (the log can deliver a transaction a moment
+    /// before other sessions see it: the server sends it once its commit is flushed, and makes
+    /// it visible right after) or gone: marked by the relay that read it first, before a
+    /// takeover. The next mark tells the two apart: in the same statement, so with the same
+    /// snapshot, it asks which of the missed rows' transactions are visible. A row whose
+    /// transaction is visible and that the mark still does not find is gone, and settled at
+    /// once; the others are looked for again, for up to [`INVISIBLE_LIMIT`].
     async fn mark_rows(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
-        let statement = match mode {
-            MarkMode::Delete => format!("{} RETURNING id", self.context.sql.mark_delete),
-            MarkMode::Keep => format!("{} RETURNING id", self.context.sql.mark_keep),
+        let mark = match mode {
+            MarkMode::Delete => &self.context.sql.mark_delete,
+            MarkMode::Keep => &self.context.sql.mark_keep,
         };
         let now = Instant::now();
         let mut all: Vec<i64> = ids.to_vec();
         all.extend(self.unmarked.keys().copied());
-        let marked: Vec<i64> = self
+        let xids: Vec<i64> = match &self.reader {
+            Some(reader) => self
+                .unmarked
+                .keys()
+                .filter_map(|id| reader.backlog.xid_of(*id))
+                .collect::<HashSet<u32>>()
+                .into_iter()
+                .map(i64::from)
+                .collect(),
+            None => Vec::new(),
+        };
+        let statement = if xids.is_empty() {
+            format!("{mark} RETURNING id, false")
+        } else {
+            format!(
+                "WITH marked AS ({mark} RETURNING id) \
+                 SELECT id, false FROM marked UNION ALL SELECT x, true FROM ({}) AS v",
+                visible_xids(2)
+            )
+        };
+        let rows: Vec<(i64, bool)> = self
             .fence
             .run("marking rows published", async |conn| {
-                sqlx::query_scalar(&statement)
-                    .bind(&all)
-                    .fetch_all(conn)
-                    .await
+                let query = sqlx::query_as(&statement).bind(&all);
+                let query = if xids.is_empty() {
+                    query
+                } else {
+                    query.bind(&xids)
+                };
+                query.fetch_all(conn).await
             })
             .await?;
         self.unmarked_tried = now;
         self.unmarked_mode = mode;
-        let marked: HashSet<i64> = marked.into_iter().collect();
+        let marked: HashSet<i64> = rows.iter().filter(|r| !r.1).map(|r| r.0).collect();
+        let visible: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
         let mut first_missed = std::mem::take(&mut self.unmarked);
         let mut settled = Vec::with_capacity(all.len());
         for id in all {
@@ -216,15 +267,25 @@ impl LogicalSession {
                 settled.push(id);
                 continue;
             }
-            let since = missed_since.unwrap_or(now);
-            if now.duration_since(since) >= UNMARKED_GRACE {
-                tracing::debug!(
+            let Some(since) = missed_since else {
+                self.unmarked.entry(id).or_insert(now);
+                continue;
+            };
+            let xid = self.reader.as_ref().and_then(|r| r.backlog.xid_of(id));
+            if xid.is_some_and(|x| visible.contains(&i64::from(x))) {
+                tracing::debug!(id, "published row not found to mark: marked already");
+                settled.push(id);
+            } else if now.duration_since(since) >= INVISIBLE_LIMIT {
+                tracing::warn!(
                     id,
-                    "published row not found to mark: taken as marked already"
+                    xid,
+                    "published row still not found to mark after {}: taken as marked already \
+                     (if its transaction becomes visible later, the row stays in the table)",
+                    outboxkit_store_sql::format_duration(INVISIBLE_LIMIT)
                 );
                 settled.push(id);
             } else {
-                self.unmarked.entry(id).or_insert(since);
+                self.unmarked.insert(id, since);
             }
         }
         if let Some(reader) = self.reader.as_mut() {
@@ -393,7 +454,10 @@ impl LogicalSession {
         let context = Arc::clone(&self.context);
         let reader = self.reader.as_mut().expect("pump checked the reader");
         match event {
-            ReplicationEvent::Begin { .. } => reader.in_transaction = true,
+            ReplicationEvent::Begin { xid, .. } => {
+                reader.in_transaction = true;
+                reader.backlog.begin(xid);
+            }
             ReplicationEvent::XLogData { data, .. } => match decode(&data, &reader.relations) {
                 Ok(Change::Relation(oid, relation)) => {
                     reader.relations.insert(oid, relation);
@@ -528,6 +592,8 @@ impl LogicalSession {
             reader.client.stop();
             reader.client.abort();
         }
+        // Whoever reads the slot next reads their events again, and marks them.
+        self.unmarked.clear();
         self.fence.released(0);
         self.context
             .progress
@@ -596,26 +662,53 @@ impl LogicalSession {
     }
 
     /// Table style: record failures on the rows, as polling does. A row the statement misses
-    /// is looked for again for up to [`UNMARKED_GRACE`] (see there): failures are rare, and a
-    /// rejected event's row is often marked within a moment of its commit.
+    /// is looked for again, as marks do (see [`Self::mark_rows`]), until its transaction is
+    /// visible, for up to [`UNMARKED_GRACE`]: failures are rare, and a rejected event's row is
+    /// often recorded within a moment of its commit.
     async fn record_rows(&mut self, failures: &[Failure]) -> Result<()> {
-        let statement = format!("{} RETURNING o.id", self.context.sql.record_failures);
+        let record = &self.context.sql.record_failures;
         let started = Instant::now();
         let mut left: Vec<Failure> = failures.to_vec();
+        let mut xids: Vec<i64> = Vec::new();
         loop {
-            let recorded: Vec<i64> = self
+            let statement = if xids.is_empty() {
+                format!("{record} RETURNING o.id, false")
+            } else {
+                format!(
+                    "WITH recorded AS ({record} RETURNING o.id) \
+                     SELECT id, false FROM recorded UNION ALL SELECT x, true FROM ({}) AS v",
+                    visible_xids(4)
+                )
+            };
+            let rows: Vec<(i64, bool)> = self
                 .fence
                 .run("recording failures", async |conn| {
-                    let arguments = crate::session::failure_arguments(&left)?;
-                    sqlx::query_scalar_with(&statement, arguments)
+                    let mut arguments = crate::session::failure_arguments(&left)?;
+                    if !xids.is_empty() {
+                        arguments.add(&xids).map_err(sqlx::Error::Encode)?;
+                    }
+                    sqlx::query_as_with(&statement, arguments)
                         .fetch_all(conn)
                         .await
                 })
                 .await?;
-            left.retain(|f| !recorded.contains(&f.id));
+            let recorded: HashSet<i64> = rows.iter().filter(|r| !r.1).map(|r| r.0).collect();
+            let visible: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+            let reader = self.reader.as_ref();
+            let xid_of = |id: i64| reader.and_then(|r| r.backlog.xid_of(id)).map(i64::from);
+            // Gone: its transaction is visible to the statement that did not find it.
+            left.retain(|f| {
+                !recorded.contains(&f.id) && !xid_of(f.id).is_some_and(|x| visible.contains(&x))
+            });
             if left.is_empty() || started.elapsed() >= UNMARKED_GRACE {
                 return Ok(());
             }
+            xids = left
+                .iter()
+                .filter_map(|f| xid_of(f.id))
+                .collect::<HashSet<i64>>()
+                .into_iter()
+                .collect();
             tokio::time::sleep(UNMARKED_RETRY).await;
         }
     }
@@ -865,5 +958,70 @@ impl ShardSession for LogicalSession {
         self.stop_reader();
         let fence = self.fence;
         fence.close(Ok(())).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Connection, PgConnection};
+
+    use super::visible_xids;
+
+    async fn connect() -> PgConnection {
+        let url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        PgConnection::connect(&url)
+            .await
+            .expect("PostgreSQL is required for this test (OUTBOX_TEST_POSTGRES_URL)")
+    }
+
+    /// A transaction's 64-bit id and its low 32 bits, as the log's `Begin` gives them.
+    async fn xid(conn: &mut PgConnection) -> (i64, i64) {
+        let full: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (full, full & 0xFFFF_FFFF)
+    }
+
+    async fn visible(conn: &mut PgConnection, xids: &[i64]) -> Vec<i64> {
+        let mut seen: Vec<i64> = sqlx::query_scalar(&visible_xids(1))
+            .bind(xids)
+            .fetch_all(conn)
+            .await
+            .unwrap();
+        seen.sort();
+        seen
+    }
+
+    /// The test a mark uses to tell a row not visible yet from a row gone: committed
+    /// transactions are seen, one in progress or not begun yet is not, whatever the epoch.
+    #[tokio::test]
+    async fn the_snapshot_sees_committed_transactions_only() {
+        let mut conn = connect().await;
+        let mut writer = connect().await;
+
+        let mut committed = writer.begin().await.unwrap();
+        let (_, done) = xid(&mut committed).await;
+        committed.commit().await.unwrap();
+
+        let mut open = writer.begin().await.unwrap();
+        let (full, in_progress) = xid(&mut open).await;
+        // Not begun yet: ids ahead of the open one's, one of them past the next wrap of 2^32.
+        // (Far enough ahead that other tests' transactions meanwhile do not reach them.)
+        let future = (full + (1 << 20)) & 0xFFFF_FFFF;
+        let half_way_round = (full + (1 << 31) - (1 << 20)) & 0xFFFF_FFFF;
+
+        let mut all = vec![done, in_progress, future, half_way_round];
+        if full < 1 << 31 {
+            // On a server younger than 2^31 transactions: an id that would widen to before the
+            // first one.
+            all.push(0xFFFF_FFFB);
+        }
+        assert_eq!(visible(&mut conn, &all).await, [done]);
+        open.commit().await.unwrap();
+        let mut expected = vec![done, in_progress];
+        expected.sort();
+        assert_eq!(visible(&mut conn, &all).await, expected);
     }
 }
