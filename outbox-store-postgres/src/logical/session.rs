@@ -74,6 +74,33 @@ fn visible_xids(n: u8) -> String {
     )
 }
 
+/// What a statement joined with [`visible_xids`] returned (`(id, false)` for each row it found
+/// or changed, `(xid, true)` for each transaction its snapshot sees).
+struct Found {
+    rows: HashSet<i64>,
+    visible: HashSet<i64>,
+}
+
+impl Found {
+    fn new(returned: Vec<(i64, bool)>) -> Self {
+        let (visible, rows) = returned.into_iter().partition::<Vec<_>, _>(|r| r.1);
+        Self {
+            rows: rows.into_iter().map(|r| r.0).collect(),
+            visible: visible.into_iter().map(|r| r.0).collect(),
+        }
+    }
+
+    fn has(&self, id: i64) -> bool {
+        self.rows.contains(&id)
+    }
+
+    /// Row `id` of transaction `xid` is gone: not found, though the statement's snapshot sees
+    /// its transaction.
+    fn gone(&self, id: i64, xid: Option<u32>) -> bool {
+        !self.has(id) && xid.is_some_and(|x| self.visible.contains(&i64::from(x)))
+    }
+}
+
 /// What a logical store shares with its sessions: names, statements, and the reader's figures
 /// for `status` and the metrics.
 #[derive(Debug)]
@@ -116,6 +143,9 @@ struct Reader {
     malformed: Vec<Malformed>,
     in_transaction: bool,
     confirmed: u64,
+    /// Table style: whether claims still check that their rows are there (see
+    /// [`LogicalSession::drop_gone`]).
+    catching_up: bool,
 }
 
 impl fmt::Debug for Reader {
@@ -205,6 +235,17 @@ impl LogicalSession {
         })
     }
 
+    /// The server's id of the transaction that wrote the unsettled event `id`.
+    fn xid_of(&self, id: i64) -> Option<u32> {
+        self.reader.as_ref()?.backlog.xid_of(id)
+    }
+
+    /// The distinct transactions that wrote these unsettled events, for [`visible_xids`].
+    fn xids_of(&self, ids: impl Iterator<Item = i64>) -> Vec<i64> {
+        let xids: HashSet<u32> = ids.filter_map(|id| self.xid_of(id)).collect();
+        xids.into_iter().map(i64::from).collect()
+    }
+
     /// Table style: mark `ids` (published), and the rows earlier marks missed; settle what was
     /// marked, and what is gone already.
     ///
@@ -223,17 +264,7 @@ impl LogicalSession {
         let now = Instant::now();
         let mut all: Vec<i64> = ids.to_vec();
         all.extend(self.unmarked.keys().copied());
-        let xids: Vec<i64> = match &self.reader {
-            Some(reader) => self
-                .unmarked
-                .keys()
-                .filter_map(|id| reader.backlog.xid_of(*id))
-                .collect::<HashSet<u32>>()
-                .into_iter()
-                .map(i64::from)
-                .collect(),
-            None => Vec::new(),
-        };
+        let xids = self.xids_of(self.unmarked.keys().copied());
         let statement = if xids.is_empty() {
             format!("{mark} RETURNING id, false")
         } else {
@@ -243,7 +274,7 @@ impl LogicalSession {
                 visible_xids(2)
             )
         };
-        let rows: Vec<(i64, bool)> = self
+        let returned = self
             .fence
             .run("marking rows published", async |conn| {
                 let query = sqlx::query_as(&statement).bind(&all);
@@ -257,13 +288,12 @@ impl LogicalSession {
             .await?;
         self.unmarked_tried = now;
         self.unmarked_mode = mode;
-        let marked: HashSet<i64> = rows.iter().filter(|r| !r.1).map(|r| r.0).collect();
-        let visible: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+        let found = Found::new(returned);
         let mut first_missed = std::mem::take(&mut self.unmarked);
         let mut settled = Vec::with_capacity(all.len());
         for id in all {
             let missed_since = first_missed.remove(&id);
-            if marked.contains(&id) {
+            if found.has(id) {
                 settled.push(id);
                 continue;
             }
@@ -271,8 +301,8 @@ impl LogicalSession {
                 self.unmarked.entry(id).or_insert(now);
                 continue;
             };
-            let xid = self.reader.as_ref().and_then(|r| r.backlog.xid_of(id));
-            if xid.is_some_and(|x| visible.contains(&i64::from(x))) {
+            let xid = self.xid_of(id);
+            if found.gone(id, xid) {
                 tracing::debug!(id, "published row not found to mark: marked already");
                 settled.push(id);
             } else if now.duration_since(since) >= INVISIBLE_LIMIT {
@@ -294,6 +324,55 @@ impl LogicalSession {
             }
             reader.backlog.settle(&settled);
         }
+        Ok(())
+    }
+
+    /// Table style, after the reader starts: drop from `batch` (and settle) the events whose
+    /// rows are gone or no longer pending, marked or parked as dead by the relay that read them
+    /// first, before a takeover (the slot is confirmed behind what its reader settled). Without
+    /// it a takeover publishes again everything that reader did since its last confirmation,
+    /// and a transaction of a million events whole. A row not found is gone only when the same
+    /// statement sees its transaction (see [`Self::mark_rows`]). The first claim that finds
+    /// nothing gone ends the check: the rest of the log is new to this relay.
+    async fn drop_gone(&mut self, batch: &mut Vec<OutboxEvent>) -> Result<()> {
+        let ids: Vec<i64> = batch.iter().map(|e| e.id).collect();
+        let xids = self.xids_of(ids.iter().copied());
+        let statement = format!(
+            "SELECT id, false FROM {} WHERE id = ANY($1::int8[]) \
+                 AND published_at IS NULL AND dead_at IS NULL \
+             UNION ALL SELECT x, true FROM ({}) AS v",
+            self.context.table.quoted(),
+            visible_xids(2)
+        );
+        let returned = self
+            .fence
+            .run("checking the rows of events read again", async |conn| {
+                sqlx::query_as(&statement)
+                    .bind(&ids)
+                    .bind(&xids)
+                    .fetch_all(conn)
+                    .await
+            })
+            .await?;
+        let found = Found::new(returned);
+        let gone: Vec<i64> = ids
+            .into_iter()
+            .filter(|id| found.gone(*id, self.xid_of(*id)))
+            .collect();
+        let Some(reader) = self.reader.as_mut() else {
+            return Ok(());
+        };
+        if gone.is_empty() {
+            reader.catching_up = false;
+            return Ok(());
+        }
+        tracing::debug!(
+            count = gone.len(),
+            "events read again whose rows were marked already: not published again"
+        );
+        let dropped: HashSet<i64> = gone.iter().copied().collect();
+        batch.retain(|e| !dropped.contains(&e.id));
+        reader.backlog.settle(&gone);
         Ok(())
     }
 
@@ -396,6 +475,7 @@ impl LogicalSession {
             malformed: Vec::new(),
             in_transaction: false,
             confirmed,
+            catching_up: context.names.style == CaptureStyle::Table,
         });
         Ok(true)
     }
@@ -680,7 +760,7 @@ impl LogicalSession {
                     visible_xids(4)
                 )
             };
-            let rows: Vec<(i64, bool)> = self
+            let returned = self
                 .fence
                 .run("recording failures", async |conn| {
                     let mut arguments = crate::session::failure_arguments(&left)?;
@@ -692,23 +772,12 @@ impl LogicalSession {
                         .await
                 })
                 .await?;
-            let recorded: HashSet<i64> = rows.iter().filter(|r| !r.1).map(|r| r.0).collect();
-            let visible: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
-            let reader = self.reader.as_ref();
-            let xid_of = |id: i64| reader.and_then(|r| r.backlog.xid_of(id)).map(i64::from);
-            // Gone: its transaction is visible to the statement that did not find it.
-            left.retain(|f| {
-                !recorded.contains(&f.id) && !xid_of(f.id).is_some_and(|x| visible.contains(&x))
-            });
+            let found = Found::new(returned);
+            left.retain(|f| !found.has(f.id) && !found.gone(f.id, self.xid_of(f.id)));
             if left.is_empty() || started.elapsed() >= UNMARKED_GRACE {
                 return Ok(());
             }
-            xids = left
-                .iter()
-                .filter_map(|f| xid_of(f.id))
-                .collect::<HashSet<i64>>()
-                .into_iter()
-                .collect();
+            xids = self.xids_of(left.iter().map(|f| f.id));
             tokio::time::sleep(UNMARKED_RETRY).await;
         }
     }
@@ -883,26 +952,36 @@ impl ShardSession for LogicalSession {
             self.mark_rows(&[], self.unmarked_mode).await?;
         }
         let excluded: HashSet<i64> = request.exclude_ids.iter().copied().collect();
-        self.pump(Duration::ZERO).await?;
-        let reader = self
-            .reader
-            .as_ref()
-            .expect("pump keeps the reader or fails");
-        let mut batch = reader
-            .backlog
-            .claim(request.limit, &excluded, Instant::now());
-        if batch.is_empty() {
-            self.pump(IDLE_WAIT).await?;
+        let started = Instant::now();
+        loop {
+            self.pump(Duration::ZERO).await?;
             let reader = self
                 .reader
                 .as_ref()
                 .expect("pump keeps the reader or fails");
-            batch = reader
+            let mut batch = reader
                 .backlog
                 .claim(request.limit, &excluded, Instant::now());
+            if batch.is_empty() {
+                self.pump(IDLE_WAIT).await?;
+                let reader = self
+                    .reader
+                    .as_ref()
+                    .expect("pump keeps the reader or fails");
+                batch = reader
+                    .backlog
+                    .claim(request.limit, &excluded, Instant::now());
+            }
+            if !batch.is_empty() && self.reader.as_ref().is_some_and(|r| r.catching_up) {
+                self.drop_gone(&mut batch).await?;
+                if batch.is_empty() && started.elapsed() < IDLE_WAIT {
+                    // All of it was published already: on to what follows.
+                    continue;
+                }
+            }
+            self.confirm();
+            return Ok(batch);
         }
-        self.confirm();
-        Ok(batch)
     }
 
     async fn mark_published(&mut self, ids: &[i64], mode: MarkMode) -> Result<()> {
