@@ -972,7 +972,7 @@ async fn killed_inside_a_transaction(style: &'static str, prefix: &str) {
 
 /// The reader tells the server how far it settled within a tenth of a second, so a relay
 /// killed right after the broker acknowledged events leaves little to publish again. Five
-/// single events, one after the other: each is confirmed in the slot within 400 ms of reaching
+/// single events, one after the other: each is confirmed in the slot within 600 ms of reaching
 /// the broker (measured 50–100 ms; with a report once a second, 930–990 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_is_confirmed_soon_after_the_broker_acknowledged() {
@@ -1007,7 +1007,7 @@ async fn the_slot_is_confirmed_soon_after_the_broker_acknowledged() {
     println!("confirmed after the broker held them: {lags:.0?}");
     let slowest = lags.iter().max().copied().unwrap_or_default();
     assert!(
-        slowest < Duration::from_millis(400),
+        slowest < Duration::from_millis(600),
         "an event was confirmed {slowest:.0?} after it reached the broker ({lags:.0?})"
     );
     scenario.stop_relays(Duration::from_secs(20));

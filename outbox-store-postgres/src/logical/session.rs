@@ -83,7 +83,17 @@ fn visible_xids(n: u8) -> String {
     )
 }
 
-/// What a statement joined with [`visible_xids`] returned (`(id, false)` for each row it found
+/// `rows` (a query or a statement returning a column `id`), and in the same statement, so with
+/// the same snapshot, [`visible_xids`] of parameter `$n`: rows `(id, false)` and `(xid, true)`.
+fn with_visible_xids(rows: &str, n: u8) -> String {
+    format!(
+        "WITH found AS ({rows}) SELECT id, false FROM found \
+         UNION ALL SELECT x, true FROM ({}) AS v",
+        visible_xids(n)
+    )
+}
+
+/// What a statement made by [`with_visible_xids`] returned (`(id, false)` for each row it found
 /// or changed, `(xid, true)` for each transaction its snapshot sees).
 struct Found {
     rows: HashSet<i64>,
@@ -277,11 +287,7 @@ impl LogicalSession {
         let statement = if xids.is_empty() {
             format!("{mark} RETURNING id, false")
         } else {
-            format!(
-                "WITH marked AS ({mark} RETURNING id) \
-                 SELECT id, false FROM marked UNION ALL SELECT x, true FROM ({}) AS v",
-                visible_xids(2)
-            )
+            with_visible_xids(&format!("{mark} RETURNING id"), 2)
         };
         let returned = self
             .fence
@@ -346,13 +352,12 @@ impl LogicalSession {
     async fn drop_gone(&mut self, batch: &mut Vec<OutboxEvent>) -> Result<()> {
         let ids: Vec<i64> = batch.iter().map(|e| e.id).collect();
         let xids = self.xids_of(ids.iter().copied());
-        let statement = format!(
-            "SELECT id, false FROM {} WHERE id = ANY($1::int8[]) \
-                 AND published_at IS NULL AND dead_at IS NULL \
-             UNION ALL SELECT x, true FROM ({}) AS v",
-            self.context.table.quoted(),
-            visible_xids(2)
+        let pending = format!(
+            "SELECT id FROM {} WHERE id = ANY($1::int8[]) \
+             AND published_at IS NULL AND dead_at IS NULL",
+            self.context.table.quoted()
         );
+        let statement = with_visible_xids(&pending, 2);
         let returned = self
             .fence
             .run("checking the rows of events read again", async |conn| {
@@ -763,11 +768,7 @@ impl LogicalSession {
             let statement = if xids.is_empty() {
                 format!("{record} RETURNING o.id, false")
             } else {
-                format!(
-                    "WITH recorded AS ({record} RETURNING o.id) \
-                     SELECT id, false FROM recorded UNION ALL SELECT x, true FROM ({}) AS v",
-                    visible_xids(4)
-                )
+                with_visible_xids(&format!("{record} RETURNING o.id"), 4)
             };
             let returned = self
                 .fence
