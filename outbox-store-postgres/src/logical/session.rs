@@ -93,6 +93,17 @@ fn with_visible_xids(rows: &str, n: u8) -> String {
     )
 }
 
+/// `statement` returning its rows' `id` column: alone, as rows `(id, false)`, when it has no
+/// transactions to ask about (`asks` false: the first try of a mark, on the hot path), else
+/// joined with [`visible_xids`] of parameter `$n` by [`with_visible_xids`].
+fn returning_found(statement: &str, id: &str, asks: bool, n: u8) -> String {
+    if asks {
+        with_visible_xids(&format!("{statement} RETURNING {id}"), n)
+    } else {
+        format!("{statement} RETURNING {id}, false")
+    }
+}
+
 /// What a statement made by [`with_visible_xids`] returned (`(id, false)` for each row it found
 /// or changed, `(xid, true)` for each transaction its snapshot sees).
 struct Found {
@@ -284,11 +295,7 @@ impl LogicalSession {
         let mut all: Vec<i64> = ids.to_vec();
         all.extend(self.unmarked.keys().copied());
         let xids = self.xids_of(self.unmarked.keys().copied());
-        let statement = if xids.is_empty() {
-            format!("{mark} RETURNING id, false")
-        } else {
-            with_visible_xids(&format!("{mark} RETURNING id"), 2)
-        };
+        let statement = returning_found(mark, "id", !xids.is_empty(), 2);
         let returned = self
             .fence
             .run("marking rows published", async |conn| {
@@ -765,11 +772,7 @@ impl LogicalSession {
         let mut left: Vec<Failure> = failures.to_vec();
         let mut xids: Vec<i64> = Vec::new();
         loop {
-            let statement = if xids.is_empty() {
-                format!("{record} RETURNING o.id, false")
-            } else {
-                with_visible_xids(&format!("{record} RETURNING o.id"), 4)
-            };
+            let statement = returning_found(record, "o.id", !xids.is_empty(), 4);
             let returned = self
                 .fence
                 .run("recording failures", async |conn| {
