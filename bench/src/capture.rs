@@ -130,8 +130,10 @@ impl Contender {
                     .await;
             match advanced {
                 Ok(_) => return Ok(()),
+                // object_in_use: the last run's relay still reads the slot.
                 Err(e)
-                    if e.to_string().contains("is active for PID") && Instant::now() < deadline =>
+                    if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55006")
+                        && Instant::now() < deadline =>
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

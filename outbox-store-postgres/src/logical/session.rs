@@ -473,7 +473,7 @@ impl LogicalSession {
         let started = tokio::time::timeout(context.connect_timeout, client.wait_started()).await;
         match started {
             Ok(Ok(())) => {}
-            Ok(Err(e)) if e.to_string().contains("is active for PID") => return Ok(false),
+            Ok(Err(e)) if server_code(&e) == Some(OBJECT_IN_USE) => return Ok(false),
             Ok(Err(e)) => return Err(replication_error(&e, &context.target)),
             Err(_) => {
                 client.abort();
@@ -838,18 +838,43 @@ impl LogicalSession {
     }
 }
 
+/// SQLSTATE `object_in_use`: the slot is being read by another session (`replication slot
+/// "…" is active for PID …`).
+const OBJECT_IN_USE: &str = "55006";
+
+/// The SQLSTATE of an error the server sent on the replication connection. The client gives
+/// the server's message with the code after it (`… (SQLSTATE 55006)`), and the message is in
+/// the language of the server's `lc_messages` (`Replikations-Slot »…« ist aktiv für PID …`):
+/// the code is what to decide by.
+fn server_code(error: &pgwire_replication::PgWireError) -> Option<&str> {
+    let pgwire_replication::PgWireError::Server(message) = error else {
+        return None;
+    };
+    let (_, code) = message.strip_suffix(')')?.rsplit_once("(SQLSTATE ")?;
+    (code.len() == 5 && code.bytes().all(|b| b.is_ascii_alphanumeric())).then_some(code)
+}
+
 /// The relay's error for an error of the replication connection.
 fn replication_error(error: &pgwire_replication::PgWireError, target: &Target) -> Error {
     use pgwire_replication::PgWireError as E;
     let endpoint = target.endpoint.as_deref().unwrap_or("the server");
-    let (kind, hint) = match error {
-        E::Io(_) | E::Task(_) => (ErrorKind::Connection, ""),
-        E::Auth(_) => (
-            ErrorKind::Unauthorized,
-            ": check store.url's user and password, and that pg_hba.conf allows replication connections for it",
+    let credentials = ": check store.url's user and password, and that pg_hba.conf allows \
+                       replication connections for it";
+    let (kind, hint) = match (error, server_code(error)) {
+        (E::Io(_) | E::Task(_), _) => (ErrorKind::Connection, ""),
+        (E::Auth(_), _) => (ErrorKind::Unauthorized, credentials),
+        (E::Tls(_), _) => (
+            ErrorKind::Connection,
+            ": check store.url's sslmode and sslrootcert",
         ),
-        E::Tls(_) => (ErrorKind::Connection, ": check store.url's sslmode and sslrootcert"),
-        E::Server(message) if message.contains("does not exist") => (ErrorKind::Schema, ""),
+        // undefined_object (the slot or the publication), invalid_catalog_name (the database).
+        (_, Some("42704" | "3D000")) => (ErrorKind::Schema, ""),
+        // No pg_hba.conf entry, a wrong password, no REPLICATION attribute.
+        (_, Some(code)) if code.starts_with("28") => (ErrorKind::Unauthorized, credentials),
+        (_, Some("42501")) => (
+            ErrorKind::Unauthorized,
+            ": the user of store.url needs the REPLICATION attribute (ALTER ROLE … REPLICATION)",
+        ),
         _ => (ErrorKind::Connection, ""),
     };
     Error::new(
@@ -1057,7 +1082,68 @@ impl ShardSession for LogicalSession {
 mod tests {
     use sqlx::{Connection, PgConnection};
 
-    use super::visible_xids;
+    use outboxkit_core::ErrorKind;
+    use pgwire_replication::PgWireError;
+
+    use super::{replication_error, server_code, visible_xids, Target, OBJECT_IN_USE};
+
+    /// The server's errors are told apart by their SQLSTATE, never by their text: a server
+    /// with `lc_messages = 'de_DE.UTF-8'` writes them in German (the messages below are what
+    /// PostgreSQL 15 sends, in both languages: its German catalogue's texts).
+    #[test]
+    fn server_errors_are_told_apart_by_their_code_in_any_language() {
+        let server = |m: &str| PgWireError::Server(m.to_owned());
+        for busy in [
+            "replication slot \"outbox_x\" is active for PID 4242 (SQLSTATE 55006)",
+            "Replikations-Slot »outbox_x« ist aktiv für PID 15156 (SQLSTATE 55006)",
+        ] {
+            assert_eq!(server_code(&server(busy)), Some(OBJECT_IN_USE), "{busy}");
+        }
+        assert_eq!(server_code(&server("no code given")), None);
+        assert_eq!(server_code(&server("odd (SQLSTATE 5500)")), None);
+        assert_eq!(
+            server_code(&PgWireError::Protocol("x (SQLSTATE 55006)".into())),
+            None
+        );
+
+        let target = Target {
+            endpoint: Some("db:5432".into()),
+            ..Target::default()
+        };
+        let kind = |m: &str| replication_error(&server(m), &target).kind();
+        for missing in [
+            "replication slot \"nope\" does not exist (SQLSTATE 42704)",
+            "Replikations-Slot »nope« existiert nicht (SQLSTATE 42704)",
+            "Publikation »outbox_x« existiert nicht (SQLSTATE 42704)",
+        ] {
+            assert_eq!(kind(missing), ErrorKind::Schema, "{missing}");
+        }
+        let refused = replication_error(
+            &server(
+                "kein pg_hba.conf-Eintrag für Replikationsverbindung von Host »10.0.0.7«, \
+                 Benutzer »relay«, keine Verschlüsselung (SQLSTATE 28000)",
+            ),
+            &target,
+        );
+        assert_eq!(refused.kind(), ErrorKind::Unauthorized);
+        assert!(
+            refused.message().contains("replication connections"),
+            "{refused}"
+        );
+        let no_role = replication_error(
+            &server("must be superuser or replication role to start walsender (SQLSTATE 42501)"),
+            &target,
+        );
+        assert_eq!(no_role.kind(), ErrorKind::Unauthorized);
+        assert!(
+            no_role.message().contains("REPLICATION attribute"),
+            "{no_role}"
+        );
+        assert_eq!(
+            kind("Replikations-Slot »s« ist aktiv für PID 1 (SQLSTATE 55006)"),
+            ErrorKind::Connection
+        );
+    }
 
     async fn connect() -> PgConnection {
         let url = std::env::var("OUTBOX_TEST_POSTGRES_URL")
