@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Arguments as _, PgConnection};
+use uuid::Uuid;
 
 use outboxkit_core::{
     ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
@@ -65,6 +66,11 @@ const UNMARKED_GRACE: Duration = Duration::from_secs(5);
 /// A committed transaction becomes visible a moment after the log delivers it, unless the
 /// server waits for a synchronous standby first.
 const INVISIBLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Message style: at most this many dead rows' `event_id`s (the latest) are kept to skip
+/// their events when they are read again after a takeover (see
+/// [`LogicalSession::drop_parked`]); 1.6 MiB of ids.
+const PARKED_LIMIT: i64 = 100_000;
 
 /// Table style: how often rows a mark missed are marked again.
 const UNMARKED_RETRY: Duration = Duration::from_millis(20);
@@ -176,6 +182,10 @@ struct Reader {
     /// Table style: whether claims still check that their rows are there (see
     /// [`LogicalSession::drop_gone`]).
     catching_up: bool,
+    /// Message style: the `event_id`s of the table's dead rows when the reader started, the
+    /// events read again that the last reader may have parked (see
+    /// [`LogicalSession::drop_parked`]). Empty, as it mostly is, it costs nothing.
+    parked: HashSet<Uuid>,
 }
 
 impl fmt::Debug for Reader {
@@ -397,6 +407,96 @@ impl LogicalSession {
         Ok(())
     }
 
+    /// Message style, after the reader starts: drop from `batch` (and settle) the events the
+    /// last reader parked as dead, read again because the slot is confirmed behind what that
+    /// reader settled. Without it they are published again, if the broker takes them by then,
+    /// while their dead rows stay for `dead retry` to publish them once more. Only events whose
+    /// `event_id` had a dead row when this reader started are asked about, in one statement:
+    /// dropped when a dead row holds the same event (`event_id` and `created_at`) and the
+    /// statement's snapshot sees the event's transaction. `dead retry` deletes the row in the
+    /// transaction that writes the event again, so the retried event, once visible, finds no
+    /// row, and is not dropped while it is not visible (see [`visible_xids`]).
+    async fn drop_parked(&mut self, batch: &mut Vec<OutboxEvent>) -> Result<()> {
+        let Some(reader) = self.reader.as_ref() else {
+            return Ok(());
+        };
+        let mut event_ids = Vec::new();
+        let mut created = Vec::new();
+        let mut xids = Vec::new();
+        for event in batch.iter().filter(|e| reader.parked.contains(&e.event_id)) {
+            if let Some(xid) = reader.backlog.xid_of(event.id) {
+                event_ids.push(event.event_id);
+                created.push(event.created_at);
+                xids.push(i64::from(xid));
+            }
+        }
+        if event_ids.is_empty() {
+            return Ok(());
+        }
+        let statement = format!(
+            "SELECT c.event_id FROM unnest($1::uuid[], $2::timestamptz[], $3::int8[]) \
+                 AS c(event_id, created_at, xid) \
+             WHERE EXISTS (SELECT 1 FROM {} AS d WHERE d.event_id = c.event_id \
+                           AND d.created_at = c.created_at AND d.dead_at IS NOT NULL) \
+             AND c.xid IN ({})",
+            self.context.table.quoted(),
+            visible_xids(3)
+        );
+        let dead: Vec<Uuid> = self
+            .fence
+            .run(
+                "checking the events read again for dead rows",
+                async |conn| {
+                    sqlx::query_scalar(&statement)
+                        .bind(&event_ids)
+                        .bind(&created)
+                        .bind(&xids)
+                        .fetch_all(conn)
+                        .await
+                },
+            )
+            .await?;
+        let Some(reader) = self.reader.as_mut() else {
+            return Ok(());
+        };
+        let dead: HashSet<Uuid> = dead.into_iter().collect();
+        let dropped: Vec<i64> = batch
+            .iter()
+            .filter(|e| dead.contains(&e.event_id))
+            .map(|e| e.id)
+            .collect();
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(
+            count = dropped.len(),
+            "events read again that the last reader parked as dead: left to `dead retry`, not \
+             published again"
+        );
+        batch.retain(|e| !dead.contains(&e.event_id));
+        for event_id in &dead {
+            reader.parked.remove(event_id);
+        }
+        reader.backlog.settle(&dropped);
+        Ok(())
+    }
+
+    /// Message style: the `event_id`s of the dead rows, the latest [`PARKED_LIMIT`].
+    async fn parked_event_ids(&mut self) -> Result<HashSet<Uuid>> {
+        let statement = format!(
+            "SELECT event_id FROM {} WHERE dead_at IS NOT NULL AND event_id IS NOT NULL \
+             ORDER BY id DESC LIMIT {PARKED_LIMIT}",
+            self.context.table.quoted()
+        );
+        let ids: Vec<Uuid> = self
+            .fence
+            .run("reading the dead rows' event ids", async |conn| {
+                sqlx::query_scalar(&statement).fetch_all(conn).await
+            })
+            .await?;
+        Ok(ids.into_iter().collect())
+    }
+
     /// Start reading the slot from its confirmed position; `false` when another session
     /// started first.
     async fn start_reader(&mut self) -> Result<bool> {
@@ -450,6 +550,10 @@ impl LogicalSession {
             })
             .await?;
         let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
+        let parked = match context.names.style {
+            CaptureStyle::Message => self.parked_event_ids().await?,
+            CaptureStyle::Table => HashSet::new(),
+        };
         let options = &context.options;
         let config = ReplicationConfig::new(
             crate::config::host(options),
@@ -497,6 +601,7 @@ impl LogicalSession {
             in_transaction: false,
             confirmed,
             catching_up: context.names.style == CaptureStyle::Table,
+            parked,
         });
         Ok(true)
     }
@@ -1010,10 +1115,15 @@ impl ShardSession for LogicalSession {
                     .backlog
                     .claim(request.limit, &excluded, Instant::now());
             }
-            if !batch.is_empty() && self.reader.as_ref().is_some_and(|r| r.catching_up) {
-                self.drop_gone(&mut batch).await?;
+            if !batch.is_empty() {
+                let reader = self.reader.as_ref();
+                if reader.is_some_and(|r| r.catching_up) {
+                    self.drop_gone(&mut batch).await?;
+                } else if reader.is_some_and(|r| !r.parked.is_empty()) {
+                    self.drop_parked(&mut batch).await?;
+                }
                 if batch.is_empty() && started.elapsed() < IDLE_WAIT {
-                    // All of it was published already: on to what follows.
+                    // All of it was handled already: on to what follows.
                     continue;
                 }
             }
