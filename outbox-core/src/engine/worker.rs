@@ -1,7 +1,7 @@
 //! The worker loop: hold a session, rebalance, claim, publish while the session marks the
 //! previous batch and claims the next, then record what became of each event.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -604,13 +604,12 @@ fn assess(relay: &Relay, batch: &[OutboxEvent], dispositions: Vec<Disposition>) 
 fn count_published(relay: &Relay, batch: &[OutboxEvent], published: &[i64]) {
     let sink_kind = relay.sink.kind();
     let published: HashSet<i64> = published.iter().copied().collect();
-    let mut per_destination: Vec<(String, u64)> = Vec::new();
+    // A template with `{aggregate_id}` gives a batch as many destinations as events.
+    let mut per_destination: HashMap<String, u64> = HashMap::new();
     for event in batch.iter().filter(|e| published.contains(&e.id)) {
-        let destination = relay.sink.destination(event);
-        match per_destination.iter_mut().find(|(d, _)| *d == destination) {
-            Some((_, n)) => *n += 1,
-            None => per_destination.push((destination, 1)),
-        }
+        *per_destination
+            .entry(relay.sink.destination(event))
+            .or_default() += 1;
     }
     for (destination, n) in per_destination {
         let label = relay.destination_labels.label(destination);
