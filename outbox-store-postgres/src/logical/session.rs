@@ -89,6 +89,22 @@ fn visible_xids(n: u8) -> String {
     )
 }
 
+/// Message style, of the events `(id, event_id, created_at, xid)` in parameters `$1` to `$4`:
+/// the `id`s of those a dead row of `table` holds (the same `event_id` and `created_at`) and
+/// whose transaction the statement's snapshot sees ([`visible_xids`]). Answered per event,
+/// never per `event_id`: a claim can hold the parked event and, with the same `event_id`, its
+/// `dead retry` not visible yet or a writer's new event.
+fn parked_among(table: &str) -> String {
+    format!(
+        "SELECT c.id FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int8[]) \
+             AS c(id, event_id, created_at, xid) \
+         WHERE EXISTS (SELECT 1 FROM {table} AS d WHERE d.event_id = c.event_id \
+                       AND d.created_at = c.created_at AND d.dead_at IS NOT NULL) \
+         AND c.xid IN ({})",
+        visible_xids(4)
+    )
+}
+
 /// `rows` (a query or a statement returning a column `id`), and in the same statement, so with
 /// the same snapshot, [`visible_xids`] of parameter `$n`: rows `(id, false)` and `(xid, true)`.
 fn with_visible_xids(rows: &str, n: u8) -> String {
@@ -420,34 +436,29 @@ impl LogicalSession {
         let Some(reader) = self.reader.as_ref() else {
             return Ok(());
         };
+        let mut ids = Vec::new();
         let mut event_ids = Vec::new();
         let mut created = Vec::new();
         let mut xids = Vec::new();
         for event in batch.iter().filter(|e| reader.parked.contains(&e.event_id)) {
             if let Some(xid) = reader.backlog.xid_of(event.id) {
+                ids.push(event.id);
                 event_ids.push(event.event_id);
                 created.push(event.created_at);
                 xids.push(i64::from(xid));
             }
         }
-        if event_ids.is_empty() {
+        if ids.is_empty() {
             return Ok(());
         }
-        let statement = format!(
-            "SELECT c.event_id FROM unnest($1::uuid[], $2::timestamptz[], $3::int8[]) \
-                 AS c(event_id, created_at, xid) \
-             WHERE EXISTS (SELECT 1 FROM {} AS d WHERE d.event_id = c.event_id \
-                           AND d.created_at = c.created_at AND d.dead_at IS NOT NULL) \
-             AND c.xid IN ({})",
-            self.context.table.quoted(),
-            visible_xids(3)
-        );
-        let dead: Vec<Uuid> = self
+        let statement = parked_among(&self.context.table.quoted());
+        let dropped: Vec<i64> = self
             .fence
             .run(
                 "checking the events read again for dead rows",
                 async |conn| {
                     sqlx::query_scalar(&statement)
+                        .bind(&ids)
                         .bind(&event_ids)
                         .bind(&created)
                         .bind(&xids)
@@ -459,12 +470,6 @@ impl LogicalSession {
         let Some(reader) = self.reader.as_mut() else {
             return Ok(());
         };
-        let dead: HashSet<Uuid> = dead.into_iter().collect();
-        let dropped: Vec<i64> = batch
-            .iter()
-            .filter(|e| dead.contains(&e.event_id))
-            .map(|e| e.id)
-            .collect();
         if dropped.is_empty() {
             return Ok(());
         }
@@ -473,10 +478,14 @@ impl LogicalSession {
             "events read again that the last reader parked as dead: left to `dead retry`, not \
              published again"
         );
-        batch.retain(|e| !dead.contains(&e.event_id));
-        for event_id in &dead {
-            reader.parked.remove(event_id);
-        }
+        let dropped_set: HashSet<i64> = dropped.iter().copied().collect();
+        batch.retain(|e| {
+            let parked = dropped_set.contains(&e.id);
+            if parked {
+                reader.parked.remove(&e.event_id);
+            }
+            !parked
+        });
         reader.backlog.settle(&dropped);
         Ok(())
     }
@@ -1195,7 +1204,52 @@ mod tests {
     use outboxkit_core::ErrorKind;
     use pgwire_replication::PgWireError;
 
-    use super::{replication_error, server_code, visible_xids, Target, OBJECT_IN_USE};
+    use super::{
+        parked_among, replication_error, server_code, visible_xids, Target, OBJECT_IN_USE,
+    };
+
+    /// Events read again are checked against the dead rows one by one: with the same
+    /// `event_id`, only the parked event itself (same `created_at`, transaction visible) is
+    /// dropped, not a writer's new event nor a `dead retry` whose transaction is not visible yet.
+    #[tokio::test]
+    async fn only_the_parked_event_itself_is_dropped() {
+        let mut conn = connect().await;
+        let mut writer = connect().await;
+        sqlx::query(
+            "CREATE TEMP TABLE parked (id bigserial, event_id uuid, created_at timestamptz, \
+             dead_at timestamptz)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let (x, y) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let at: chrono::DateTime<chrono::Utc> = "2026-12-06T08:00:00.123456Z".parse().unwrap();
+        let later = at + chrono::Duration::seconds(5);
+        sqlx::query("INSERT INTO parked (event_id, created_at, dead_at) VALUES ($1, $2, now())")
+            .bind(x)
+            .bind(at)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let mut committed = writer.begin().await.unwrap();
+        let (_, done) = xid(&mut committed).await;
+        committed.commit().await.unwrap();
+        let mut open = writer.begin().await.unwrap();
+        let (_, in_progress) = xid(&mut open).await;
+
+        // 1: the parked event; 2: a new event of the writer's with its event_id; 3: its
+        // `dead retry`, not visible yet; 4: another event.
+        let dropped: Vec<i64> = sqlx::query_scalar(&parked_among("parked"))
+            .bind([1_i64, 2, 3, 4])
+            .bind([x, x, x, y])
+            .bind([at, later, at, at])
+            .bind([done, done, in_progress, done])
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(dropped, [1]);
+        open.rollback().await.unwrap();
+    }
 
     /// The server's errors are told apart by their SQLSTATE, never by their text: a server
     /// with `lc_messages = 'de_DE.UTF-8'` writes them in German (the messages below are what
