@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxkit_core::NewEvent;
+use outboxkit_core::{ClaimRequest, DeadFilter, Failure, MarkMode, NewEvent, ShardSession, Store};
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 
@@ -1108,5 +1108,153 @@ async fn the_slot_is_confirmed_soon_after_the_broker_acknowledged() {
     );
     scenario.stop_relays(Duration::from_secs(20));
     scenario.cleanup().await;
+    drop(server);
+}
+
+/// A store session of `store` reading the slot as `relay`, waiting for the last reader's
+/// connection to end.
+async fn reading_session(
+    store: &outboxkit_store_postgres::PostgresStore,
+    relay: &str,
+) -> Box<dyn ShardSession> {
+    let mut session = store.open_session(relay).await.expect("opening a session");
+    let started = Instant::now();
+    while !session.try_acquire(0).await.expect("taking the slot") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{relay}: the slot was still read by another after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    session
+}
+
+/// Claims of `session` (of at most `limit` events, none of `exclude`) until `count` events were
+/// handed out, then one more that must hand out nothing; their ids in order.
+async fn claim_all(
+    session: &mut Box<dyn ShardSession>,
+    limit: usize,
+    exclude: &[i64],
+    count: usize,
+    mut settle: impl FnMut(&[i64]) -> Vec<i64>,
+) -> Vec<i64> {
+    let mut handed: Vec<i64> = Vec::new();
+    let started = Instant::now();
+    loop {
+        let excluded: Vec<i64> = exclude.iter().chain(&handed).copied().collect();
+        let request = ClaimRequest {
+            limit,
+            exclude_ids: &excluded,
+            dead_holds_aggregate: false,
+        };
+        let batch: Vec<i64> = session
+            .claim(&request)
+            .await
+            .expect("claiming")
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        let marked = settle(&batch);
+        if !marked.is_empty() {
+            session
+                .mark_published(&marked, MarkMode::Delete)
+                .await
+                .expect("marking");
+        }
+        if batch.is_empty() && handed.len() >= count {
+            return handed;
+        }
+        handed.extend(batch);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "30 s of claims handed out {} of {count} events: {handed:?}",
+            handed.len()
+        );
+    }
+}
+
+/// Table style: a new reader checks against the table every event it reads again (committed
+/// before it started), not only up to its first claim that finds none of them gone. relay-0
+/// read 33 events: the first of aggregate 1 failed (its retry an hour away, the 30 later events
+/// of aggregate 1 wait behind it), the one of aggregate 2 was parked as dead and the one of
+/// aggregate 3 published; the slot stays confirmed before all of them. relay-1's first claim
+/// (of at most 20) holds aggregate 1's events only, all still pending; the check used to end
+/// there, and a later claim handed out the dead event and the published one again. The sessions are
+/// driven by hand, as the engine drives them, so the claims are the same in every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_reader_checks_every_event_read_again() {
+    use outboxkit_store_postgres::{Capture, PostgresStore, PostgresStoreConfig};
+
+    let name = unique("lg_again");
+    let server = PrivatePostgres::start_logical(&name);
+    let config = PostgresStoreConfig::new(server.url("postgres", ""))
+        .table(name.as_str())
+        .capture(Capture::Logical);
+    let store = PostgresStore::connect(config).await.expect("connecting");
+    store.migrate().await.expect("migrating");
+    let first = store.insert(&[scenario_event(0, 0, 1)]).await.unwrap()[0];
+    let held: Vec<NewEvent> = (1..=30).map(|n| scenario_event(0, n, 1)).collect();
+    let held = store.insert(&held).await.unwrap();
+    let others = [scenario_event(0, 0, 2), scenario_event(0, 0, 3)];
+    let (dead, published) = match store.insert(&others).await.unwrap()[..] {
+        [dead, published] => (dead, published),
+        ref ids => panic!("two ids, not {ids:?}"),
+    };
+
+    let mut relay_0 = reading_session(&store, "relay-0").await;
+    let read = claim_all(&mut relay_0, 100, &[], 33, |_| Vec::new()).await;
+    assert_eq!(read.len(), 33, "relay-0 reads every event once: {read:?}");
+    relay_0
+        .record_failures(&[
+            Failure {
+                id: first,
+                error: "the broker asked to slow down".to_owned(),
+                retry_in: Some(Duration::from_secs(3600)),
+            },
+            Failure {
+                id: dead,
+                error: "message too large".to_owned(),
+                retry_in: None,
+            },
+        ])
+        .await
+        .expect("recording the failures");
+    relay_0
+        .mark_published(&[published], MarkMode::Delete)
+        .await
+        .expect("marking");
+    // Killed: its connections end, its slot confirmed before the first event still.
+    drop(relay_0);
+
+    let mut relay_1 = reading_session(&store, "relay-1").await;
+    let mut first_claim = None;
+    let handed = claim_all(&mut relay_1, 20, &[], 31, |batch| {
+        first_claim.get_or_insert_with(|| batch.to_vec());
+        batch.to_vec()
+    })
+    .await;
+    let expected: Vec<i64> = std::iter::once(first).chain(held).collect();
+    let first_claim = first_claim.unwrap_or_default();
+    assert!(
+        !first_claim.is_empty() && expected.starts_with(&first_claim),
+        "relay-1's first claim holds aggregate 1's events only, all pending: {first_claim:?}"
+    );
+    assert_eq!(
+        handed, expected,
+        "relay-1 hands out aggregate 1's events and nothing relay-0 published ({published}) or \
+         parked as dead ({dead})"
+    );
+    let dead_rows = store
+        .dead_list(&DeadFilter {
+            limit: 10,
+            ..DeadFilter::default()
+        })
+        .await
+        .expect("listing dead rows");
+    assert!(
+        dead_rows.len() == 1 && dead_rows[0].id == dead && dead_rows[0].attempts == 1,
+        "the dead row stays as relay-0 left it: {dead_rows:?}"
+    );
+    relay_1.close().await.expect("closing relay-1's session");
     drop(server);
 }

@@ -23,6 +23,9 @@ struct Entry {
     /// Acknowledged by the broker, not settled yet (its row is still to be marked): never
     /// claimed again, holds nothing back but the slot.
     acked: bool,
+    /// Its transaction committed before this reader started (see
+    /// [`Backlog::read_again_until`]).
+    read_again: bool,
 }
 
 #[derive(Debug)]
@@ -53,6 +56,13 @@ pub(crate) struct Backlog {
     confirmable: u64,
     /// The transaction id of the transaction being read (from its `Begin`).
     reading_xid: u32,
+    /// Where the log stood when this reader started: the events of a transaction committed
+    /// before it are read again, and the last reader may have handled them.
+    read_again_until: u64,
+    /// Whether the transaction being read committed before `read_again_until`.
+    reading_again: bool,
+    /// Unsettled events read again.
+    read_again: usize,
 }
 
 impl Backlog {
@@ -86,9 +96,30 @@ impl Backlog {
         self.entries.front()?.as_ref().map(|e| e.event.created_at)
     }
 
-    /// A transaction begins: `xid` is the server's id for it.
-    pub(crate) fn begin(&mut self, xid: u32) {
+    /// Where the log stands as the reader starts (the server's insert position): the events
+    /// of every transaction committed before it are read again (see [`Self::is_read_again`]).
+    pub(crate) fn read_again_until(mut self, lsn: u64) -> Self {
+        self.read_again_until = lsn;
+        self
+    }
+
+    /// Whether the unsettled event `id` is read again: its transaction committed before the
+    /// reader started, so the last reader may have published it or parked it as dead.
+    pub(crate) fn is_read_again(&self, id: i64) -> bool {
+        self.entry(id).is_some_and(|e| e.read_again)
+    }
+
+    /// Whether any unsettled event is read again.
+    pub(crate) fn holds_read_again(&self) -> bool {
+        self.read_again > 0
+    }
+
+    /// A transaction begins: `xid` is the server's id for it, `final_lsn` where its commit
+    /// stands in the log. (A commit at the very position the reader started at may be a new
+    /// one: it is taken as read again, which costs one check and skips nothing it must not.)
+    pub(crate) fn begin(&mut self, xid: u32, final_lsn: u64) {
         self.reading_xid = xid;
+        self.reading_again = final_lsn <= self.read_again_until;
     }
 
     /// The next event of the transaction being read, in the order written.
@@ -108,11 +139,13 @@ impl Backlog {
         self.positions.insert(event.id, position);
         self.unsettled_bytes += event.payload.len();
         self.unsettled += 1;
+        self.read_again += usize::from(self.reading_again);
         self.entries.push_back(Some(Entry {
             event,
             txn,
             retry_at: None,
             acked: false,
+            read_again: self.reading_again,
         }));
     }
 
@@ -200,21 +233,18 @@ impl Backlog {
 
     /// The event `id`, if unsettled.
     pub(crate) fn get(&self, id: i64) -> Option<&OutboxEvent> {
-        let position = *self.positions.get(&id)?;
-        self.entries
-            .get((position - self.base) as usize)?
-            .as_ref()
-            .map(|e| &e.event)
+        self.entry(id).map(|e| &e.event)
     }
 
     /// The server's id of the transaction that wrote the unsettled event `id`.
     pub(crate) fn xid_of(&self, id: i64) -> Option<u32> {
-        let position = *self.positions.get(&id)?;
-        let entry = self
-            .entries
-            .get((position - self.base) as usize)?
-            .as_ref()?;
+        let entry = self.entry(id)?;
         Some(self.txns[(entry.txn - self.first_txn) as usize].xid)
+    }
+
+    fn entry(&self, id: i64) -> Option<&Entry> {
+        let position = *self.positions.get(&id)?;
+        self.entries.get((position - self.base) as usize)?.as_ref()
     }
 
     fn entry_mut(&mut self, id: i64) -> Option<&mut Entry> {
@@ -235,6 +265,7 @@ impl Backlog {
             };
             self.unsettled -= 1;
             self.unsettled_bytes -= entry.event.payload.len();
+            self.read_again -= usize::from(entry.read_again);
             self.txns[(entry.txn - self.first_txn) as usize].unsettled -= 1;
         }
         self.trim();
@@ -292,6 +323,38 @@ mod tests {
         assert_eq!(b.confirmable(), 450);
         b.push(vec![], 500);
         assert_eq!(b.confirmable(), 500, "nothing of ours, nothing pending");
+    }
+
+    #[test]
+    fn events_of_transactions_committed_before_the_reader_started_are_read_again() {
+        let mut b = Backlog::new(100).read_again_until(500);
+        b.begin(1, 300);
+        b.add(event(1, "a"));
+        b.add(event(2, "a"));
+        b.commit(320);
+        // A commit at the very position the reader started at: taken as read again.
+        b.begin(2, 500);
+        b.add(event(3, "b"));
+        b.commit(520);
+        b.begin(3, 501);
+        b.add(event(4, "c"));
+        b.commit(540);
+        let read_again: Vec<bool> = (1..=4).map(|id| b.is_read_again(id)).collect();
+        assert_eq!(read_again, [true, true, true, false]);
+        assert!(b.holds_read_again());
+        b.settle(&[1, 3, 4]);
+        assert!(b.holds_read_again(), "event 2 is still unsettled");
+        b.settle(&[2]);
+        assert!(!b.holds_read_again());
+        assert!(!b.is_read_again(2), "a settled event is not asked about");
+
+        let mut fresh = Backlog::new(100);
+        fresh.begin(4, 50);
+        fresh.add(event(5, "d"));
+        assert!(
+            !fresh.holds_read_again(),
+            "nothing is read again unless told where"
+        );
     }
 
     #[test]
@@ -392,11 +455,11 @@ mod tests {
     #[test]
     fn each_event_knows_the_transaction_that_wrote_it() {
         let mut b = Backlog::new(0);
-        b.begin(700);
+        b.begin(700, 9);
         b.push(vec![event(1, "a"), event(2, "b")], 10);
-        b.begin(702);
+        b.begin(702, 14);
         b.commit(15);
-        b.begin(u32::MAX);
+        b.begin(u32::MAX, 20);
         b.add(event(3, "a"));
         assert_eq!(
             [1, 2, 3, 4].map(|id| b.xid_of(id)),

@@ -195,9 +195,6 @@ struct Reader {
     malformed: Vec<Malformed>,
     in_transaction: bool,
     confirmed: u64,
-    /// Table style: whether claims still check that their rows are there (see
-    /// [`LogicalSession::drop_gone`]).
-    catching_up: bool,
     /// Message style: the `event_id`s of the table's dead rows when the reader started, the
     /// events read again that the last reader may have parked (see
     /// [`LogicalSession::drop_parked`]). Empty, as it mostly is, it costs nothing.
@@ -380,10 +377,24 @@ impl LogicalSession {
     /// first, before a takeover (the slot is confirmed behind what its reader settled). Without
     /// it a takeover publishes again everything that reader did since its last confirmation,
     /// and a transaction of a million events whole. A row not found is gone only when the same
-    /// statement sees its transaction (see [`Self::mark_rows`]). The first claim that finds
-    /// nothing gone ends the check: the rest of the log is new to this relay.
+    /// statement sees its transaction (see [`Self::mark_rows`]). Only the events read again
+    /// are checked, every one of them: those of transactions committed before this reader
+    /// started ([`Backlog::is_read_again`]); the rest of the log is new to this relay. (The
+    /// check once ended at the first claim that found nothing gone: a claim of events the last
+    /// reader had held back, behind a retry of their aggregate, ended it, and the events after
+    /// them that it had published or parked as dead were published again.)
     async fn drop_gone(&mut self, batch: &mut Vec<OutboxEvent>) -> Result<()> {
-        let ids: Vec<i64> = batch.iter().map(|e| e.id).collect();
+        let Some(reader) = self.reader.as_ref() else {
+            return Ok(());
+        };
+        let ids: Vec<i64> = batch
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| reader.backlog.is_read_again(*id))
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
         let xids = self.xids_of(ids.iter().copied());
         let pending = format!(
             "SELECT id FROM {} WHERE id = ANY($1::int8[]) \
@@ -410,7 +421,6 @@ impl LogicalSession {
             return Ok(());
         };
         if gone.is_empty() {
-            reader.catching_up = false;
             return Ok(());
         }
         tracing::debug!(
@@ -426,8 +436,9 @@ impl LogicalSession {
     /// Message style, after the reader starts: drop from `batch` (and settle) the events the
     /// last reader parked as dead, read again because the slot is confirmed behind what that
     /// reader settled. Without it they are published again, if the broker takes them by then,
-    /// while their dead rows stay for `dead retry` to publish them once more. Only events whose
-    /// `event_id` had a dead row when this reader started are asked about, in one statement:
+    /// while their dead rows stay for `dead retry` to publish them once more. Only events read
+    /// again whose `event_id` had a dead row when this reader started are asked about, in one
+    /// statement:
     /// dropped when a dead row holds the same event (`event_id` and `created_at`) and the
     /// statement's snapshot sees the event's transaction. `dead retry` deletes the row in the
     /// transaction that writes the event again, so the retried event, once visible, finds no
@@ -440,7 +451,10 @@ impl LogicalSession {
         let mut event_ids = Vec::new();
         let mut created = Vec::new();
         let mut xids = Vec::new();
-        for event in batch.iter().filter(|e| reader.parked.contains(&e.event_id)) {
+        let read_again = batch
+            .iter()
+            .filter(|e| reader.backlog.is_read_again(e.id) && reader.parked.contains(&e.event_id));
+        for event in read_again {
             if let Some(xid) = reader.backlog.xid_of(event.id) {
                 ids.push(event.id);
                 event_ids.push(event.event_id);
@@ -546,11 +560,14 @@ impl LogicalSession {
         if lag.active {
             return Ok(false);
         }
-        let confirmed: String = self
+        // Where the slot is confirmed to, and where the log stands now: every transaction the
+        // last reader can have handled committed before it.
+        let (confirmed, now): (String, String) = self
             .fence
             .run("reading the replication slot", async |conn| {
-                sqlx::query_scalar(
-                    "SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots \
+                sqlx::query_as(
+                    "SELECT coalesce(confirmed_flush_lsn, '0/0')::text, \
+                     pg_current_wal_insert_lsn()::text FROM pg_replication_slots \
                      WHERE slot_name = $1",
                 )
                 .bind(&slot)
@@ -559,6 +576,7 @@ impl LogicalSession {
             })
             .await?;
         let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
+        let now = Lsn::parse(&now).map(|l| l.as_u64()).unwrap_or(u64::MAX);
         let parked = match context.names.style {
             CaptureStyle::Message => self.parked_event_ids().await?,
             CaptureStyle::Table => HashSet::new(),
@@ -604,12 +622,11 @@ impl LogicalSession {
         tracing::info!(slot = %names.slot, position = %Lsn::from_u64(confirmed), "reading the replication slot");
         self.reader = Some(Reader {
             client,
-            backlog: Backlog::new(confirmed),
+            backlog: Backlog::new(confirmed).read_again_until(now),
             relations: HashMap::new(),
             malformed: Vec::new(),
             in_transaction: false,
             confirmed,
-            catching_up: context.names.style == CaptureStyle::Table,
             parked,
         });
         Ok(true)
@@ -669,9 +686,9 @@ impl LogicalSession {
         let context = Arc::clone(&self.context);
         let reader = self.reader.as_mut().expect("pump checked the reader");
         match event {
-            ReplicationEvent::Begin { xid, .. } => {
+            ReplicationEvent::Begin { xid, final_lsn, .. } => {
                 reader.in_transaction = true;
-                reader.backlog.begin(xid);
+                reader.backlog.begin(xid, final_lsn.as_u64());
             }
             ReplicationEvent::XLogData { data, .. } => match decode(&data, &reader.relations) {
                 Ok(Change::Relation(oid, relation)) => {
@@ -1126,10 +1143,14 @@ impl ShardSession for LogicalSession {
             }
             if !batch.is_empty() {
                 let reader = self.reader.as_ref();
-                if reader.is_some_and(|r| r.catching_up) {
-                    self.drop_gone(&mut batch).await?;
-                } else if reader.is_some_and(|r| !r.parked.is_empty()) {
-                    self.drop_parked(&mut batch).await?;
+                if reader.is_some_and(|r| r.backlog.holds_read_again()) {
+                    match self.context.names.style {
+                        CaptureStyle::Table => self.drop_gone(&mut batch).await?,
+                        CaptureStyle::Message if reader.is_some_and(|r| !r.parked.is_empty()) => {
+                            self.drop_parked(&mut batch).await?
+                        }
+                        CaptureStyle::Message => {}
+                    }
                 }
                 if batch.is_empty() && started.elapsed() < IDLE_WAIT {
                     // All of it was handled already: on to what follows.
