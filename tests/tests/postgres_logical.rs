@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use outboxkit_core::{ClaimRequest, DeadFilter, Failure, MarkMode, NewEvent, ShardSession, Store};
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
+use outboxkit_store_postgres::{Capture, PostgresStore, PostgresStoreConfig};
 
 /// The writers of the end-to-end runs: no business row locked, about 5% rolled back.
 fn writers(scale: Scale) -> WriterPlan {
@@ -1111,12 +1112,19 @@ async fn the_slot_is_confirmed_soon_after_the_broker_acknowledged() {
     drop(server);
 }
 
+/// The store of table `name` on `server`, captured from the log in table style, migrated.
+async fn logical_store(server: &PrivatePostgres, name: &str) -> PostgresStore {
+    let config = PostgresStoreConfig::new(server.url("postgres", ""))
+        .table(name)
+        .capture(Capture::Logical);
+    let store = PostgresStore::connect(config).await.expect("connecting");
+    store.migrate().await.expect("migrating");
+    store
+}
+
 /// A store session of `store` reading the slot as `relay`, waiting for the last reader's
 /// connection to end.
-async fn reading_session(
-    store: &outboxkit_store_postgres::PostgresStore,
-    relay: &str,
-) -> Box<dyn ShardSession> {
+async fn reading_session(store: &PostgresStore, relay: &str) -> Box<dyn ShardSession> {
     let mut session = store.open_session(relay).await.expect("opening a session");
     let started = Instant::now();
     while !session.try_acquire(0).await.expect("taking the slot") {
@@ -1183,15 +1191,9 @@ async fn claim_all(
 /// driven by hand, as the engine drives them, so the claims are the same in every run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_reader_checks_every_event_read_again() {
-    use outboxkit_store_postgres::{Capture, PostgresStore, PostgresStoreConfig};
-
     let name = unique("lg_again");
     let server = PrivatePostgres::start_logical(&name);
-    let config = PostgresStoreConfig::new(server.url("postgres", ""))
-        .table(name.as_str())
-        .capture(Capture::Logical);
-    let store = PostgresStore::connect(config).await.expect("connecting");
-    store.migrate().await.expect("migrating");
+    let store = logical_store(&server, &name).await;
     let first = store.insert(&[scenario_event(0, 0, 1)]).await.unwrap()[0];
     let held: Vec<NewEvent> = (1..=30).map(|n| scenario_event(0, n, 1)).collect();
     let held = store.insert(&held).await.unwrap();
@@ -1256,5 +1258,101 @@ async fn a_new_reader_checks_every_event_read_again() {
         "the dead row stays as relay-0 left it: {dead_rows:?}"
     );
     relay_1.close().await.expect("closing relay-1's session");
+    drop(server);
+}
+
+/// Table style: a table out of its publication (dropped and created again by a tool that does
+/// not know of it) has no insert in the log. A reader reading finds out within 5 s, and the
+/// relay's check and a starting reader refuse it, all loudly, where a relay used to read
+/// nothing and report nothing; `migrate` adds the table back, as it does after a `DROP TABLE`
+/// it makes the table anew for, and writes again the rows written meanwhile, which are then
+/// read, with the later ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
+    let name = unique("lg_pub");
+    let server = PrivatePostgres::start_logical(&name);
+    let store = logical_store(&server, &name).await;
+    let table = store.table().quoted();
+    let publication = store
+        .logical_names()
+        .expect("captured from the log")
+        .publication
+        .clone();
+    let exec = async |sql: String| {
+        outboxkit_store_postgres::sqlx::raw_sql(&sql)
+            .execute(store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    };
+    let refused = |e: &outboxkit_core::Error| {
+        assert!(
+            e.kind() == outboxkit_core::ErrorKind::Schema
+                && e.message().contains("does not publish table")
+                && e.message().contains("migrate"),
+            "{e}"
+        );
+    };
+
+    exec(format!("DROP TABLE {table}")).await;
+    store
+        .migrate()
+        .await
+        .expect("migrate makes the dropped table anew and adds it back to its publication");
+    let first = store.insert(&[scenario_event(0, 0, 1)]).await.unwrap();
+    let mut relay_0 = reading_session(&store, "relay-0").await;
+    let read = claim_all(&mut relay_0, 100, &[], 1, |batch| batch.to_vec()).await;
+    assert_eq!(read, first, "the table made anew is read");
+
+    exec(format!(
+        "ALTER PUBLICATION \"{publication}\" DROP TABLE {table}"
+    ))
+    .await;
+    let meanwhile = [scenario_event(0, 1, 1), scenario_event(0, 0, 2)];
+    let meanwhile = store.insert(&meanwhile).await.unwrap();
+    let started = Instant::now();
+    let request = ClaimRequest {
+        limit: 100,
+        exclude_ids: &[],
+        dead_holds_aggregate: false,
+    };
+    let stopped = loop {
+        match relay_0.claim(&request).await {
+            Ok(batch) => assert!(batch.is_empty(), "nothing is in the log: {batch:?}"),
+            Err(e) => break e,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the reader still claimed without an error 15 s after the table left its publication"
+        );
+    };
+    refused(&stopped);
+    drop(relay_0);
+    refused(
+        &store
+            .check()
+            .await
+            .expect_err("the check refuses the table"),
+    );
+    let mut session = store.open_session("relay-1").await.expect("a session");
+    refused(
+        &session
+            .try_acquire(0)
+            .await
+            .expect_err("a reader refuses to start"),
+    );
+    drop(session);
+
+    store.migrate().await.expect("migrate adds the table back");
+    store.check().await.expect("the table is published again");
+    let later = store.insert(&[scenario_event(0, 2, 1)]).await.unwrap();
+    let mut relay_1 = reading_session(&store, "relay-1").await;
+    let handed = claim_all(&mut relay_1, 100, &[], 3, |batch| batch.to_vec()).await;
+    let expected: Vec<i64> = [meanwhile, later].concat();
+    assert_eq!(
+        handed, expected,
+        "the events written while the table was out of its publication (written again by \
+         migrate, same ids) are read, then the later one"
+    );
+    relay_1.close().await.expect("closing the session");
     drop(server);
 }

@@ -75,6 +75,9 @@ const PARKED_LIMIT: i64 = 100_000;
 /// Table style: how often rows a mark missed are marked again.
 const UNMARKED_RETRY: Duration = Duration::from_millis(20);
 
+/// How often a reader checks that the publication still publishes its table (table style).
+const PUBLICATION_CHECK: Duration = Duration::from_secs(5);
+
 /// Of the 32-bit transaction ids in parameter `$n` (as `int8`), those whose commits the
 /// statement's snapshot sees: each id is widened against the snapshot's 64-bit `xmax` (an id of
 /// a transaction the log delivered is less than 2^31 transactions old: its slot holds the
@@ -230,6 +233,8 @@ pub struct LogicalSession {
     unmarked: HashMap<i64, Instant>,
     /// When `unmarked` was last tried.
     unmarked_tried: Instant,
+    /// When the publication was last checked (see [`Self::check_published`]).
+    publication_checked: Instant,
     /// How the engine asked the rows of `unmarked` to be marked (`relay.retention`).
     unmarked_mode: MarkMode,
 }
@@ -284,6 +289,7 @@ impl LogicalSession {
             reader: None,
             unmarked: HashMap::new(),
             unmarked_tried: Instant::now(),
+            publication_checked: Instant::now(),
             unmarked_mode: MarkMode::Delete,
         })
     }
@@ -520,6 +526,34 @@ impl LogicalSession {
         Ok(ids.into_iter().collect())
     }
 
+    /// Table style: fail (permanently, kind `Schema`) when the publication no longer publishes
+    /// the table. A table dropped and created again is in no publication: nothing of it would
+    /// be read, and nothing would say so. Checked when a reader starts and every
+    /// [`PUBLICATION_CHECK`] while it reads.
+    async fn check_published(&mut self) -> Result<()> {
+        self.publication_checked = Instant::now();
+        let context = Arc::clone(&self.context);
+        if context.names.style != CaptureStyle::Table {
+            return Ok(());
+        }
+        let (names, table) = (&context.names, &context.table);
+        let published: bool = self
+            .fence
+            .run("checking the publication", async |conn| {
+                sqlx::query_scalar(super::setup::PUBLISHES_TABLE)
+                    .bind(&names.publication)
+                    .bind(table.qualifier().unwrap_or("public"))
+                    .bind(table.name())
+                    .fetch_one(conn)
+                    .await
+            })
+            .await?;
+        match published {
+            true => Ok(()),
+            false => Err(super::setup::not_published(names, table)),
+        }
+    }
+
     /// Start reading the slot from its confirmed position; `false` when another session
     /// started first.
     async fn start_reader(&mut self) -> Result<bool> {
@@ -560,6 +594,7 @@ impl LogicalSession {
         if lag.active {
             return Ok(false);
         }
+        self.check_published().await?;
         // Where the slot is confirmed to, and where the log stands now: every transaction the
         // last reader can have handled committed before it.
         let (confirmed, now): (String, String) = self
@@ -1115,6 +1150,9 @@ impl ShardSession for LogicalSession {
         }
         if self.reader.is_none() {
             return Ok(Vec::new());
+        }
+        if self.publication_checked.elapsed() >= PUBLICATION_CHECK {
+            self.check_published().await?;
         }
         if !self.unmarked.is_empty() && self.unmarked_tried.elapsed() >= UNMARKED_RETRY {
             // Rows a mark missed, marked as the engine asked then.

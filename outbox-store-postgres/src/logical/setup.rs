@@ -261,6 +261,40 @@ fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
     .permanent()
 }
 
+/// Whether publication `$1` publishes table `$3` of schema `$2`. Dropping a table takes it out
+/// of every publication, and creating it again does not put it back.
+pub(crate) const PUBLISHES_TABLE: &str = "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+     WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)";
+
+async fn publishes(
+    conn: &mut PgConnection,
+    names: &LogicalNames,
+    table: &TableName,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(PUBLISHES_TABLE)
+        .bind(&names.publication)
+        .bind(table.qualifier().unwrap_or("public"))
+        .bind(table.name())
+        .fetch_one(conn)
+        .await
+}
+
+/// Table style: the publication does not publish the table, so no insert of it is in the log.
+pub(crate) fn not_published(names: &LogicalNames, table: &TableName) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "publication \"{}\" does not publish table {table}, so its inserts are not in the log \
+             and no relay would publish them (a table dropped and created again leaves every \
+             publication): run {} (it adds the table back and writes again the rows written \
+             meanwhile)",
+            names.publication,
+            outboxkit_core::command::line("migrate")
+        ),
+    )
+    .permanent()
+}
+
 /// Check a slot that exists is ours to use.
 fn check_slot(state: &SlotState, names: &LogicalNames, table: &TableName) -> Result<()> {
     if state.plugin != "pgoutput" || !state.same_database {
@@ -306,9 +340,14 @@ pub(crate) async fn check(
     };
     check_recorded(&slot, &style, names, table)?;
     match slot_state(conn, &names.slot, target).await? {
-        Some(state) => check_slot(&state, names, table),
-        None => Err(slot_gone(names, table, "was dropped")),
+        Some(state) => check_slot(&state, names, table)?,
+        None => return Err(slot_gone(names, table, "was dropped")),
     }
+    let e = err(target, "checking the publication");
+    if names.style == CaptureStyle::Table && !publishes(conn, names, table).await.map_err(e)? {
+        return Err(not_published(names, table));
+    }
+    Ok(())
 }
 
 fn check_recorded(slot: &str, style: &str, names: &LogicalNames, table: &TableName) -> Result<()> {
@@ -464,18 +503,15 @@ pub(crate) async fn migrate(
         .await
         .map_err(&e)?;
         tracing::info!(publication = %names.publication, "created publication");
-    } else if names.style == CaptureStyle::Table {
-        let includes: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
-             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
-        )
-        .bind(&names.publication)
-        .bind(table.qualifier().unwrap_or("public"))
-        .bind(table.name())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(&e)?;
-        if !includes {
+    } else if names.style == CaptureStyle::Table
+        && !publishes(&mut conn, names, table).await.map_err(&e)?
+    {
+        let ours = recorded(&mut conn, table, target)
+            .await?
+            .is_some_and(|r| r.publication == names.publication);
+        if ours {
+            publish_again(&mut conn, names, table, target).await?;
+        } else {
             return Err(Error::config(format!(
                 "store.logical.publication: publication \"{}\" exists and does not publish {table}: \
                  add it (ALTER PUBLICATION \"{}\" ADD TABLE {}) or choose another name",
@@ -541,6 +577,63 @@ pub(crate) async fn migrate(
             record(&mut conn, &bookkeeping, table, names, Some(&lsn), target).await?;
         }
     }
+    Ok(())
+}
+
+/// Table style, the table out of the publication `migrate` made for it (dropped and created
+/// again): add it back, then write again the pending rows written meanwhile, whose inserts are
+/// not in the log. A lock that writers wait for (and that waits for those writing now) makes
+/// the rows there at the moment of the change exactly the ones missing from the log; the
+/// second transaction writes those again, with their ids, so the relay reads them.
+async fn publish_again(
+    conn: &mut PgConnection,
+    names: &LogicalNames,
+    table: &TableName,
+    target: &Target,
+) -> Result<()> {
+    let e = err(target, "adding the table back to its publication");
+    let quoted = table.quoted();
+    let mut tx = conn.begin().await.map_err(&e)?;
+    tx.execute(sqlx::raw_sql(&format!(
+        "LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE"
+    )))
+    .await
+    .map_err(&e)?;
+    let missing: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {quoted} WHERE published_at IS NULL AND dead_at IS NULL ORDER BY id"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(&e)?;
+    tx.execute(sqlx::raw_sql(&format!(
+        "ALTER PUBLICATION \"{}\" ADD TABLE {quoted}",
+        names.publication
+    )))
+    .await
+    .map_err(&e)?;
+    tx.commit().await.map_err(&e)?;
+
+    let columns = "id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
+                   destination, created_at, attempts, next_attempt_at, last_error";
+    let written: u64 = sqlx::query(&format!(
+        "WITH moved AS (DELETE FROM {quoted} WHERE id = ANY($1) \
+             AND published_at IS NULL AND dead_at IS NULL RETURNING {columns}) \
+         INSERT INTO {quoted} ({columns}) OVERRIDING SYSTEM VALUE \
+         SELECT {columns} FROM moved ORDER BY id"
+    ))
+    .bind(&missing)
+    .execute(&mut *conn)
+    .await
+    .map_err(&e)?
+    .rows_affected();
+    tracing::warn!(
+        %table,
+        publication = %names.publication,
+        rows_written_again = written,
+        "the table was out of its publication (dropped and created again?): added it back; the \
+         pending rows written meanwhile were not in the log and are written again, so the relay \
+         reads them"
+    );
     Ok(())
 }
 
