@@ -63,6 +63,10 @@ pub(crate) struct Backlog {
     reading_again: bool,
     /// Unsettled events read again.
     read_again: usize,
+    /// Events read again so far.
+    read_again_read: u64,
+    /// Whether the log was read past `read_again_until`: no more events are read again.
+    past_read_again: bool,
 }
 
 impl Backlog {
@@ -114,12 +118,20 @@ impl Backlog {
         self.read_again > 0
     }
 
+    /// Once every event read again is read and settled: how many there were. `None` before,
+    /// and when the reader started with nothing to read again.
+    pub(crate) fn read_again_done(&self) -> Option<u64> {
+        (self.past_read_again && self.read_again == 0 && self.read_again_read > 0)
+            .then_some(self.read_again_read)
+    }
+
     /// A transaction begins: `xid` is the server's id for it, `final_lsn` where its commit
     /// stands in the log. (A commit at the very position the reader started at may be a new
     /// one: it is taken as read again, which costs one check and skips nothing it must not.)
     pub(crate) fn begin(&mut self, xid: u32, final_lsn: u64) {
         self.reading_xid = xid;
         self.reading_again = final_lsn <= self.read_again_until;
+        self.past_read_again |= !self.reading_again;
     }
 
     /// The next event of the transaction being read, in the order written.
@@ -140,6 +152,7 @@ impl Backlog {
         self.unsettled_bytes += event.payload.len();
         self.unsettled += 1;
         self.read_again += usize::from(self.reading_again);
+        self.read_again_read += u64::from(self.reading_again);
         self.entries.push_back(Some(Entry {
             event,
             txn,
@@ -175,9 +188,12 @@ impl Backlog {
 
     /// The server reports it has sent everything up to `wal_end`: with nothing unsettled, the
     /// slot may be confirmed there (so that other databases' traffic does not hold the log).
+    /// (The server sends the position it has processed the log to: past `read_again_until`,
+    /// every transaction committed before it was read.)
     pub(crate) fn idle_at(&mut self, wal_end: u64) {
         if self.txns.is_empty() {
             self.confirmable = self.confirmable.max(wal_end);
+            self.past_read_again |= wal_end >= self.read_again_until;
         }
     }
 
@@ -348,6 +364,31 @@ mod tests {
         assert!(!b.holds_read_again());
         assert!(!b.is_read_again(2), "a settled event is not asked about");
 
+        assert_eq!(
+            b.read_again_done(),
+            Some(3),
+            "read past the start, all settled"
+        );
+
+        let mut idle = Backlog::new(100).read_again_until(500);
+        idle.begin(5, 300);
+        idle.add(event(6, "e"));
+        idle.commit(320);
+        idle.settle(&[6]);
+        assert_eq!(
+            idle.read_again_done(),
+            None,
+            "the log may hold more from before"
+        );
+        idle.idle_at(499);
+        assert_eq!(idle.read_again_done(), None);
+        idle.idle_at(500);
+        assert_eq!(
+            idle.read_again_done(),
+            Some(1),
+            "the server has sent all before"
+        );
+
         let mut fresh = Backlog::new(100);
         fresh.begin(4, 50);
         fresh.add(event(5, "d"));
@@ -355,6 +396,9 @@ mod tests {
             !fresh.holds_read_again(),
             "nothing is read again unless told where"
         );
+        fresh.commit(60);
+        fresh.idle_at(70);
+        assert_eq!(fresh.read_again_done(), None, "nothing was read again");
     }
 
     #[test]

@@ -202,6 +202,35 @@ struct Reader {
     /// events read again that the last reader may have parked (see
     /// [`LogicalSession::drop_parked`]). Empty, as it mostly is, it costs nothing.
     parked: HashSet<Uuid>,
+    /// Events read again that the last reader had handled: not handed out.
+    read_again_skipped: u64,
+    /// Whether what became of the events read again was said (see [`Reader::caught_up`]).
+    caught_up: bool,
+}
+
+impl Reader {
+    /// Once every event read again is settled: say, once, how many there were and how many
+    /// the last reader had handled (skipped; the others were handed out), and let go of the
+    /// dead rows' `event_id`s, which only events read again are checked against.
+    fn caught_up(&mut self) {
+        if self.caught_up {
+            return;
+        }
+        let Some(read) = self.backlog.read_again_done() else {
+            return;
+        };
+        self.caught_up = true;
+        tracing::info!(
+            read_again = read,
+            skipped = self.read_again_skipped,
+            handed_out = read.saturating_sub(self.read_again_skipped),
+            "caught up with the events read again (committed before this reader started, after \
+             the slot's confirmed position): skipped those the last reader had marked or parked \
+             as dead (message style: parked as dead), handed out the rest (some may have reached \
+             the broker before: at least once)"
+        );
+        self.parked = HashSet::new();
+    }
 }
 
 impl fmt::Debug for Reader {
@@ -436,6 +465,7 @@ impl LogicalSession {
         let dropped: HashSet<i64> = gone.iter().copied().collect();
         batch.retain(|e| !dropped.contains(&e.id));
         reader.backlog.settle(&gone);
+        reader.read_again_skipped += gone.len() as u64;
         Ok(())
     }
 
@@ -507,6 +537,7 @@ impl LogicalSession {
             !parked
         });
         reader.backlog.settle(&dropped);
+        reader.read_again_skipped += dropped.len() as u64;
         Ok(())
     }
 
@@ -663,6 +694,8 @@ impl LogicalSession {
             in_transaction: false,
             confirmed,
             parked,
+            read_again_skipped: 0,
+            caught_up: false,
         });
         Ok(true)
     }
@@ -1194,6 +1227,9 @@ impl ShardSession for LogicalSession {
                     // All of it was handled already: on to what follows.
                     continue;
                 }
+            }
+            if let Some(reader) = self.reader.as_mut() {
+                reader.caught_up();
             }
             self.confirm();
             return Ok(batch);
