@@ -474,11 +474,10 @@ impl LogicalSession {
     /// reader settled. Without it they are published again, if the broker takes them by then,
     /// while their dead rows stay for `dead retry` to publish them once more. Only events read
     /// again whose `event_id` had a dead row when this reader started are asked about, in one
-    /// statement:
-    /// dropped when a dead row holds the same event (`event_id` and `created_at`) and the
-    /// statement's snapshot sees the event's transaction. `dead retry` deletes the row in the
-    /// transaction that writes the event again, so the retried event, once visible, finds no
-    /// row, and is not dropped while it is not visible (see [`visible_xids`]).
+    /// statement: dropped when a dead row holds the same event (`event_id` and `created_at`)
+    /// and the statement's snapshot sees the event's transaction. `dead retry` deletes the row
+    /// in the transaction that writes the event again, so the retried event, once visible,
+    /// finds no row, and is not dropped while it is not visible (see [`visible_xids`]).
     async fn drop_parked(&mut self, batch: &mut Vec<OutboxEvent>) -> Result<()> {
         let Some(reader) = self.reader.as_ref() else {
             return Ok(());
@@ -571,12 +570,7 @@ impl LogicalSession {
         let published: bool = self
             .fence
             .run("checking the publication", async |conn| {
-                sqlx::query_scalar(super::setup::PUBLISHES_TABLE)
-                    .bind(&names.publication)
-                    .bind(table.qualifier().unwrap_or("public"))
-                    .bind(table.name())
-                    .fetch_one(conn)
-                    .await
+                super::setup::publishes(conn, names, table).await
             })
             .await?;
         match published {

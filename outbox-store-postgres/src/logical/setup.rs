@@ -261,22 +261,22 @@ fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
     .permanent()
 }
 
-/// Whether publication `$1` publishes table `$3` of schema `$2`. Dropping a table takes it out
-/// of every publication, and creating it again does not put it back.
-pub(crate) const PUBLISHES_TABLE: &str = "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
-     WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)";
-
-async fn publishes(
+/// Whether the publication publishes `table`. Dropping a table takes it out of every
+/// publication, and creating it again does not put it back.
+pub(crate) async fn publishes(
     conn: &mut PgConnection,
     names: &LogicalNames,
     table: &TableName,
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar(PUBLISHES_TABLE)
-        .bind(&names.publication)
-        .bind(table.qualifier().unwrap_or("public"))
-        .bind(table.name())
-        .fetch_one(conn)
-        .await
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+    )
+    .bind(&names.publication)
+    .bind(table.qualifier().unwrap_or("public"))
+    .bind(table.name())
+    .fetch_one(conn)
+    .await
 }
 
 /// Table style: the publication does not publish the table, so no insert of it is in the log.
