@@ -1261,12 +1261,36 @@ async fn a_new_reader_checks_every_event_read_again() {
     drop(server);
 }
 
+/// Claims of `session` until one fails, within 15 s of `what`; those before hand out nothing.
+async fn claims_until_refused(
+    session: &mut Box<dyn ShardSession>,
+    what: &str,
+) -> outboxkit_core::Error {
+    let started = Instant::now();
+    let request = ClaimRequest {
+        limit: 100,
+        exclude_ids: &[],
+        dead_holds_aggregate: false,
+    };
+    loop {
+        match session.claim(&request).await {
+            Ok(batch) => assert!(batch.is_empty(), "nothing is in the log: {batch:?}"),
+            Err(e) => return e,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the reader still claimed without an error 15 s after {what}"
+        );
+    }
+}
+
 /// Table style: a table out of its publication (dropped and created again by a tool that does
 /// not know of it) has no insert in the log. A reader reading finds out within 5 s, and the
 /// relay's check and a starting reader refuse it, all loudly, where a relay used to read
 /// nothing and report nothing; `migrate` adds the table back, as it does after a `DROP TABLE`
 /// it makes the table anew for, and writes again the rows written meanwhile, which are then
-/// read, with the later ones.
+/// read, with the later ones. A publication changed by hand to leave out inserts, or with a row
+/// filter, is refused and mended the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
     let name = unique("lg_pub");
@@ -1284,14 +1308,15 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     };
-    let refused = |e: &outboxkit_core::Error| {
+    let refused_for = |e: &outboxkit_core::Error, why: &str| {
         assert!(
             e.kind() == outboxkit_core::ErrorKind::Schema
-                && e.message().contains("does not publish table")
+                && e.message().contains(why)
                 && e.message().contains("migrate"),
             "{e}"
         );
     };
+    let refused = |e: &outboxkit_core::Error| refused_for(e, "does not publish table");
 
     exec(format!("DROP TABLE {table}")).await;
     store
@@ -1309,23 +1334,7 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
     .await;
     let meanwhile = [scenario_event(0, 1, 1), scenario_event(0, 0, 2)];
     let meanwhile = store.insert(&meanwhile).await.unwrap();
-    let started = Instant::now();
-    let request = ClaimRequest {
-        limit: 100,
-        exclude_ids: &[],
-        dead_holds_aggregate: false,
-    };
-    let stopped = loop {
-        match relay_0.claim(&request).await {
-            Ok(batch) => assert!(batch.is_empty(), "nothing is in the log: {batch:?}"),
-            Err(e) => break e,
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "the reader still claimed without an error 15 s after the table left its publication"
-        );
-    };
-    refused(&stopped);
+    refused(&claims_until_refused(&mut relay_0, "the table left its publication").await);
     drop(relay_0);
     refused(
         &store
@@ -1353,6 +1362,36 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
         "the events written while the table was out of its publication (written again by \
          migrate, same ids) are read, then the later one"
     );
-    relay_1.close().await.expect("closing the session");
+
+    // Changed by hand: inserts left out, or a row filter. Refused the same way, mended by
+    // `migrate`, and what the filter left out is read once it has.
+    exec(format!(
+        "ALTER PUBLICATION \"{publication}\" SET (publish = 'update')"
+    ))
+    .await;
+    refused_for(
+        &store.check().await.expect_err("no inserts published"),
+        "leaves out insert",
+    );
+    exec(format!(
+        "ALTER PUBLICATION \"{publication}\" SET (publish = 'insert'); \
+         ALTER PUBLICATION \"{publication}\" SET TABLE {table} WHERE (aggregate_id <> '3')"
+    ))
+    .await;
+    let filtered = store.insert(&[scenario_event(0, 0, 3)]).await.unwrap();
+    refused_for(
+        &claims_until_refused(&mut relay_1, "the row filter was set").await,
+        "with a row filter (WHERE (aggregate_id <> '3'::text))",
+    );
+    drop(relay_1);
+    store.migrate().await.expect("migrate removes the filter");
+    store
+        .check()
+        .await
+        .expect("every insert is published again");
+    let mut relay_2 = reading_session(&store, "relay-2").await;
+    let handed = claim_all(&mut relay_2, 100, &[], 1, |batch| batch.to_vec()).await;
+    assert_eq!(handed, filtered, "the event the filter left out is read");
+    relay_2.close().await.expect("closing the session");
     drop(server);
 }

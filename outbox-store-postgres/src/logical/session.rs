@@ -557,8 +557,8 @@ impl LogicalSession {
     }
 
     /// Table style: fail (permanently, kind `Schema`) when the publication no longer publishes
-    /// the table. A table dropped and created again is in no publication: nothing of it would
-    /// be read, and nothing would say so. Checked when a reader starts and every
+    /// every insert of the table (see [`super::setup::publication_fault`]): what it leaves out
+    /// would not be read, and nothing would say so. Checked when a reader starts and every
     /// [`PUBLICATION_CHECK`] while it reads.
     async fn check_published(&mut self) -> Result<()> {
         self.publication_checked = Instant::now();
@@ -567,16 +567,13 @@ impl LogicalSession {
             return Ok(());
         }
         let (names, table) = (&context.names, &context.table);
-        let published: bool = self
+        let fault = self
             .fence
             .run("checking the publication", async |conn| {
-                super::setup::publishes(conn, names, table).await
+                super::setup::publication_fault(conn, names, table).await
             })
             .await?;
-        match published {
-            true => Ok(()),
-            false => Err(super::setup::not_published(names, table)),
-        }
+        fault.map_or(Ok(()), Err)
     }
 
     /// Start reading the slot from its confirmed position; `false` when another session

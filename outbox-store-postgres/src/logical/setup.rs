@@ -261,38 +261,55 @@ fn slot_gone(names: &LogicalNames, table: &TableName, why: &str) -> Error {
     .permanent()
 }
 
-/// Whether the publication publishes `table`. Dropping a table takes it out of every
-/// publication, and creating it again does not put it back.
-pub(crate) async fn publishes(
+/// Table style: what keeps the publication from publishing every insert of `table`, as an
+/// error for people (kind `Schema`, permanent), or `None`. Each is silent otherwise: the
+/// events it leaves out are in no message the reader gets, and their rows stay pending. A
+/// table dropped and created again is in no publication; `publish` without `insert` or a row
+/// filter (PostgreSQL 15) are changes by hand.
+pub(crate) async fn publication_fault(
     conn: &mut PgConnection,
     names: &LogicalNames,
     table: &TableName,
-) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
-         WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+) -> sqlx::Result<Option<Error>> {
+    let row: Option<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT p.pubinsert, t.rowfilter FROM pg_publication p \
+         JOIN pg_publication_tables t ON t.pubname = p.pubname \
+         WHERE p.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3",
     )
     .bind(&names.publication)
     .bind(table.qualifier().unwrap_or("public"))
     .bind(table.name())
-    .fetch_one(conn)
-    .await
-}
-
-/// Table style: the publication does not publish the table, so no insert of it is in the log.
-pub(crate) fn not_published(names: &LogicalNames, table: &TableName) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!(
-            "publication \"{}\" does not publish table {table}, so its inserts are not in the log \
-             and no relay would publish them (a table dropped and created again leaves every \
-             publication): run {} (it adds the table back and writes again the rows written \
-             meanwhile)",
-            names.publication,
-            outboxkit_core::command::line("migrate")
+    .fetch_optional(conn)
+    .await?;
+    let publication = &names.publication;
+    let what = match row {
+        Some((true, None)) => return Ok(None),
+        None => format!(
+            "publication \"{publication}\" does not publish table {table}, so its inserts are not \
+             in the log and no relay would publish them (a table dropped and created again leaves \
+             every publication)"
         ),
-    )
-    .permanent()
+        Some((false, _)) => format!(
+            "publication \"{publication}\" does not publish the inserts of table {table} (its \
+             `publish` option leaves out insert), so no relay would publish them"
+        ),
+        Some((true, Some(filter))) => format!(
+            "publication \"{publication}\" publishes table {table} with a row filter (WHERE \
+             {filter}): the events it leaves out are not in the log and no relay would publish \
+             them"
+        ),
+    };
+    Ok(Some(
+        Error::new(
+            ErrorKind::Schema,
+            format!(
+                "{what}: run {} (it makes the publication publish every insert of the table and \
+                 writes again the rows still pending, which the log may not hold)",
+                outboxkit_core::command::line("migrate")
+            ),
+        )
+        .permanent(),
+    ))
 }
 
 /// Check a slot that exists is ours to use.
@@ -344,8 +361,10 @@ pub(crate) async fn check(
         None => return Err(slot_gone(names, table, "was dropped")),
     }
     let e = err(target, "checking the publication");
-    if names.style == CaptureStyle::Table && !publishes(conn, names, table).await.map_err(e)? {
-        return Err(not_published(names, table));
+    if names.style == CaptureStyle::Table {
+        if let Some(fault) = publication_fault(conn, names, table).await.map_err(e)? {
+            return Err(fault);
+        }
     }
     Ok(())
 }
@@ -503,22 +522,27 @@ pub(crate) async fn migrate(
         .await
         .map_err(&e)?;
         tracing::info!(publication = %names.publication, "created publication");
-    } else if names.style == CaptureStyle::Table
-        && !publishes(&mut conn, names, table).await.map_err(&e)?
-    {
-        let ours = recorded(&mut conn, table, target)
-            .await?
-            .is_some_and(|r| r.publication == names.publication);
-        if ours {
-            publish_again(&mut conn, names, table, target).await?;
-        } else {
-            return Err(Error::config(format!(
-                "store.logical.publication: publication \"{}\" exists and does not publish {table}: \
-                 add it (ALTER PUBLICATION \"{}\" ADD TABLE {}) or choose another name",
-                names.publication,
-                names.publication,
-                table.quoted()
-            )));
+    } else if names.style == CaptureStyle::Table {
+        if let Some(fault) = publication_fault(&mut conn, names, table)
+            .await
+            .map_err(&e)?
+        {
+            let ours = recorded(&mut conn, table, target)
+                .await?
+                .is_some_and(|r| r.publication == names.publication);
+            if !ours {
+                return Err(Error::config(format!(
+                    "store.logical.publication: publication \"{}\" exists and does not publish \
+                     every insert of {table} ({}): make it (ALTER PUBLICATION \"{}\" SET TABLE {}; \
+                     ALTER PUBLICATION \"{}\" SET (publish = 'insert')) or choose another name",
+                    names.publication,
+                    fault.message(),
+                    names.publication,
+                    table.quoted(),
+                    names.publication,
+                )));
+            }
+            publish_again(&mut conn, names, table, &fault, target).await?;
         }
     }
     conn.execute(sqlx::raw_sql(&emit_function(names, payload_type)))
@@ -580,15 +604,18 @@ pub(crate) async fn migrate(
     Ok(())
 }
 
-/// Table style, the table out of the publication `migrate` made for it (dropped and created
-/// again): add it back, then write again the pending rows written meanwhile, whose inserts are
-/// not in the log. A lock that writers wait for (and that waits for those writing now) makes
-/// the rows there at the moment of the change exactly the ones missing from the log; the
-/// second transaction writes those again, with their ids, so the relay reads them.
+/// Table style, the publication `migrate` made for the table no longer publishes every insert
+/// of it (`fault`: the table dropped and created again, or the publication changed by hand):
+/// make it publish the table's inserts, unfiltered, again, then write again the rows still
+/// pending, whose inserts the log may not hold. A lock that writers wait for (and that waits
+/// for those writing now) makes the rows there at the moment of the change a superset of the
+/// ones missing from the log; the second transaction writes those again, with their ids, so the
+/// relay reads them (a row the log did hold is read twice: at least once).
 async fn publish_again(
     conn: &mut PgConnection,
     names: &LogicalNames,
     table: &TableName,
+    fault: &Error,
     target: &Target,
 ) -> Result<()> {
     let e = err(target, "adding the table back to its publication");
@@ -606,7 +633,8 @@ async fn publish_again(
     .await
     .map_err(&e)?;
     tx.execute(sqlx::raw_sql(&format!(
-        "ALTER PUBLICATION \"{}\" ADD TABLE {quoted}",
+        "ALTER PUBLICATION \"{0}\" SET TABLE {quoted}; \
+         ALTER PUBLICATION \"{0}\" SET (publish = 'insert')",
         names.publication
     )))
     .await
@@ -629,10 +657,10 @@ async fn publish_again(
     tracing::warn!(
         %table,
         publication = %names.publication,
+        was = %fault.message(),
         rows_written_again = written,
-        "the table was out of its publication (dropped and created again?): added it back; the \
-         pending rows written meanwhile were not in the log and are written again, so the relay \
-         reads them"
+        "the publication did not publish every insert of the table: it does again, and the rows \
+         still pending, which the log may not hold, are written again, so the relay reads them"
     );
     Ok(())
 }
