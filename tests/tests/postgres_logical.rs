@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use outboxkit_core::{ClaimRequest, DeadFilter, Failure, MarkMode, NewEvent, ShardSession, Store};
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
-use outboxkit_store_postgres::{Capture, PostgresStore, PostgresStoreConfig};
+use outboxkit_store_postgres::{Capture, CaptureStyle, PostgresStore, PostgresStoreConfig};
 
 /// The writers of the end-to-end runs: no business row locked, about 5% rolled back.
 fn writers(scale: Scale) -> WriterPlan {
@@ -1114,9 +1114,19 @@ async fn the_slot_is_confirmed_soon_after_the_broker_acknowledged() {
 
 /// The store of table `name` on `server`, captured from the log in table style, migrated.
 async fn logical_store(server: &PrivatePostgres, name: &str) -> PostgresStore {
-    let config = PostgresStoreConfig::new(server.url("postgres", ""))
+    logical_store_in(server, name, CaptureStyle::Table).await
+}
+
+/// [`logical_store`] in `style`.
+async fn logical_store_in(
+    server: &PrivatePostgres,
+    name: &str,
+    style: CaptureStyle,
+) -> PostgresStore {
+    let mut config = PostgresStoreConfig::new(server.url("postgres", ""))
         .table(name)
         .capture(Capture::Logical);
+    config.logical.style = style;
     let store = PostgresStore::connect(config).await.expect("connecting");
     store.migrate().await.expect("migrating");
     store
@@ -1393,5 +1403,50 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
     let handed = claim_all(&mut relay_2, 100, &[], 1, |batch| batch.to_vec()).await;
     assert_eq!(handed, filtered, "the event the filter left out is read");
     relay_2.close().await.expect("closing the session");
+    drop(server);
+}
+
+/// Message style: the slot can be confirmed only at a transaction's end, so a reader killed
+/// inside a large transaction used to leave all of it to be published again, what it had
+/// published too. A reader inside a transaction it has not settled whole for a second leaves
+/// how far it got (a resume point in the bookkeeping row); the next reader hands out only
+/// the rest. Sessions driven by hand: relay-0 reads a transaction of 100 events, 60 of them
+/// are published, and it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_reader_resumes_inside_a_transaction_in_message_style() {
+    let name = unique("lg_resume");
+    let server = PrivatePostgres::start_logical(&name);
+    let store = logical_store_in(&server, &name, CaptureStyle::Message).await;
+    let events: Vec<NewEvent> = (0..100).map(|n| scenario_event(0, n, n % 10)).collect();
+    let ids = store.insert(&events).await.unwrap();
+    let (published, rest) = ids.split_at(60);
+
+    let mut relay_0 = reading_session(&store, "relay-0").await;
+    let read = claim_all(&mut relay_0, 100, &[], 100, |_| Vec::new()).await;
+    assert_eq!(read, ids, "relay-0 reads the whole transaction");
+    relay_0
+        .mark_published(published, MarkMode::Delete)
+        .await
+        .expect("marking");
+    // More than a second of claims (with the rest in flight): it leaves how far it got.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2_500) {
+        let request = ClaimRequest {
+            limit: 100,
+            exclude_ids: rest,
+            dead_holds_aggregate: false,
+        };
+        let batch = relay_0.claim(&request).await.expect("claiming");
+        assert!(batch.is_empty(), "the rest is in flight: {batch:?}");
+    }
+    drop(relay_0);
+
+    let mut relay_1 = reading_session(&store, "relay-1").await;
+    let handed = claim_all(&mut relay_1, 100, &[], rest.len(), |batch| batch.to_vec()).await;
+    assert_eq!(
+        handed, rest,
+        "relay-1 hands out only the events relay-0 had not published"
+    );
+    relay_1.close().await.expect("closing the session");
     drop(server);
 }

@@ -35,6 +35,10 @@ struct Txn {
     unsettled: usize,
     /// The server's (32-bit) transaction id.
     xid: u32,
+    /// Where its commit stands in the log (from its `Begin`): the transaction's identity.
+    final_lsn: u64,
+    /// The id of its last event added.
+    last_id: i64,
 }
 
 /// See the module's documentation.
@@ -67,6 +71,23 @@ pub(crate) struct Backlog {
     read_again_read: u64,
     /// Whether the log was read past `read_again_until`: no more events are read again.
     past_read_again: bool,
+    /// The transaction being read (the `final_lsn` of its `Begin`).
+    reading_final_lsn: u64,
+    /// Message style: where the last reader got to inside a transaction it did not finish
+    /// (see [`Self::resuming`]).
+    resume: Option<ResumePoint>,
+    /// In the transaction being read: events with a lower id were settled by the last reader.
+    skip_below: Option<i64>,
+}
+
+/// Where a reader got to inside the oldest transaction it has not settled whole: that
+/// transaction (the `final_lsn` of its `Begin`), and the id below which its events are all
+/// settled. Message style only, where an event's id is its message's position in the log, so
+/// ids grow in the order the log holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResumePoint {
+    pub final_lsn: u64,
+    pub settled_below: i64,
 }
 
 impl Backlog {
@@ -107,6 +128,28 @@ impl Backlog {
         self
     }
 
+    /// Message style: the last reader's [`ResumePoint`]. The events of that transaction below
+    /// it are not added again: it settled them (published, or parked as dead).
+    pub(crate) fn resuming(mut self, resume: Option<ResumePoint>) -> Self {
+        self.resume = resume;
+        self
+    }
+
+    /// Message style: this reader's [`ResumePoint`], for the next reader. `None` when nothing
+    /// of ours is unsettled.
+    pub(crate) fn resume_point(&self) -> Option<ResumePoint> {
+        let txn = self.txns.front().filter(|t| t.last_id != i64::MIN)?;
+        let settled_below = match self.entries.front().and_then(Option::as_ref) {
+            Some(first) if first.txn == self.first_txn => first.event.id,
+            // All of it settled; it stays only because its end is not read yet.
+            _ => txn.last_id.saturating_add(1),
+        };
+        Some(ResumePoint {
+            final_lsn: txn.final_lsn,
+            settled_below,
+        })
+    }
+
     /// Whether the unsettled event `id` is read again: its transaction committed before the
     /// reader started, so the last reader may have published it or parked it as dead.
     pub(crate) fn is_read_again(&self, id: i64) -> bool {
@@ -130,29 +173,41 @@ impl Backlog {
     /// one: it is taken as read again, which costs one check and skips nothing it must not.)
     pub(crate) fn begin(&mut self, xid: u32, final_lsn: u64) {
         self.reading_xid = xid;
+        self.reading_final_lsn = final_lsn;
         self.reading_again = final_lsn <= self.read_again_until;
         self.past_read_again |= !self.reading_again;
+        self.skip_below = self
+            .resume
+            .filter(|r| r.final_lsn == final_lsn)
+            .map(|r| r.settled_below);
     }
 
-    /// The next event of the transaction being read, in the order written.
-    pub(crate) fn add(&mut self, event: OutboxEvent) {
+    /// The next event of the transaction being read, in the order written. `false`: not
+    /// added, the last reader settled it (see [`Self::resuming`]).
+    pub(crate) fn add(&mut self, event: OutboxEvent) -> bool {
+        self.read_again_read += u64::from(self.reading_again);
+        if self.skip_below.is_some_and(|below| event.id < below) {
+            return false;
+        }
         if self.txns.back().is_none_or(|t| t.end_lsn.is_some()) {
             self.txns.push_back(Txn {
                 end_lsn: None,
                 unsettled: 0,
                 xid: self.reading_xid,
+                final_lsn: self.reading_final_lsn,
+                last_id: i64::MIN,
             });
         }
         let txn = self.first_txn + self.txns.len() as u64 - 1;
         if let Some(open) = self.txns.back_mut() {
             open.unsettled += 1;
+            open.last_id = event.id;
         }
         let position = self.base + self.entries.len() as u64;
         self.positions.insert(event.id, position);
         self.unsettled_bytes += event.payload.len();
         self.unsettled += 1;
         self.read_again += usize::from(self.reading_again);
-        self.read_again_read += u64::from(self.reading_again);
         self.entries.push_back(Some(Entry {
             event,
             txn,
@@ -160,6 +215,7 @@ impl Backlog {
             acked: false,
             read_again: self.reading_again,
         }));
+        true
     }
 
     /// The transaction being read ends at `end_lsn` (having added no event when it wrote
@@ -172,6 +228,8 @@ impl Backlog {
                 end_lsn: Some(end_lsn),
                 unsettled: 0,
                 xid: self.reading_xid,
+                final_lsn: self.reading_final_lsn,
+                last_id: i64::MIN,
             }),
         }
         self.trim();
@@ -399,6 +457,62 @@ mod tests {
         fresh.commit(60);
         fresh.idle_at(70);
         assert_eq!(fresh.read_again_done(), None, "nothing was read again");
+    }
+
+    #[test]
+    fn a_reader_resumes_inside_the_transaction_the_last_one_did_not_finish() {
+        let ids = |b: &Backlog| ids(&b.claim(10, &HashSet::new(), Instant::now()));
+        // The last reader: one transaction read in part (ids are log positions, message style).
+        let mut last = Backlog::new(0);
+        last.begin(1, 1000);
+        for id in [110, 120, 130, 140] {
+            last.add(event(id, "a"));
+        }
+        let at = |settled_below| ResumePoint {
+            final_lsn: 1000,
+            settled_below,
+        };
+        assert_eq!(last.resume_point(), Some(at(110)), "nothing settled yet");
+        last.settle(&[110, 120, 140]);
+        assert_eq!(last.resume_point(), Some(at(130)), "130 is not settled");
+        last.settle(&[130]);
+        assert_eq!(
+            last.resume_point(),
+            Some(at(141)),
+            "all it read is settled, its end is not read yet"
+        );
+        last.add(event(150, "a"));
+        last.add(event(160, "a"));
+        last.settle(&[160]);
+        let point = last.resume_point();
+        assert_eq!(point, Some(at(150)));
+
+        // The next reader skips what the last one settled below that point, in that
+        // transaction only; 160, settled above it, is published again (at least once).
+        let mut next = Backlog::new(0).resuming(point);
+        next.begin(7, 900);
+        assert!(next.add(event(100, "z")), "another transaction");
+        next.commit(950);
+        next.begin(1, 1000);
+        let added = [110, 120, 130, 140, 150, 160].map(|id| next.add(event(id, "a")));
+        assert_eq!(added, [false, false, false, false, true, true]);
+        next.commit(1100);
+        assert_eq!(ids(&next), [100, 150, 160]);
+        next.settle(&[100, 150, 160]);
+        assert_eq!(next.confirmable(), 1100);
+        assert_eq!(next.resume_point(), None, "nothing unsettled");
+
+        let mut whole = Backlog::new(0).resuming(Some(at(2000)));
+        whole.begin(1, 1000);
+        let added = [110, 120].map(|id| whole.add(event(id, "a")));
+        assert_eq!(added, [false, false], "settled whole by the last reader");
+        whole.commit(1100);
+        assert_eq!(whole.confirmable(), 1100, "nothing of it left to settle");
+        whole.begin(2, 3000);
+        assert!(
+            whole.add(event(1500, "b")),
+            "not the transaction the point names"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::session::{truncate_error, Fence};
 
-use super::backlog::Backlog;
+use super::backlog::{Backlog, ResumePoint};
 use super::decode::{decode, event_of_message, event_of_row, Change, Relation};
 use super::setup::{slot_lag, LogicalNames};
 use crate::classify::{classify, Postgres, Target};
@@ -77,6 +77,10 @@ const UNMARKED_RETRY: Duration = Duration::from_millis(20);
 
 /// How often a reader checks that the publication still publishes its table (table style).
 const PUBLICATION_CHECK: Duration = Duration::from_secs(5);
+
+/// Message style: a transaction still unsettled this long after it became the oldest (a large
+/// one) gets its [`ResumePoint`] left for the next reader, at most this often.
+const RESUME_POINT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Of the 32-bit transaction ids in parameter `$n` (as `int8`), those whose commits the
 /// statement's snapshot sees: each id is widened against the snapshot's 64-bit `xmax` (an id of
@@ -206,6 +210,17 @@ struct Reader {
     read_again_skipped: u64,
     /// Whether what became of the events read again was said (see [`Reader::caught_up`]).
     caught_up: bool,
+    /// Message style: whether the bookkeeping row has room for the [`ResumePoint`], and the
+    /// last one left there, with since when the transaction it names is the oldest unsettled.
+    resume: Option<LeftResumePoint>,
+}
+
+/// See [`Reader::resume`].
+#[derive(Debug, Default)]
+struct LeftResumePoint {
+    left: Option<ResumePoint>,
+    /// The oldest unsettled transaction (its `final_lsn`) and since when it is.
+    oldest: Option<(u64, Instant)>,
 }
 
 impl Reader {
@@ -576,6 +591,44 @@ impl LogicalSession {
         fault.map_or(Ok(()), Err)
     }
 
+    /// Message style: once the oldest unsettled transaction has been so for
+    /// [`RESUME_POINT_INTERVAL`] (a large one), leave in the bookkeeping row, at most that
+    /// often, how far into it this reader settled, so that the next reader after a crash
+    /// publishes again only the rest of it rather than all of it (the slot cannot be confirmed
+    /// inside a transaction).
+    async fn leave_resume_point(&mut self) -> Result<()> {
+        let Some(reader) = self.reader.as_mut() else {
+            return Ok(());
+        };
+        let point = reader.backlog.resume_point();
+        let Some(resume) = reader.resume.as_mut() else {
+            return Ok(());
+        };
+        let Some(point) = point else {
+            resume.oldest = None;
+            return Ok(());
+        };
+        let now = Instant::now();
+        let since = match resume.oldest {
+            Some((lsn, since)) if lsn == point.final_lsn => since,
+            _ => {
+                resume.oldest = Some((point.final_lsn, now));
+                return Ok(());
+            }
+        };
+        if now.duration_since(since) < RESUME_POINT_INTERVAL || resume.left == Some(point) {
+            return Ok(());
+        }
+        resume.left = Some(point);
+        resume.oldest = Some((point.final_lsn, now));
+        let table = &self.context.table;
+        self.fence
+            .run("leaving where this reader got to", async |conn| {
+                super::setup::leave_resume_point(conn, table, point).await
+            })
+            .await
+    }
+
     /// Start reading the slot from its confirmed position; `false` when another session
     /// started first.
     async fn start_reader(&mut self) -> Result<bool> {
@@ -634,9 +687,26 @@ impl LogicalSession {
             .await?;
         let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
         let now = Lsn::parse(&now).map(|l| l.as_u64()).unwrap_or(u64::MAX);
-        let parked = match context.names.style {
-            CaptureStyle::Message => self.parked_event_ids().await?,
-            CaptureStyle::Table => HashSet::new(),
+        let (parked, resume) = match context.names.style {
+            CaptureStyle::Message => {
+                let table = &context.table;
+                let resume = self
+                    .fence
+                    .run("reading where the last reader got to", async |conn| {
+                        super::setup::left_resume_point(conn, table).await
+                    })
+                    .await?;
+                if resume.is_none() {
+                    tracing::info!(
+                        %table,
+                        "the capture bookkeeping row has no room for where a reader got to inside \
+                         a transaction (set up by an older migrate): run migrate again, or a \
+                         reader after a crash publishes again all of a transaction it read in part"
+                    );
+                }
+                (self.parked_event_ids().await?, resume)
+            }
+            CaptureStyle::Table => (HashSet::new(), None),
         };
         let options = &context.options;
         let config = ReplicationConfig::new(
@@ -679,7 +749,9 @@ impl LogicalSession {
         tracing::info!(slot = %names.slot, position = %Lsn::from_u64(confirmed), "reading the replication slot");
         self.reader = Some(Reader {
             client,
-            backlog: Backlog::new(confirmed).read_again_until(now),
+            backlog: Backlog::new(confirmed)
+                .read_again_until(now)
+                .resuming(resume.flatten()),
             relations: HashMap::new(),
             malformed: Vec::new(),
             in_transaction: false,
@@ -687,6 +759,7 @@ impl LogicalSession {
             parked,
             read_again_skipped: 0,
             caught_up: false,
+            resume: resume.map(|_| LeftResumePoint::default()),
         });
         Ok(true)
     }
@@ -760,7 +833,9 @@ impl LogicalSession {
                     });
                     if ours && context.names.style == CaptureStyle::Table {
                         match event_of_row(&values, payload_type) {
-                            Ok(event) => reader.backlog.add(event),
+                            Ok(event) => {
+                                reader.backlog.add(event);
+                            }
                             Err(error) => {
                                 let id = values
                                     .iter()
@@ -794,7 +869,11 @@ impl LogicalSession {
                     let id = lsn.as_u64() as i64;
                     let parsed = event_of_message(id, &content, payload_type);
                     match parsed {
-                        Ok(event) if transactional => reader.backlog.add(event),
+                        Ok(event) if transactional => {
+                            if !reader.backlog.add(event) {
+                                reader.read_again_skipped += 1;
+                            }
+                        }
                         Ok(_) => {
                             // Outside any transaction: parked now, it is in none to settle.
                             let malformed = Malformed {
@@ -1222,6 +1301,7 @@ impl ShardSession for LogicalSession {
             if let Some(reader) = self.reader.as_mut() {
                 reader.caught_up();
             }
+            self.leave_resume_point().await?;
             self.confirm();
             return Ok(batch);
         }

@@ -8,6 +8,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::config::{CaptureStyle, LogicalSettings};
 
+use super::backlog::ResumePoint;
 use crate::classify::{classify, Target};
 use crate::config::TableName;
 
@@ -312,6 +313,59 @@ pub(crate) async fn publication_fault(
     ))
 }
 
+/// Message style: the [`ResumePoint`] the last reader of `table` left in the bookkeeping row
+/// (`Some(None)`: it left none), or `None` when the row has no columns for it yet (a table
+/// `migrate` set up before they were added, until it runs again).
+pub(crate) async fn left_resume_point(
+    conn: &mut PgConnection,
+    table: &TableName,
+) -> sqlx::Result<Option<Option<ResumePoint>>> {
+    let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) \
+         AND attname IN ('reader_txn_lsn', 'reader_txn_settled_below') AND NOT attisdropped",
+    )
+    .bind(&bookkeeping)
+    .fetch_one(&mut *conn)
+    .await?;
+    if columns < 2 {
+        return Ok(None);
+    }
+    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT reader_txn_lsn::text, reader_txn_settled_below FROM {bookkeeping} \
+         WHERE table_name = $1"
+    ))
+    .bind(table.name())
+    .fetch_optional(conn)
+    .await?;
+    Ok(Some(row.and_then(|(lsn, below)| {
+        let final_lsn = pgwire_replication::Lsn::parse(&lsn?).ok()?.as_u64();
+        Some(ResumePoint {
+            final_lsn,
+            settled_below: below?,
+        })
+    })))
+}
+
+/// Message style: leave this reader's [`ResumePoint`] in the bookkeeping row.
+pub(crate) async fn leave_resume_point(
+    conn: &mut PgConnection,
+    table: &TableName,
+    point: ResumePoint,
+) -> sqlx::Result<()> {
+    sqlx::query(&format!(
+        "UPDATE {} SET reader_txn_lsn = $2::pg_lsn, reader_txn_settled_below = $3 \
+         WHERE table_name = $1",
+        table.quoted_sibling(CAPTURE_TABLE)
+    ))
+    .bind(table.name())
+    .bind(pgwire_replication::Lsn::from_u64(point.final_lsn).to_string())
+    .bind(point.settled_below)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
 /// Check a slot that exists is ours to use.
 fn check_slot(state: &SlotState, names: &LogicalNames, table: &TableName) -> Result<()> {
     if state.plugin != "pgoutput" || !state.same_database {
@@ -495,7 +549,9 @@ pub(crate) async fn migrate(
          ALTER TABLE {bookkeeping} \
              ADD COLUMN IF NOT EXISTS reader_unsettled bigint, \
              ADD COLUMN IF NOT EXISTS reader_oldest_at timestamptz, \
-             ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz"
+             ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz, \
+             ADD COLUMN IF NOT EXISTS reader_txn_lsn pg_lsn, \
+             ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint"
     )))
     .await
     .map_err(&e)?;
