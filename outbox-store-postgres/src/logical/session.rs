@@ -224,6 +224,19 @@ struct LeftResumePoint {
 }
 
 impl Reader {
+    /// Take the events `ids` (read again, handled by the last reader) out of `batch` unpublished,
+    /// and settle them; returns them.
+    fn skip(&mut self, batch: &mut Vec<OutboxEvent>, ids: &[i64]) -> Vec<OutboxEvent> {
+        let ids_set: HashSet<i64> = ids.iter().copied().collect();
+        let (skipped, kept) = std::mem::take(batch)
+            .into_iter()
+            .partition(|e| ids_set.contains(&e.id));
+        *batch = kept;
+        self.backlog.settle(ids);
+        self.read_again_skipped += ids.len() as u64;
+        skipped
+    }
+
     /// Once every event read again is settled: say, once, how many there were and how many
     /// the last reader had handled (skipped; the others were handed out), and let go of the
     /// dead rows' `event_id`s, which only events read again are checked against.
@@ -477,10 +490,7 @@ impl LogicalSession {
             count = gone.len(),
             "events read again whose rows were marked already: not published again"
         );
-        let dropped: HashSet<i64> = gone.iter().copied().collect();
-        batch.retain(|e| !dropped.contains(&e.id));
-        reader.backlog.settle(&gone);
-        reader.read_again_skipped += gone.len() as u64;
+        reader.skip(batch, &gone);
         Ok(())
     }
 
@@ -542,16 +552,9 @@ impl LogicalSession {
             "events read again that the last reader parked as dead: left to `dead retry`, not \
              published again"
         );
-        let dropped_set: HashSet<i64> = dropped.iter().copied().collect();
-        batch.retain(|e| {
-            let parked = dropped_set.contains(&e.id);
-            if parked {
-                reader.parked.remove(&e.event_id);
-            }
-            !parked
-        });
-        reader.backlog.settle(&dropped);
-        reader.read_again_skipped += dropped.len() as u64;
+        for event in reader.skip(batch, &dropped) {
+            reader.parked.remove(&event.event_id);
+        }
         Ok(())
     }
 
