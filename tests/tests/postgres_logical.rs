@@ -1411,7 +1411,8 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
 /// published too. A reader inside a transaction it has not settled whole for a second leaves
 /// how far it got (a resume point in the bookkeeping row); the next reader hands out only
 /// the rest. Sessions driven by hand: relay-0 reads a transaction of 100 events, 60 of them
-/// are published, and it is killed.
+/// are published, and it is killed; relay-1 publishes 20 more and stops gracefully, which
+/// leaves its place at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_reader_resumes_inside_a_transaction_in_message_style() {
     let name = unique("lg_resume");
@@ -1442,11 +1443,21 @@ async fn a_new_reader_resumes_inside_a_transaction_in_message_style() {
     drop(relay_0);
 
     let mut relay_1 = reading_session(&store, "relay-1").await;
-    let handed = claim_all(&mut relay_1, 100, &[], rest.len(), |batch| batch.to_vec()).await;
+    let handed = claim_all(&mut relay_1, 100, &[], rest.len(), |_| Vec::new()).await;
     assert_eq!(
         handed, rest,
         "relay-1 hands out only the events relay-0 had not published"
     );
+    // Stopped gracefully right after publishing 20 more: it leaves where it got to at once.
+    let (published, rest) = rest.split_at(20);
+    relay_1
+        .mark_published(published, MarkMode::Delete)
+        .await
+        .expect("marking");
     relay_1.close().await.expect("closing the session");
+    let mut relay_2 = reading_session(&store, "relay-2").await;
+    let handed = claim_all(&mut relay_2, 100, &[], rest.len(), |batch| batch.to_vec()).await;
+    assert_eq!(handed, rest, "relay-2 hands out the last 20 only");
+    relay_2.close().await.expect("closing the session");
     drop(server);
 }

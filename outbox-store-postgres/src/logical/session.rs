@@ -598,8 +598,8 @@ impl LogicalSession {
     /// [`RESUME_POINT_INTERVAL`] (a large one), leave in the bookkeeping row, at most that
     /// often, how far into it this reader settled, so that the next reader after a crash
     /// publishes again only the rest of it rather than all of it (the slot cannot be confirmed
-    /// inside a transaction).
-    async fn leave_resume_point(&mut self) -> Result<()> {
+    /// inside a transaction). `now`: whatever the interval (a graceful stop).
+    async fn leave_resume_point(&mut self, now: bool) -> Result<()> {
         let Some(reader) = self.reader.as_mut() else {
             return Ok(());
         };
@@ -611,19 +611,21 @@ impl LogicalSession {
             resume.oldest = None;
             return Ok(());
         };
-        let now = Instant::now();
+        let at = Instant::now();
         let since = match resume.oldest {
             Some((lsn, since)) if lsn == point.final_lsn => since,
+            _ if now => at,
             _ => {
-                resume.oldest = Some((point.final_lsn, now));
+                resume.oldest = Some((point.final_lsn, at));
                 return Ok(());
             }
         };
-        if now.duration_since(since) < RESUME_POINT_INTERVAL || resume.left == Some(point) {
+        let due = now || at.duration_since(since) >= RESUME_POINT_INTERVAL;
+        if !due || resume.left == Some(point) {
             return Ok(());
         }
         resume.left = Some(point);
-        resume.oldest = Some((point.final_lsn, now));
+        resume.oldest = Some((point.final_lsn, at));
         let table = &self.context.table;
         self.fence
             .run("leaving where this reader got to", async |conn| {
@@ -1304,7 +1306,7 @@ impl ShardSession for LogicalSession {
             if let Some(reader) = self.reader.as_mut() {
                 reader.caught_up();
             }
-            self.leave_resume_point().await?;
+            self.leave_resume_point(false).await?;
             self.confirm();
             return Ok(batch);
         }
@@ -1359,6 +1361,10 @@ impl ShardSession for LogicalSession {
     }
 
     async fn close(mut self: Box<Self>) -> Result<()> {
+        // A stop inside a large transaction: the next reader starts where this one got to.
+        if let Err(e) = self.leave_resume_point(true).await {
+            tracing::debug!(error = %e, "could not leave where this reader got to");
+        }
         self.report_confirmed().await;
         self.stop_reader();
         let fence = self.fence;
