@@ -69,6 +69,9 @@ pub(crate) struct Backlog {
     read_again: usize,
     /// Events read again so far.
     read_again_read: u64,
+    /// Events read again that the last reader had handled: skipped at once (see
+    /// [`Self::resuming`]) or found so when claimed ([`Self::skip`]).
+    read_again_skipped: u64,
     /// Whether the log was read past `read_again_until`: no more events are read again.
     past_read_again: bool,
     /// The transaction being read (the `final_lsn` of its `Begin`).
@@ -168,6 +171,17 @@ impl Backlog {
             .then_some(self.read_again_read)
     }
 
+    /// How many events read again were skipped as handled by the last reader.
+    pub(crate) fn read_again_skipped(&self) -> u64 {
+        self.read_again_skipped
+    }
+
+    /// Events read again that the last reader had handled: settled, never handed out.
+    pub(crate) fn skip(&mut self, ids: &[i64]) {
+        self.settle(ids);
+        self.read_again_skipped += ids.len() as u64;
+    }
+
     /// A transaction begins: `xid` is the server's id for it, `final_lsn` where its commit
     /// stands in the log. (A commit at the very position the reader started at may be a new
     /// one: it is taken as read again, which costs one check and skips nothing it must not.)
@@ -187,6 +201,7 @@ impl Backlog {
     pub(crate) fn add(&mut self, event: OutboxEvent) -> bool {
         self.read_again_read += u64::from(self.reading_again);
         if self.skip_below.is_some_and(|below| event.id < below) {
+            self.read_again_skipped += 1;
             return false;
         }
         if self.txns.back().is_none_or(|t| t.end_lsn.is_some()) {
@@ -496,6 +511,7 @@ mod tests {
         next.begin(1, 1000);
         let added = [110, 120, 130, 140, 150, 160].map(|id| next.add(event(id, "a")));
         assert_eq!(added, [false, false, false, false, true, true]);
+        assert_eq!(next.read_again_skipped(), 4, "counted as skipped");
         next.commit(1100);
         assert_eq!(ids(&next), [100, 150, 160]);
         next.settle(&[100, 150, 160]);

@@ -206,8 +206,6 @@ struct Reader {
     /// events read again that the last reader may have parked (see
     /// [`LogicalSession::drop_parked`]). Empty, as it mostly is, it costs nothing.
     parked: HashSet<Uuid>,
-    /// Events read again that the last reader had handled: not handed out.
-    read_again_skipped: u64,
     /// Whether what became of the events read again was said (see [`Reader::caught_up`]).
     caught_up: bool,
     /// Message style: whether the bookkeeping row has room for the [`ResumePoint`], and the
@@ -232,8 +230,7 @@ impl Reader {
             .into_iter()
             .partition(|e| ids_set.contains(&e.id));
         *batch = kept;
-        self.backlog.settle(ids);
-        self.read_again_skipped += ids.len() as u64;
+        self.backlog.skip(ids);
         skipped
     }
 
@@ -248,10 +245,11 @@ impl Reader {
             return;
         };
         self.caught_up = true;
+        let skipped = self.backlog.read_again_skipped();
         tracing::info!(
             read_again = read,
-            skipped = self.read_again_skipped,
-            handed_out = read.saturating_sub(self.read_again_skipped),
+            skipped,
+            handed_out = read.saturating_sub(skipped),
             "caught up with the events read again (committed before this reader started, after \
              the slot's confirmed position): skipped those the last reader had marked or parked \
              as dead (message style: parked as dead), handed out the rest (some may have reached \
@@ -762,7 +760,6 @@ impl LogicalSession {
             in_transaction: false,
             confirmed,
             parked,
-            read_again_skipped: 0,
             caught_up: false,
             resume: resume.map(|_| LeftResumePoint::default()),
         });
@@ -875,9 +872,7 @@ impl LogicalSession {
                     let parsed = event_of_message(id, &content, payload_type);
                     match parsed {
                         Ok(event) if transactional => {
-                            if !reader.backlog.add(event) {
-                                reader.read_again_skipped += 1;
-                            }
+                            reader.backlog.add(event);
                         }
                         Ok(_) => {
                             // Outside any transaction: parked now, it is in none to settle.
