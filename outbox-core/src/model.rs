@@ -242,6 +242,13 @@ impl OutboxEvent {
         &self.payload
     }
 
+    /// Whether the payload is empty: no bytes, or the JSON `null` in a `json` table (a JSON
+    /// column cannot hold zero bytes). What a sink may send as a tombstone or a deletion.
+    pub fn payload_is_empty(&self) -> bool {
+        self.payload.is_empty()
+            || (self.payload_type == PayloadType::Json && self.payload.trim_ascii() == b"null")
+    }
+
     /// The payload as text; `None` when it is not valid UTF-8 (only possible in a `binary`
     /// table).
     pub fn payload_text(&self) -> Option<&str> {
@@ -469,4 +476,28 @@ pub struct HeldBack {
     pub last_error: Option<String>,
     /// Later events of the aggregate waiting behind it.
     pub waiting_behind: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_payload_is_no_bytes_or_a_json_null() {
+        let event = |payload: Payload| OutboxEvent::new(1, "order", "42", "Deleted", payload);
+        assert!(event(Payload::Text(String::new())).payload_is_empty());
+        assert!(event(Payload::Binary(Vec::new())).payload_is_empty());
+        assert!(event(Payload::Json("null".to_owned())).payload_is_empty());
+        assert!(event(Payload::Json(" null\n".to_owned())).payload_is_empty());
+        // `null` is a word of text and four bytes of binary, not an empty payload.
+        assert!(!event(Payload::Text("null".to_owned())).payload_is_empty());
+        assert!(!event(Payload::Binary(b"null".to_vec())).payload_is_empty());
+        for json in ["{}", "\"\"", "[]", "0", "false"] {
+            assert!(
+                !event(Payload::Json(json.to_owned())).payload_is_empty(),
+                "{json}"
+            );
+        }
+        assert!(!event(Payload::Binary(vec![0])).payload_is_empty());
+    }
 }

@@ -34,6 +34,7 @@ pub const OWN_KEYS: &[&str] = &[
     "max_batch_len",
     "format",
     "cloudevents_source",
+    "tombstone_on_empty_payload",
 ];
 
 /// Default topic template, as in the article: one topic per aggregate type and event type.
@@ -88,6 +89,11 @@ pub struct KafkaSinkConfig {
     pub format: Format,
     /// The CloudEvents `source` template (`format = "cloudevents"` only).
     pub cloudevents_source: String,
+    /// Send an event whose payload is empty (no bytes, or the JSON `null` in a `json` table) as
+    /// a tombstone: a record with the aggregate's key and no value, which a compacted topic
+    /// takes as "delete this key" (Debezium's `route.tombstone.on.empty.payload`). Off: such an
+    /// event is sent as it is.
+    pub tombstone_on_empty_payload: bool,
     /// librdkafka properties, passed through as they are (values as strings).
     pub properties: BTreeMap<String, String>,
 }
@@ -102,6 +108,7 @@ impl Default for KafkaSinkConfig {
             max_batch_len: 1000,
             format: Format::Raw,
             cloudevents_source: DEFAULT_SOURCE.to_owned(),
+            tombstone_on_empty_payload: false,
             properties: BTreeMap::new(),
         }
     }
@@ -130,6 +137,10 @@ impl fmt::Debug for KafkaSinkConfig {
             .field("max_batch_len", &self.max_batch_len)
             .field("format", &self.format)
             .field("cloudevents_source", &self.cloudevents_source)
+            .field(
+                "tombstone_on_empty_payload",
+                &self.tombstone_on_empty_payload,
+            )
             .field("properties", &self.redacted_properties())
             .finish()
     }
@@ -396,6 +407,9 @@ impl<'de> Deserialize<'de> for KafkaSinkConfig {
                         "max_batch_len" => config.max_batch_len = map.next_value()?,
                         "format" => config.format = map.next_value()?,
                         "cloudevents_source" => config.cloudevents_source = map.next_value()?,
+                        "tombstone_on_empty_payload" => {
+                            config.tombstone_on_empty_payload = map.next_value()?;
+                        }
                         _ => {
                             map.next_value::<PropertyValue>()?
                                 .flatten(key, 0, &mut flat);
@@ -632,6 +646,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("raw") && e.contains("cloudevents"), "{e}");
+    }
+
+    #[test]
+    fn tombstone_on_empty_payload_is_an_own_key_and_off_by_default() {
+        let config: KafkaSinkConfig =
+            from_json(serde_json::json!({ "bootstrap.servers": "k:9092" })).unwrap();
+        assert!(!config.tombstone_on_empty_payload);
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
+            "bootstrap.servers": "k:9092",
+            "tombstone_on_empty_payload": true,
+        }))
+        .unwrap();
+        assert!(config.tombstone_on_empty_payload);
+        assert!(!config.properties.contains_key("tombstone_on_empty_payload"));
+        config.validate().unwrap();
+        assert!(format!("{config:?}").contains("tombstone_on_empty_payload: true"));
+        let e = from_json::<KafkaSinkConfig>(serde_json::json!({
+            "bootstrap.servers": "k:9092",
+            "tombstone_on_empty_payload": "yes",
+        }))
+        .unwrap_err();
+        assert!(e.contains("a boolean"), "{e}");
     }
 
     #[test]

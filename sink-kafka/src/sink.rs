@@ -167,6 +167,10 @@ type RelayProducer = FutureProducer<KafkaContext>;
 /// `ce_<name>`, `datacontenttype` as `content-type`, the event's headers that are not
 /// attributes, then the relay's headers as above.
 ///
+/// With `tombstone_on_empty_payload`, an event whose payload is empty (see
+/// [`OutboxEvent::payload_is_empty`]) is a tombstone: the same key and headers (but
+/// `content-type`), and no value.
+///
 /// The producer reconnects by itself. When its idempotence state breaks (fatal error,
 /// out-of-order sequence, fenced producer id) the sink drops it and makes a new one before
 /// the next call.
@@ -314,7 +318,12 @@ impl KafkaSink {
     /// The message's headers: in raw format the event's own headers; with CloudEvents the
     /// attributes (`ce_<name>`, `content-type`) and the event's headers that are not
     /// attributes. Then the relay's headers.
-    fn headers(event: &OutboxEvent, cloudevents: Option<&CloudEvents>) -> OwnedHeaders {
+    /// A tombstone carries no data, hence no `content-type` header.
+    fn headers(
+        event: &OutboxEvent,
+        cloudevents: Option<&CloudEvents>,
+        tombstone: bool,
+    ) -> OwnedHeaders {
         let event_id = event.event_id.to_string();
         let created_at = event
             .created_at
@@ -324,7 +333,9 @@ impl KafkaSink {
         let mut own: Vec<(&str, &str)> = Vec::with_capacity(event.headers.len());
         if let Some(attributes) = &attributes {
             own.extend(attributes.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-            own.push(("content-type", event.content_type()));
+            if !tombstone {
+                own.push(("content-type", event.content_type()));
+            }
         }
         for (name, value) in &event.headers {
             if cloudevents.is_none() || !is_mapped_header(name) {
@@ -716,12 +727,18 @@ impl Sink for KafkaSink {
                 slots.push(Slot::Done(Outcome::from_error(error.permanent())));
                 continue;
             }
-            let headers = Self::headers(event, self.cloudevents.as_ref());
+            let tombstone = self.config.tombstone_on_empty_payload && event.payload_is_empty();
+            let headers = Self::headers(event, self.cloudevents.as_ref(), tombstone);
             let headers_size = headers_size(&headers);
-            let record = FutureRecord::to(&topic)
+            let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
                 .key(event.aggregate_id.as_bytes())
-                .payload(event.payload_bytes())
                 .headers(headers);
+            // A tombstone has no value at all (not an empty one): what compaction deletes by.
+            let record = if tombstone {
+                record
+            } else {
+                record.payload(event.payload_bytes())
+            };
             match producer.send_result(record) {
                 Ok(future) => slots.push(Slot::Waiting(topic, future)),
                 Err((error, _record)) => {
@@ -934,7 +951,7 @@ mod tests {
         let mut event =
             outboxkit_core::testkit::sink_suite::sample_event(1, "order", "42", "Placed");
         event.headers.insert("tenant".into(), "acme".into());
-        let headers = KafkaSink::headers(&event, None);
+        let headers = KafkaSink::headers(&event, None, false);
         let names: Vec<&str> = headers.iter().map(|h| h.key).collect();
         let mut expected = vec!["tenant", "traceparent"];
         expected.extend(RELAY_HEADERS);
@@ -954,8 +971,8 @@ mod tests {
         let ce = CloudEvents::for_format(Format::CloudEvents, "/shop", "k")
             .unwrap()
             .unwrap();
-        let headers = KafkaSink::headers(&event, Some(&ce));
-        let names: Vec<&str> = headers.iter().map(|h| h.key).collect();
+        let headers = KafkaSink::headers(&event, Some(&ce), false);
+        let mut names: Vec<&str> = headers.iter().map(|h| h.key).collect();
         let attributes = ce.binary_headers(&event, "ce_");
         assert_eq!(attributes.len(), 7, "up to ce_traceparent");
         let mut expected: Vec<&str> = attributes.iter().map(|(n, _)| n.as_str()).collect();
@@ -969,5 +986,10 @@ mod tests {
                 .map(|h| h.value.unwrap().len())
                 .sum::<usize>();
         assert_eq!(headers_size(&headers), expected);
+        // A tombstone has no data: the same headers but `content-type`.
+        let tombstone = KafkaSink::headers(&event, Some(&ce), true);
+        let tombstone: Vec<&str> = tombstone.iter().map(|h| h.key).collect();
+        names.retain(|n| *n != "content-type");
+        assert_eq!(tombstone, names);
     }
 }

@@ -12,7 +12,7 @@ use outboxkit_core::testkit::cloudevents::{
 use outboxkit_core::testkit::sink_suite::{
     awkward_event, describe_outcomes, publish_all, sample_batch, whole_call_error,
 };
-use outboxkit_core::{ErrorKind, Outcome, Sink};
+use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Payload, Sink};
 use outboxkit_harness::{
     kafka_bootstrap, scratch_dir, unique, KafkaBrokerProcess, KafkaSide, OwnServer,
 };
@@ -155,6 +155,92 @@ async fn cloudevents_binary_mode_maps_every_attribute_to_a_header() {
         assert!(!names.contains(&"traceparent"), "{names:?}");
         assert_eq!(names.iter().filter(|n| **n == "content-type").count(), 1);
         assert_eq!(&names[names.len() - RELAY_HEADERS.len()..], RELAY_HEADERS);
+    }
+}
+
+/// `tombstone_on_empty_payload`: an event whose payload is empty (the JSON `null`, no text, no
+/// bytes) goes out with its aggregate's key, its headers and no value at all — what a compacted
+/// topic deletes the key by — in either format (CloudEvents: no `content-type`, as there is no
+/// data). Other events, and every event with the key off (the default), go out as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_payload_is_a_tombstone_when_asked() {
+    let (prefix, kafka, topic) = order_topic(&[]).await;
+    let template = format!("{prefix}_{{aggregate_type}}");
+    let events = |first: i64| {
+        [
+            Payload::Json(r#"{"n": 1}"#.to_owned()),
+            Payload::Json("null".to_owned()),
+            Payload::Text(String::new()),
+            Payload::Binary(Vec::new()),
+        ]
+        .into_iter()
+        .zip(first..)
+        .map(|(payload, id)| OutboxEvent::new(id, "order", id.to_string(), "Changed", payload))
+        .collect::<Vec<_>>()
+    };
+    let raw = events(1);
+    let cloudevents = events(5);
+    let off = events(9);
+    for (events, config) in [
+        (
+            &raw,
+            KafkaSinkConfig {
+                tombstone_on_empty_payload: true,
+                ..config(&template)
+            },
+        ),
+        (
+            &cloudevents,
+            KafkaSinkConfig {
+                tombstone_on_empty_payload: true,
+                format: Format::CloudEvents,
+                cloudevents_source: SOURCE_TEMPLATE.to_owned(),
+                ..config(&template)
+            },
+        ),
+        (&off, config(&template)),
+    ] {
+        publish_all(&connect(config).await, events).await;
+    }
+
+    let got = kafka.read_topic(&topic, 12, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 12);
+    let message = |event: &OutboxEvent| {
+        let id = event.event_id.to_string();
+        got.iter()
+            .find(|m| m.header("event_id") == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no message with event_id {id}"))
+    };
+    for (events, tombstones) in [(&raw, true), (&cloudevents, true), (&off, false)] {
+        for (i, event) in events.iter().enumerate() {
+            let m = message(event);
+            assert_eq!(m.key_text(), event.aggregate_id, "key = aggregate_id");
+            assert_eq!(
+                m.tombstone,
+                tombstones && i > 0,
+                "event {} ({:?} payload {:?}): tombstone",
+                event.id,
+                event.payload_type,
+                String::from_utf8_lossy(&event.payload)
+            );
+            if !m.tombstone {
+                assert_eq!(
+                    m.payload, event.payload,
+                    "value = the payload, byte for byte"
+                );
+            }
+            assert_eq!(&m.header_map()["aggregate_id"], &event.aggregate_id);
+        }
+    }
+    for (i, event) in cloudevents.iter().enumerate() {
+        let m = message(event);
+        assert_eq!(m.header("ce_id"), Some(event.event_id.to_string().as_str()));
+        assert_eq!(m.header("ce_type"), Some("Changed"));
+        assert_eq!(
+            m.header("content-type").is_some(),
+            i == 0,
+            "content-type only on the event with data"
+        );
     }
 }
 

@@ -1,8 +1,8 @@
 //! End to end: payloads of `text` and `binary` tables reach every shipped broker byte for byte,
 //! from PostgreSQL and from MariaDB, through a real `outbox-relay run` process: every byte value
 //! 0–255 (not valid UTF-8) with and without a content type of its own, and JSON no database
-//! rendered (key order, spaces, `1.0`, a trailing newline) and XML; and large payloads in bounded
-//! memory.
+//! rendered (key order, spaces, `1.0`, a trailing newline) and XML; large payloads in bounded
+//! memory; and an empty payload as a Kafka tombstone.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -85,6 +85,66 @@ async fn large_payloads_pass_through_bounded_memory() {
     let exit = relay.terminate(Duration::from_secs(20));
     assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
     scenario.cleanup().await;
+}
+
+/// With `sink.kafka.tombstone_on_empty_payload`, an event whose payload a writer left empty — the
+/// JSON `null` in a `json` table — reaches Kafka as a tombstone (its aggregate's key, its
+/// headers, no value), from PostgreSQL and from MariaDB (each renders the document its own way);
+/// the events around it arrive as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_json_payload_reaches_kafka_as_a_tombstone() {
+    for postgres in [true, false] {
+        let name = unique(if postgres { "tomb_pg" } else { "tomb_my" });
+        let store: Arc<dyn StoreSide> = if postgres {
+            Arc::new(PostgresSide::open(&name).await)
+        } else {
+            Arc::new(MySqlSide::open(&name).await)
+        };
+        let kafka = Arc::new(KafkaSide::open(&name).await);
+        let mut scenario = Scenario::prepare(
+            store,
+            kafka.clone(),
+            Settings::default().sink("tombstone_on_empty_payload = true"),
+        )
+        .await;
+        let events: Vec<NewEvent> = [
+            serde_json::json!({"name": "Ada"}),
+            serde_json::Value::Null,
+            serde_json::json!({"name": "Grace"}),
+        ]
+        .into_iter()
+        .map(|payload| NewEvent::new("order", "o-1", "Changed", payload).event_id(Uuid::now_v7()))
+        .collect();
+        relay_all(&mut scenario, kafka.as_ref(), &events).await;
+        let records = kafka
+            .read_topic(&kafka.destination("order"), 3, Duration::from_secs(30))
+            .await;
+        let store_name = scenario.store.name().to_owned();
+        let tombstones: Vec<(String, bool, usize)> = events
+            .iter()
+            .map(|event| {
+                let id = event.event_id.unwrap().to_string();
+                let m = records
+                    .iter()
+                    .find(|m| m.header("event_id") == Some(id.as_str()))
+                    .unwrap_or_else(|| panic!("{store_name}: event {id} never reached Kafka"));
+                (m.key_text(), m.tombstone, m.payload.len())
+            })
+            .collect();
+        assert_eq!(
+            tombstones
+                .iter()
+                .map(|t| (t.0.as_str(), t.1))
+                .collect::<Vec<_>>(),
+            [("o-1", false), ("o-1", true), ("o-1", false)],
+            "{store_name}: (key, tombstone) of each event"
+        );
+        assert!(tombstones[0].2 > 0 && tombstones[2].2 > 0, "{tombstones:?}");
+        let relay = &mut scenario.relays[0];
+        let exit = relay.terminate(Duration::from_secs(20));
+        assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+        scenario.cleanup().await;
+    }
 }
 
 /// Write `events`, start a relay, wait until it published them all, and read them back.

@@ -477,6 +477,7 @@ fn read_topics(
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().unwrap_or_default().to_vec(),
+            tombstone: m.payload().is_none(),
             headers,
         };
         distinct.insert(record.event_id());
@@ -492,7 +493,10 @@ pub struct KafkaRecord {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
+    /// The value; empty for a tombstone.
     pub payload: Vec<u8>,
+    /// Whether the message has no value at all (a tombstone), not an empty one.
+    pub tombstone: bool,
     /// Headers in message order (names may repeat), values as (lossy) UTF-8.
     pub headers: Vec<(String, String)>,
 }

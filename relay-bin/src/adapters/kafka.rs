@@ -1,5 +1,5 @@
 //! `[sink.kafka]` as the registry reads it (feature `sink-kafka`): the sink's own keys
-//! (`topic`, `delivery_timeout`, `check_timeout`, `max_batch_len`) and any librdkafka
+//! (`topic`, `delivery_timeout`, `tombstone_on_empty_payload`...) and any librdkafka
 //! property as a quoted key (`"bootstrap.servers" = "..."`), or from the environment with
 //! `__` for every dot (`OUTBOX_SINK__KAFKA__SASL__PASSWORD`).
 
@@ -26,12 +26,15 @@ fn properties_pass_through_as_strings_and_the_environment_wins() {
         );
         jail.set_env("OUTBOX_SINK__KAFKA__SASL__PASSWORD", "007");
         jail.set_env("OUTBOX_SINK__KAFKA__MAX_BATCH_LEN", "250");
+        jail.set_env("OUTBOX_SINK__KAFKA__TOMBSTONE_ON_EMPTY_PAYLOAD", "true");
         let config = checked::<KafkaSinkConfig>(jail, &toml).unwrap();
         assert_eq!(config.bootstrap_servers(), "env1:9092,env2:9092");
         assert_eq!(config.properties["linger.ms"], "20");
         assert_eq!(config.properties["enable.idempotence"], "true");
         assert_eq!(config.properties["sasl.password"], "007");
         assert_eq!(config.max_batch_len, 250);
+        assert!(config.tombstone_on_empty_payload);
+        assert!(!config.properties.contains_key("tombstone_on_empty_payload"));
         assert_eq!(config.delivery_timeout, std::time::Duration::from_secs(45));
         assert_eq!(config.topic, "{aggregate_type}.{event_type}");
         let debug = format!("{config:?}");
