@@ -35,6 +35,7 @@ pub const OWN_KEYS: &[&str] = &[
     "format",
     "cloudevents_source",
     "tombstone_on_empty_payload",
+    "timestamp",
 ];
 
 /// Default topic template, as in the article: one topic per aggregate type and event type.
@@ -69,6 +70,18 @@ const RESERVED: &[(&str, &str)] = &[
     ),
 ];
 
+/// Which time a record carries as its Kafka timestamp (`sink.kafka.timestamp`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordTimestamp {
+    /// The time the relay hands the record to the producer (librdkafka's default).
+    #[default]
+    Produce,
+    /// The event's `created_at` (the writer's transaction, database clock), in milliseconds:
+    /// event time for consumers that window by it (Debezium's `table.field.event.timestamp`).
+    CreatedAt,
+}
+
 /// Configuration of [`KafkaSink`](crate::KafkaSink).
 ///
 /// `Debug` never shows secrets: the value of every property whose name mentions a password,
@@ -94,6 +107,8 @@ pub struct KafkaSinkConfig {
     /// takes as "delete this key" (Debezium's `route.tombstone.on.empty.payload`). Off: such an
     /// event is sent as it is.
     pub tombstone_on_empty_payload: bool,
+    /// The records' timestamp: when produced (default) or the event's `created_at`.
+    pub timestamp: RecordTimestamp,
     /// librdkafka properties, passed through as they are (values as strings).
     pub properties: BTreeMap<String, String>,
 }
@@ -109,6 +124,7 @@ impl Default for KafkaSinkConfig {
             format: Format::Raw,
             cloudevents_source: DEFAULT_SOURCE.to_owned(),
             tombstone_on_empty_payload: false,
+            timestamp: RecordTimestamp::Produce,
             properties: BTreeMap::new(),
         }
     }
@@ -141,6 +157,7 @@ impl fmt::Debug for KafkaSinkConfig {
                 "tombstone_on_empty_payload",
                 &self.tombstone_on_empty_payload,
             )
+            .field("timestamp", &self.timestamp)
             .field("properties", &self.redacted_properties())
             .finish()
     }
@@ -410,6 +427,7 @@ impl<'de> Deserialize<'de> for KafkaSinkConfig {
                         "tombstone_on_empty_payload" => {
                             config.tombstone_on_empty_payload = map.next_value()?;
                         }
+                        "timestamp" => config.timestamp = map.next_value()?,
                         _ => {
                             map.next_value::<PropertyValue>()?
                                 .flatten(key, 0, &mut flat);
@@ -668,6 +686,27 @@ mod tests {
         }))
         .unwrap_err();
         assert!(e.contains("a boolean"), "{e}");
+    }
+
+    #[test]
+    fn timestamp_is_produce_time_unless_created_at_is_asked() {
+        let config: KafkaSinkConfig =
+            from_json(serde_json::json!({ "bootstrap.servers": "k:9092" })).unwrap();
+        assert_eq!(config.timestamp, RecordTimestamp::Produce);
+        let config: KafkaSinkConfig = from_json(serde_json::json!({
+            "bootstrap.servers": "k:9092",
+            "timestamp": "created_at",
+        }))
+        .unwrap();
+        assert_eq!(config.timestamp, RecordTimestamp::CreatedAt);
+        assert!(!config.properties.contains_key("timestamp"));
+        config.validate().unwrap();
+        let e = from_json::<KafkaSinkConfig>(serde_json::json!({
+            "bootstrap.servers": "k:9092",
+            "timestamp": "commit",
+        }))
+        .unwrap_err();
+        assert!(e.contains("produce") && e.contains("created_at"), "{e}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, 
 use tracing::{debug, error, warn};
 
 use crate::classify::{classify, code_kind, describe, error_code, needs_new_producer};
-use crate::config::{KafkaSinkConfig, BOOTSTRAP_SERVERS, CONFIG_SECTION};
+use crate::config::{KafkaSinkConfig, RecordTimestamp, BOOTSTRAP_SERVERS, CONFIG_SECTION};
 use crate::topics::check_topic_name;
 
 /// How much longer than `delivery_timeout` a call waits for librdkafka's delivery reports
@@ -166,6 +166,9 @@ type RelayProducer = FutureProducer<KafkaContext>;
 /// mode): value = the payload bytes; headers = every attribute but `datacontenttype` as
 /// `ce_<name>`, `datacontenttype` as `content-type`, the event's headers that are not
 /// attributes, then the relay's headers as above.
+///
+/// The record's timestamp is the produce time, or with `timestamp = "created_at"` the event's
+/// `created_at`.
 ///
 /// With `tombstone_on_empty_payload`, an event whose payload is empty (see
 /// [`OutboxEvent::payload_is_empty`]) is a tombstone: the same key and headers (but
@@ -738,6 +741,10 @@ impl Sink for KafkaSink {
                 record
             } else {
                 record.payload(event.payload_bytes())
+            };
+            let record = match self.config.timestamp {
+                RecordTimestamp::Produce => record,
+                RecordTimestamp::CreatedAt => record.timestamp(event.created_at.timestamp_millis()),
             };
             match producer.send_result(record) {
                 Ok(future) => slots.push(Slot::Waiting(topic, future)),

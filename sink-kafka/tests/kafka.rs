@@ -16,7 +16,7 @@ use outboxkit_core::{ErrorKind, OutboxEvent, Outcome, Payload, Sink};
 use outboxkit_harness::{
     kafka_bootstrap, scratch_dir, unique, KafkaBrokerProcess, KafkaSide, OwnServer,
 };
-use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RELAY_HEADERS};
+use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RecordTimestamp, RELAY_HEADERS};
 
 /// Partitions of the topics the tests create.
 const PARTITIONS: i32 = 3;
@@ -242,6 +242,46 @@ async fn an_empty_payload_is_a_tombstone_when_asked() {
             "content-type only on the event with data"
         );
     }
+}
+
+/// `timestamp = "created_at"`: the record's timestamp is the event's `created_at` (to the
+/// millisecond), for consumers that window by event time; by default it is the produce time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_timestamp_is_the_produce_time_or_created_at() {
+    let (prefix, kafka, topic) = order_topic(&[]).await;
+    let template = format!("{prefix}_{{aggregate_type}}");
+    // created_at 2024-05-01T12:00:00.123456Z.
+    let produced = awkward_event(1, "order", "1", "Placed");
+    let created = awkward_event(2, "order", "2", "Placed");
+    let before = chrono::Utc::now().timestamp_millis();
+    publish_all(
+        &connect(config(&template)).await,
+        std::slice::from_ref(&produced),
+    )
+    .await;
+    let sink = connect(KafkaSinkConfig {
+        timestamp: RecordTimestamp::CreatedAt,
+        ..config(&template)
+    })
+    .await;
+    publish_all(&sink, std::slice::from_ref(&created)).await;
+    let after = chrono::Utc::now().timestamp_millis();
+
+    let got = kafka.read_topic(&topic, 2, Duration::from_secs(15)).await;
+    let timestamp = |event: &OutboxEvent| {
+        let id = event.event_id.to_string();
+        got.iter()
+            .find(|m| m.header("event_id") == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no message with event_id {id}"))
+            .timestamp
+            .expect("a timestamp")
+    };
+    assert_eq!(timestamp(&created), 1_714_564_800_123, "created_at, in ms");
+    let produce_time = timestamp(&produced);
+    assert!(
+        (before..=after).contains(&produce_time),
+        "produce time {produce_time} within the call ({before}..{after})"
+    );
 }
 
 /// A `cloudevents_source` that is not a URI-reference is refused at start, naming the key.

@@ -11,7 +11,7 @@ use outboxkit_core::testkit::sink_suite::{
     whole_call_error,
 };
 use outboxkit_core::{ErrorKind, Outcome, Sink};
-use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig};
+use outboxkit_sink_kafka::{KafkaSink, KafkaSinkConfig, RecordTimestamp};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
@@ -92,6 +92,34 @@ async fn a_message_the_broker_finds_too_large_is_rejected() {
         "{}",
         describe_outcomes(&outcomes)
     );
+}
+
+/// With `timestamp = "created_at"`, a broker that refuses an old timestamp
+/// (`log.message.timestamp.before.max.ms`) parks the event as dead at once; the next flows.
+#[tokio::test]
+async fn a_timestamp_the_broker_refuses_is_rejected() {
+    let cluster = mock();
+    let mut sink_config = sink(&cluster).config().clone();
+    sink_config.timestamp = RecordTimestamp::CreatedAt;
+    let sink = KafkaSink::new(sink_config).expect("a valid configuration");
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
+    );
+    let event = sample_event(1, "order", "a", "Placed");
+    let outcomes = sink
+        .publish(std::slice::from_ref(&event))
+        .await
+        .expect("publish");
+    match &outcomes[..] {
+        [Outcome::Reject(e)] => {
+            assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+            assert!(e.message().contains("timestamp"), "{e}");
+        }
+        other => panic!("expected one Reject, got {}", describe_outcomes(other)),
+    }
+    let next = sample_event(2, "order", "b", "Placed");
+    assert_all_published(&sink.publish(&[next]).await.expect("publish"));
 }
 
 #[tokio::test]

@@ -478,6 +478,7 @@ fn read_topics(
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().unwrap_or_default().to_vec(),
             tombstone: m.payload().is_none(),
+            timestamp: m.timestamp().to_millis(),
             headers,
         };
         distinct.insert(record.event_id());
@@ -497,6 +498,8 @@ pub struct KafkaRecord {
     pub payload: Vec<u8>,
     /// Whether the message has no value at all (a tombstone), not an empty one.
     pub tombstone: bool,
+    /// The record's timestamp, in milliseconds since the epoch.
+    pub timestamp: Option<i64>,
     /// Headers in message order (names may repeat), values as (lossy) UTF-8.
     pub headers: Vec<(String, String)>,
 }

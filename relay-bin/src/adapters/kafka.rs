@@ -27,6 +27,7 @@ fn properties_pass_through_as_strings_and_the_environment_wins() {
         jail.set_env("OUTBOX_SINK__KAFKA__SASL__PASSWORD", "007");
         jail.set_env("OUTBOX_SINK__KAFKA__MAX_BATCH_LEN", "250");
         jail.set_env("OUTBOX_SINK__KAFKA__TOMBSTONE_ON_EMPTY_PAYLOAD", "true");
+        jail.set_env("OUTBOX_SINK__KAFKA__TIMESTAMP", "created_at");
         let config = checked::<KafkaSinkConfig>(jail, &toml).unwrap();
         assert_eq!(config.bootstrap_servers(), "env1:9092,env2:9092");
         assert_eq!(config.properties["linger.ms"], "20");
@@ -35,6 +36,10 @@ fn properties_pass_through_as_strings_and_the_environment_wins() {
         assert_eq!(config.max_batch_len, 250);
         assert!(config.tombstone_on_empty_payload);
         assert!(!config.properties.contains_key("tombstone_on_empty_payload"));
+        assert_eq!(
+            config.timestamp,
+            outboxkit_sink_kafka::RecordTimestamp::CreatedAt
+        );
         assert_eq!(config.delivery_timeout, std::time::Duration::from_secs(45));
         assert_eq!(config.topic, "{aggregate_type}.{event_type}");
         let debug = format!("{config:?}");
