@@ -64,33 +64,17 @@ async fn refused_topic_authorization_fails_the_whole_call() {
 #[tokio::test]
 async fn a_message_the_broker_finds_too_large_is_rejected() {
     let cluster = mock();
-    let sink = sink(&cluster);
-    cluster.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
-    );
-    let event = sample_event(1, "order", "a", "Placed");
-    let outcomes = sink
-        .publish(std::slice::from_ref(&event))
-        .await
-        .expect("publish");
-    match &outcomes[..] {
-        [Outcome::Reject(e)] => {
-            assert_eq!(e.kind(), ErrorKind::MessageTooLarge, "{e}");
-            assert!(
-                e.message()
-                    .contains("the broker refused the message to topic `mock.order` as too large"),
-                "{e}"
-            );
-        }
-        other => panic!("expected one Reject, got {}", describe_outcomes(other)),
-    }
-    let next = sample_event(2, "order", "b", "Placed");
-    let outcomes = sink.publish(&[next]).await.expect("publish");
+    let e = one_rejected_then_the_next_published(
+        &cluster,
+        sink(&cluster),
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+    )
+    .await;
+    assert_eq!(e.kind(), ErrorKind::MessageTooLarge, "{e}");
     assert!(
-        outcomes[0].is_published(),
-        "{}",
-        describe_outcomes(&outcomes)
+        e.message()
+            .contains("the broker refused the message to topic `mock.order` as too large"),
+        "{e}"
     );
 }
 
@@ -99,27 +83,38 @@ async fn a_message_the_broker_finds_too_large_is_rejected() {
 #[tokio::test]
 async fn a_timestamp_the_broker_refuses_is_rejected() {
     let cluster = mock();
-    let mut sink_config = sink(&cluster).config().clone();
-    sink_config.timestamp = RecordTimestamp::CreatedAt;
-    let sink = KafkaSink::new(sink_config).expect("a valid configuration");
-    cluster.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP],
-    );
+    let mut config = sink(&cluster).config().clone();
+    config.timestamp = RecordTimestamp::CreatedAt;
+    let sink = KafkaSink::new(config).expect("a valid configuration");
+    let e = one_rejected_then_the_next_published(
+        &cluster,
+        sink,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP,
+    )
+    .await;
+    assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
+    assert!(e.message().contains("timestamp"), "{e}");
+}
+
+/// The broker answers the next produce request with `error`: the one event of the call must be
+/// rejected (its error returned), and the event of the next call published.
+async fn one_rejected_then_the_next_published(
+    cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    sink: KafkaSink,
+    error: RDKafkaRespErr,
+) -> outboxkit_core::Error {
+    cluster.request_errors(RDKafkaApiKey::Produce, &[error]);
     let event = sample_event(1, "order", "a", "Placed");
     let outcomes = sink
         .publish(std::slice::from_ref(&event))
         .await
         .expect("publish");
-    match &outcomes[..] {
-        [Outcome::Reject(e)] => {
-            assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{e}");
-            assert!(e.message().contains("timestamp"), "{e}");
-        }
-        other => panic!("expected one Reject, got {}", describe_outcomes(other)),
-    }
+    let [Outcome::Reject(e)] = &outcomes[..] else {
+        panic!("expected one Reject, got {}", describe_outcomes(&outcomes));
+    };
     let next = sample_event(2, "order", "b", "Placed");
     assert_all_published(&sink.publish(&[next]).await.expect("publish"));
+    e.clone()
 }
 
 #[tokio::test]
