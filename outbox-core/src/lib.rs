@@ -29,7 +29,7 @@ pub use engine::{default_relay_id, Relay, RelayHandle, Shutdown, ShutdownTrigger
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Headers, HeldBack, NewEvent, OutboxEvent,
-    Outcome, Payload, PayloadType, ShardOwner, SlotStatus, CONTENT_TYPE_HEADER,
+    Outcome, Payload, PayloadType, ReplaySelection, ShardOwner, SlotStatus, CONTENT_TYPE_HEADER,
 };
 pub use plugin::{Discovery, SinkConfig, StoreConfig};
 pub use sink::{whole_call_failure, Sink, SinkCapabilities};

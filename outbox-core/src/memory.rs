@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent, Outcome,
-    Payload, PayloadType, ShardOwner,
+    Payload, PayloadType, ReplaySelection, ShardOwner,
 };
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
@@ -25,6 +25,8 @@ pub struct MemoryRow {
     pub event: OutboxEvent,
     pub published: bool,
     pub published_at: Option<Instant>,
+    /// When it was published, by the wall clock (what `replay` selects by).
+    pub published_on: Option<DateTime<Utc>>,
     pub dead: bool,
     pub next_attempt_at: Option<Instant>,
     pub last_error: Option<String>,
@@ -240,6 +242,7 @@ impl Store for MemoryStore {
                     event,
                     published: false,
                     published_at: None,
+                    published_on: None,
                     dead: false,
                     next_attempt_at: None,
                     last_error: None,
@@ -360,6 +363,28 @@ impl Store for MemoryStore {
         st.rows
             .retain(|_, r| !(r.dead && !r.published && selection.contains(&r.event)));
         Ok((before - st.rows.len()) as u64)
+    }
+
+    async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
+        let mut st = self.table()?;
+        let mut n = 0;
+        for row in st.rows.values_mut() {
+            let Some(published_on) = row.published_on.filter(|_| row.published && !row.dead) else {
+                continue;
+            };
+            if selection.contains(&row.event, published_on) {
+                n += 1;
+                if !dry_run {
+                    row.published = false;
+                    row.published_at = None;
+                    row.published_on = None;
+                    row.event.attempts = 0;
+                    row.next_attempt_at = None;
+                    row.last_error = None;
+                }
+            }
+        }
+        Ok(n)
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
@@ -527,6 +552,7 @@ impl ShardSession for MemorySession {
                     if let Some(row) = st.rows.get_mut(id) {
                         row.published = true;
                         row.published_at = Some(Instant::now());
+                        row.published_on = Some(Utc::now());
                     }
                 }
             }

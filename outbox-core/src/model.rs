@@ -463,6 +463,49 @@ impl DeadSelection {
     }
 }
 
+/// Published events that `relay.retention` kept, to publish again (`outbox-relay replay`):
+/// those published in `[published_since, published_until)`, optionally of one aggregate type
+/// or aggregate. Dead events are never among them (`dead retry` is theirs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplaySelection {
+    /// Published at or after this time.
+    pub published_since: DateTime<Utc>,
+    /// Published before this time; `None`: up to now.
+    pub published_until: Option<DateTime<Utc>>,
+    /// Only this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only this aggregate.
+    pub aggregate_id: Option<String>,
+}
+
+impl ReplaySelection {
+    /// Every kept event published at or after `since`.
+    pub fn since(since: DateTime<Utc>) -> Self {
+        Self {
+            published_since: since,
+            published_until: None,
+            aggregate_type: None,
+            aggregate_id: None,
+        }
+    }
+
+    /// Whether `event`, published at `published_at`, is selected.
+    pub fn contains(&self, event: &OutboxEvent, published_at: DateTime<Utc>) -> bool {
+        published_at >= self.published_since
+            && self
+                .published_until
+                .is_none_or(|until| published_at < until)
+            && self
+                .aggregate_type
+                .as_ref()
+                .is_none_or(|t| *t == event.aggregate_type)
+            && self
+                .aggregate_id
+                .as_ref()
+                .is_none_or(|a| *a == event.aggregate_id)
+    }
+}
+
 /// An aggregate whose next event waits for a retry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldBack {

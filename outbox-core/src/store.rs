@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent,
-    ShardOwner,
+    ReplaySelection, ShardOwner,
 };
 
 /// What to do with rows once the broker acknowledged them.
@@ -101,6 +101,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Aggregates held back by a retrying event, the longest-waiting first.
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>>;
+
+    /// The published events that `selection` names and `relay.retention` kept: with `dry_run`
+    /// only counted, else sent back to pending (attempts reset, `event_id` unchanged) for the
+    /// relay to publish again, each aggregate's in their order. Returns how many. Consumers see
+    /// them again, as duplicates of what they had (at least once). A store that keeps no
+    /// published events returns an error that says why; this default says the store cannot.
+    async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
+        let _ = (selection, dry_run);
+        Err(Error::new(
+            ErrorKind::Other,
+            format!(
+                "the {} store cannot publish kept events again (its Store::replay is not \
+                 written)",
+                self.kind()
+            ),
+        ))
+    }
 
     /// Refuse relay settings this store cannot honour (say `relay.on_dead = "hold"` where the
     /// store cannot hold an aggregate behind a dead event). [`Relay::new`](crate::Relay::new)

@@ -72,7 +72,15 @@ pub(crate) struct Sql {
     pub dead_retry_all: String,
     pub dead_discard_all: String,
     pub held_back: String,
+    pub replay_count: String,
+    pub replay: String,
 }
+
+/// The kept events a replay selects, by the `published_at` index: ? published since, ? published
+/// until or NULL (twice), ? aggregate_type or NULL (twice), ? aggregate_id or NULL (twice).
+const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL AND published_at >= ? \
+     AND (? IS NULL OR published_at < ?) AND (? IS NULL OR aggregate_type = ?) \
+     AND (? IS NULL OR aggregate_id = ?)";
 
 impl Sql {
     pub fn new(table: &TableName) -> Self {
@@ -145,6 +153,13 @@ impl Sql {
                    AND h.id = (SELECT MIN(x.id) FROM {t} x FORCE INDEX (retry_idx) \
                                WHERE x.retry_aggregate_id = h.retry_aggregate_id AND x.dead_at IS NULL) \
                  ORDER BY h.id LIMIT ?"
+            ),
+            replay_count: format!("SELECT COUNT(*) FROM {t} WHERE {REPLAYED}"),
+            // Each row keeps its id, so its place in its aggregate's order.
+            replay: format!(
+                "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                        last_error = NULL \
+                 WHERE {REPLAYED}"
             ),
             table: t,
         }

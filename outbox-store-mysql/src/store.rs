@@ -11,7 +11,7 @@ use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
-    PayloadType, Result, ShardOwner, ShardSession, Store,
+    PayloadType, ReplaySelection, Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
@@ -568,6 +568,41 @@ impl Store for MySqlStore {
         self.execute_selection(selection, Sql::dead_retry_ids, &sql.dead_retry_all)
             .await
             .map_err(|e| self.error(e).context("sending dead rows back to pending"))
+    }
+
+    async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
+        // DATETIME(6) columns in UTC.
+        let since = selection.published_since.naive_utc();
+        let until = selection.published_until.map(|t| t.naive_utc());
+        let (aggregate_type, aggregate_id) = (
+            selection.aggregate_type.as_deref(),
+            selection.aggregate_id.as_deref(),
+        );
+        let query = |sql| {
+            sqlx::query(sql)
+                .bind(since)
+                .bind(until)
+                .bind(until)
+                .bind(aggregate_type)
+                .bind(aggregate_type)
+                .bind(aggregate_id)
+                .bind(aggregate_id)
+        };
+        let (n, what) = if dry_run {
+            let n = query(&self.sql().replay_count)
+                .fetch_one(&self.inner.pool)
+                .await
+                .and_then(|row| row.try_get::<i64, _>(0))
+                .map(|n| n.max(0) as u64);
+            (n, "counting the kept events to publish again")
+        } else {
+            let n = query(&self.sql().replay)
+                .execute(&self.inner.pool)
+                .await
+                .map(|done| done.rows_affected());
+            (n, "sending kept events back to pending")
+        };
+        n.map_err(|e| self.error(e).context(what))
     }
 
     async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {

@@ -41,7 +41,15 @@ pub(crate) struct Sql {
     pub dead_discard: String,
     pub dead_discard_all: String,
     pub held_back: String,
+    pub replay_count: String,
+    pub replay: String,
 }
+
+/// The kept events a replay selects: $1 published since, $2 published until or NULL, $3
+/// aggregate_type or NULL, $4 aggregate_id or NULL. Served by the `published_at` index.
+pub(crate) const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
+     AND published_at >= $1 AND ($2::timestamptz IS NULL OR published_at < $2) \
+     AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
 
 impl Sql {
     /// The claim of a table of `payload_type`.
@@ -166,6 +174,13 @@ impl Sql {
                    FROM {t} h WHERE h.published_at IS NULL AND h.dead_at IS NULL AND h.attempts > 0 \
                    ORDER BY h.aggregate_id, h.id) first_waiting \
                  ORDER BY id LIMIT $1"
+            ),
+            replay_count: format!("SELECT count(*) FROM {t} WHERE {REPLAYED}"),
+            // Each row keeps its id, so its place in its aggregate's order.
+            replay: format!(
+                "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                        last_error = NULL \
+                 WHERE {REPLAYED}"
             ),
         }
     }

@@ -10,7 +10,7 @@ use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, PayloadType,
-    Result, ShardOwner, ShardSession, Store,
+    ReplaySelection, Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Postgres, Target};
@@ -603,6 +603,40 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| self.error(e).context("discarding dead rows"))?;
         Ok(done.rows_affected())
+    }
+
+    async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
+        let what = if dry_run {
+            "counting the kept events to publish again"
+        } else {
+            "sending kept events back to pending"
+        };
+        if let Some(logical) = self.inner.logical.as_deref() {
+            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+            return crate::logical::replay(&mut conn, self, &logical.names, selection, dry_run)
+                .await
+                .map_err(|e| e.context(what));
+        }
+        let query = |sql| {
+            sqlx::query(sql)
+                .bind(selection.published_since)
+                .bind(selection.published_until)
+                .bind(selection.aggregate_type.as_deref())
+                .bind(selection.aggregate_id.as_deref())
+        };
+        let n = if dry_run {
+            query(&self.sql().replay_count)
+                .fetch_one(&self.inner.pool)
+                .await
+                .and_then(|row| row.try_get::<i64, _>(0))
+                .map(|n| n.max(0) as u64)
+        } else {
+            query(&self.sql().replay)
+                .execute(&self.inner.pool)
+                .await
+                .map(|done| done.rows_affected())
+        };
+        n.map_err(|e| self.error(e).context(what))
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboxkit_core::{ClaimRequest, DeadFilter, Failure, MarkMode, NewEvent, ShardSession, Store};
+use outboxkit_core::{
+    ClaimRequest, DeadFilter, Failure, MarkMode, NewEvent, ReplaySelection, ShardSession, Store,
+};
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
 use outboxkit_store_postgres::{Capture, CaptureStyle, PostgresStore, PostgresStoreConfig};
@@ -1459,5 +1461,76 @@ async fn a_new_reader_resumes_inside_a_transaction_in_message_style() {
     let handed = claim_all(&mut relay_2, 100, &[], rest.len(), |batch| batch.to_vec()).await;
     assert_eq!(handed, rest, "relay-2 hands out the last 20 only");
     relay_2.close().await.expect("closing the session");
+    drop(server);
+}
+
+/// `replay` in table style writes the kept rows it selects again, so the log carries them: the
+/// reader hands them out again (new rows, the same event ids), after what it read before. In
+/// message style, which keeps no published events, it is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_events_are_replayed_through_the_log_in_table_style() {
+    let name = unique("lg_replay");
+    let server = PrivatePostgres::start_logical(&name);
+    let store = logical_store(&server, &name).await;
+    let events: Vec<NewEvent> = (0..4).map(|n| scenario_event(0, n, 1 + n % 2)).collect();
+    let ids = store.insert(&events).await.unwrap();
+    let mut reader = reading_session(&store, "relay-0").await;
+    assert_eq!(
+        claim_all(&mut reader, 100, &[], 4, |_| Vec::new()).await,
+        ids
+    );
+    reader
+        .mark_published(&ids, MarkMode::Keep)
+        .await
+        .expect("marking, rows kept");
+
+    let kept = ReplaySelection::since(chrono::Utc::now() - chrono::Duration::hours(1));
+    assert_eq!(store.replay(&kept, true).await.expect("counting"), 4);
+    let aggregate_1 = ReplaySelection {
+        aggregate_id: Some("1".to_owned()),
+        ..kept.clone()
+    };
+    assert_eq!(store.replay(&aggregate_1, false).await.expect("replay"), 2);
+    let again = claim_all(&mut reader, 100, &ids, 2, |_| Vec::new()).await;
+    let event_ids = |ids: &[i64]| {
+        let ids = ids.to_vec();
+        let pool = store.pool().clone();
+        let table = store.table().quoted();
+        async move {
+            outboxkit_store_postgres::sqlx::query_scalar::<_, uuid::Uuid>(&format!(
+                "SELECT event_id FROM {table} WHERE id = ANY($1) ORDER BY id"
+            ))
+            .bind(ids)
+            .fetch_all(&pool)
+            .await
+            .expect("reading event ids")
+        }
+    };
+    assert!(again.iter().all(|id| *id > ids[3]), "new rows: {again:?}");
+    assert_eq!(
+        event_ids(&again).await,
+        [events[0].event_id.unwrap(), events[2].event_id.unwrap()],
+        "aggregate 1's events again, in their order"
+    );
+    assert_eq!(
+        store.replay(&kept, true).await.expect("counting"),
+        2,
+        "aggregate 2's, still kept (aggregate 1's are pending)"
+    );
+    reader.close().await.expect("closing the session");
+
+    let message_style =
+        logical_store_in(&server, &unique("lg_replay_msg"), CaptureStyle::Message).await;
+    for dry_run in [true, false] {
+        let e = message_style
+            .replay(&kept, dry_run)
+            .await
+            .expect_err("message style keeps no published events");
+        assert!(
+            e.to_string()
+                .contains("message style (store.logical.style), which keeps no published events"),
+            "{e}"
+        );
+    }
     drop(server);
 }

@@ -96,6 +96,7 @@ macro_rules! store_suite {
             retry_holds_the_row_and_its_aggregate_only,
             dead_rows_skip_or_hold_their_aggregate,
             dead_rows_are_listed_retried_and_discarded,
+            kept_events_are_replayed,
             status_reports_the_backlog,
             shard_owners_name_the_relay,
             aggregates_keep_one_shard_and_spread,
@@ -640,6 +641,119 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
     let counts = pending_and_dead(store.as_ref()).await;
     assert_eq!(counts, (1, 0), "a2 pending, nothing dead");
     assert_eq!(claim_ids(session.as_mut(), false).await, vec![a2]);
+    close(session).await;
+    factory.cleanup().await;
+}
+
+/// `replay` sends the kept events a selection names (published with `Keep`) back to pending:
+/// counted first with `dry_run`, then claimed again with their `event_id`s, in id order,
+/// attempts reset; narrowed by aggregate type, aggregate and publication time. Events deleted
+/// on publish, pending or dead are never among them.
+pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
+    use crate::model::ReplaySelection;
+    let events = [
+        event("A", 1),
+        event("B", 1),
+        event("A", 2),
+        event("B", 2),
+        event("C", 1),
+        event("C", 2),
+    ];
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-replay").await;
+    let event_ids: BTreeMap<i64, Uuid> = claim(session.as_mut(), 100, &[], false)
+        .await
+        .iter()
+        .map(|e| (e.id, e.event_id))
+        .collect();
+    let event_ids_of = |claimed: &[OutboxEvent]| {
+        claimed
+            .iter()
+            .map(|e| (e.event_id, e.attempts))
+            .collect::<Vec<_>>()
+    };
+    let expected = |rows: &[i64]| rows.iter().map(|id| (event_ids[id], 0)).collect::<Vec<_>>();
+    // B1 failed once before it was published; A1..B2 published and kept, C1 deleted on
+    // publish, C2 dead.
+    let failed_once = [failure(ids[1], Some(Duration::ZERO))];
+    ok(session.record_failures(&failed_once).await, "a failure");
+    ok(
+        session.mark_published(&ids[..4], MarkMode::Keep).await,
+        "mark keep",
+    );
+    ok(
+        session.mark_published(&ids[4..5], MarkMode::Delete).await,
+        "mark delete",
+    );
+    ok(
+        session.record_failures(&[failure(ids[5], None)]).await,
+        "park as dead",
+    );
+    // Wide margins: the store stamps `published_at` with the database's clock.
+    let hour = chrono::Duration::hours(1);
+    let replay = |selection: ReplaySelection, dry_run: bool| {
+        let store = &store;
+        async move { ok(store.replay(&selection, dry_run).await, "replay") }
+    };
+    let everything = ReplaySelection::since(Utc::now() - hour);
+
+    assert_eq!(replay(everything.clone(), true).await, 4, "counted");
+    assert_eq!(
+        pending_and_dead(store.as_ref()).await,
+        (0, 1),
+        "a dry run changes nothing"
+    );
+    let before = ReplaySelection {
+        published_until: Some(Utc::now() - hour),
+        ..ReplaySelection::since(Utc::now() - hour * 2)
+    };
+    assert_eq!(replay(before, false).await, 0, "a window that ended before");
+    assert_eq!(
+        replay(ReplaySelection::since(Utc::now() + hour), false).await,
+        0,
+        "a window that starts after"
+    );
+    let invoices = ReplaySelection {
+        aggregate_type: Some("invoice".to_owned()),
+        ..everything.clone()
+    };
+    assert_eq!(replay(invoices, false).await, 0, "another aggregate type");
+
+    let aggregate_a = ReplaySelection {
+        aggregate_type: Some("order".to_owned()),
+        aggregate_id: Some("A".to_owned()),
+        ..everything.clone()
+    };
+    assert_eq!(replay(aggregate_a, false).await, 2, "aggregate A");
+    assert_eq!(pending_and_dead(store.as_ref()).await, (2, 1));
+    assert_eq!(
+        event_ids_of(&claim(session.as_mut(), 100, &[], false).await),
+        expected(&[ids[0], ids[2]]),
+        "A's events pending again, in their order"
+    );
+    assert_eq!(
+        replay(everything.clone(), false).await,
+        2,
+        "the rest: A's are pending already"
+    );
+    assert_eq!(
+        event_ids_of(&claim(session.as_mut(), 100, &[], false).await),
+        expected(&ids[..4]),
+        "every kept event pending again, in id order, attempts reset"
+    );
+    ok(
+        session.mark_published(&ids[..4], MarkMode::Delete).await,
+        "mark delete",
+    );
+    assert_eq!(
+        replay(everything, false).await,
+        0,
+        "events deleted on publish are gone"
+    );
+    assert_eq!(
+        pending_and_dead(store.as_ref()).await,
+        (0, 1),
+        "C2 still dead"
+    );
     close(session).await;
     factory.cleanup().await;
 }

@@ -20,7 +20,7 @@ pub(crate) mod setup;
 use pgwire_replication::TlsConfig;
 use sqlx::PgConnection;
 
-use outboxkit_core::{DeadSelection, Error, PayloadType, Result};
+use outboxkit_core::{DeadSelection, Error, PayloadType, ReplaySelection, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
 
 pub(crate) use setup::with_recorded;
@@ -128,6 +128,51 @@ pub(crate) async fn retry_dead(
         }
     };
     Ok(retried)
+}
+
+/// `replay` with logical capture. Table style: the kept rows the selection names leave the table
+/// and are written again (same `event_id`, `created_at`, payload), pending, in one statement and
+/// in `id` order, so the log carries them again, after what their aggregates committed since.
+/// Message style keeps no published events (only dead ones are rows): an error says so, also
+/// for a dry run.
+pub(crate) async fn replay(
+    conn: &mut PgConnection,
+    store: &crate::PostgresStore,
+    names: &LogicalNames,
+    selection: &ReplaySelection,
+    dry_run: bool,
+) -> std::result::Result<u64, Error> {
+    let table = store.table().quoted();
+    if names.style == CaptureStyle::Message {
+        return Err(Error::config(format!(
+            "{} is captured from the log in message style (store.logical.style), which keeps no \
+             published events: writers emit messages and only dead events become rows, so there \
+             is nothing to publish again",
+            store.table()
+        )));
+    }
+    let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
+                   destination, created_at";
+    let replayed = crate::sql::REPLAYED;
+    let sql = if dry_run {
+        format!("SELECT count(*) FROM {table} WHERE {replayed}")
+    } else {
+        format!(
+            "WITH gone AS (DELETE FROM {table} WHERE {replayed} RETURNING id, {columns}), \
+                  again AS (INSERT INTO {table} ({columns}) \
+                            SELECT {columns} FROM gone ORDER BY id RETURNING 1) \
+             SELECT count(*) FROM again"
+        )
+    };
+    let n: i64 = sqlx::query_scalar(&sql)
+        .bind(selection.published_since)
+        .bind(selection.published_until)
+        .bind(selection.aggregate_type.as_deref())
+        .bind(selection.aggregate_id.as_deref())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| store.classify(e))?;
+    Ok(n.max(0) as u64)
 }
 
 #[cfg(test)]
