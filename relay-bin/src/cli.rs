@@ -22,7 +22,7 @@ pub struct Cli {
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Only this pipeline (`[pipelines.<NAME>]`, or `default` for a top-level `[store]`); every
-    /// pipeline when not given. `dead` needs it when there are several.
+    /// pipeline when not given. `dead` and `replay` need it when there are several.
     #[arg(long, global = true, value_name = "NAME")]
     pub pipeline: Option<String>,
     #[command(subcommand)]
@@ -49,6 +49,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::dead::DeadCommand,
     },
+    /// Publish again the published events `relay.retention` kept, for consumers that lost them:
+    /// those published in a time window, of an aggregate type or an aggregate. With polling
+    /// each is pending again in its place in its aggregate's order; with log-based capture
+    /// (table style) each is written again, after what its aggregate committed since. They
+    /// keep their event ids. Asks for --yes; --dry-run counts them.
+    Replay(crate::replay::ReplayArgs),
 }
 
 /// A failure of a command: what to print and the exit code.
@@ -286,37 +292,54 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             crate::status::print_each(all, &unmatched, json).await
         }
         Command::Dead { ref command } => {
-            let [pipeline] = pipelines[..] else {
-                return Err(Failure::config(format!(
-                    "dead: there are {} pipelines ({}): choose one with --pipeline NAME",
-                    pipelines.len(),
-                    crate::pipeline::names(&loaded.pipelines)
-                )));
-            };
-            let (mut targets, elsewhere) =
-                targets(&registry, &loaded, pipeline, wanted_table).await?;
-            if targets.is_empty() {
-                return Err(Failure::runtime(format!(
-                    "dead: pipeline {} has no table: {}",
-                    pipeline.name,
-                    no_table(&elsewhere)
-                )));
-            }
-            if targets.len() != 1 {
-                let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
-                return Err(Failure::config(format!(
-                    "dead: pipeline {} relays {} tables ({}): choose one with --pipeline {}/<table>",
-                    pipeline.name,
-                    targets.len(),
-                    labels.join(", "),
-                    pipeline.name
-                )));
-            }
-            let target = targets.remove(0);
+            let (target, _) =
+                one_target(&registry, &loaded, &pipelines, wanted_table, "dead").await?;
             let dead_list = dead_list(&loaded, &target.label);
             crate::dead::run(target.store?.as_ref(), command, &dead_list).await
         }
+        Command::Replay(ref args) => {
+            let (target, pipeline) =
+                one_target(&registry, &loaded, &pipelines, wanted_table, "replay").await?;
+            crate::replay::run(target.store?.as_ref(), args, &pipeline.relay.retention).await
+        }
     }
+}
+
+/// The one table a command that changes rows (`dead`, `replay`) works on, and its pipeline: an
+/// error that says how to choose when the selection holds several, or none.
+async fn one_target<'p>(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipelines: &[&'p Pipeline],
+    wanted_table: Option<&str>,
+    command: &str,
+) -> Result<(Target, &'p Pipeline), Failure> {
+    let [pipeline] = pipelines[..] else {
+        return Err(Failure::config(format!(
+            "{command}: there are {} pipelines ({}): choose one with --pipeline NAME",
+            pipelines.len(),
+            crate::pipeline::names(&loaded.pipelines)
+        )));
+    };
+    let (mut targets, elsewhere) = targets(registry, loaded, pipeline, wanted_table).await?;
+    if targets.is_empty() {
+        return Err(Failure::runtime(format!(
+            "{command}: pipeline {} has no table: {}",
+            pipeline.name,
+            no_table(&elsewhere)
+        )));
+    }
+    if targets.len() != 1 {
+        let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+        return Err(Failure::config(format!(
+            "{command}: pipeline {} relays {} tables ({}): choose one with --pipeline {}/<table>",
+            pipeline.name,
+            targets.len(),
+            labels.join(", "),
+            pipeline.name
+        )));
+    }
+    Ok((targets.remove(0), pipeline))
 }
 
 /// `migrate` of the selected pipelines. With several pipelines (or tables), one that fails does

@@ -7,6 +7,7 @@ pub mod dead;
 mod out;
 pub mod pipeline;
 pub mod registry;
+pub mod replay;
 pub mod server;
 pub mod settings;
 pub mod status;

@@ -20,5 +20,6 @@ mod postgres_sns;
 mod postgres_sqs;
 mod privileges;
 mod rabbitmq_restart;
+mod replay;
 mod sigkills;
 mod tls;
