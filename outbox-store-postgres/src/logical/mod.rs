@@ -20,7 +20,7 @@ pub(crate) mod setup;
 use pgwire_replication::TlsConfig;
 use sqlx::PgConnection;
 
-use outboxkit_core::{DeadSelection, Error, PayloadType, ReplaySelection, Result};
+use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, ReplaySelection, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
 
 pub(crate) use setup::with_recorded;
@@ -144,12 +144,14 @@ pub(crate) async fn replay(
 ) -> std::result::Result<u64, Error> {
     let table = store.table().quoted();
     if names.style == CaptureStyle::Message {
-        return Err(Error::config(format!(
+        // Not a configuration error: the configuration is fine, the request cannot be met.
+        let why = format!(
             "{} is captured from the log in message style (store.logical.style), which keeps no \
              published events: writers emit messages and only dead events become rows, so there \
              is nothing to publish again",
             store.table()
-        )));
+        );
+        return Err(Error::new(ErrorKind::Other, why));
     }
     let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
                    destination, created_at";
