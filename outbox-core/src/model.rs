@@ -470,7 +470,8 @@ impl DeadSelection {
 pub struct ReplaySelection {
     /// Published at or after this time.
     pub published_since: DateTime<Utc>,
-    /// Published before this time; `None`: up to now.
+    /// Published before this time; `None`: up to when the replay starts (what it sends back
+    /// and the relays publish again meanwhile is not selected again).
     pub published_until: Option<DateTime<Utc>>,
     /// Only this aggregate type.
     pub aggregate_type: Option<String>,

@@ -155,11 +155,12 @@ impl Sql {
                  ORDER BY h.id LIMIT ?"
             ),
             replay_count: format!("SELECT COUNT(*) FROM {t} WHERE {REPLAYED}"),
-            // Each row keeps its id, so its place in its aggregate's order.
+            // ? most rows. Each row keeps its id, so its place in its aggregate's order; the
+            // first ids first, so a replay in several statements keeps that order too.
             replay: format!(
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
-                 WHERE {REPLAYED}"
+                 WHERE {REPLAYED} ORDER BY id LIMIT ?"
             ),
             table: t,
         }

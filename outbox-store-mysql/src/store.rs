@@ -25,6 +25,7 @@ use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::rows::read_backlog;
+use outboxkit_store_sql::{in_replay_batches, REPLAY_BATCH};
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -573,7 +574,15 @@ impl Store for MySqlStore {
     async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
         // DATETIME(6) columns in UTC.
         let since = selection.published_since.naive_utc();
-        let until = selection.published_until.map(|t| t.naive_utc());
+        // An open window ends when the replay starts, by the database's clock: the events it
+        // sends back are published again meanwhile, and must not be selected again.
+        let until = match selection.published_until {
+            Some(until) => until.naive_utc(),
+            None => sqlx::query_scalar::<_, chrono::NaiveDateTime>("SELECT UTC_TIMESTAMP(6)")
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.error(e).context("reading the database's clock"))?,
+        };
         let (aggregate_type, aggregate_id) = (
             selection.aggregate_type.as_deref(),
             selection.aggregate_id.as_deref(),
@@ -588,21 +597,27 @@ impl Store for MySqlStore {
                 .bind(aggregate_id)
                 .bind(aggregate_id)
         };
-        let (n, what) = if dry_run {
-            let n = query(&self.sql().replay_count)
+        if dry_run {
+            return query(&self.sql().replay_count)
                 .fetch_one(&self.inner.pool)
                 .await
                 .and_then(|row| row.try_get::<i64, _>(0))
-                .map(|n| n.max(0) as u64);
-            (n, "counting the kept events to publish again")
-        } else {
-            let n = query(&self.sql().replay)
+                .map(|n| n.max(0) as u64)
+                .map_err(|e| {
+                    self.error(e)
+                        .context("counting the kept events to publish again")
+                });
+        }
+        // A batch at a time, first ids first: a row sent back is pending, so no longer selected.
+        in_replay_batches(|| async {
+            query(&self.sql().replay)
+                .bind(REPLAY_BATCH)
                 .execute(&self.inner.pool)
                 .await
-                .map(|done| done.rows_affected());
-            (n, "sending kept events back to pending")
-        };
-        n.map_err(|e| self.error(e).context(what))
+                .map(|done| done.rows_affected())
+        })
+        .await
+        .map_err(|e| self.error(e).context("sending kept events back to pending"))
     }
 
     async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {

@@ -176,11 +176,12 @@ impl Sql {
                  ORDER BY id LIMIT $1"
             ),
             replay_count: format!("SELECT count(*) FROM {t} WHERE {REPLAYED}"),
-            // Each row keeps its id, so its place in its aggregate's order.
+            // $5 most rows. Each row keeps its id, so its place in its aggregate's order; the
+            // first ids first, so a replay in several statements keeps that order too.
             replay: format!(
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
-                 WHERE {REPLAYED}"
+                 WHERE id IN (SELECT id FROM {t} WHERE {REPLAYED} ORDER BY id LIMIT $5)"
             ),
         }
     }

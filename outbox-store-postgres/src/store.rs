@@ -26,6 +26,7 @@ use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::rows::read_backlog;
+use outboxkit_store_sql::{in_replay_batches, REPLAY_BATCH};
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
@@ -617,26 +618,40 @@ impl Store for PostgresStore {
                 .await
                 .map_err(|e| e.context(what));
         }
+        // An open window ends when the replay starts, by the database's clock: the events it
+        // sends back are published again meanwhile, and must not be selected again.
+        let until = match selection.published_until {
+            Some(until) => until,
+            None => sqlx::query_scalar("SELECT now()")
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.error(e).context(what))?,
+        };
         let query = |sql| {
             sqlx::query(sql)
                 .bind(selection.published_since)
-                .bind(selection.published_until)
+                .bind(until)
                 .bind(selection.aggregate_type.as_deref())
                 .bind(selection.aggregate_id.as_deref())
         };
-        let n = if dry_run {
-            query(&self.sql().replay_count)
+        if dry_run {
+            return query(&self.sql().replay_count)
                 .fetch_one(&self.inner.pool)
                 .await
                 .and_then(|row| row.try_get::<i64, _>(0))
                 .map(|n| n.max(0) as u64)
-        } else {
+                .map_err(|e| self.error(e).context(what));
+        }
+        // A batch at a time, first ids first: a row sent back is pending, so no longer selected.
+        in_replay_batches(|| async {
             query(&self.sql().replay)
+                .bind(REPLAY_BATCH)
                 .execute(&self.inner.pool)
                 .await
                 .map(|done| done.rows_affected())
-        };
-        n.map_err(|e| self.error(e).context(what))
+        })
+        .await
+        .map_err(|e| self.error(e).context(what))
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {

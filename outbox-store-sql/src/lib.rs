@@ -20,6 +20,28 @@ pub use session::Fence;
 /// it before connecting; see `outboxkit_core::tls`).
 pub use outboxkit_core::tls::install_ring_provider as ensure_crypto_provider;
 
+/// Most kept events one statement of `Store::replay` sends back to pending: a replay of days of
+/// events goes in transactions of this many rows, in id order, so that it holds no lock and
+/// leaves no dead tuples for long, and the relays publish the first ones while the rest follow.
+pub const REPLAY_BATCH: i64 = 10_000;
+
+/// Run `batch` (one statement of at most [`REPLAY_BATCH`] rows, returning how many it changed)
+/// until one changes fewer; the total.
+pub async fn in_replay_batches<F, Fut, E>(mut batch: F) -> Result<u64, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, E>>,
+{
+    let mut total = 0;
+    loop {
+        let n = batch().await?;
+        total += n;
+        if n < REPLAY_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
 /// `1m 30s` style, as the settings are written.
 pub fn format_duration(duration: std::time::Duration) -> String {
     humantime::format_duration(duration).to_string()

@@ -16,7 +16,8 @@ pub struct ReplayArgs {
     /// ago (`90m`, `2h`, `7d`).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     since: DateTime<Utc>,
-    /// Events published before this time (the same forms); default: now.
+    /// Events published before this time (the same forms); default: when the replay starts (by
+    /// the database's clock), so that what it sends back is not selected again once published.
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     until: Option<DateTime<Utc>>,
     /// Only this aggregate type.

@@ -1465,8 +1465,9 @@ async fn a_new_reader_resumes_inside_a_transaction_in_message_style() {
 }
 
 /// `replay` in table style writes the kept rows it selects again, so the log carries them: the
-/// reader hands them out again (new rows, the same event ids), after what it read before. In
-/// message style, which keeps no published events, it is refused, saying why.
+/// reader hands them out again (new rows, the same event ids), after what it read before; more
+/// than one statement's worth (10,000) all go. In message style, which keeps no published
+/// events, it is refused, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_events_are_replayed_through_the_log_in_table_style() {
     let name = unique("lg_replay");
@@ -1518,6 +1519,36 @@ async fn kept_events_are_replayed_through_the_log_in_table_style() {
         "aggregate 2's, still kept (aggregate 1's are pending)"
     );
     reader.close().await.expect("closing the session");
+
+    // More than one statement's worth (10,000), published by hand: every one written again.
+    let many: Vec<NewEvent> = (0..10_003)
+        .map(|n| scenario_event(1, n, 3 + n % 50))
+        .collect();
+    for chunk in many.chunks(1_000) {
+        store.insert(chunk).await.expect("inserting");
+    }
+    let table = store.table().quoted();
+    let pool = store.pool().clone();
+    outboxkit_store_postgres::sqlx::query(&format!(
+        "UPDATE {table} SET published_at = now() WHERE published_at IS NULL AND id > $1"
+    ))
+    .bind(again[1])
+    .execute(&pool)
+    .await
+    .expect("publishing by hand");
+    assert_eq!(store.replay(&kept, false).await.expect("replay"), 10_005);
+    let (pending, kept_now): (i64, i64) = outboxkit_store_postgres::sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE published_at IS NULL), \
+                count(*) FILTER (WHERE published_at IS NOT NULL) FROM {table}"
+    ))
+    .fetch_one(&pool)
+    .await
+    .expect("counting");
+    assert_eq!(
+        (pending, kept_now),
+        (10_007, 0),
+        "all written again, pending"
+    );
 
     let message_style =
         logical_store_in(&server, &unique("lg_replay_msg"), CaptureStyle::Message).await;

@@ -97,6 +97,8 @@ macro_rules! store_suite {
             dead_rows_skip_or_hold_their_aggregate,
             dead_rows_are_listed_retried_and_discarded,
             kept_events_are_replayed,
+            a_replay_of_many_events_sends_every_one,
+            a_replay_under_a_running_relay_sends_each_event_once,
             status_reports_the_backlog,
             shard_owners_name_the_relay,
             aggregates_keep_one_shard_and_spread,
@@ -754,6 +756,88 @@ pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
         (0, 1),
         "C2 still dead"
     );
+    close(session).await;
+    factory.cleanup().await;
+}
+
+/// A migrated store holding `count` events over 100 aggregates, all published and kept, and the
+/// session of `relay_id` (every shard) that marked them.
+async fn with_kept_events(
+    factory: &dyn StoreFactory,
+    count: usize,
+    relay_id: &str,
+) -> (Box<dyn Store>, Box<dyn ShardSession>) {
+    let store = migrated_store(factory).await;
+    let mut session = open_with_all_shards(store.as_ref(), relay_id).await;
+    let events: Vec<NewEvent> = (0..count)
+        .map(|n| event(&format!("agg-{}", n % 100), n as u32))
+        .collect();
+    for chunk in events.chunks(1_000) {
+        let ids = ok(store.insert(chunk).await, "insert");
+        ok(
+            session.mark_published(&ids, MarkMode::Keep).await,
+            "mark keep",
+        );
+    }
+    (store, session)
+}
+
+/// A replay of more events than a store sends back in one statement (10,007: the SQL stores
+/// go 10,000 at a time) sends every one, and says so.
+pub async fn a_replay_of_many_events_sends_every_one(factory: &dyn StoreFactory) {
+    use crate::model::ReplaySelection;
+    const EVENTS: usize = 10_007;
+    let (store, session) = with_kept_events(factory, EVENTS, "suite-replay-many").await;
+    let kept = ReplaySelection::since(Utc::now() - chrono::Duration::hours(1));
+    assert_eq!(ok(store.replay(&kept, true).await, "count"), EVENTS as u64);
+    assert_eq!(
+        ok(store.replay(&kept, false).await, "replay"),
+        EVENTS as u64
+    );
+    assert_eq!(pending_and_dead(store.as_ref()).await, (EVENTS as i64, 0));
+    assert_eq!(ok(store.replay(&kept, false).await, "replay again"), 0);
+    close(session).await;
+    factory.cleanup().await;
+}
+
+/// A replay with an open window while a relay publishes what it sends back (claims and marks
+/// kept, as fast as it can): each kept event is sent back once, not again after the relay
+/// published it anew (a window without an end ends when the replay starts). 30,007 events, so
+/// that the SQL stores' statements of 10,000 leave the relay time between them.
+pub async fn a_replay_under_a_running_relay_sends_each_event_once(factory: &dyn StoreFactory) {
+    use crate::model::ReplaySelection;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const EVENTS: usize = 30_007;
+    let (store, mut session) = with_kept_events(factory, EVENTS, "suite-replay-relay").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let relay = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut published = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let ids: Vec<i64> = claim(session.as_mut(), 2_000, &[], false)
+                    .await
+                    .iter()
+                    .map(|e| e.id)
+                    .collect();
+                ok(
+                    session.mark_published(&ids, MarkMode::Keep).await,
+                    "the relay's mark",
+                );
+                published += ids.len();
+                if ids.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            (session, published)
+        }
+    });
+    let kept = ReplaySelection::since(Utc::now() - chrono::Duration::hours(1));
+    let sent_back = ok(store.replay(&kept, false).await, "replay");
+    stop.store(true, Ordering::Relaxed);
+    let (session, _) = relay.await.expect("the relay task");
+    assert_eq!(sent_back, EVENTS as u64, "each kept event sent back once");
     close(session).await;
     factory.cleanup().await;
 }

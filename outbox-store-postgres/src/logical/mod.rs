@@ -17,11 +17,13 @@ mod decode;
 pub(crate) mod session;
 pub(crate) mod setup;
 
+use chrono::{DateTime, Utc};
 use pgwire_replication::TlsConfig;
 use sqlx::PgConnection;
 
 use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, ReplaySelection, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
+use outboxkit_store_sql::REPLAY_BATCH;
 
 pub(crate) use setup::with_recorded;
 pub use setup::{LogicalNames, SlotLag};
@@ -156,25 +158,49 @@ pub(crate) async fn replay(
     let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
                    destination, created_at";
     let replayed = crate::sql::REPLAYED;
-    let sql = if dry_run {
-        format!("SELECT count(*) FROM {table} WHERE {replayed}")
-    } else {
-        format!(
-            "WITH gone AS (DELETE FROM {table} WHERE {replayed} RETURNING id, {columns}), \
-                  again AS (INSERT INTO {table} ({columns}) \
-                            SELECT {columns} FROM gone ORDER BY id RETURNING 1) \
-             SELECT count(*) FROM again"
-        )
+    let dry_run_count = format!("SELECT count(*) FROM {table} WHERE {replayed}");
+    let write_again = format!(
+        "WITH gone AS (DELETE FROM {table} WHERE id IN \
+                         (SELECT id FROM {table} WHERE {replayed} ORDER BY id LIMIT $5) \
+                       RETURNING id, {columns}), \
+              again AS (INSERT INTO {table} ({columns}) \
+                        SELECT {columns} FROM gone ORDER BY id RETURNING 1) \
+         SELECT count(*) FROM again"
+    );
+    // An open window ends when the replay starts, by the database's clock: the events it
+    // writes again are published again meanwhile, and must not be selected again.
+    let until: DateTime<Utc> = match selection.published_until {
+        Some(until) => until,
+        None => sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| store.classify(e))?,
     };
-    let n: i64 = sqlx::query_scalar(&sql)
+    // A batch at a time, first ids first: a row written again is pending, so no longer selected.
+    let mut total = 0;
+    loop {
+        let mut query = sqlx::query_scalar::<_, i64>(if dry_run {
+            &dry_run_count
+        } else {
+            &write_again
+        })
         .bind(selection.published_since)
-        .bind(selection.published_until)
+        .bind(until)
         .bind(selection.aggregate_type.as_deref())
-        .bind(selection.aggregate_id.as_deref())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| store.classify(e))?;
-    Ok(n.max(0) as u64)
+        .bind(selection.aggregate_id.as_deref());
+        if !dry_run {
+            query = query.bind(REPLAY_BATCH);
+        }
+        let n = query
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| store.classify(e))?
+            .max(0) as u64;
+        total += n;
+        if dry_run || n < REPLAY_BATCH as u64 {
+            return Ok(total);
+        }
+    }
 }
 
 #[cfg(test)]
