@@ -79,6 +79,24 @@ fn errors_name_the_key_and_where_it_was_set() {
             "{e}"
         );
 
+        for (key, value, expected) in [
+            ("tombstone_on_empty_payload", "\"maybe\"", "a boolean"),
+            (
+                "timestamp",
+                "\"commit\"",
+                "expected one of: produce, created_at",
+            ),
+        ] {
+            let toml = with_section::<KafkaSinkConfig>(&format!("{SERVERS}\n{key} = {value}"));
+            let e = refused::<KafkaSinkConfig>(jail, &toml);
+            assert!(
+                e.starts_with(&format!("sink.kafka.{key}: "))
+                    && e.contains(expected)
+                    && e.ends_with("(in relay.toml)"),
+                "{e}"
+            );
+        }
+
         let toml = with_section::<KafkaSinkConfig>(SERVERS);
         let acks = ("OUTBOX_SINK__KAFKA__ACKS", "most");
         let e =
