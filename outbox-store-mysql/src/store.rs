@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::MySqlConnectOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
@@ -24,8 +24,8 @@ use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
+use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
 use outboxkit_store_sql::rows::read_backlog;
-use outboxkit_store_sql::{in_replay_batches, REPLAY_BATCH};
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -581,7 +581,7 @@ impl Store for MySqlStore {
             None => sqlx::query_scalar::<_, chrono::NaiveDateTime>("SELECT UTC_TIMESTAMP(6)")
                 .fetch_one(&self.inner.pool)
                 .await
-                .map_err(|e| self.error(e).context("reading the database's clock"))?,
+                .map_err(|e| self.error(e).context(replay_action(dry_run)))?,
         };
         let (aggregate_type, aggregate_id) = (
             selection.aggregate_type.as_deref(),
@@ -597,27 +597,15 @@ impl Store for MySqlStore {
                 .bind(aggregate_id)
                 .bind(aggregate_id)
         };
-        if dry_run {
-            return query(&self.sql().replay_count)
-                .fetch_one(&self.inner.pool)
-                .await
-                .and_then(|row| row.try_get::<i64, _>(0))
-                .map(|n| n.max(0) as u64)
-                .map_err(|e| {
-                    self.error(e)
-                        .context("counting the kept events to publish again")
-                });
-        }
-        // A batch at a time, first ids first: a row sent back is pending, so no longer selected.
-        in_replay_batches(|| async {
-            query(&self.sql().replay)
-                .bind(REPLAY_BATCH)
-                .execute(&self.inner.pool)
-                .await
-                .map(|done| done.rows_affected())
-        })
+        replay_rows(
+            &self.inner.pool,
+            dry_run,
+            query(&self.sql().replay_count),
+            || query(&self.sql().replay).bind(REPLAY_BATCH),
+            MySqlQueryResult::rows_affected,
+        )
         .await
-        .map_err(|e| self.error(e).context("sending kept events back to pending"))
+        .map_err(|e| self.error(e).context(replay_action(dry_run)))
     }
 
     async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {

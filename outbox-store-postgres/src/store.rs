@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgQueryResult};
 use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
@@ -25,8 +25,8 @@ use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
+use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
 use outboxkit_store_sql::rows::read_backlog;
-use outboxkit_store_sql::{in_replay_batches, REPLAY_BATCH};
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
@@ -607,11 +607,7 @@ impl Store for PostgresStore {
     }
 
     async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
-        let what = if dry_run {
-            "counting the kept events to publish again"
-        } else {
-            "sending kept events back to pending"
-        };
+        let what = replay_action(dry_run);
         if let Some(logical) = self.inner.logical.as_deref() {
             let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
             return crate::logical::replay(&mut conn, self, &logical.names, selection, dry_run)
@@ -634,22 +630,13 @@ impl Store for PostgresStore {
                 .bind(selection.aggregate_type.as_deref())
                 .bind(selection.aggregate_id.as_deref())
         };
-        if dry_run {
-            return query(&self.sql().replay_count)
-                .fetch_one(&self.inner.pool)
-                .await
-                .and_then(|row| row.try_get::<i64, _>(0))
-                .map(|n| n.max(0) as u64)
-                .map_err(|e| self.error(e).context(what));
-        }
-        // A batch at a time, first ids first: a row sent back is pending, so no longer selected.
-        in_replay_batches(|| async {
-            query(&self.sql().replay)
-                .bind(REPLAY_BATCH)
-                .execute(&self.inner.pool)
-                .await
-                .map(|done| done.rows_affected())
-        })
+        replay_rows(
+            &self.inner.pool,
+            dry_run,
+            query(&self.sql().replay_count),
+            || query(&self.sql().replay).bind(REPLAY_BATCH),
+            PgQueryResult::rows_affected,
+        )
         .await
         .map_err(|e| self.error(e).context(what))
     }
