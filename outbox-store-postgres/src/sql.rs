@@ -43,11 +43,25 @@ pub(crate) struct Sql {
     pub held_back: String,
     pub replay_count: String,
     pub replay: String,
+    /// The replay of log-based capture in table style: the rows written again.
+    pub replay_rewrite: String,
+}
+
+/// A statement that writes the rows `which` selects again, as new rows with new ids (in the old
+/// rows' id order) and the same `event_id`, `created_at` and payload, copied inside the server:
+/// log-based capture in table style then reads them from the log again.
+pub(crate) fn written_again(table: &str, which: &str) -> String {
+    let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
+                   destination, created_at";
+    format!(
+        "WITH gone AS (DELETE FROM {table} WHERE {which} RETURNING id, {columns}) \
+         INSERT INTO {table} ({columns}) SELECT {columns} FROM gone ORDER BY id"
+    )
 }
 
 /// The kept events a replay selects: $1 published since, $2 published until or NULL, $3
 /// aggregate_type or NULL, $4 aggregate_id or NULL. Served by the `published_at` index.
-pub(crate) const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
+const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
      AND published_at >= $1 AND ($2::timestamptz IS NULL OR published_at < $2) \
      AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
 
@@ -182,6 +196,11 @@ impl Sql {
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
                  WHERE id IN (SELECT id FROM {t} WHERE {REPLAYED} ORDER BY id LIMIT $5)"
+            ),
+            // $5 most rows, as `replay`.
+            replay_rewrite: written_again(
+                &t,
+                &format!("id IN (SELECT id FROM {t} WHERE {REPLAYED} ORDER BY id LIMIT $5)"),
             ),
         }
     }

@@ -608,12 +608,15 @@ impl Store for PostgresStore {
 
     async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
         let what = replay_action(dry_run);
-        if let Some(logical) = self.inner.logical.as_deref() {
-            let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-            return crate::logical::replay(&mut conn, self, &logical.names, selection, dry_run)
-                .await
-                .map_err(|e| e.context(what));
-        }
+        // With log-based capture (table style) the rows are written again, for the log.
+        let statement = match self.inner.logical.as_deref() {
+            Some(logical) => {
+                crate::logical::refuse_replay(&logical.names, self.table())
+                    .map_err(|e| e.context(what))?;
+                &self.sql().replay_rewrite
+            }
+            None => &self.sql().replay,
+        };
         // An open window ends when the replay starts, by the database's clock: the events it
         // sends back are published again meanwhile, and must not be selected again.
         let until = match selection.published_until {
@@ -634,7 +637,7 @@ impl Store for PostgresStore {
             &self.inner.pool,
             dry_run,
             query(&self.sql().replay_count),
-            || query(&self.sql().replay).bind(REPLAY_BATCH),
+            || query(statement).bind(REPLAY_BATCH),
             PgQueryResult::rows_affected,
         )
         .await

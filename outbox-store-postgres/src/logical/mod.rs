@@ -17,13 +17,11 @@ mod decode;
 pub(crate) mod session;
 pub(crate) mod setup;
 
-use chrono::{DateTime, Utc};
 use pgwire_replication::TlsConfig;
 use sqlx::PgConnection;
 
-use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, ReplaySelection, Result};
+use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
-use outboxkit_store_sql::REPLAY_BATCH;
 
 pub(crate) use setup::with_recorded;
 pub use setup::{LogicalNames, SlotLag};
@@ -93,21 +91,13 @@ pub(crate) async fn retry_dead(
     let dead = "dead_at IS NOT NULL AND published_at IS NULL \
                 AND ($1::int8[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR aggregate_id = $2)";
     let retried = match names.style {
-        CaptureStyle::Table => {
-            // ORDER BY id: the new rows' identities follow the old rows' order.
-            let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
-                           destination, created_at";
-            sqlx::query(&format!(
-                "WITH gone AS (DELETE FROM {table} WHERE {dead} RETURNING id, {columns}) \
-                 INSERT INTO {table} ({columns}) SELECT {columns} FROM gone ORDER BY id"
-            ))
+        CaptureStyle::Table => sqlx::query(&crate::sql::written_again(&table, dead))
             .bind(ids)
             .bind(aggregate)
             .execute(&mut *conn)
             .await
             .map_err(|e| store.classify(e))?
-            .rows_affected()
-        }
+            .rows_affected(),
         CaptureStyle::Message => {
             // One message per row, written in id order (the order of their aggregates).
             let ids: Vec<i64> = sqlx::query_scalar(&format!(
@@ -132,75 +122,23 @@ pub(crate) async fn retry_dead(
     Ok(retried)
 }
 
-/// `replay` with logical capture. Table style: the kept rows the selection names leave the table
-/// and are written again (same `event_id`, `created_at`, payload), pending, in one statement and
-/// in `id` order, so the log carries them again, after what their aggregates committed since.
-/// Message style keeps no published events (only dead ones are rows): an error says so, also
-/// for a dry run.
-pub(crate) async fn replay(
-    conn: &mut PgConnection,
-    store: &crate::PostgresStore,
-    names: &LogicalNames,
-    selection: &ReplaySelection,
-    dry_run: bool,
-) -> std::result::Result<u64, Error> {
-    let table = store.table().quoted();
-    if names.style == CaptureStyle::Message {
-        // Not a configuration error: the configuration is fine, the request cannot be met.
-        let why = format!(
-            "{} is captured from the log in message style (store.logical.style), which keeps no \
-             published events: writers emit messages and only dead events become rows, so there \
-             is nothing to publish again",
-            store.table()
-        );
-        return Err(Error::new(ErrorKind::Other, why));
+/// `replay` with logical capture is refused in message style, which keeps no published events
+/// (writers emit messages; only dead events become rows). Table style writes the kept rows
+/// again (`Sql::replay_rewrite`), so the log carries them, after what their aggregates committed
+/// since.
+pub(crate) fn refuse_replay(names: &LogicalNames, table: &crate::TableName) -> Result<()> {
+    if names.style != CaptureStyle::Message {
+        return Ok(());
     }
-    let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
-                   destination, created_at";
-    let replayed = crate::sql::REPLAYED;
-    let dry_run_count = format!("SELECT count(*) FROM {table} WHERE {replayed}");
-    let write_again = format!(
-        "WITH gone AS (DELETE FROM {table} WHERE id IN \
-                         (SELECT id FROM {table} WHERE {replayed} ORDER BY id LIMIT $5) \
-                       RETURNING id, {columns}), \
-              again AS (INSERT INTO {table} ({columns}) \
-                        SELECT {columns} FROM gone ORDER BY id RETURNING 1) \
-         SELECT count(*) FROM again"
-    );
-    // An open window ends when the replay starts, by the database's clock: the events it
-    // writes again are published again meanwhile, and must not be selected again.
-    let until: DateTime<Utc> = match selection.published_until {
-        Some(until) => until,
-        None => sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| store.classify(e))?,
-    };
-    // A batch at a time, first ids first: a row written again is pending, so no longer selected.
-    let mut total = 0;
-    loop {
-        let mut query = sqlx::query_scalar::<_, i64>(if dry_run {
-            &dry_run_count
-        } else {
-            &write_again
-        })
-        .bind(selection.published_since)
-        .bind(until)
-        .bind(selection.aggregate_type.as_deref())
-        .bind(selection.aggregate_id.as_deref());
-        if !dry_run {
-            query = query.bind(REPLAY_BATCH);
-        }
-        let n = query
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| store.classify(e))?
-            .max(0) as u64;
-        total += n;
-        if dry_run || n < REPLAY_BATCH as u64 {
-            return Ok(total);
-        }
-    }
+    // Not a configuration error: the configuration is fine, the request cannot be met.
+    Err(Error::new(
+        ErrorKind::Other,
+        format!(
+            "{table} is captured from the log in message style (store.logical.style), which \
+             keeps no published events: writers emit messages and only dead events become \
+             rows, so there is nothing to publish again"
+        ),
+    ))
 }
 
 #[cfg(test)]
