@@ -24,9 +24,8 @@ use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, S
 pub struct MemoryRow {
     pub event: OutboxEvent,
     pub published: bool,
-    pub published_at: Option<Instant>,
-    /// When it was published, by the wall clock (what `replay` selects by).
-    pub published_on: Option<DateTime<Utc>>,
+    /// When it was published (what purges and `replay` select by).
+    pub published_at: Option<DateTime<Utc>>,
     pub dead: bool,
     pub next_attempt_at: Option<Instant>,
     pub last_error: Option<String>,
@@ -242,7 +241,6 @@ impl Store for MemoryStore {
                     event,
                     published: false,
                     published_at: None,
-                    published_on: None,
                     dead: false,
                     next_attempt_at: None,
                     last_error: None,
@@ -259,14 +257,12 @@ impl Store for MemoryStore {
             drop(st);
             panic!("scripted panic in purge");
         }
-        let now = Instant::now();
+        let older_than = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let now = Utc::now();
         let victims: Vec<i64> = st
             .rows
             .values()
-            .filter(|r| {
-                r.published_at
-                    .is_some_and(|t| now.duration_since(t) >= older_than)
-            })
+            .filter(|r| r.published_at.is_some_and(|t| now - t >= older_than))
             .map(|r| r.event.id)
             .take(limit as usize)
             .collect();
@@ -369,15 +365,14 @@ impl Store for MemoryStore {
         let mut st = self.table()?;
         let mut n = 0;
         for row in st.rows.values_mut() {
-            let Some(published_on) = row.published_on.filter(|_| row.published && !row.dead) else {
+            let Some(published_at) = row.published_at.filter(|_| row.published && !row.dead) else {
                 continue;
             };
-            if selection.contains(&row.event, published_on) {
+            if selection.contains(&row.event, published_at) {
                 n += 1;
                 if !dry_run {
                     row.published = false;
                     row.published_at = None;
-                    row.published_on = None;
                     row.event.attempts = 0;
                     row.next_attempt_at = None;
                     row.last_error = None;
@@ -551,8 +546,7 @@ impl ShardSession for MemorySession {
                 MarkMode::Keep => {
                     if let Some(row) = st.rows.get_mut(id) {
                         row.published = true;
-                        row.published_at = Some(Instant::now());
-                        row.published_on = Some(Utc::now());
+                        row.published_at = Some(Utc::now());
                     }
                 }
             }
