@@ -197,7 +197,11 @@ fn run_main(registry: Registry, version: String) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match contained(&runtime, execute(cli, registry)) {
+    let outcome = contained(&runtime, execute(cli, registry));
+    // Tasks a command left behind log as they end (a broker client's connection task says it
+    // closed): end them first, so that the line saying why the command failed is the last.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             report(&failure, LOG_FORMAT.get() == Some(&LogFormat::Json));
