@@ -44,6 +44,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check what `run` needs, once, and exit: the configuration, then each pipeline's
+    /// database (answers, table migrated, privileges) and broker (answers, takes the
+    /// credentials). Exit code 0 when all pass, 2 for configuration, 1 otherwise; for a deploy
+    /// pipeline's gate or an init container.
+    Check {
+        /// Check the configuration only; connect to nothing.
+        #[arg(long)]
+        offline: bool,
+    },
     /// Dead events: list, retry, discard.
     Dead {
         #[command(subcommand)]
@@ -266,14 +275,13 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     let pipelines = crate::pipeline::select(&loaded.pipelines, wanted).map_err(Failure::config)?;
     match cli.command {
         Command::Run => {
-            // Every configuration error of every pipeline before anything connects.
-            for pipeline in &pipelines {
-                registry.check_config(loaded.context(pipeline))?;
-            }
-            registry.check_distinct_tables(&loaded.pipelines, |p| loaded.context(p))?;
-            check_listen(&loaded.settings.server.listen, &loaded.figment, &cli)?;
+            check_config(&registry, &loaded, &pipelines, &cli)?;
             let pipelines = pipelines.into_iter().cloned().collect();
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
+        }
+        Command::Check { offline } => {
+            check_config(&registry, &loaded, &pipelines, &cli)?;
+            crate::check::run(&registry, &loaded, &pipelines, wanted_table, offline).await
         }
         Command::Migrate => migrate(&registry, &loaded, &pipelines, wanted_table).await,
         Command::Status { json } => {
@@ -445,7 +453,7 @@ pub struct Target {
 
 /// The targets of `pipeline` (only `table` of a pattern pipeline when given), and the tables
 /// its pattern matches that other pipelines relay.
-async fn targets(
+pub(crate) async fn targets(
     registry: &Registry,
     loaded: &Loaded,
     pipeline: &Pipeline,
@@ -553,6 +561,21 @@ fn load(cli: &Cli) -> Result<Loaded, Failure> {
 }
 
 /// `server.listen` must be an address (checked before connecting to anything).
+/// Every configuration error of every selected pipeline, before anything connects: what `run`
+/// and `check` start with.
+fn check_config(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipelines: &[&Pipeline],
+    cli: &Cli,
+) -> Result<(), Failure> {
+    for pipeline in pipelines {
+        registry.check_config(loaded.context(pipeline))?;
+    }
+    registry.check_distinct_tables(&loaded.pipelines, |p| loaded.context(p))?;
+    check_listen(&loaded.settings.server.listen, &loaded.figment, cli)
+}
+
 fn check_listen(listen: &str, figment: &figment::Figment, cli: &Cli) -> Result<(), Failure> {
     if listen.is_empty() {
         return Ok(());

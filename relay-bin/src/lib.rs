@@ -2,6 +2,7 @@
 
 #[cfg(test)]
 mod adapters;
+mod check;
 pub mod cli;
 pub mod dead;
 mod out;

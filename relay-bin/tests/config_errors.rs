@@ -1100,3 +1100,170 @@ fn a_pattern_that_must_match_and_matches_nothing_stops_the_start() {
         &["pipelines.tenants.store.table: \"no*such.outbox.x\" is not a valid pattern"],
     );
 }
+
+/// `check` of `config` (with `args` after it): the outcome, the table dropped whatever it says.
+fn check_then_drop(config: &TempConfig, args: &[&str], tables: &[&str]) -> Outcome {
+    let path = config.display();
+    let mut all = vec!["--config", path.as_str(), "check"];
+    all.extend_from_slice(args);
+    let out = relay(&all, &[]);
+    for table in tables {
+        drop_migrated(table).expect("dropping the test table");
+    }
+    out
+}
+
+/// `migrate` of `config`, which must succeed (the database is the local one).
+fn migrated(config: &TempConfig) {
+    let out = with_config(config, "migrate", &[]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "migrate (PostgreSQL must be reachable at {}, set OUTBOX_TEST_POSTGRES_URL): {}",
+        postgres_url(),
+        out.stderr
+    );
+}
+
+/// `check` connects as `run` does, once: a migrated table and a broker that answers pass, with a
+/// line for each side and exit code 0.
+#[test]
+fn check_passes_when_the_table_is_migrated_and_the_broker_answers() {
+    let table = format!("check_ok_{}", std::process::id());
+    let config =
+        TempConfig::new(&valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]")));
+    migrated(&config);
+    let out = check_then_drop(&config, &[], &[&table]);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "stdout:\n{}stderr:\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with("store: ok: PostgreSQL ")
+            && lines[0].contains(&format!(", table public.{table}")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines[1], "sink: ok: redis-streams");
+}
+
+/// What `run` would retry forever, `check` reports and fails on: every side's failure on a line
+/// of its own (naming the key, and what to do), one `error:` line, exit code 1.
+#[test]
+fn check_fails_naming_each_side_that_cannot_relay() {
+    let table = format!("check_unmigrated_{}", std::process::id());
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis_streams]\nurl = \"redis://127.0.0.1:1\"\n",
+        valid().replace("[sink]", &format!("table = \"{table}\"\n\n[sink]"))
+    ));
+    let out = check_then_drop(&config, &[], &[]);
+    let line = error_line(&out, 1);
+    assert_eq!(line, "error: check failed (see above)");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with("store: FAILED: ")
+            && lines[0].contains(&format!("table public.{table} does not exist"))
+            && lines[0].contains("migrate"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[1].starts_with("sink: FAILED: ")
+            && lines[1].contains("Redis")
+            && lines[1].contains("127.0.0.1:1"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// With several pipelines, each line names its pipeline, one that fails does not hide the
+/// others, and the last line names those that did not pass.
+#[test]
+fn check_of_two_pipelines_names_the_one_that_fails() {
+    let ok = format!("check_billing_{}", std::process::id());
+    let missing = format!("check_orders_{}", std::process::id());
+    let config = TempConfig::new(&with_sink_and_server(&format!(
+        "{}\n{}",
+        postgres_store("pipelines.billing.store", &format!("table = \"{ok}\"\n")),
+        postgres_store(
+            "pipelines.orders.store",
+            &format!("table = \"{missing}\"\n")
+        )
+    )));
+    let path = config.display();
+    let migrate = relay(
+        &["--config", &path, "--pipeline", "billing", "migrate"],
+        &[],
+    );
+    assert_eq!(migrate.code, Some(0), "migrate: {}", migrate.stderr);
+    let out = check_then_drop(&config, &[], &[&ok]);
+    let line = error_line(&out, 1);
+    assert_eq!(
+        line,
+        "error: check failed for pipeline(s) orders (see above)"
+    );
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with("pipeline billing: store: ok: "),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines[1], "pipeline billing: sink: ok: redis-streams");
+    assert!(
+        lines[2].starts_with("pipeline orders: store: FAILED: ")
+            && lines[2].contains(&format!("table public.{missing} does not exist")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines[3], "pipeline orders: sink: ok: redis-streams");
+}
+
+/// `check --offline` reads the configuration as `run` does and connects to nothing: it passes
+/// with services that do not answer, and fails with exit code 2 naming the key on a
+/// configuration error.
+#[test]
+fn check_offline_reads_the_configuration_and_connects_to_nothing() {
+    let config = TempConfig::new(&format!(
+        "{}\n[sink.redis_streams]\nurl = \"redis://127.0.0.1:1\"\n",
+        unreachable_store()
+    ));
+    let out = check_then_drop(&config, &["--offline"], &[]);
+    assert_eq!(out.code, Some(0), "stderr:\n{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        "configuration valid: 1 pipeline (default: postgres → redis-streams); connections not \
+         checked (--offline)\n"
+    );
+    let bad = TempConfig::new(&with_relay("batch_size = 0"));
+    let line = error_line(&check_then_drop(&bad, &["--offline"], &[]), 2);
+    assert!(line.contains("relay.batch_size"), "{line}");
+}
+
+/// A pattern that matches no table passes (`run` waits for one), unless `require_match` says
+/// `run` would refuse to start: then it fails as a configuration error.
+#[test]
+fn check_of_a_pattern_that_matches_nothing_fails_only_with_require_match() {
+    let pattern = format!("check_none_{}_*.outbox", std::process::id());
+    let config =
+        TempConfig::new(&valid().replace("[sink]", &format!("table = \"{pattern}\"\n\n[sink]")));
+    let out = check_then_drop(&config, &[], &[]);
+    assert_eq!(out.code, Some(0), "stderr:\n{}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        "store: no table matches its pattern (`run` waits for one)\nsink: ok: redis-streams\n"
+    );
+    let out = with_config(&config, "check", &[("OUTBOX_STORE__REQUIRE_MATCH", "true")]);
+    error_line(&out, 2);
+    assert_eq!(
+        out.stdout,
+        "store: FAILED: no table matches its pattern, and store.require_match is true\nsink: ok: \
+         redis-streams\n"
+    );
+}
