@@ -297,6 +297,16 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn oldest_kept(&self) -> Result<Option<DateTime<Utc>>> {
+        let st = self.table()?;
+        Ok(st
+            .rows
+            .values()
+            .filter(|r| r.published && !r.dead)
+            .filter_map(|r| r.published_at)
+            .min())
+    }
+
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
         drop(self.table()?);
         Ok(self

@@ -119,6 +119,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         ))
     }
 
+    /// When the oldest of the published events `relay.retention` kept was published: how far
+    /// back [`replay`](Self::replay) reaches. `None` when none is kept (the default retention
+    /// `"delete"`, a purge that took them all, a store that keeps no published events). This
+    /// default says none for a store that does not tell.
+    async fn oldest_kept(&self) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+        Ok(None)
+    }
+
     /// Refuse relay settings this store cannot honour (say `relay.on_dead = "hold"` where the
     /// store cannot hold an aggregate behind a dead event). [`Relay::new`](crate::Relay::new)
     /// calls it. Errors name the key.

@@ -65,6 +65,7 @@ pub(crate) struct Sql {
     table: String,
     pub purge: String,
     pub status: String,
+    pub oldest_kept: String,
     pub members_of_table: String,
     pub join_members: String,
     pub leave_members: String,
@@ -108,6 +109,8 @@ impl Sql {
                  (SELECT COUNT(*) FROM {t} FORCE INDEX (retry_idx) \
                      WHERE retry_aggregate_id IS NOT NULL AND dead_at IS NULL) AS retrying"
             ),
+            // The first entry of published_idx.
+            oldest_kept: format!("SELECT MIN(published_at) FROM {t} WHERE published_at IS NOT NULL"),
             // ? table name.
             members_of_table: format!(
                 "SELECT slot, connection_id, relay_id FROM {members} WHERE table_name = ?"

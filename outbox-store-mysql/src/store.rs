@@ -475,6 +475,15 @@ impl Store for MySqlStore {
             .map_err(|e| self.error(e).context("reading the backlog"))
     }
 
+    async fn oldest_kept(&self) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+        // DATETIME(6) columns in UTC.
+        let oldest: Option<chrono::NaiveDateTime> = sqlx::query_scalar(&self.sql().oldest_kept)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("reading the oldest kept event"))?;
+        Ok(oldest.map(|t| t.and_utc()))
+    }
+
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
         let shard_count = self.shard_count().await?;
         let context = &self.inner.context;

@@ -33,6 +33,7 @@ pub(crate) struct Sql {
     pub record_failures: String,
     pub purge: String,
     pub status: String,
+    pub oldest_kept: String,
     pub cluster: String,
     pub owners: String,
     pub dead_list: String,
@@ -138,6 +139,8 @@ impl Sql {
                  (SELECT count(*) FROM {t} \
                      WHERE published_at IS NULL AND attempts > 0 AND dead_at IS NULL) AS retrying"
             ),
+            // The first entry of the published_at index.
+            oldest_kept: format!("SELECT min(published_at) FROM {t} WHERE published_at IS NOT NULL"),
             // $1 shard lock key, $2 membership lock key: (key, value) of every matching lock.
             cluster: format!(
                 "SELECT l.classid::int8 AS key, l.objid::int8 AS value FROM pg_locks l \

@@ -512,6 +512,13 @@ impl Store for PostgresStore {
         Ok(status)
     }
 
+    async fn oldest_kept(&self) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+        sqlx::query_scalar(&self.sql().oldest_kept)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.error(e).context("reading the oldest kept event"))
+    }
+
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
         if self.inner.logical.is_some() {
             let reader = self.slot_status().await?.and_then(|s| s.reader);

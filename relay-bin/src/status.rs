@@ -17,6 +17,9 @@ struct StatusReport {
     owners: BTreeMap<String, Vec<i32>>,
     /// Aggregates waiting for a retry (the first 20).
     held_back: Vec<HeldBack>,
+    /// When the oldest published event `relay.retention` kept was published: how far back
+    /// `replay` reaches (`null`: none kept).
+    oldest_kept_at: Option<chrono::DateTime<chrono::Utc>>,
     /// What the store's check finds wrong with the table (a dropped replication slot, a
     /// schema `migrate` must bring up to date): what `run` would stop with.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -37,12 +40,14 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
     } else {
         Vec::new()
     };
+    let oldest_kept_at = explained(store, store.oldest_kept().await).await?;
     let report = StatusReport {
         store: store.describe(),
         backlog,
         shards_owned: owners.len(),
         owners: by_owner,
         held_back,
+        oldest_kept_at,
         problem: problem.as_ref().map(Error::full_message),
     };
     if json {
@@ -80,6 +85,16 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
         );
     }
     outln!("dead                 {} (see `{dead_list}`)", b.dead);
+    match report.oldest_kept_at {
+        Some(at) => outln!(
+            "kept                 published since {} UTC, {} ago (what `{} replay` can publish \
+             again)",
+            at.format("%Y-%m-%d %H:%M:%S"),
+            ago(at),
+            outboxkit_core::command::name()
+        ),
+        None => outln!("kept                 none"),
+    }
     if let Some(slot) = &b.slot {
         // Log-based capture: the slot is the one unit of ownership.
         outln!(
@@ -144,6 +159,12 @@ pub(crate) async fn explained<T>(store: &dyn Store, result: Result<T, Error>) ->
         Err(e) if matches!(e.kind(), ErrorKind::Schema | ErrorKind::Unauthorized) => Err(e),
         _ => Err(failed),
     }
+}
+
+/// How long ago `at` was, to the second: `6days 23h 59m 2s`.
+fn ago(at: chrono::DateTime<chrono::Utc>) -> String {
+    let secs = (chrono::Utc::now() - at).num_seconds().max(0);
+    humantime::format_duration(std::time::Duration::from_secs(secs as u64)).to_string()
 }
 
 /// `n` and `noun`, plural unless `n` is 1: "1 relay", "2 relays".

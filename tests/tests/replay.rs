@@ -41,6 +41,12 @@ async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         event("A", 3),
     ];
     scenario.store.enqueue_many(&events).await;
+    let (ok, out, err) = scenario.cli(&["status"]);
+    assert!(
+        ok && out.contains("\nkept                 none\n"),
+        "{out}{err}"
+    );
+    assert_eq!(scenario.status()["oldest_kept_at"], serde_json::Value::Null);
     scenario.start_relay("relay-replay", &[]);
     let stream_holds = |n: u64| {
         let (redis, stream) = (redis.clone(), stream.clone());
@@ -62,6 +68,27 @@ async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         .map(|m| m.event_id)
         .collect();
     assert_eq!(a_ids.len(), 3);
+    // How far back a replay reaches: the first publication, a moment ago.
+    let (ok, out, err) = scenario.cli(&["status"]);
+    assert!(ok, "{err}");
+    let kept = out
+        .lines()
+        .find_map(|l| l.strip_prefix("kept                 published since "))
+        .unwrap_or_else(|| panic!("no kept line: {out}"));
+    assert!(
+        kept.contains(" UTC, ") && kept.contains("s ago (what `outbox-relay replay` can publish"),
+        "{kept}"
+    );
+    let since = scenario.status()["oldest_kept_at"]
+        .as_str()
+        .map(|t| t.parse::<chrono::DateTime<chrono::Utc>>())
+        .unwrap_or_else(|| panic!("no oldest_kept_at in status --json"))
+        .expect("an RFC 3339 time");
+    let age = chrono::Utc::now() - since;
+    assert!(
+        age >= chrono::Duration::zero() && age < chrono::Duration::minutes(1),
+        "kept since {since}"
+    );
 
     let (ok, out, err) = scenario.cli(&["replay", "--since", "1h", "--dry-run"]);
     assert!(ok, "{err}");

@@ -428,6 +428,10 @@ pub async fn mark_published_delete_and_keep_then_purge(factory: &dyn StoreFactor
     );
     assert_eq!(claim_ids(session.as_mut(), false).await, ids[4..]);
     assert_eq!(ok(store.status().await, "status").pending, 1);
+    assert!(
+        ok(store.oldest_kept().await, "oldest_kept").is_some(),
+        "two events kept"
+    );
 
     assert_eq!(
         ok(
@@ -454,6 +458,11 @@ pub async fn mark_published_delete_and_keep_then_purge(factory: &dyn StoreFactor
             "purge again"
         ),
         0
+    );
+    assert_eq!(
+        ok(store.oldest_kept().await, "oldest_kept"),
+        None,
+        "the purge took every kept event"
     );
     assert_eq!(claim_ids(session.as_mut(), false).await, ids[4..]);
     assert_eq!(pending_and_dead(store.as_ref()).await, (1, 0));
@@ -650,7 +659,8 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
 /// `replay` sends the kept events a selection names (published with `Keep`) back to pending:
 /// counted first with `dry_run`, then claimed again with their `event_id`s, in id order,
 /// attempts reset; narrowed by aggregate type, aggregate and publication time. Events deleted
-/// on publish, pending or dead are never among them.
+/// on publish, pending or dead are never among them. `oldest_kept` says how far back a replay
+/// reaches: none before anything is kept and once nothing is.
 pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
     use crate::model::ReplaySelection;
     let events = [
@@ -662,6 +672,8 @@ pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
         event("C", 2),
     ];
     let (store, ids, mut session) = with_rows(factory, &events, "suite-replay").await;
+    let oldest_kept = || async { ok(store.oldest_kept().await, "oldest_kept") };
+    assert_eq!(oldest_kept().await, None, "nothing published yet");
     let event_ids: BTreeMap<i64, Uuid> = claim(session.as_mut(), 100, &[], false)
         .await
         .iter()
@@ -697,6 +709,12 @@ pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
         async move { ok(store.replay(&selection, dry_run).await, "replay") }
     };
     let everything = ReplaySelection::since(Utc::now() - hour);
+    let oldest = oldest_kept().await.expect("four events kept");
+    assert!(
+        (Utc::now() - oldest).abs() < hour,
+        "kept since {oldest}, now {}",
+        Utc::now()
+    );
 
     assert_eq!(replay(everything.clone(), true).await, 4, "counted");
     assert_eq!(
@@ -732,11 +750,17 @@ pub async fn kept_events_are_replayed(factory: &dyn StoreFactory) {
         expected(&[ids[0], ids[2]]),
         "A's events pending again, in their order"
     );
+    let of_b = oldest_kept().await.expect("B's events kept");
+    assert!(
+        of_b >= oldest,
+        "B's kept since {of_b}, all four since {oldest}"
+    );
     assert_eq!(
         replay(everything.clone(), false).await,
         2,
         "the rest: A's are pending already"
     );
+    assert_eq!(oldest_kept().await, None, "every kept event pending again");
     assert_eq!(
         event_ids_of(&claim(session.as_mut(), 100, &[], false).await),
         expected(&ids[..4]),
