@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
-use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Outcome, Result};
+use outboxkit_core::{Error, ErrorKind, OutboxEvent, Outcome, Result};
 
 use crate::classify::{refuses_content, Hints};
 use crate::message::{prepare, PreparedMessage};
@@ -385,30 +385,10 @@ pub fn validate_limits(
     Ok(())
 }
 
-/// The template's destination when it is the same for every event (a sink's `check` then
-/// resolves it at start).
-pub fn fixed_destination(template: &DestinationTemplate) -> Option<String> {
-    let probe = |text: &str| OutboxEvent {
-        id: 0,
-        event_id: Default::default(),
-        aggregate_type: format!("t{text}"),
-        aggregate_id: format!("i{text}"),
-        event_type: format!("e{text}"),
-        payload: Vec::new(),
-        payload_type: Default::default(),
-        headers: Default::default(),
-        destination: None,
-        created_at: Default::default(),
-        attempts: 0,
-        shard: 0,
-    };
-    let a = template.render(&probe("1"));
-    (a == template.render(&probe("2"))).then_some(a)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outboxkit_core::DestinationTemplate;
 
     /// Targets are their names; nothing is sent.
     struct Fake(SinkCore);
@@ -498,17 +478,5 @@ mod tests {
                 ("a".to_owned(), vec![18, 19, 20, 21, 22, 23, 24]),
             ]
         );
-    }
-
-    #[test]
-    fn fixed_destinations_are_detected() {
-        let t = |s: &str| DestinationTemplate::parse(s).unwrap();
-        assert_eq!(
-            fixed_destination(&t("orders.fifo")).as_deref(),
-            Some("orders.fifo")
-        );
-        assert_eq!(fixed_destination(&t("{aggregate_type}")), None);
-        assert_eq!(fixed_destination(&t("app-{event_type}")), None);
-        assert_eq!(fixed_destination(&t("q-{aggregate_id}")), None);
     }
 }

@@ -9,8 +9,6 @@ use std::sync::{Mutex, MutexGuard};
 use outboxkit_core::cloudevents::CloudEvents;
 use outboxkit_core::{DestinationTemplate, Error, ErrorKind, OutboxEvent, Result};
 
-use crate::batch::fixed_destination;
-
 /// Resolved destinations kept at most; past it the cache starts over (rows with ever-new
 /// destinations must not grow memory without bound).
 pub const MAX_CACHED_TARGETS: usize = 10_000;
@@ -48,7 +46,7 @@ impl SinkCore {
         location: String,
     ) -> Self {
         Self {
-            fixed_destination: fixed_destination(&template),
+            fixed_destination: template.fixed().map(str::to_owned),
             template,
             cloudevents,
             location,

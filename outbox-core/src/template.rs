@@ -114,6 +114,15 @@ impl DestinationTemplate {
         out
     }
 
+    /// The destination of every event without one of its own, when the template has no
+    /// placeholder (`orders.fifo`): what a sink's `check` can look up before any event exists.
+    pub fn fixed(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [Part::Literal(destination)] => Some(destination),
+            _ => None,
+        }
+    }
+
     /// The template with every placeholder written as `stand_in`: what an adapter checks of the
     /// destinations it can render before any event exists (`orders/{aggregate_type}` with
     /// `"x"` gives `orders/x`, which no Kafka topic name can be).
@@ -145,6 +154,16 @@ mod tests {
             event_id: Uuid::nil(),
             destination: destination.map(Into::into),
             ..OutboxEvent::new(1, "order", "42", "OrderConfirmed", serde_json::json!({}))
+        }
+    }
+
+    #[test]
+    fn a_template_without_placeholders_is_fixed() {
+        let t = |s: &str| DestinationTemplate::parse(s).unwrap();
+        assert_eq!(t("orders.fifo").fixed(), Some("orders.fifo"));
+        assert_eq!(t("{{literal}}").fixed(), Some("{literal}"));
+        for varying in ["{aggregate_type}", "app-{event_type}", "q-{aggregate_id}"] {
+            assert_eq!(t(varying).fixed(), None, "{varying}");
         }
     }
 

@@ -553,6 +553,37 @@ impl KafkaSink {
     }
 }
 
+impl KafkaSink {
+    /// `check`'s error for the fixed topic `topic`, which the cluster's metadata lists with the
+    /// error `code`, or without partitions (`None`). A topic that does not exist is a
+    /// configuration error naming the key, as an SNS topic or an SQS queue that does not.
+    fn topic_unusable(&self, topic: &str, code: Option<RDKafkaErrorCode>) -> Error {
+        use RDKafkaErrorCode as C;
+        let at = format!("on Kafka at {}", self.servers());
+        match code {
+            None | Some(C::UnknownTopicOrPartition | C::UnknownTopic) => Error::config(format!(
+                "{CONFIG_SECTION}.topic: topic `{topic}` does not exist {at} and the broker did \
+                 not create it: create it (or enable auto.create.topics.enable on the broker)"
+            )),
+            Some(code) => {
+                let (kind, retryable) = code_kind(code);
+                let e = Error::new(
+                    kind,
+                    format!(
+                        "{CONFIG_SECTION}.topic: topic `{topic}` {at}: {}",
+                        describe(code)
+                    ),
+                );
+                if retryable {
+                    e.temporary()
+                } else {
+                    e.permanent()
+                }
+            }
+        }
+    }
+}
+
 /// What an event for a topic the broker does not have (and did not create) says.
 fn missing_topic(topic: &str) -> String {
     format!(
@@ -656,13 +687,23 @@ impl Sink for KafkaSink {
         }
         let started = Instant::now();
         let timeout = self.config.check_timeout;
+        // A fixed topic (a template without placeholders) is looked up: a broker that does not
+        // create topics on first use would otherwise take every event and time each one out.
+        let topic = self.template.fixed().map(str::to_owned);
         let fetch = {
-            let producer = producer.clone();
+            let (producer, topic) = (producer.clone(), topic.clone());
             tokio::task::spawn_blocking(move || {
-                producer
+                let metadata = producer
                     .client()
-                    .fetch_metadata(None, timeout)
-                    .map(|metadata| metadata.brokers().len())
+                    .fetch_metadata(topic.as_deref(), timeout)?;
+                let absent = topic.as_deref().and_then(|name| {
+                    match metadata.topics().iter().find(|t| t.name() == name) {
+                        Some(t) if t.error().is_some() => Some(t.error().map(Into::into)),
+                        Some(t) if !t.partitions().is_empty() => None,
+                        _ => Some(None),
+                    }
+                });
+                Ok::<_, KafkaError>((metadata.brokers().len(), absent))
             })
         };
         let fetched = fetch
@@ -678,11 +719,12 @@ impl Sink for KafkaSink {
             )
         };
         match fetched {
-            Ok(0) => Err(reach(
+            Ok((0, _)) => Err(reach(
                 ErrorKind::Unavailable,
                 "the cluster's metadata lists no broker".to_owned(),
             )),
-            Ok(_) => Ok(()),
+            Ok((_, None)) => Ok(()),
+            Ok((_, Some(code))) => Err(self.topic_unusable(topic.as_deref().unwrap_or(""), code)),
             Err(e) => {
                 let classified = classify(&e);
                 let kind = self.timeout_kind(started, classified.kind());

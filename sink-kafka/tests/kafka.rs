@@ -432,6 +432,30 @@ async fn a_missing_topic_is_a_retry_never_a_reject() {
     }
 }
 
+/// A fixed topic (a template without placeholders) is looked up by `check`: one that exists
+/// passes; one the broker does not have (tansu creates none on first use) is a configuration
+/// error naming the key and the topic, before any event is taken and timed out. A template
+/// that varies names no topic to look up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_looks_up_a_fixed_topic() {
+    let (prefix, _kafka, topic) = order_topic(&[]).await;
+    connect(config(&topic)).await;
+    let missing = format!("{prefix}_never_created");
+    let e = KafkaSink::connect(config(&missing))
+        .await
+        .expect_err("a fixed topic that does not exist");
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+    assert_eq!(
+        e.message(),
+        format!(
+            "sink.kafka.topic: topic `{missing}` does not exist on Kafka at {} and the broker \
+             did not create it: create it (or enable auto.create.topics.enable on the broker)",
+            kafka_bootstrap()
+        )
+    );
+    connect(config(&format!("{prefix}_{{event_type}}"))).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_name_kafka_cannot_have_is_rejected_at_once() {
     let (prefix, _kafka, _existing) = order_topic(&[]).await;

@@ -36,6 +36,35 @@ fn sink(cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext
     KafkaSink::new(config).expect("a valid configuration")
 }
 
+/// `check` of a fixed topic the broker refuses to describe says so, naming the topic and the
+/// key, with the kind of the broker's refusal: not authorized is no configuration error, the
+/// grant is missing.
+#[tokio::test]
+async fn check_of_a_fixed_topic_the_broker_refuses_names_it() {
+    let cluster = mock();
+    cluster
+        .topic_error(
+            TOPIC,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .expect("setting the topic's error");
+    let config = KafkaSinkConfig {
+        topic: TOPIC.to_owned(),
+        ..KafkaSinkConfig::new(cluster.bootstrap_servers())
+    };
+    let e = KafkaSink::connect(config)
+        .await
+        .expect_err("the topic's metadata is refused");
+    assert_eq!(e.kind(), ErrorKind::Unauthorized, "{e}");
+    assert!(
+        e.message().starts_with(&format!(
+            "sink.kafka.topic: topic `{TOPIC}` on Kafka at {}: ",
+            cluster.bootstrap_servers()
+        )) && e.message().contains("Topic authorization failed"),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn refused_topic_authorization_fails_the_whole_call() {
     let cluster = mock();
