@@ -63,13 +63,19 @@ impl ServerInfo {
     }
 
     /// `Err` with what is needed when the server is too old for the relay.
+    /// The server as messages name it: `MariaDB` or `MySQL`.
+    fn product(&self) -> &'static str {
+        if self.mariadb {
+            "MariaDB"
+        } else {
+            "MySQL"
+        }
+    }
+
     fn check_supported(&self, endpoint: &str) -> Result<()> {
         let version = self.numbers();
-        let (product, minimum) = if self.mariadb {
-            ("MariaDB", (10, 6, 0))
-        } else {
-            ("MySQL", (8, 0, 16))
-        };
+        let product = self.product();
+        let minimum = if self.mariadb { (10, 6, 0) } else { (8, 0, 16) };
         if version < minimum {
             return Err(Error::config(format!(
                 "store.url: {product} {} at {endpoint} is too old: outbox-relay needs MySQL \
@@ -142,6 +148,7 @@ fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: St
         ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
         password_key: config.password.is_some(),
+        product: None,
     }
 }
 
@@ -184,7 +191,7 @@ impl MySqlStore {
                 )))
             }
         };
-        let target = target_of(&config, &options, table.to_string());
+        let mut target = target_of(&config, &options, table.to_string());
         let endpoint = target.endpoint.clone().unwrap_or_default();
 
         let mut conn = connect::<MySql, _>(&options, &target, config.connect_timeout).await?;
@@ -205,6 +212,8 @@ impl MySqlStore {
             ))
         };
         let server = read().map_err(|e| classify(e, &target))?;
+        // From here on, errors name the server it is.
+        target.product = Some(server.product());
         let tls_version: Option<String> = sqlx::query("SHOW SESSION STATUS LIKE 'Ssl_version'")
             .fetch_optional(&mut conn)
             .await
@@ -238,7 +247,7 @@ impl MySqlStore {
         });
         Ok(Self {
             inner: Arc::new(Inner {
-                outbox: Outbox::for_table(&table),
+                outbox: Outbox::for_table(&table).naming(&context.target),
                 config,
                 options,
                 pool,
@@ -398,13 +407,10 @@ impl Store for MySqlStore {
     }
 
     fn describe(&self) -> String {
-        let product = if self.inner.server.mariadb {
-            "MariaDB"
-        } else {
-            "MySQL"
-        };
         let inner = &self.inner;
-        inner.config.describe(product, &inner.table, &inner.tls)
+        inner
+            .config
+            .describe(inner.server.product(), &inner.table, &inner.tls)
     }
 
     async fn migrate(&self) -> Result<()> {

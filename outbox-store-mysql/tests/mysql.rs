@@ -164,3 +164,36 @@ async fn long_id_lists_are_claimed_marked_and_failed_correctly() {
     close_live(session).await;
     common::drop_table(store.table()).await;
 }
+
+/// One `mysql` kind serves MySQL and MariaDB: once connected, errors name the server it is, as
+/// `describe` does (a MariaDB operator reading "MySQL at ..." looks for the wrong server).
+#[tokio::test]
+async fn errors_after_connecting_name_the_server_it_is() {
+    let mut config = common::fresh_config();
+    config.payload_type = Some(outboxkit_core::PayloadType::Text);
+    let store = common::connect(config).await;
+    store.migrate().await.expect("migrate");
+    let described = store.describe();
+    let product = described
+        .split(' ')
+        .next()
+        .filter(|p| ["MariaDB", "MySQL"].contains(p))
+        .unwrap_or_else(|| panic!("describe names MariaDB or MySQL: {described}"));
+    let not_text = NewEvent::new("order", "o-1", "Changed", vec![0xff_u8, 0xfe]);
+    let e = store
+        .insert(&[not_text])
+        .await
+        .expect_err("bytes that are not UTF-8 in a text table");
+    common::drop_table(store.table()).await;
+    let other = if product == "MySQL" {
+        "MariaDB"
+    } else {
+        "MySQL"
+    };
+    assert!(
+        e.message().contains(&format!(": {product} at "))
+            && e.message().contains(" refused a value for table ")
+            && !e.message().contains(other),
+        "{product}: {e}"
+    );
+}

@@ -115,6 +115,13 @@ impl Outbox {
         Ok(*self.payload_type.get_or_init(|| read))
     }
 
+    /// The same handle, its errors naming the server as `target` does: the store's own, which
+    /// knows where it connected (`MariaDB at host:port refused a value ...`).
+    pub(crate) fn naming(mut self, target: &Target) -> Self {
+        self.target = target.clone();
+        self
+    }
+
     /// The table this handle writes to.
     pub fn table(&self) -> &str {
         &self.target.table

@@ -43,6 +43,7 @@ fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: St
         ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
         password_key: config.password.is_some(),
+        product: None,
     }
 }
 
@@ -161,7 +162,7 @@ impl PostgresStore {
         });
         Ok(Self {
             inner: Arc::new(Inner {
-                outbox: Outbox::for_table(&table),
+                outbox: Outbox::for_table(&table).naming(&context.target),
                 config,
                 options,
                 pool,

@@ -55,6 +55,9 @@ pub struct Target {
     /// Whether `store.password` (or `password_file`) gave the password, not the URL: refused
     /// credentials then name that key too.
     pub password_key: bool,
+    /// The server as errors name it once a connection told (`MariaDB` for a `mysql` store);
+    /// [`Dialect::PRODUCT`] until then.
+    pub product: Option<&'static str>,
 }
 
 impl Target {
@@ -86,10 +89,17 @@ impl Target {
 
     /// `PostgreSQL at host:port`, or the bare product when the endpoint is unknown.
     pub fn at<D: Dialect>(&self) -> String {
+        let product = self.product::<D>();
         match &self.endpoint {
-            Some(endpoint) => format!("{} at {endpoint}", D::PRODUCT),
-            None => D::PRODUCT.to_owned(),
+            Some(endpoint) => format!("{product} at {endpoint}"),
+            None => product.to_owned(),
         }
+    }
+
+    /// The server as errors name it: [`product`](Self::product) once known, else
+    /// [`Dialect::PRODUCT`].
+    pub fn product<D: Dialect>(&self) -> &'static str {
+        self.product.unwrap_or(D::PRODUCT)
     }
 }
 
@@ -337,7 +347,7 @@ pub fn no_answer_within<D: Dialect>(target: &Target, connect_timeout: Duration) 
         ErrorKind::Connection,
         format!(
             "cannot reach {} at {} ({}): no answer within {} (store.connect_timeout)",
-            D::PRODUCT,
+            target.product::<D>(),
             target.endpoint.as_deref().unwrap_or("?"),
             target.url_key::<D>(),
             format_duration(connect_timeout)
