@@ -36,18 +36,22 @@ pub enum Command {
     Run,
     /// Create or upgrade the outbox table of every pipeline (idempotent).
     Migrate,
-    /// Backlog figures and shard owners, and what `run` would stop with (a dropped replication
-    /// slot, a table to migrate): one line per pipeline when there are several, the whole
-    /// report of one (with --pipeline, or when there is only one).
+    /// Backlog figures, shard owners and what `run` would stop with.
+    ///
+    /// What `run` would stop with: a dropped replication slot, a table to migrate. One line
+    /// per pipeline when there are several, the whole report of one (with --pipeline, or when
+    /// there is only one).
     Status {
         /// Print JSON for machines.
         #[arg(long)]
         json: bool,
     },
-    /// Check what `run` needs, once, and exit: the configuration, then each pipeline's
-    /// database (answers, table migrated, privileges) and broker (answers, takes the
-    /// credentials). Exit code 0 when all pass, 2 for configuration, 1 otherwise; for a deploy
-    /// pipeline's gate or an init container.
+    /// Check once what `run` needs (configuration, database, broker), and exit.
+    ///
+    /// The configuration, then each pipeline's database (answers, table migrated, privileges)
+    /// and broker (answers, takes the credentials), a line per side. Exit code 0 when all
+    /// pass, 2 for configuration, 1 otherwise: for a deploy pipeline's gate or an init
+    /// container.
     Check {
         /// Check the configuration only; connect to nothing.
         #[arg(long)]
@@ -58,8 +62,9 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::dead::DeadCommand,
     },
-    /// Publish again the published events `relay.retention` kept, for consumers that lost them:
-    /// those published in a time window, of an aggregate type or an aggregate. With polling
+    /// Publish again the events `relay.retention` kept, for consumers that lost them.
+    ///
+    /// Those published in a time window, of an aggregate type or an aggregate. With polling
     /// each is pending again in its place in its aggregate's order; with log-based capture
     /// (table style) each is written again, after what its aggregate committed since. They
     /// keep their event ids. Asks for --yes; --dry-run counts them.
