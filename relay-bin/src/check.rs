@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use outboxkit_core::{Error, Sink};
+use outboxkit_core::{Error, RelayConfig, Sink};
 
 use crate::cli::{self, Failure, Loaded, Target};
 use crate::out::outln;
@@ -72,7 +72,7 @@ pub async fn run(
                         Some((_, table)) => format!(" {table}"),
                         None => String::new(),
                     };
-                    match checked(target).await {
+                    match checked(target, &pipeline.relay).await {
                         Ok(store) => outln!("{prefix}store{of_table}: ok: {store}"),
                         Err(e) => {
                             let e = Failure::from(pipeline.rekey_error(e));
@@ -115,9 +115,11 @@ pub async fn run(
     Err(Failure { message, code })
 }
 
-/// A target's store, checked as `run` checks it: its description, or why it cannot relay.
-async fn checked(target: Target) -> outboxkit_core::Result<String> {
+/// A target's store, checked as `run` checks it: its description, or why it cannot relay (the
+/// relay settings it cannot honour first, then the database).
+async fn checked(target: Target, relay: &RelayConfig) -> outboxkit_core::Result<String> {
     let store = target.store?;
+    store.check_relay_settings(relay)?;
     store.check().await?;
     Ok(store.describe())
 }

@@ -1267,3 +1267,28 @@ fn check_of_a_pattern_that_matches_nothing_fails_only_with_require_match() {
          redis-streams\n"
     );
 }
+
+/// Relay settings the store cannot honour, which `run` refuses once connected, `check` refuses
+/// too: `relay.on_dead = "hold"` with log-based capture.
+#[test]
+fn check_refuses_relay_settings_the_store_cannot_honour() {
+    let table = format!("check_hold_{}", std::process::id());
+    let config = TempConfig::new(&format!(
+        "{}\n[relay]\non_dead = \"hold\"\n",
+        valid().replace(
+            "[sink]",
+            &format!("table = \"{table}\"\ncapture = \"logical\"\n\n[sink]")
+        )
+    ));
+    let out = check_then_drop(&config, &[], &[]);
+    error_line(&out, 2);
+    let first = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(
+            "store: FAILED: invalid configuration: relay.on_dead: \"hold\" is not available with \
+             store.capture = \"logical\""
+        ),
+        "{}",
+        out.stdout
+    );
+}
