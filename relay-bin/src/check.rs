@@ -1,7 +1,7 @@
 //! `outbox-relay check`: what `run` needs before it relays, checked once and reported, with an
-//! exit code a deploy pipeline or an init container can act on. `run` itself never gives up on
-//! a database or broker that does not answer (it retries until they do), so it cannot tell a
-//! rollout that the new configuration points at the wrong host.
+//! exit code a deploy pipeline or an init container can act on, relaying nothing. `run` is no
+//! such test: it relays as soon as it connects (taking shards from the running relays), and
+//! with several pipelines it starts those that connect and keeps trying the others.
 //!
 //! The configuration first, as `run` reads it (every pipeline, no connection); then, unless
 //! `--offline`, each pipeline's store and sink as `run` connects them: the database answers, the

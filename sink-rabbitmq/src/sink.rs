@@ -8,7 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::SecondsFormat;
 use lapin::message::BasicReturnMessage;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+};
 use lapin::tcp::OwnedTLSConfig;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
@@ -641,12 +643,71 @@ impl RabbitMqSink {
 
     /// Check that the configured exchange exists (passive declare, on a channel of its own:
     /// a failed passive declare closes the channel).
-    async fn check_exchange(&self, connection: &Connection) -> Result<()> {
+    /// `call`, or a timeout error saying `what` got no answer within `confirm_timeout`.
+    async fn answered(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<()>>,
+    ) -> Result<()> {
+        match tokio::time::timeout(self.config.confirm_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "{what} on RabbitMQ at {}: no answer within {} \
+                     ({CONFIG_SECTION}.confirm_timeout)",
+                    self.host_port,
+                    humanize(self.config.confirm_timeout)
+                ),
+            )),
+        }
+    }
+
+    /// That `queue` exists (a passive declare), for a fixed routing key on the default
+    /// exchange.
+    async fn check_queue(&self, connection: &Connection, queue: &str) -> Result<()> {
         let at = format!("on RabbitMQ at {}", self.host_port);
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| classify::classify(e).context(format!("opening a channel {at}")))?;
+        let channel = self.check_channel(connection).await?;
+        let options = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declared = channel
+            .queue_declare(queue.into(), options, FieldTable::default())
+            .await;
+        let Err(e) = declared else {
+            let _ = channel.close(200, "OK".into()).await;
+            return Ok(());
+        };
+        let e = classify::classify(e);
+        if e.kind() != ErrorKind::Unroutable {
+            return Err(e.context(format!("checking queue `{queue}` {at}")));
+        }
+        Err(Error::new(
+            ErrorKind::Unroutable,
+            format!(
+                "queue `{queue}` does not exist {at} vhost `{}`: the default exchange \
+                 ({CONFIG_SECTION}.exchange = \"\") routes by queue name and \
+                 {CONFIG_SECTION}.routing_key names this queue: declare it, or fix the key \
+                 ({})",
+                self.vhost(),
+                e.full_message()
+            ),
+        ))
+    }
+
+    /// A channel of its own for a check (a refusal closes it).
+    async fn check_channel(&self, connection: &Connection) -> Result<Channel> {
+        connection.create_channel().await.map_err(|e| {
+            classify::classify(e).context(format!(
+                "opening a channel on RabbitMQ at {}",
+                self.host_port
+            ))
+        })
+    }
+
+    async fn check_exchange(&self, connection: &Connection) -> Result<()> {
+        let channel = self.check_channel(connection).await?;
         let options = ExchangeDeclareOptions {
             passive: true,
             ..ExchangeDeclareOptions::default()
@@ -726,26 +787,25 @@ impl Sink for RabbitMqSink {
     async fn check(&self) -> Result<()> {
         let mut slot = self.link.lock().await;
         let link = self.ensure_link(&mut slot).await?;
-        if self.config.exchange.is_empty() || self.config.declare_exchange {
-            return Ok(());
+        if !self.config.exchange.is_empty() {
+            if self.config.declare_exchange {
+                return Ok(());
+            }
+            let what = format!("checking exchange {}", self.exchange_display);
+            return self
+                .answered(&what, self.check_exchange(&link.connection))
+                .await;
         }
-        match tokio::time::timeout(
-            self.config.confirm_timeout,
-            self.check_exchange(&link.connection),
-        )
-        .await
-        {
-            Ok(result) => result,
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "checking exchange {} on RabbitMQ at {}: no answer within {} \
-                     ({CONFIG_SECTION}.confirm_timeout)",
-                    self.exchange_display,
-                    self.host_port,
-                    humanize(self.config.confirm_timeout)
-                ),
-            )),
+        // The default exchange routes by queue name: a fixed routing key names the one queue
+        // every event goes to. Without `mandatory` a message nothing takes is dropped, which
+        // the configuration then accepts.
+        match self.template.fixed().filter(|_| self.config.mandatory) {
+            Some(queue) => {
+                let what = format!("checking queue `{queue}`");
+                self.answered(&what, self.check_queue(&link.connection, queue))
+                    .await
+            }
+            None => Ok(()),
         }
     }
 

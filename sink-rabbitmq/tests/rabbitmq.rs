@@ -456,6 +456,46 @@ async fn a_missing_exchange_fails_the_call_and_is_named() {
     broker.delete_exchange().await;
 }
 
+/// On the default exchange a fixed routing key names the one queue every event goes to: the
+/// start-up check refuses a queue that does not exist (naming both keys), and passes once it
+/// does. A key that varies, or `mandatory = false` (a message nothing takes is dropped, by
+/// choice), is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_looks_up_the_queue_a_fixed_key_names_on_the_default_exchange() {
+    let prefix = unique("rabbitmq");
+    let queue = format!("{prefix}.orders");
+    let direct = |routing_key: &str| RabbitMqConfig {
+        routing_key: routing_key.to_owned(),
+        ..RabbitMqConfig::new(rabbitmq_url(), "")
+    };
+    let e = RabbitMqSink::connect(direct(&queue)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unroutable, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!("queue `{queue}` does not exist on RabbitMQ at "))
+            && text.contains(
+                "the default exchange (sink.rabbitmq.exchange = \"\") routes by queue name and \
+                 sink.rabbitmq.routing_key names this queue: declare it, or fix the key"
+            ),
+        "{text}"
+    );
+    connect(RabbitMqConfig {
+        mandatory: false,
+        ..direct(&queue)
+    })
+    .await;
+    connect(direct(&format!("{prefix}.{{aggregate_type}}"))).await;
+
+    let broker = RabbitMqSide::open("").await;
+    let _declared = broker.declare_queue(&queue, &[]).await;
+    let sink = connect(direct(&queue)).await;
+    let batch = sample_batch(1, 2, "order", 2);
+    publish_all(&sink, &batch).await;
+    let arrived = broker.drain(&queue, 2, Duration::from_secs(10)).await;
+    broker.delete_queue(&queue).await;
+    assert_eq!(arrived.len(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declares_the_exchange_when_asked_and_names_a_conflict() {
     let (prefix, exchange, config) = own_exchange("declared");

@@ -118,7 +118,29 @@ impl RabbitMqSide {
         routing_key: &str,
         arguments: &[(&str, AMQPValue)],
     ) {
-        let (_connection, channel) = self.channel().await;
+        let (_connection, channel) = self.declare_queue(queue, arguments).await;
+        let exchange = self.exchange.as_str();
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("binding queue {queue} to {exchange} ({routing_key}): {e}"));
+    }
+
+    /// Declare the durable queue `queue` as [`bind_queue`](Self::bind_queue) does, bound to
+    /// nothing but the default exchange (which routes by queue name). Returns the connection
+    /// and channel it used.
+    pub async fn declare_queue(
+        &self,
+        queue: &str,
+        arguments: &[(&str, AMQPValue)],
+    ) -> (lapin::Connection, lapin::Channel) {
+        let (connection, channel) = self.channel().await;
         let mut table = FieldTable::default();
         table.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
         for (name, value) in arguments {
@@ -132,17 +154,7 @@ impl RabbitMqSide {
             .queue_declare(queue.into(), options, table)
             .await
             .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
-        let exchange = self.exchange.as_str();
-        channel
-            .queue_bind(
-                queue.into(),
-                exchange.into(),
-                routing_key.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("binding queue {queue} to {exchange} ({routing_key}): {e}"));
+        (connection, channel)
     }
 
     /// Take every message of `queue` (`basic.get`, no ack: they leave the queue), in queue
