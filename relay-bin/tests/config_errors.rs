@@ -1113,6 +1113,21 @@ fn check_then_drop(config: &TempConfig, args: &[&str], tables: &[&str]) -> Outco
     out
 }
 
+/// `check`'s output lines, which must be `count`.
+fn check_lines(out: &Outcome, count: usize) -> Vec<&str> {
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), count, "{}", out.stdout);
+    lines
+}
+
+/// That `line` starts with `head` and holds every one of `parts`.
+fn assert_check_line(line: &str, head: &str, parts: &[&str]) {
+    assert!(
+        line.starts_with(head) && parts.iter().all(|part| line.contains(part)),
+        "expected `{head}` and {parts:?} in: {line}"
+    );
+}
+
 /// `migrate` of `config`, which must succeed (the database is the local one).
 fn migrated(config: &TempConfig) {
     let out = with_config(config, "migrate", &[]);
@@ -1141,18 +1156,13 @@ fn check_passes_when_the_table_is_migrated_and_the_broker_answers() {
         out.stdout,
         out.stderr
     );
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{}", out.stdout);
-    assert!(
-        lines[0].starts_with("store: ok: PostgreSQL ")
-            && lines[0].contains(&format!(", table public.{table}")),
-        "{}",
-        out.stdout
-    );
+    let lines = check_lines(&out, 2);
+    let table = format!(", table public.{table}");
+    assert_check_line(lines[0], "store: ok: PostgreSQL ", &[&table]);
     assert_eq!(lines[1], "sink: ok: redis-streams");
 }
 
-/// What `run` would retry forever, `check` reports and fails on: every side's failure on a line
+/// What keeps `run` from relaying, `check` reports and fails on: every side's failure on a line
 /// of its own (naming the key, and what to do), one `error:` line, exit code 1.
 #[test]
 fn check_fails_naming_each_side_that_cannot_relay() {
@@ -1164,22 +1174,10 @@ fn check_fails_naming_each_side_that_cannot_relay() {
     let out = check_then_drop(&config, &[], &[]);
     let line = error_line(&out, 1);
     assert_eq!(line, "error: check failed (see above)");
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{}", out.stdout);
-    assert!(
-        lines[0].starts_with("store: FAILED: ")
-            && lines[0].contains(&format!("table public.{table} does not exist"))
-            && lines[0].contains("migrate"),
-        "{}",
-        out.stdout
-    );
-    assert!(
-        lines[1].starts_with("sink: FAILED: ")
-            && lines[1].contains("Redis")
-            && lines[1].contains("127.0.0.1:1"),
-        "{}",
-        out.stdout
-    );
+    let lines = check_lines(&out, 2);
+    let missing = format!("table public.{table} does not exist");
+    assert_check_line(lines[0], "store: FAILED: ", &[&missing, "migrate"]);
+    assert_check_line(lines[1], "sink: FAILED: ", &["Redis", "127.0.0.1:1"]);
 }
 
 /// With several pipelines, each line names its pipeline, one that fails does not hide the
@@ -1208,20 +1206,11 @@ fn check_of_two_pipelines_names_the_one_that_fails() {
         line,
         "error: check failed for pipeline(s) orders (see above)"
     );
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "{}", out.stdout);
-    assert!(
-        lines[0].starts_with("pipeline billing: store: ok: "),
-        "{}",
-        out.stdout
-    );
+    let lines = check_lines(&out, 4);
+    assert_check_line(lines[0], "pipeline billing: store: ok: ", &[]);
     assert_eq!(lines[1], "pipeline billing: sink: ok: redis-streams");
-    assert!(
-        lines[2].starts_with("pipeline orders: store: FAILED: ")
-            && lines[2].contains(&format!("table public.{missing} does not exist")),
-        "{}",
-        out.stdout
-    );
+    let missing = format!("table public.{missing} does not exist");
+    assert_check_line(lines[2], "pipeline orders: store: FAILED: ", &[&missing]);
     assert_eq!(lines[3], "pipeline orders: sink: ok: redis-streams");
 }
 
