@@ -62,7 +62,6 @@ impl ServerInfo {
         )
     }
 
-    /// `Err` with what is needed when the server is too old for the relay.
     /// The server as messages name it: `MariaDB` or `MySQL`.
     fn product(&self) -> &'static str {
         if self.mariadb {
@@ -72,6 +71,7 @@ impl ServerInfo {
         }
     }
 
+    /// `Err` with what is needed when the server is too old for the relay.
     fn check_supported(&self, endpoint: &str) -> Result<()> {
         let version = self.numbers();
         let product = self.product();

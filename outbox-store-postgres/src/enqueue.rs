@@ -116,7 +116,7 @@ impl Outbox {
     }
 
     /// The same handle, its errors naming the server as `target` does: the store's own, which
-    /// knows where it connected (`MariaDB at host:port refused a value ...`).
+    /// knows where it connected (`PostgreSQL at host:port refused a value ...`).
     pub(crate) fn naming(mut self, target: &Target) -> Self {
         self.target = target.clone();
         self

@@ -551,9 +551,7 @@ impl KafkaSink {
             }
         }
     }
-}
 
-impl KafkaSink {
     /// `check`'s error for the fixed topic `topic`, which the cluster's metadata lists with the
     /// error `code`, or without partitions (`None`). A topic that does not exist is a
     /// configuration error naming the key, as an SNS topic or an SQS queue that does not.
@@ -696,11 +694,15 @@ impl Sink for KafkaSink {
                 let metadata = producer
                     .client()
                     .fetch_metadata(topic.as_deref(), timeout)?;
+                // Why the topic cannot be used: `Some(error code)`, or `Some(None)` when it is
+                // not listed or has no partitions.
                 let absent = topic.as_deref().and_then(|name| {
                     match metadata.topics().iter().find(|t| t.name() == name) {
-                        Some(t) if t.error().is_some() => Some(t.error().map(Into::into)),
-                        Some(t) if !t.partitions().is_empty() => None,
-                        _ => Some(None),
+                        Some(t) => match t.error() {
+                            Some(code) => Some(Some(code.into())),
+                            None => t.partitions().is_empty().then_some(None),
+                        },
+                        None => Some(None),
                     }
                 });
                 Ok::<_, KafkaError>((metadata.brokers().len(), absent))
