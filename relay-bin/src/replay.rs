@@ -99,18 +99,26 @@ pub async fn run(
     let selection = args.selection()?;
     let what = describe(&selection);
     let dry_run = args.dry_run || !args.yes;
+    // Before the replay, which sends the oldest kept events back to pending.
+    let oldest = explained(store, store.oldest_kept().await).await?;
     let n = explained(store, store.replay(&selection, dry_run).await).await?;
-    let none_kept = match (n, retention) {
-        (0, Retention::Delete) => {
+    let kept_note = match (n, retention, oldest) {
+        (0, Retention::Delete, _) => {
             " (relay.retention is \"delete\": published events are deleted once acknowledged, \
              so none is kept to publish again; set a retention such as \"7d\" to keep them)"
+                .to_owned()
         }
-        _ => "",
+        // A window that starts before what is kept: say where the kept events begin.
+        (_, _, Some(oldest)) if oldest > selection.published_since => format!(
+            " (the oldest kept event was published at {}: a replay reaches no further back)",
+            stamp(oldest)
+        ),
+        _ => String::new(),
     };
     let events = counted(n, "kept event");
     if args.dry_run {
         outln!(
-            "{events} of {} {what}{none_kept}; `--yes` instead of `--dry-run` publishes them again",
+            "{events} of {} {what}{kept_note}; `--yes` instead of `--dry-run` publishes them again",
             store.describe()
         );
         return Ok(());
@@ -118,15 +126,15 @@ pub async fn run(
     if !args.yes {
         return Err(Failure::config(format!(
             "replay sends {events} of {} {what} to the broker again, and consumers receive them a \
-             second time{none_kept}: add --yes to confirm (--dry-run counts them only)",
+             second time{kept_note}: add --yes to confirm (--dry-run counts them only)",
             store.describe()
         )));
     }
     match n {
-        0 => outln!("0 kept events {what}{none_kept}: nothing to publish again"),
+        0 => outln!("0 kept events {what}{kept_note}: nothing to publish again"),
         _ => outln!(
-            "{events} {what} back to pending: the relay publishes them again (same event ids; \
-             consumers that deduplicate by event_id skip them)"
+            "{events} {what}{kept_note} back to pending: the relay publishes them again (same \
+             event ids; consumers that deduplicate by event_id skip them)"
         ),
     }
     Ok(())

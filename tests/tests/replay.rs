@@ -94,6 +94,14 @@ async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     assert!(ok, "{err}");
     assert!(out.starts_with("5 kept events of "), "{out}");
     assert!(out.contains("published since "), "{out}");
+    // The window starts an hour ago, before the first publication: where the kept events begin.
+    assert!(
+        out.contains(&format!(
+            " (the oldest kept event was published at {}: a replay reaches no further back)",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )),
+        "{out}"
+    );
 
     let aggregate_a = ["replay", "--since", "1h", "--aggregate-id", "A"];
     let (ok, _, err) = scenario.cli(&aggregate_a);
