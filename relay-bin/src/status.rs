@@ -181,6 +181,10 @@ struct PipelineLine {
     backlog: Option<BacklogStatus>,
     /// How many relays own shards (the single report's `owners` maps each to its shards).
     relays: Option<usize>,
+    /// With the figures, as in the single report: when the oldest kept event was published
+    /// (`null`: none kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest_kept_at: Option<Option<chrono::DateTime<chrono::Utc>>>,
     /// Why the figures are missing (the store could not be reached).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -209,6 +213,7 @@ pub async fn print_each(
             store: None,
             backlog: None,
             relays: None,
+            oldest_kept_at: None,
             error: None,
             problem: None,
             note: Some(why.clone()),
@@ -231,13 +236,15 @@ pub async fn print_each(
                 .map(|o| o.owner.as_str())
                 .collect::<std::collections::BTreeSet<_>>()
                 .len();
-            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays, problem))
+            let kept = explained(store.as_ref(), store.oldest_kept().await).await?;
+            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays, kept, problem))
         };
         let line = match figures.await {
-            Ok((store, backlog, relays, problem)) => PipelineLine {
+            Ok((store, backlog, relays, kept, problem)) => PipelineLine {
                 store: Some(store),
                 backlog: Some(backlog),
                 relays: Some(relays),
+                oldest_kept_at: Some(kept),
                 error: None,
                 problem: problem.as_ref().map(Error::full_message),
                 note: None,
@@ -248,6 +255,7 @@ pub async fn print_each(
                     store: None,
                     backlog: None,
                     relays: None,
+                    oldest_kept_at: None,
                     error: Some(e.full_message()),
                     problem: None,
                     note: None,

@@ -237,6 +237,9 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
         let line = &status["pipelines"][pipeline];
         assert_eq!(line["pending"], 0, "{status}");
         assert_eq!(line["dead"], 0, "{status}");
+        // As in the single report: none kept (these relays delete what they publish).
+        let kept = line.as_object().and_then(|l| l.get("oldest_kept_at"));
+        assert_eq!(kept, Some(&serde_json::Value::Null), "{status}");
     }
     let (ok, table, _) = pipelines.cli(&["status"]);
     assert!(ok);
