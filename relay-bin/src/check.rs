@@ -99,20 +99,14 @@ pub async fn run(
             failed.push((pipeline.name.clone(), code));
         }
     }
-    if failed.is_empty() {
-        return Ok(());
+    match failed.as_slice() {
+        [] => Ok(()),
+        [(_, code)] if !several => Err(Failure {
+            message: "check failed (see above)".to_owned(),
+            code: *code,
+        }),
+        _ => Err(cli::failed_for("check", &failed)),
     }
-    let names: Vec<&str> = failed.iter().map(|(name, _)| name.as_str()).collect();
-    let code = failed.iter().map(|(_, code)| *code).max().unwrap_or(1);
-    let message = if several {
-        format!(
-            "check failed for pipeline(s) {} (see above)",
-            names.join(", ")
-        )
-    } else {
-        "check failed (see above)".to_owned()
-    };
-    Err(Failure { message, code })
 }
 
 /// A target's store, checked as `run` checks it: its description, or why it cannot relay (the

@@ -405,15 +405,21 @@ async fn migrate(
     for (label, failure) in &failed {
         outln!("pipeline {label}: not migrated: {}", failure.message);
     }
+    let failed: Vec<(String, u8)> = failed.into_iter().map(|(l, f)| (l, f.code)).collect();
+    Err(failed_for("migrate", &failed))
+}
+
+/// What a command over several pipelines ends with once each has its line: `<command> failed
+/// for pipeline(s) a, b (see above)`, with the most serious of their exit codes.
+pub(crate) fn failed_for(command: &str, failed: &[(String, u8)]) -> Failure {
     let labels: Vec<&str> = failed.iter().map(|(label, _)| label.as_str()).collect();
-    let code = failed.iter().map(|(_, f)| f.code).max().unwrap_or(1);
-    Err(Failure {
+    Failure {
         message: format!(
-            "migrate failed for pipeline(s) {} (see above)",
+            "{command} failed for pipeline(s) {} (see above)",
             labels.join(", ")
         ),
-        code,
-    })
+        code: failed.iter().map(|(_, code)| *code).max().unwrap_or(1),
+    }
 }
 
 /// The command that lists the dead events of the target `label`, as `status` and `dead` tell

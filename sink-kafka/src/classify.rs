@@ -128,19 +128,22 @@ pub fn error_code(error: &KafkaError) -> Option<RDKafkaErrorCode> {
     }
 }
 
-/// Turn a client error into the relay's error: kind and retryability from [`code_kind`], the
-/// librdkafka text (`Broker: Message size too large`) as message.
+/// The relay's error for an error code the broker or librdkafka gave: kind and retryability
+/// from [`code_kind`], the librdkafka text (`Broker: Message size too large`) as message.
+pub fn classify_code(code: RDKafkaErrorCode) -> Error {
+    let (kind, retryable) = code_kind(code);
+    let error = Error::new(kind, describe(code));
+    if retryable {
+        error.temporary()
+    } else {
+        error.permanent()
+    }
+}
+
+/// Turn a client error into the relay's error: [`classify_code`] of its code, when it has one.
 pub fn classify(error: &KafkaError) -> Error {
     match error_code(error) {
-        Some(code) => {
-            let (kind, retryable) = code_kind(code);
-            let error = Error::new(kind, describe(code));
-            if retryable {
-                error.temporary()
-            } else {
-                error.permanent()
-            }
-        }
+        Some(code) => classify_code(code),
         None => match error {
             KafkaError::Canceled => Error::new(
                 ErrorKind::Connection,

@@ -19,7 +19,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 use tracing::{debug, error, warn};
 
-use crate::classify::{classify, code_kind, describe, error_code, needs_new_producer};
+use crate::classify::{
+    classify, classify_code, code_kind, describe, error_code, needs_new_producer,
+};
 use crate::config::{KafkaSinkConfig, RecordTimestamp, BOOTSTRAP_SERVERS, CONFIG_SECTION};
 use crate::topics::check_topic_name;
 
@@ -564,19 +566,7 @@ impl KafkaSink {
                  not create it: create it (or enable auto.create.topics.enable on the broker)"
             )),
             Some(code) => {
-                let (kind, retryable) = code_kind(code);
-                let e = Error::new(
-                    kind,
-                    format!(
-                        "{CONFIG_SECTION}.topic: topic `{topic}` {at}: {}",
-                        describe(code)
-                    ),
-                );
-                if retryable {
-                    e.temporary()
-                } else {
-                    e.permanent()
-                }
+                classify_code(code).context(format!("{CONFIG_SECTION}.topic: topic `{topic}` {at}"))
             }
         }
     }
