@@ -31,6 +31,14 @@ pub struct MemoryRow {
     pub last_error: Option<String>,
 }
 
+impl MemoryRow {
+    /// When it was published, if it is a kept event (published and kept, not dead): what
+    /// `replay` and `oldest_kept` select by.
+    fn kept_at(&self) -> Option<DateTime<Utc>> {
+        self.published_at.filter(|_| self.published && !self.dead)
+    }
+}
+
 #[derive(Debug, Default)]
 struct StoreState {
     /// The table exists (`migrate` ran): before, every call but `migrate` fails.
@@ -299,12 +307,7 @@ impl Store for MemoryStore {
 
     async fn oldest_kept(&self) -> Result<Option<DateTime<Utc>>> {
         let st = self.table()?;
-        Ok(st
-            .rows
-            .values()
-            .filter(|r| r.published && !r.dead)
-            .filter_map(|r| r.published_at)
-            .min())
+        Ok(st.rows.values().filter_map(MemoryRow::kept_at).min())
     }
 
     async fn shard_owners(&self) -> Result<Vec<ShardOwner>> {
@@ -375,7 +378,7 @@ impl Store for MemoryStore {
         let mut st = self.table()?;
         let mut n = 0;
         for row in st.rows.values_mut() {
-            let Some(published_at) = row.published_at.filter(|_| row.published && !row.dead) else {
+            let Some(published_at) = row.kept_at() else {
                 continue;
             };
             if selection.contains(&row.event, published_at) {
