@@ -49,13 +49,16 @@ pub enum Command {
     /// Check once what `run` needs (configuration, database, broker), and exit.
     ///
     /// The configuration, then each pipeline's database (answers, table migrated, privileges)
-    /// and broker (answers, takes the credentials), a line per side. Exit code 0 when all
-    /// pass, 2 for configuration, 1 otherwise: for a deploy pipeline's gate or an init
-    /// container.
+    /// and broker (answers, takes the credentials), a line per side (one JSON document with
+    /// --json). Exit code 0 when all pass, 2 for configuration, 1 otherwise: for a deploy
+    /// pipeline's gate or an init container.
     Check {
         /// Check the configuration only; connect to nothing.
         #[arg(long)]
         offline: bool,
+        /// Print one JSON document for machines (every side's result and exit code).
+        #[arg(long)]
+        json: bool,
     },
     /// Dead events: list, retry, discard.
     Dead {
@@ -284,9 +287,9 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             let pipelines = pipelines.into_iter().cloned().collect();
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
         }
-        Command::Check { offline } => {
+        Command::Check { offline, json } => {
             check_config(&registry, &loaded, &pipelines, &cli)?;
-            crate::check::run(&registry, &loaded, &pipelines, wanted_table, offline).await
+            crate::check::run(&registry, &loaded, &pipelines, wanted_table, offline, json).await
         }
         Command::Migrate => migrate(&registry, &loaded, &pipelines, wanted_table).await,
         Command::Status { json } => {

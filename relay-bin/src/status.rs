@@ -198,7 +198,7 @@ struct PipelineLine {
 }
 
 /// `status` of several pipelines: one line each (pending, oldest pending age, dead, relays
-/// owning shards), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
+/// owning shards, when the oldest kept event was published), or JSON `{"pipelines": {name: {...}}}`. A pipeline whose store cannot be
 /// reached gets its error on its line; the command then fails (exit 1) after printing all. A
 /// pattern pipeline without a table of its own (`unmatched`: its name, and why) gets a line
 /// that says so.
@@ -271,19 +271,25 @@ pub async fn print_each(
     } else {
         let width = lines.keys().map(String::len).max().unwrap_or(0).max(8);
         outln!(
-            "{:<width$}  {:>10}  {:>12}  {:>8}  {:>6}",
+            "{:<width$}  {:>10}  {:>12}  {:>8}  {:>6}  {}",
             "pipeline",
             "pending",
             "oldest age",
             "dead",
-            "relays"
+            "relays",
+            "kept since (UTC)"
         );
         for (name, line) in &lines {
             match (&line.backlog, &line.error) {
                 (None, None) => outln!("{name:<width$}  {}", line.note.as_deref().unwrap_or("")),
                 (Some(b), _) => {
+                    // When the oldest event `replay` can publish again was published.
+                    let kept = match line.oldest_kept_at.flatten() {
+                        Some(at) => at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        None => "none".to_owned(),
+                    };
                     outln!(
-                        "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}",
+                        "{name:<width$}  {:>10}  {:>11.3}s  {:>8}  {:>6}  {kept}",
                         b.pending,
                         b.oldest_pending_age_secs,
                         b.dead,

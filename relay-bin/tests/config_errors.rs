@@ -1214,6 +1214,92 @@ fn check_of_two_pipelines_names_the_one_that_fails() {
     assert_eq!(lines[3], "pipeline orders: sink: ok: redis-streams");
 }
 
+/// `check --json` prints one document with every pipeline's sides (what answered, or the error
+/// and its exit code) and keeps the exit code and the last line of the text form.
+#[test]
+fn check_json_reports_every_side_of_every_pipeline() {
+    let ok = format!("check_json_billing_{}", std::process::id());
+    let missing = format!("check_json_orders_{}", std::process::id());
+    let config = TempConfig::new(&format!(
+        "{}\n[pipelines.orders.sink]\nkind = \"redis-streams\"\n\n\
+         [pipelines.orders.sink.redis_streams]\nurl = \"redis://127.0.0.1:1\"\n",
+        with_sink_and_server(&format!(
+            "{}\n{}",
+            postgres_store("pipelines.billing.store", &format!("table = \"{ok}\"\n")),
+            postgres_store(
+                "pipelines.orders.store",
+                &format!("table = \"{missing}\"\n")
+            )
+        ))
+    ));
+    let path = config.display();
+    let migrate = relay(
+        &["--config", &path, "--pipeline", "billing", "migrate"],
+        &[],
+    );
+    assert_eq!(migrate.code, Some(0), "migrate: {}", migrate.stderr);
+    let out = check_then_drop(&config, &["--json"], &[&ok]);
+    let line = error_line(&out, 1);
+    assert_eq!(
+        line,
+        "error: check failed for pipeline(s) orders (see above)"
+    );
+    let report: serde_json::Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", out.stdout));
+    assert_eq!(report["ok"], false, "{report:#}");
+    assert_eq!(report["offline"], false, "{report:#}");
+    let billing = &report["pipelines"]["billing"];
+    assert_eq!(billing["ok"], true, "{report:#}");
+    assert_eq!(billing["store_kind"], "postgres");
+    assert_eq!(billing["sink_kind"], "redis-streams");
+    let store = &billing["stores"][0];
+    assert_eq!(store["ok"], true, "{report:#}");
+    let found = store["found"].as_str().unwrap_or_default();
+    assert!(
+        found.starts_with("PostgreSQL ") && found.contains(&format!(", table public.{ok}")),
+        "{report:#}"
+    );
+    assert_eq!(
+        billing["sink"],
+        serde_json::json!({ "ok": true, "found": "redis-streams" })
+    );
+    let orders = &report["pipelines"]["orders"];
+    assert_eq!(orders["ok"], false, "{report:#}");
+    let store = &orders["stores"][0];
+    assert_eq!(store["ok"], false, "{report:#}");
+    assert_eq!(store["exit_code"], 1, "{report:#}");
+    let error = store["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!("table public.{missing} does not exist"))
+            && error.contains("migrate"),
+        "{report:#}"
+    );
+    let sink = &orders["sink"];
+    assert_eq!(sink["ok"], false, "{report:#}");
+    assert_eq!(sink["exit_code"], 1, "{report:#}");
+    let error = sink["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("Redis") && error.contains("127.0.0.1:1"),
+        "{report:#}"
+    );
+    // Offline: the pipelines read, nothing connected, no sides.
+    let out = check_then_drop(&config, &["--offline", "--json"], &[]);
+    assert_eq!(out.code, Some(0), "stderr:\n{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", out.stdout));
+    let unchecked = serde_json::json!({
+        "ok": true, "store_kind": "postgres", "sink_kind": "redis-streams"
+    });
+    assert_eq!(
+        report,
+        serde_json::json!({
+            "ok": true,
+            "offline": true,
+            "pipelines": { "billing": unchecked, "orders": unchecked }
+        })
+    );
+}
+
 /// `check --offline` reads the configuration as `run` does and connects to nothing: it passes
 /// with services that do not answer, and fails with exit code 2 naming the key on a
 /// configuration error.

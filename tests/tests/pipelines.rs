@@ -245,11 +245,15 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     assert!(ok);
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("pipeline"), "{table}");
+    assert!(lines[0].ends_with("kept since (UTC)"), "{table}");
     assert_eq!(
         lines.len(),
         4,
         "a header and one line per pipeline:\n{table}"
     );
+    for line in &lines[1..] {
+        assert!(line.ends_with("  none"), "nothing kept:\n{table}");
+    }
     let (ok, one, _) = pipelines.cli(&["--pipeline", "b", "status", "--json"]);
     assert!(ok);
     let one: serde_json::Value = serde_json::from_str(&one).unwrap();
