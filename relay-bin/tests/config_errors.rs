@@ -1180,26 +1180,36 @@ fn check_fails_naming_each_side_that_cannot_relay() {
     assert_check_line(lines[1], "sink: FAILED: ", &["Redis", "127.0.0.1:1"]);
 }
 
-/// With several pipelines, each line names its pipeline, one that fails does not hide the
-/// others, and the last line names those that did not pass.
-#[test]
-fn check_of_two_pipelines_names_the_one_that_fails() {
-    let ok = format!("check_billing_{}", std::process::id());
-    let missing = format!("check_orders_{}", std::process::id());
-    let config = TempConfig::new(&with_sink_and_server(&format!(
-        "{}\n{}",
-        postgres_store("pipelines.billing.store", &format!("table = \"{ok}\"\n")),
-        postgres_store(
-            "pipelines.orders.store",
-            &format!("table = \"{missing}\"\n")
-        )
-    )));
+/// Two pipelines on the test server, `billing` (table `ok`, migrated here) and `orders` (table
+/// `missing`, never migrated), with `more` TOML after them.
+fn billing_migrated_orders_not(ok: &str, missing: &str, more: &str) -> TempConfig {
+    let config = TempConfig::new(&format!(
+        "{}\n{more}",
+        with_sink_and_server(&format!(
+            "{}\n{}",
+            postgres_store("pipelines.billing.store", &format!("table = \"{ok}\"\n")),
+            postgres_store(
+                "pipelines.orders.store",
+                &format!("table = \"{missing}\"\n")
+            )
+        ))
+    ));
     let path = config.display();
     let migrate = relay(
         &["--config", &path, "--pipeline", "billing", "migrate"],
         &[],
     );
     assert_eq!(migrate.code, Some(0), "migrate: {}", migrate.stderr);
+    config
+}
+
+/// With several pipelines, each line names its pipeline, one that fails does not hide the
+/// others, and the last line names those that did not pass.
+#[test]
+fn check_of_two_pipelines_names_the_one_that_fails() {
+    let ok = format!("check_billing_{}", std::process::id());
+    let missing = format!("check_orders_{}", std::process::id());
+    let config = billing_migrated_orders_not(&ok, &missing, "");
     let out = check_then_drop(&config, &[], &[&ok]);
     let line = error_line(&out, 1);
     assert_eq!(
@@ -1220,24 +1230,12 @@ fn check_of_two_pipelines_names_the_one_that_fails() {
 fn check_json_reports_every_side_of_every_pipeline() {
     let ok = format!("check_json_billing_{}", std::process::id());
     let missing = format!("check_json_orders_{}", std::process::id());
-    let config = TempConfig::new(&format!(
-        "{}\n[pipelines.orders.sink]\nkind = \"redis-streams\"\n\n\
+    let config = billing_migrated_orders_not(
+        &ok,
+        &missing,
+        "[pipelines.orders.sink]\nkind = \"redis-streams\"\n\n\
          [pipelines.orders.sink.redis_streams]\nurl = \"redis://127.0.0.1:1\"\n",
-        with_sink_and_server(&format!(
-            "{}\n{}",
-            postgres_store("pipelines.billing.store", &format!("table = \"{ok}\"\n")),
-            postgres_store(
-                "pipelines.orders.store",
-                &format!("table = \"{missing}\"\n")
-            )
-        ))
-    ));
-    let path = config.display();
-    let migrate = relay(
-        &["--config", &path, "--pipeline", "billing", "migrate"],
-        &[],
     );
-    assert_eq!(migrate.code, Some(0), "migrate: {}", migrate.stderr);
     let out = check_then_drop(&config, &["--json"], &[&ok]);
     let line = error_line(&out, 1);
     assert_eq!(
