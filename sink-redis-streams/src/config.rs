@@ -31,6 +31,10 @@ pub struct RedisStreamsConfig {
     pub stream: String,
     /// When set, every `XADD` trims the stream to about this many entries (`MAXLEN ~ N`).
     pub maxlen: Option<u64>,
+    /// When set, every `XADD` drops the entries Redis added longer ago than this, about
+    /// (`MINID ~ <now - max_age>`; Redis 6.2 or later). Not with `maxlen`.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Option<Duration>,
     /// How long connecting (TCP + handshake) may take.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -75,6 +79,7 @@ impl Default for RedisStreamsConfig {
             password: None,
             stream: "{aggregate_type}".to_owned(),
             maxlen: None,
+            max_age: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             max_batch_len: 1000,
@@ -92,6 +97,7 @@ impl fmt::Debug for RedisStreamsConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("stream", &self.stream)
             .field("maxlen", &self.maxlen)
+            .field("max_age", &self.max_age)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("max_batch_len", &self.max_batch_len)
@@ -144,6 +150,20 @@ impl RedisStreamsConfig {
             return Err(Error::config(format!(
                 "{CONFIG_SECTION}.maxlen: must be at least 1 (leave it out to never trim)"
             )));
+        }
+        match self.max_age {
+            Some(age) if age < Duration::from_millis(1) => {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.max_age: must be at least 1ms (leave it out to never trim)"
+                )));
+            }
+            Some(_) if self.maxlen.is_some() => {
+                return Err(Error::config(format!(
+                    "{CONFIG_SECTION}.max_age and {CONFIG_SECTION}.maxlen: set one or neither \
+                     (an XADD trims by entries or by age, not both)"
+                )));
+            }
+            _ => {}
         }
         refuse_zero_counts(CONFIG_SECTION, &[("max_batch_len", self.max_batch_len)])?;
         refuse_zero_durations(
@@ -266,6 +286,7 @@ mod tests {
         assert_eq!(config.url, "redis://127.0.0.1:6379");
         assert_eq!(config.stream, "{aggregate_type}");
         assert_eq!(config.maxlen, None);
+        assert_eq!(config.max_age, None);
         assert_eq!(config.connect_timeout, Duration::from_secs(5));
         assert_eq!(config.response_timeout, Duration::from_secs(10));
         assert_eq!(config.max_batch_len, 1000);
@@ -289,6 +310,13 @@ mod tests {
         assert_eq!(config.max_batch_len, 200);
         config.validate().unwrap();
         assert_eq!(config.host_port(), "cache:6380");
+        let config: RedisStreamsConfig =
+            from_json(serde_json::json!({ "max_age": "7days 12h" })).unwrap();
+        assert_eq!(
+            config.max_age,
+            Some(Duration::from_secs(7 * 86_400 + 12 * 3_600))
+        );
+        config.validate().unwrap();
     }
 
     #[test]
@@ -328,6 +356,16 @@ mod tests {
                 ),
                 ("stream: ", |c| c.stream = "{aggregate}".into()),
                 ("maxlen", |c| c.maxlen = Some(0)),
+                ("max_age: must be at least 1ms", |c| {
+                    c.max_age = Some(Duration::from_micros(999))
+                }),
+                (
+                    "max_age and sink.redis_streams.maxlen: set one or neither",
+                    |c| {
+                        c.max_age = Some(Duration::from_secs(60));
+                        c.maxlen = Some(1000);
+                    },
+                ),
                 ("max_batch_len", |c| c.max_batch_len = 0),
                 ("response_timeout", |c| c.response_timeout = Duration::ZERO),
             ],

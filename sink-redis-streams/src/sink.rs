@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
@@ -228,10 +228,74 @@ impl RedisStreamsSink {
         }
     }
 
-    fn xadd(&self, pipe: &mut redis::Pipeline, stream: &str, event: &OutboxEvent, body: &Body) {
-        pipe.cmd("XADD").arg(stream);
+    /// How every `XADD` of a call trims its stream: `MAXLEN ~ <maxlen>`, or `MINID ~ <ms>` that
+    /// drops the entries Redis added longer than `max_age` before now (entry ids start with
+    /// Redis's clock in milliseconds; this is the relay's), or not at all.
+    fn trim(&self) -> Option<(&'static str, u64)> {
         if let Some(maxlen) = self.config.maxlen {
-            pipe.arg("MAXLEN").arg("~").arg(maxlen);
+            return Some(("MAXLEN", maxlen));
+        }
+        let age = self.config.max_age?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let oldest_kept = now.saturating_sub(age).as_millis();
+        Some(("MINID", u64::try_from(oldest_kept).unwrap_or(u64::MAX)))
+    }
+
+    /// With `max_age`: that the server takes `XADD ... MINID` (Redis 6.2 or later), else a
+    /// configuration error naming the key and the version: an older server would refuse every
+    /// event's `XADD` as a syntax error. A user whose ACL refuses `INFO` passes, with a warning.
+    async fn check_trim_support(&self) -> Result<()> {
+        if self.config.max_age.is_none() {
+            return Ok(());
+        }
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let text: String = match self
+            .within_response_timeout("INFO server", self.query(&info))
+            .await
+        {
+            Ok(text) => text,
+            Err(e) if e.kind() == ErrorKind::Unauthorized => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot read the Redis version to check {CONFIG_SECTION}.max_age (trimming \
+                     by age needs Redis 6.2 or later)"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let version = text
+            .lines()
+            .find_map(|line| line.strip_prefix("redis_version:"))
+            .map(str::trim)
+            .unwrap_or("unknown");
+        let mut numbers = version.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+        if (major, minor) >= (6, 2) {
+            return Ok(());
+        }
+        Err(Error::config(format!(
+            "{CONFIG_SECTION}.max_age: Redis at {} is version {version}, and trimming by age \
+             (XADD ... MINID) needs 6.2 or later: upgrade Redis, or use \
+             {CONFIG_SECTION}.maxlen instead",
+            self.host_port
+        )))
+    }
+
+    fn xadd(
+        &self,
+        pipe: &mut redis::Pipeline,
+        stream: &str,
+        trim: Option<(&str, u64)>,
+        event: &OutboxEvent,
+        body: &Body,
+    ) {
+        pipe.cmd("XADD").arg(stream);
+        if let Some((by, threshold)) = trim {
+            pipe.arg(by).arg("~").arg(threshold);
         }
         pipe.arg("*")
             .arg("event_id")
@@ -333,8 +397,8 @@ impl Sink for RedisStreamsSink {
     async fn check(&self) -> Result<()> {
         let ping = redis::cmd("PING");
         self.within_response_timeout("PING", self.query::<String>(&ping))
-            .await
-            .map(drop)
+            .await?;
+        self.check_trim_support().await
     }
 
     async fn publish(&self, batch: &[OutboxEvent]) -> Result<Vec<Outcome>> {
@@ -348,6 +412,7 @@ impl Sink for RedisStreamsSink {
         let mut pipe = redis::pipe();
         // Per-command error replies come back as values instead of failing the whole query.
         pipe.ignore_errors();
+        let trim = self.trim();
         for (index, event) in batch.iter().enumerate() {
             let stream = self.destination(event);
             // Redis takes an empty key: the events would land in a stream named "".
@@ -360,7 +425,7 @@ impl Sink for RedisStreamsSink {
             };
             match body {
                 Ok(body) => {
-                    self.xadd(&mut pipe, &stream, event, &body);
+                    self.xadd(&mut pipe, &stream, trim, event, &body);
                     sent.push(index);
                 }
                 Err(e) => {

@@ -211,6 +211,103 @@ async fn maxlen_trims_the_stream() {
     );
 }
 
+/// A Redis user `<prefix>_user` with `password` that may run only `commands` (`+ping`...), made
+/// on the test server (remove it with [`delete_user`]): its name, and the test URL with its
+/// credentials for a password.
+async fn restricted_user(
+    redis: &RedisSide,
+    prefix: &str,
+    password: &str,
+    commands: &[&str],
+) -> (String, impl Fn(&str) -> String) {
+    let user = format!("{prefix}_user");
+    let mut set_user = redis::cmd("ACL");
+    set_user.arg("SETUSER").arg(&user).arg("on");
+    set_user.arg(format!(">{password}")).arg("~*").arg("-@all");
+    let () = redis.query(set_user.arg(commands)).await;
+    let name = user.clone();
+    let url_with = move |password: &str| {
+        let mut url = url::Url::parse(&redis_url()).unwrap();
+        url.set_username(&name).unwrap();
+        url.set_password(Some(password)).unwrap();
+        url.to_string()
+    };
+    (user, url_with)
+}
+
+/// Remove the user [`restricted_user`] made.
+async fn delete_user(redis: &RedisSide, user: &str) {
+    let _: i64 = redis
+        .query(redis::cmd("ACL").arg("DELUSER").arg(user))
+        .await;
+}
+
+/// `max_age`: every `XADD` drops, about, the entries Redis added longer ago than that
+/// (`MINID ~`): a stream's 1,000 entries of two hours ago go with `max_age = "1h"` and stay
+/// with `"3h"`. `check` reads the server's version (7.x here) and passes, and a user whose ACL
+/// refuses `INFO` passes too.
+#[tokio::test]
+async fn max_age_trims_what_redis_added_longer_ago() {
+    let two_hours_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        - 2 * 3_600_000;
+    let mut stream_len = BTreeMap::new();
+    for (max_age, prefix) in [(1, unique("redis")), (3, unique("redis"))] {
+        let stream = format!("{prefix}_order");
+        let redis = RedisSide::open(&prefix).await;
+        let mut old = redis::pipe();
+        for seq in 0..1000 {
+            old.cmd("XADD")
+                .arg(&stream)
+                .arg(format!("{two_hours_ago}-{seq}"))
+                .arg("old")
+                .arg(seq)
+                .ignore();
+        }
+        let () = old
+            .query_async(&mut redis.connection())
+            .await
+            .expect("XADD the old entries");
+        let sink = connect(RedisStreamsConfig {
+            max_age: Some(Duration::from_secs(max_age * 3_600)),
+            ..config(&format!("{prefix}_{{aggregate_type}}"))
+        })
+        .await;
+        sink.check().await.expect("check with max_age on Redis 7");
+        let outcomes = sink
+            .publish(&sample_batch(1, 5, "order", 5))
+            .await
+            .expect("publish");
+        assert_all_published(&outcomes);
+        stream_len.insert(max_age, redis.stream_len(&stream).await);
+        redis.delete(&[stream]).await;
+    }
+    // `MINID ~` trims whole radix-tree nodes (100 entries each by default): every node of old
+    // entries is older than the hour, none of them than three hours.
+    assert_eq!(stream_len[&1], 5, "entries left with max_age = 1h");
+    assert_eq!(stream_len[&3], 1005, "entries left with max_age = 3h");
+
+    let prefix = unique("redis");
+    let redis = RedisSide::open(&prefix).await;
+    let (user, url_with) = restricted_user(&redis, &prefix, "pw", &["+ping"]).await;
+    let sink = RedisStreamsSink::connect(RedisStreamsConfig {
+        max_age: Some(Duration::from_secs(60)),
+        ..RedisStreamsConfig::new(url_with("pw"))
+    })
+    .await;
+    let checked = match &sink {
+        Ok(sink) => Some(sink.check().await),
+        Err(_) => None,
+    };
+    delete_user(&redis, &user).await;
+    sink.expect("connect as a user that may only PING");
+    checked
+        .expect("checked")
+        .expect("check passes when INFO is refused");
+}
+
 #[tokio::test]
 async fn wrongtype_rejects_only_the_events_for_that_key() {
     let prefix = unique("redis");
@@ -370,13 +467,9 @@ async fn reconnects_after_its_connection_is_killed() {
     assert!(outcomes.iter().all(Outcome::is_published));
 
     let id = sink.client_id().await.expect("CLIENT ID");
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("ID")
-        .arg(id)
-        .query_async(&mut redis.connection())
-        .await
-        .expect("CLIENT KILL ID");
+    let killed: i64 = redis
+        .query(redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id))
+        .await;
     assert_eq!(killed, 1, "the sink's connection {id} was killed");
 
     // The call that finds the connection dead may fail as a whole (retryable); it never
@@ -416,26 +509,9 @@ async fn reconnects_after_its_connection_is_killed() {
 #[tokio::test]
 async fn refused_credentials_fail_the_call_not_the_events() {
     let prefix = unique("redis");
-    let user = format!("{prefix}_user");
     let redis = RedisSide::open(&prefix).await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(&user)
-        .arg("on")
-        .arg(">right-password")
-        .arg("~*")
-        .arg("-@all")
-        .arg("+ping")
-        .arg("+client|id")
-        .query_async(&mut redis.connection())
-        .await
-        .expect("ACL SETUSER");
-    let url_with = |password: &str| {
-        let mut url = url::Url::parse(&redis_url()).unwrap();
-        url.set_username(&user).unwrap();
-        url.set_password(Some(password)).unwrap();
-        url.to_string()
-    };
+    let (user, url_with) =
+        restricted_user(&redis, &prefix, "right-password", &["+ping", "+client|id"]).await;
 
     let wrong = RedisStreamsSink::connect(RedisStreamsConfig::new(url_with("wrong-password")))
         .await
@@ -458,12 +534,7 @@ async fn refused_credentials_fail_the_call_not_the_events() {
         Ok(sink) => Some(sink.publish(&sample_batch(1, 3, "order", 1)).await),
         Err(_) => None,
     };
-    let _: i64 = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(&user)
-        .query_async(&mut redis.connection())
-        .await
-        .expect("ACL DELUSER");
+    delete_user(&redis, &user).await;
 
     let error = wrong.expect_err("wrong password");
     assert_eq!(error.kind(), ErrorKind::Unauthorized, "{error}");

@@ -124,16 +124,27 @@ impl RedisSide {
         self.connection.clone()
     }
 
+    /// `command`'s answer on the side's connection; panics naming the command if it fails.
+    pub async fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> T {
+        command
+            .query_async(&mut self.connection())
+            .await
+            .unwrap_or_else(|e| {
+                let name = command.args_iter().next();
+                let name = match name {
+                    Some(redis::Arg::Simple(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                    _ => "a command".to_owned(),
+                };
+                panic!("{name} on the test Redis: {e}")
+            })
+    }
+
     /// `CONFIG SET requirepass password`: from now on the server requires `password` of new
     /// connections (the side's own stays authenticated). For a private server only.
     pub async fn require_password(&self, password: &str) {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("requirepass")
-            .arg(password)
-            .query_async(&mut self.connection())
-            .await
-            .expect("CONFIG SET requirepass");
+        let mut config_set = redis::cmd("CONFIG");
+        config_set.arg("SET").arg("requirepass").arg(password);
+        let () = self.query(&config_set).await;
     }
 
     /// XLEN of `stream`.
