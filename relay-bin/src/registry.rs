@@ -281,11 +281,38 @@ impl Registry {
                 known.join(", ")
             ));
         }
+        // A kind misspelled or cut short (`postgresql`, `redis`), or another name of one
+        // (`mariadb`), said first.
+        let shipped: Vec<&str> = ADAPTER_FEATURES
+            .iter()
+            .filter_map(|f| f.strip_prefix(adapter)?.strip_prefix('-'))
+            .collect();
+        let meant = match spelled.as_str() {
+            "mariadb" => Some("mysql"),
+            "postgresql" | "pg" => Some("postgres"),
+            _ => outboxkit_core::plugin::closest(&spelled, &shipped).or_else(|| {
+                let mut started = shipped.iter().filter(|k| k.starts_with(&spelled));
+                match (started.next(), started.next()) {
+                    (Some(only), None) => Some(*only),
+                    _ => None,
+                }
+            }),
+        };
+        let meant = match meant {
+            Some(meant) if known.contains(&meant) => {
+                format!("did you mean \"{meant}\"? Otherwise, ")
+            }
+            Some(meant) => format!(
+                "did you mean \"{meant}\" (rebuild with `--features {adapter}-{meant}`)? \
+                 Otherwise, "
+            ),
+            None => String::new(),
+        };
         // A kind of the team's own, and the binary started is one that does not register it
         // (the stock image's, say).
         Error::config(format!(
-            "{key} = \"{kind}\" is not a known kind of {} (known: {}): a kind of your own runs \
-             in your own binary, which registers it with `registry.{adapter}::<…>()`",
+            "{key} = \"{kind}\" is not a known kind of {} (known: {}): {meant}a kind of your \
+             own runs in your own binary, which registers it with `registry.{adapter}::<…>()`",
             outboxkit_core::command::name(),
             known.join(", ")
         ))
@@ -328,12 +355,12 @@ impl Registry {
             .collect();
         for key in pipeline.sink.sections.keys() {
             if !known.contains(key) && !shipped.contains(key) {
-                let mut expected = vec!["kind".to_owned(), "destination".to_owned()];
-                expected.extend(known.iter().cloned());
+                let mut expected = vec!["kind", "destination"];
+                expected.extend(known.iter().map(String::as_str));
                 return Err(Error::config(format!(
-                    "{}.{key}: unknown key (expected one of: {})",
+                    "{}.{key}: {}",
                     pipeline.sink_key,
-                    expected.join(", ")
+                    crate::settings::unknown_key(&pipeline.sink_key, key, &expected)
                 )));
             }
         }
@@ -606,6 +633,50 @@ mod tests {
         let e = Registry::unknown_kind("sink.kind", "Redis_Streams", vec!["kafka"]);
         let rebuild = "rebuild with `--features sink-redis-streams`, and write \"redis-streams\"";
         assert!(e.message().contains(rebuild), "{e}");
+    }
+
+    /// A kind misspelled, cut short or named otherwise: the shipped kind meant, and the feature
+    /// when it is not compiled in.
+    #[test]
+    fn a_kind_close_to_a_shipped_one_names_it() {
+        let known = vec!["postgres", "redis-streams"];
+        for (key, kind, meant) in [
+            (
+                "sink.kind",
+                "redis",
+                "did you mean \"redis-streams\"? Otherwise, a kind of",
+            ),
+            (
+                "sink.kind",
+                "rabbit",
+                "did you mean \"rabbitmq\" (rebuild with `--features sink-rabbitmq`)?",
+            ),
+            (
+                "store.kind",
+                "postgresql",
+                "did you mean \"postgres\"? Otherwise,",
+            ),
+            (
+                "store.kind",
+                "mariadb",
+                "did you mean \"mysql\" (rebuild with `--features store-mysql`)?",
+            ),
+            (
+                "pipelines.b.sink.kind",
+                "nast",
+                "did you mean \"nats\" (rebuild with `--features sink-nats`)?",
+            ),
+        ] {
+            let e = Registry::unknown_kind(key, kind, known.clone());
+            assert!(e.message().contains(meant), "{kind}: {e}");
+            assert!(
+                e.message().contains("(known: postgres, redis-streams)"),
+                "{e}"
+            );
+        }
+        // Nothing close: no guess.
+        let e = Registry::unknown_kind("sink.kind", "pigeon", known);
+        assert!(!e.message().contains("did you mean"), "{e}");
     }
 
     #[test]

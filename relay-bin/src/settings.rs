@@ -176,7 +176,7 @@ impl ConfigError {
                 }
                 figment::error::Kind::MissingField(field) => missing(&key, field, file),
                 kind => {
-                    let what = explain(kind, path.last().copied());
+                    let what = explain(kind, &key);
                     let origin = match origin(figment, &key, file) {
                         Some(origin) => origin,
                         None => match (&e.metadata, file) {
@@ -243,11 +243,14 @@ fn only_section(figment: &Figment, table: &str) -> Option<String> {
     }
 }
 
-fn explain(kind: &figment::error::Kind, last_key: Option<&str>) -> String {
+/// What is wrong with the value at `key` (`relay.batch_sise`), in words.
+fn explain(kind: &figment::error::Kind, key: &str) -> String {
     use figment::error::Kind;
+    let last_key = key.rsplit('.').next().filter(|k| !k.is_empty());
     match kind {
-        Kind::UnknownField(_, expected) => {
-            format!("unknown key (expected one of: {})", expected.join(", "))
+        Kind::UnknownField(field, expected) => {
+            let parent = key.strip_suffix(field.as_str()).unwrap_or_default();
+            unknown_key(parent.trim_end_matches('.'), field, expected)
         }
         Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
             // The duration parser's own reason ("time unit needed...") does not reach us.
@@ -272,6 +275,39 @@ fn explain(kind: &figment::error::Kind, last_key: Option<&str>) -> String {
             }
         }
         other => one_line(&other.to_string()),
+    }
+}
+
+/// `unknown key (expected one of: ...)` for `field` of the table at `parent`, and the key meant
+/// when one is close: a misspelling (`batch_sise` → `batch_size`), or a nested key written with
+/// one `_` where the environment wants `__` (`OUTBOX_STORE_URL` reads as the key `store_url`:
+/// `store.url`, `OUTBOX_STORE__URL`).
+pub(crate) fn unknown_key(parent: &str, field: &str, expected: &[&str]) -> String {
+    let listed = format!("unknown key (expected one of: {})", expected.join(", "));
+    if let Some(meant) = outboxkit_core::plugin::closest(field, expected) {
+        return format!("{listed}: did you mean `{meant}`?");
+    }
+    // The longest known key that `field` starts with, followed by `_` and more.
+    let nested = expected
+        .iter()
+        .filter_map(|k| {
+            let rest = field.strip_prefix(k)?.strip_prefix('_')?;
+            (!rest.is_empty()).then_some((k, rest))
+        })
+        .max_by_key(|(k, _)| k.len());
+    match nested {
+        Some((table, rest)) => {
+            let meant = match parent {
+                "" => format!("{table}.{rest}"),
+                parent => format!("{parent}.{table}.{rest}"),
+            };
+            format!(
+                "{listed}: did you mean `{meant}`? (environment variables separate keys with \
+                 `__`: {})",
+                env_var_for(&meant)
+            )
+        }
+        None => listed,
     }
 }
 
@@ -681,6 +717,38 @@ mod tests {
         )
         .unwrap_err()
         .to_string()
+    }
+
+    /// An unknown key names the key meant when one is close: a misspelling, or a nested key
+    /// written with one `_` (an environment variable that wanted `__`).
+    #[test]
+    fn an_unknown_key_names_the_key_meant() {
+        let relay = ["batch_size", "poll_interval", "max_attempts"];
+        assert_eq!(
+            unknown_key("relay", "batch_sise", &relay),
+            "unknown key (expected one of: batch_size, poll_interval, max_attempts): did you \
+             mean `batch_size`?"
+        );
+        let top = ["store", "relay", "sink", "pipelines"];
+        assert!(
+            unknown_key("", "store_url", &top).ends_with(
+                ": did you mean `store.url`? (environment variables separate keys with `__`: \
+                 OUTBOX_STORE__URL)"
+            ),
+            "{}",
+            unknown_key("", "store_url", &top)
+        );
+        let sink = ["kind", "destination", "redis", "redis_streams"];
+        assert!(
+            unknown_key("sink", "redis_streams_max_age", &sink).ends_with(
+                "did you mean `sink.redis_streams.max_age`? (environment variables \
+                        separate keys with `__`: OUTBOX_SINK__REDIS_STREAMS__MAX_AGE)"
+            )
+        );
+        assert_eq!(
+            unknown_key("relay", "frobnicate", &relay),
+            "unknown key (expected one of: batch_size, poll_interval, max_attempts)"
+        );
     }
 
     #[test]

@@ -535,6 +535,52 @@ fn environment_overrides_the_file() {
     );
 }
 
+/// An unknown key names the one meant when it is close: a variable that nests with one `_`
+/// where `__` separates keys, a misspelled key, a sink table or kind spelled another way.
+#[test]
+fn an_unknown_key_or_kind_names_the_one_meant() {
+    let config = TempConfig::new(&valid());
+    config_error(
+        &config,
+        "check",
+        &[("OUTBOX_STORE_URL", "postgres://db/app")],
+        &[
+            "store_url: unknown key (expected one of: ",
+            "): did you mean `store.url`? (environment variables separate keys with `__`: \
+             OUTBOX_STORE__URL) (from environment variable OUTBOX_STORE_URL)",
+        ],
+    );
+    config_error(
+        &config,
+        "check",
+        &[("OUTBOX_RELAY__BATCH_SIZ", "10")],
+        &[
+            "relay.batch_siz: unknown key (expected one of: batch_size, ",
+            "did you mean `batch_size`?",
+        ],
+    );
+    let hyphen = TempConfig::new(&format!("{}\n[sink.redis-streams]\nmaxlen = 10\n", valid()));
+    config_error(
+        &hyphen,
+        "check",
+        &[],
+        &[
+            "sink.redis-streams: unknown key (expected one of: ",
+            "did you mean `redis_streams`?",
+        ],
+    );
+    let short = TempConfig::new(&valid().replace("\"redis-streams\"", "\"redis\""));
+    config_error(
+        &short,
+        "check",
+        &[],
+        &[
+            "sink.kind = \"redis\" is not a known kind",
+            "did you mean \"redis-streams\"?",
+        ],
+    );
+}
+
 #[test]
 fn unreachable_database() {
     let config = TempConfig::new(&unreachable_store());
