@@ -261,8 +261,11 @@ fn explain(kind: &figment::error::Kind, key: &str) -> String {
             format!("expected {expected}, found {actual}")
         }
         Kind::UnknownVariant(v, expected) => {
+            let meant = outboxkit_core::plugin::closest(v, expected)
+                .map(|meant| format!(": did you mean `{meant}`?"))
+                .unwrap_or_default();
             format!(
-                "unknown value `{v}` (expected one of: {})",
+                "unknown value `{v}` (expected one of: {}){meant}",
                 expected.join(", ")
             )
         }

@@ -536,7 +536,8 @@ fn environment_overrides_the_file() {
 }
 
 /// An unknown key names the one meant when it is close: a variable that nests with one `_`
-/// where `__` separates keys, a misspelled key, a sink table or kind spelled another way.
+/// where `__` separates keys, a misspelled key or value, a sink table or kind spelled another
+/// way.
 #[test]
 fn an_unknown_key_or_kind_names_the_one_meant() {
     let config = TempConfig::new(&valid());
@@ -557,6 +558,15 @@ fn an_unknown_key_or_kind_names_the_one_meant() {
         &[
             "relay.batch_siz: unknown key (expected one of: batch_size, ",
             "did you mean `batch_size`?",
+        ],
+    );
+    config_error(
+        &config,
+        "check",
+        &[("OUTBOX_SINK__REDIS_STREAMS__FORMAT", "cloudevent")],
+        &[
+            "sink.redis_streams.format: unknown value `cloudevent` (expected one of: raw, \
+           cloudevents): did you mean `cloudevents`?",
         ],
     );
     let hyphen = TempConfig::new(&format!("{}\n[sink.redis-streams]\nmaxlen = 10\n", valid()));
