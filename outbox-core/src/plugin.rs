@@ -137,6 +137,15 @@ pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
         std::future::ready(Ok(Vec::new()))
     }
 
+    /// The SQL [`Store::migrate`](crate::Store::migrate) runs to create this configuration's
+    /// table at the current schema version, for a database administrator to review and apply
+    /// (`outbox-relay migrate --print-sql`), written without connecting. `Ok(None)` (the
+    /// default): the store cannot give it; an error when this configuration needs more than
+    /// SQL (names its key).
+    fn migration_sql(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// Connect and return the store. Called only after `validate` passed.
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send;
 }

@@ -12,8 +12,8 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, forget_dropped, not_ours, render_table, Migration,
-    TableCatalog,
+    check_current, checked_payload_type, forget_dropped, not_ours, render_table, script_of,
+    Migration, TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -253,33 +253,14 @@ async fn migrate_on(
     let existing = existing_tables(conn, table, target).await?;
     let schema_table = table.quoted_sibling(SCHEMA_TABLE);
     if !existing.schema_table {
-        conn.execute(sqlx::raw_sql(&format!(
-            "CREATE TABLE IF NOT EXISTS {schema_table} (\
-               table_name VARCHAR(64) NOT NULL PRIMARY KEY, \
-               version INT NOT NULL, \
-               shard_count INT NOT NULL, \
-               applied_at DATETIME(6) NOT NULL\
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
-             COMMENT = 'outbox-relay: schema version and shard count of each outbox table'"
-        )))
-        .await
-        .map_err(err)?;
+        conn.execute(sqlx::raw_sql(&create_schema_table(&schema_table)))
+            .await
+            .map_err(err)?;
     }
     if !existing.members_table {
-        conn.execute(sqlx::raw_sql(&format!(
-            "CREATE TABLE IF NOT EXISTS {} (\
-               table_name VARCHAR(64) NOT NULL, \
-               slot SMALLINT NOT NULL, \
-               connection_id BIGINT NOT NULL, \
-               relay_id VARCHAR(255) NOT NULL, \
-               opened_at DATETIME(6) NOT NULL, \
-               PRIMARY KEY (table_name, slot)\
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
-             COMMENT = 'outbox-relay: which relay session holds which membership slot'",
-            table.quoted_sibling(MEMBERS_TABLE)
-        )))
-        .await
-        .map_err(err)?;
+        conn.execute(sqlx::raw_sql(&create_members_table(table)))
+            .await
+            .map_err(err)?;
     }
 
     let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
@@ -331,6 +312,66 @@ async fn migrate_on(
         .await
         .map_err(err)?;
     Ok(())
+}
+
+/// The bookkeeping table `schema_table` (quoted), as `migrate` makes it.
+fn create_schema_table(schema_table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {schema_table} (\
+           table_name VARCHAR(64) NOT NULL PRIMARY KEY, \
+           version INT NOT NULL, \
+           shard_count INT NOT NULL, \
+           applied_at DATETIME(6) NOT NULL\
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
+         COMMENT = 'outbox-relay: schema version and shard count of each outbox table'"
+    )
+}
+
+/// The table of the relays' membership slots beside `table`, as `migrate` makes it.
+fn create_members_table(table: &TableName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\
+           table_name VARCHAR(64) NOT NULL, \
+           slot SMALLINT NOT NULL, \
+           connection_id BIGINT NOT NULL, \
+           relay_id VARCHAR(255) NOT NULL, \
+           opened_at DATETIME(6) NOT NULL, \
+           PRIMARY KEY (table_name, slot)\
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
+         COMMENT = 'outbox-relay: which relay session holds which membership slot'",
+        table.quoted_sibling(MEMBERS_TABLE)
+    )
+}
+
+/// What [`migrate`] runs for a table that does not exist yet, as one script for a database
+/// administrator to apply (`outbox-relay migrate --print-sql`): the database, the bookkeeping
+/// tables, every migration and the bookkeeping row that `check` and `run` look for. `table`
+/// is qualified (an unqualified `store.table` is in the URL's database). MySQL commits each
+/// DDL statement by itself: a script stopped half-way is completed by `migrate`, as an
+/// interrupted migration is.
+pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<PayloadType>) -> String {
+    let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
+    let payload_type = payload_type.unwrap_or_default();
+    let mut script = format!(
+        "-- outbox-relay: table {table} at schema version {SCHEMA_VERSION}, {shard_count} shards, \
+         payload {payload_type}; what `migrate` does, for MySQL / MariaDB.\n\n"
+    );
+    if let Some(database) = table.qualifier() {
+        script.push_str(&format!(
+            "CREATE DATABASE IF NOT EXISTS {};\n\n",
+            MySql::quote_ident(database)
+        ));
+    }
+    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
+    script.push_str(&format!("{};\n\n", create_schema_table(&schema_table)));
+    script.push_str(&format!("{};\n\n", create_members_table(table)));
+    script.push_str(&script_of(MIGRATIONS, table, shard_count, payload_type));
+    script.push_str(&format!(
+        "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
+         VALUES ('{}', {SCHEMA_VERSION}, {shard_count}, UTC_TIMESTAMP(6));\n",
+        table.name().replace('\'', "''")
+    ));
+    script
 }
 
 async fn record_version(

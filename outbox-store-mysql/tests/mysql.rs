@@ -100,6 +100,58 @@ async fn an_interrupted_migration_is_completed() {
     common::drop_table(store.table()).await;
 }
 
+/// What `migrate --print-sql` prints (the configuration's `migration_sql`), applied by hand,
+/// makes the table `migrate` makes: the same definition (names aside) and bookkeeping row; the
+/// store's check accepts it and `migrate` leaves it as it is.
+#[tokio::test]
+async fn the_printed_migration_makes_what_migrate_makes() {
+    use outboxkit_core::StoreConfig;
+    let mut config = common::fresh_config().shards(8);
+    config.payload_type = Some(outboxkit_core::PayloadType::Binary);
+    let script = config
+        .migration_sql()
+        .expect("a table, polling")
+        .expect("MySQL prints its SQL");
+    let mut conn = common::raw_connection().await;
+    conn.execute(sqlx::raw_sql(&script))
+        .await
+        .unwrap_or_else(|e| panic!("applying the printed SQL: {e}\n{script}"));
+    let by_hand = common::connect(config.clone()).await;
+    by_hand
+        .check()
+        .await
+        .expect("check of the table made by hand");
+    by_hand
+        .migrate()
+        .await
+        .expect("migrate of the table made by hand");
+    let mut reference = common::fresh_config().shards(8);
+    reference.payload_type = config.payload_type;
+    let reference = common::SERVER.migrated(reference).await;
+    let mut shapes = Vec::new();
+    for store in [&by_hand, &reference] {
+        let table = store.table();
+        let create: (String, String) =
+            sqlx::query_as(&format!("SHOW CREATE TABLE {}", table.quoted()))
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        let row: (i32, i32) = sqlx::query_as(&format!(
+            "SELECT version, shard_count FROM `{}`.outbox_relay_schema WHERE table_name = ?",
+            table.qualifier().unwrap()
+        ))
+        .bind(table.name())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        shapes.push((create.1.replace(table.name(), "T"), row));
+    }
+    common::drop_table(by_hand.table()).await;
+    common::drop_table(reference.table()).await;
+    assert_eq!(shapes[0].1, (1, 8));
+    assert_eq!(shapes[0], shapes[1]);
+}
+
 /// Lists longer than one statement takes: exclusions read past, marks and failures in chunks.
 #[tokio::test]
 async fn long_id_lists_are_claimed_marked_and_failed_correctly() {

@@ -64,6 +64,15 @@ impl SqlStore for Postgres {
         ))
     }
 
+    fn migration_sql(config: &PostgresStoreConfig) -> Option<String> {
+        let table = TableName::parse(&config.table).ok()?;
+        Some(crate::migrate::script(
+            &table,
+            config.shards,
+            config.payload_type,
+        ))
+    }
+
     async fn connect(config: PostgresStoreConfig) -> Result<Self::Store> {
         crate::PostgresStore::connect(config).await
     }

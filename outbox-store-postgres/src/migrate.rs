@@ -9,8 +9,8 @@ use sqlx::{Executor, PgPool};
 
 use outboxkit_core::{PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, forget_dropped, not_ours, render_table, Migration,
-    TableCatalog,
+    check_current, checked_payload_type, forget_dropped, not_ours, render_table, script_of,
+    Migration, TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -151,15 +151,9 @@ pub(crate) async fn migrate(
     .await
     .map_err(err)?;
     if !schema_table_exists {
-        tx.execute(sqlx::raw_sql(&format!(
-            "CREATE TABLE {schema_table} (\
-               table_name text PRIMARY KEY, \
-               version integer NOT NULL, \
-               shard_count integer NOT NULL, \
-               applied_at timestamptz NOT NULL DEFAULT now())"
-        )))
-        .await
-        .map_err(err)?;
+        tx.execute(sqlx::raw_sql(&create_schema_table(&schema_table)))
+            .await
+            .map_err(err)?;
     }
 
     let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
@@ -204,6 +198,45 @@ pub(crate) async fn migrate(
     checked_payload_type::<Postgres>(&mut tx, table, payload_type, target).await?;
     tx.commit().await.map_err(err)?;
     Ok(())
+}
+
+/// The bookkeeping table `schema_table` (quoted), as `migrate` makes it.
+fn create_schema_table(schema_table: &str) -> String {
+    format!(
+        "CREATE TABLE {schema_table} (\
+           table_name text PRIMARY KEY, \
+           version integer NOT NULL, \
+           shard_count integer NOT NULL, \
+           applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+}
+
+/// What [`migrate`] runs for a table that does not exist yet, as one script in one transaction
+/// for a database administrator to apply (`outbox-relay migrate --print-sql`): the schema when
+/// the table names one, the bookkeeping table when missing, every migration, and the
+/// bookkeeping row that `check` and `run` look for. An unqualified table goes where the
+/// applying session's `search_path` puts it, with its bookkeeping table beside it.
+pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<PayloadType>) -> String {
+    let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
+    let payload_type = payload_type.unwrap_or_default();
+    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
+    let mut script = format!(
+        "-- outbox-relay: table {table} at schema version {SCHEMA_VERSION}, {shard_count} shards, \
+         payload {payload_type}; what `migrate` does, for PostgreSQL.\nBEGIN;\n\n"
+    );
+    if let Some(schema) = table.qualifier() {
+        script.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"));
+    }
+    let schema_ddl = create_schema_table(&schema_table);
+    let schema_ddl = schema_ddl.replacen("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1);
+    script.push_str(&format!("{schema_ddl};\n\n"));
+    script.push_str(&script_of(MIGRATIONS, table, shard_count, payload_type));
+    script.push_str(&format!(
+        "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
+         VALUES ('{}', {SCHEMA_VERSION}, {shard_count}, now());\n\nCOMMIT;\n",
+        table.name().replace('\'', "''")
+    ));
+    script
 }
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;

@@ -244,6 +244,33 @@ pub fn render_table<S: PayloadColumn + TableRules>(
     render(sql, &table.quoted(), table.name(), shards, payload)
 }
 
+/// Every migration of `migrations` rendered for `table`, for a script a database administrator
+/// applies (`migrate --print-sql`): each after a comment with its description, without the
+/// file's own header comments (they describe the placeholders), ending with `;`.
+pub fn script_of<S: PayloadColumn + TableRules>(
+    migrations: &[Migration],
+    table: &TableName<S>,
+    shards: i32,
+    payload_type: PayloadType,
+) -> String {
+    let mut script = String::new();
+    for migration in migrations {
+        let sql = render_table(migration.sql, table, shards, payload_type);
+        let body: Vec<&str> = sql
+            .lines()
+            .skip_while(|line| line.trim().is_empty() || line.starts_with("--"))
+            .collect();
+        let body = body.join("\n");
+        let body = body.trim_end();
+        let end = if body.ends_with(';') { "" } else { ";" };
+        script.push_str(&format!(
+            "-- version {}: {}\n{body}{end}\n\n",
+            migration.version, migration.description
+        ));
+    }
+    script
+}
+
 /// The table does not exist or has no schema row.
 pub fn not_migrated(table: &dyn fmt::Display) -> Error {
     Error::new(

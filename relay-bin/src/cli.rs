@@ -35,7 +35,12 @@ pub enum Command {
     /// Relay until SIGTERM/SIGINT; serves /metrics, /healthz and /readyz.
     Run,
     /// Create or upgrade the outbox table of every pipeline (idempotent).
-    Migrate,
+    Migrate {
+        /// Print the SQL that creates each pipeline's table instead, for a database
+        /// administrator to review and apply; connect to nothing.
+        #[arg(long)]
+        print_sql: bool,
+    },
     /// Backlog figures, shard owners and what `run` would stop with.
     ///
     /// What `run` would stop with: a dropped replication slot, a table to migrate. One line
@@ -291,7 +296,10 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             check_config(&registry, &loaded, &pipelines, &cli)?;
             crate::check::run(&registry, &loaded, &pipelines, wanted_table, offline, json).await
         }
-        Command::Migrate => migrate(&registry, &loaded, &pipelines, wanted_table).await,
+        Command::Migrate { print_sql: true } => print_migration_sql(&registry, &loaded, &pipelines),
+        Command::Migrate { print_sql: false } => {
+            migrate(&registry, &loaded, &pipelines, wanted_table).await
+        }
         Command::Status { json } => {
             let mut all = Vec::new();
             let mut unmatched = Vec::new();
@@ -365,6 +373,33 @@ async fn one_target<'p>(
 /// `migrate` of the selected pipelines. With several pipelines (or tables), one that fails does
 /// not stop the others: each gets its line, and the command fails at the end naming those that
 /// did not migrate.
+/// `migrate --print-sql`: each selected pipeline's creation script, headed by its name when
+/// the configuration has several; nothing connected to.
+fn print_migration_sql(
+    registry: &Registry,
+    loaded: &Loaded,
+    pipelines: &[&Pipeline],
+) -> Result<(), Failure> {
+    let mut scripts = Vec::with_capacity(pipelines.len());
+    for pipeline in pipelines {
+        let sql = registry.migration_sql(loaded.context(pipeline))?;
+        let sql = sql.ok_or_else(|| {
+            Failure::config(format!(
+                "{}.kind = \"{}\": this store cannot print its SQL; run migrate",
+                pipeline.store_key, pipeline.store_kind
+            ))
+        })?;
+        scripts.push((pipeline.name.as_str(), sql));
+    }
+    for (name, sql) in scripts {
+        if loaded.pipelines.len() > 1 {
+            outln!("-- pipeline {name}");
+        }
+        outln!("{}", sql.trim_end());
+    }
+    Ok(())
+}
+
 async fn migrate(
     registry: &Registry,
     loaded: &Loaded,

@@ -52,6 +52,7 @@ type Identity = fn(FactoryContext<'_>) -> Result<Option<String>>;
 /// its section read once.
 type RelaysTables = fn(FactoryContext<'_>, &[(&str, Option<&str>)]) -> Result<Vec<bool>>;
 type DiscoveryOf = fn(FactoryContext<'_>) -> Result<Option<Discovery>>;
+type MigrationSql = fn(FactoryContext<'_>) -> Result<Option<String>>;
 type Discover = for<'a> fn(FactoryContext<'a>) -> BoxFuture<'a, Result<Vec<DiscoveredTable>>>;
 
 /// A table a pattern `store.table` matched, ready to be connected as a store of its own.
@@ -121,6 +122,7 @@ struct StoreEntry {
     relays_tables: RelaysTables,
     discovery: DiscoveryOf,
     discover: Discover,
+    migration_sql: MigrationSql,
     build: BuildStore,
 }
 
@@ -208,6 +210,10 @@ impl Registry {
                 },
                 discovery: |ctx| store_config::<C>(ctx).map(|c| c.discovery()),
                 discover: discover_tables::<C>,
+                migration_sql: |ctx| {
+                    let config = store_config::<C>(ctx)?;
+                    config.migration_sql().map_err(|e| ctx.locate(e))
+                },
                 build: build_store::<C>,
             },
         );
@@ -410,6 +416,13 @@ impl Registry {
     pub fn discovery(&self, ctx: FactoryContext<'_>) -> Result<Option<Discovery>> {
         let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
         (entry.discovery)(ctx)
+    }
+
+    /// The SQL that `migrate` runs to create the pipeline's table, written without connecting
+    /// (see [`StoreConfig::migration_sql`]); `None` when its store kind cannot give it.
+    pub fn migration_sql(&self, ctx: FactoryContext<'_>) -> Result<Option<String>> {
+        let entry = self.store_entry(ctx.pipeline).map_err(|e| ctx.locate(e))?;
+        (entry.migration_sql)(ctx)
     }
 
     /// The tables the pipeline's pattern matches now, each given to one pipeline of

@@ -801,6 +801,126 @@ fn postgres_execute(sql: &str) -> Result<(), outboxkit_store_postgres::sqlx::Err
     })
 }
 
+/// The first column of every row `sql` returns on the test PostgreSQL server, as text.
+fn postgres_texts(sql: &str) -> Vec<String> {
+    use outboxkit_store_postgres::sqlx::{self, Connection};
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime
+        .block_on(async {
+            let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
+            sqlx::query_scalar::<_, String>(sql)
+                .fetch_all(&mut db)
+                .await
+        })
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// `migrate --print-sql` connects to nothing (the store's URL points where nothing listens) and
+/// prints SQL that, applied by hand, makes the table `migrate` makes: the same columns,
+/// indexes, storage settings and bookkeeping row; `check` accepts it and `migrate` leaves it.
+#[test]
+fn migrate_print_sql_writes_what_migrate_makes() {
+    let by_hand = format!("print_sql_{}", std::process::id());
+    let by_migrate = format!("print_sql_ref_{}", std::process::id());
+    let with_table = |config: String, table: &str| {
+        TempConfig::new(&config.replace(
+            "[sink]",
+            &format!("table = \"{table}\"\nshards = 16\npayload_type = \"text\"\n\n[sink]"),
+        ))
+    };
+    let offline = with_table(unreachable_store(), &by_hand);
+    let printed = relay(
+        &["--config", &offline.display(), "migrate", "--print-sql"],
+        &[],
+    );
+    assert_eq!(printed.code, Some(0), "stderr:\n{}", printed.stderr);
+    assert!(
+        printed.stdout.starts_with(&format!(
+            "-- outbox-relay: table {by_hand} at schema version 1, 16 shards, payload text;"
+        )),
+        "{}",
+        printed.stdout
+    );
+    let applied = {
+        use outboxkit_store_postgres::sqlx::{self, Connection};
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        runtime.block_on(async {
+            let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
+            sqlx::raw_sql(&printed.stdout)
+                .execute(&mut db)
+                .await
+                .map(drop)
+        })
+    };
+    let reference = with_table(valid(), &by_migrate);
+    migrated(&reference);
+    let by_hand_config = with_table(valid(), &by_hand);
+    let checked = with_config(&by_hand_config, "check", &[]);
+    let migrate = with_config(&by_hand_config, "migrate", &[]);
+    let shape = |table: &str| {
+        let columns = postgres_texts(&format!(
+            "SELECT concat_ws(' ', column_name, data_type, is_nullable, column_default, \
+             generation_expression) FROM information_schema.columns \
+             WHERE table_schema = 'public' AND table_name = '{table}' ORDER BY ordinal_position"
+        ));
+        let indexes = postgres_texts(&format!(
+            "SELECT replace(indexdef, '{table}', 'T') FROM pg_indexes \
+             WHERE schemaname = 'public' AND tablename = '{table}' ORDER BY indexname"
+        ));
+        let settings = postgres_texts(&format!(
+            "SELECT concat_ws(' ', array_to_string(reloptions, ','), obj_description(oid)) \
+             FROM pg_class WHERE oid = 'public.{table}'::regclass"
+        ));
+        let row = postgres_texts(&format!(
+            "SELECT concat_ws(' ', version, shard_count) FROM outbox_relay_schema \
+             WHERE table_name = '{table}'"
+        ));
+        (columns, indexes, settings, row)
+    };
+    let (hand, reference_shape) = (shape(&by_hand), shape(&by_migrate));
+    for table in [&by_hand, &by_migrate] {
+        drop_migrated(table).expect("dropping the test table");
+    }
+    applied.expect("applying the printed SQL");
+    assert_eq!(
+        checked.code,
+        Some(0),
+        "check: {}{}",
+        checked.stdout,
+        checked.stderr
+    );
+    assert_eq!(migrate.code, Some(0), "migrate: {}", migrate.stderr);
+    assert_eq!(hand.0.len(), 15, "{:?}", hand.0);
+    assert_eq!(hand.3, vec!["1 16".to_owned()]);
+    assert_eq!(hand, reference_shape);
+}
+
+/// `migrate --print-sql` of a pattern or of log-based capture: refused naming the key, since
+/// neither is one table made by SQL alone.
+#[test]
+fn migrate_print_sql_refuses_a_pattern_and_log_based_capture() {
+    for (store, expected) in [
+        (
+            "table = \"t_*.outbox\"",
+            "store.table: `t_*.outbox` is a pattern; --print-sql writes one table's SQL",
+        ),
+        (
+            "capture = \"logical\"",
+            "store.capture: \"logical\" needs more than SQL",
+        ),
+    ] {
+        let config =
+            TempConfig::new(&unreachable_store().replace("[sink]", &format!("{store}\n\n[sink]")));
+        let out = relay(
+            &["--config", &config.display(), "migrate", "--print-sql"],
+            &[],
+        );
+        let line = error_line(&out, 2);
+        assert!(line.contains(expected), "{line}");
+        assert_eq!(out.stdout, "", "nothing printed");
+    }
+}
+
 /// Drop the table `migrate` made in the test database's `public` schema, and its schema row.
 fn drop_migrated(table: &str) -> Result<(), outboxkit_store_postgres::sqlx::Error> {
     postgres_execute(&format!("DROP TABLE IF EXISTS {table} CASCADE"))?;
