@@ -19,6 +19,10 @@ pub const PENDING: &str = "outbox_pending_events";
 pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
 /// Gauge: rows parked as dead.
 pub const DEAD: &str = "outbox_dead_events";
+/// Gauge, while `relay.retention` keeps published rows: age in seconds of the oldest kept event
+/// by its `published_at` — how far back `replay` reaches; 0 when none is kept. Not recorded
+/// with `retention = "delete"`.
+pub const OLDEST_KEPT_AGE: &str = "outbox_oldest_kept_age_seconds";
 /// Gauge: aggregates whose next event waits for a retry.
 pub const HELD_BACK_AGGREGATES: &str = "outbox_held_back_aggregates";
 /// Histogram: seconds from the row's `created_at` to the broker's acknowledgement.
@@ -60,6 +64,7 @@ pub const ALL: &[&str] = &[
     PENDING,
     OLDEST_PENDING_AGE,
     DEAD,
+    OLDEST_KEPT_AGE,
     HELD_BACK_AGGREGATES,
     COMMIT_TO_ACK,
     PUBLISH_DURATION,

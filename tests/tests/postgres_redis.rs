@@ -64,6 +64,12 @@ async fn a_relay_serves_metrics_health_and_status_and_stops_cleanly() {
         assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
     }
     assert_eq!(metric_value(&metrics, "outbox_shards_owned"), Some(32.0));
+    // `retention = "delete"` (the default) keeps nothing: no kept age, and no query for it.
+    assert_eq!(
+        metric_value(&metrics, "outbox_oldest_kept_age_seconds"),
+        None,
+        "{metrics}"
+    );
     // Every metric carries the pipeline; a configuration of one pipeline names it `default`.
     assert!(
         metrics.contains("outbox_shards_owned{pipeline=\"default\"} 32"),

@@ -24,10 +24,13 @@ async fn mysql_kept_events_are_replayed_from_the_cli() {
 
 async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let redis = Arc::new(RedisSide::open(name).await);
+    let port = free_port();
     let mut scenario = Scenario::prepare(
         store,
         redis.clone(),
-        Settings::default().relay("retention = \"7d\""),
+        Settings::default()
+            .listen_on(port)
+            .relay("retention = \"7d\"\nstatus_interval = \"200ms\""),
     )
     .await;
     let stream = redis.destination("order");
@@ -89,6 +92,15 @@ async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         age >= chrono::Duration::zero() && age < chrono::Duration::minutes(1),
         "kept since {since}"
     );
+    // The same, as the relay's gauge: seconds since that first publication.
+    wait_for_metric(
+        "the oldest kept event's age",
+        port,
+        "outbox_oldest_kept_age_seconds",
+        Duration::from_secs(10),
+        |v| v > 0.0 && v < 60.0,
+    )
+    .await;
 
     let (ok, out, err) = scenario.cli(&["replay", "--since", "1h", "--dry-run"]);
     assert!(ok, "{err}");

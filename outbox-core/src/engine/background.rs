@@ -13,7 +13,8 @@ use super::Relay;
 use crate::config::Retention;
 use crate::metrics as m;
 
-/// Refresh the backlog gauges every `relay.status_interval`.
+/// Refresh the backlog gauges every `relay.status_interval`, and with a `relay.retention` that
+/// keeps published rows the age of the oldest kept one.
 pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     loop {
         let pipeline = relay.pipeline.clone();
@@ -41,9 +42,31 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
                 debug!(error = %e, "reading backlog figures failed");
             }
         }
+        if matches!(relay.config.retention, Retention::Keep(_)) {
+            kept_age(&relay).await;
+        }
         shutdown.pause(relay.config.status_interval).await;
         if shutdown.is_triggered() {
             return;
+        }
+    }
+}
+
+/// The age of the oldest event `relay.retention` kept (0 when none): a purge that fails or
+/// falls behind shows as an age past the retention.
+async fn kept_age(relay: &Relay) {
+    let pipeline = relay.pipeline.clone();
+    match store_call("reading the oldest kept event", relay.store.oldest_kept()).await {
+        Ok(oldest) => {
+            let age = oldest.map_or(0.0, |at| {
+                (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1e3
+            });
+            metrics::gauge!(m::OLDEST_KEPT_AGE, m::PIPELINE => pipeline).set(age);
+        }
+        Err(e) => {
+            metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status").increment(1);
+            let e = relay.shown(e);
+            debug!(error = %e, "reading the oldest kept event failed");
         }
     }
 }
