@@ -332,7 +332,7 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
         if self.is_pattern() {
             return Err(Error::config(format!(
                 "store.table: `{}` is a pattern; --print-sql writes one table's SQL: set \
-                 store.table to that table (OUTBOX_STORE__TABLE)",
+                 store.table to that table for the command",
                 self.table
             )));
         }
