@@ -157,11 +157,25 @@ impl RelayProcess {
         name: &str,
         env: &[(String, String)],
     ) -> Self {
+        Self::start_command(binary, config, dir, name, &["run"], env)
+    }
+
+    /// [`Self::start_binary`] of the command `args` (`run --wait`, say).
+    pub fn start_command(
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Self {
         let mut all = vec![("OUTBOX_RELAY__RELAY_ID".to_owned(), name.to_owned())];
         all.extend_from_slice(env);
         let log = dir.join(format!("{name}.log"));
         Self {
-            process: relay_process::RelayProcess::start_appending(name, binary, config, all, log),
+            process: relay_process::RelayProcess::start_command(
+                name, binary, config, args, all, log,
+            ),
         }
     }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::broker::BrokerSide;
 use crate::delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
-use crate::relay::{relay_config, run_cli, RelayProcess, Settings};
+use crate::relay::{relay_binary, relay_config, run_cli, RelayProcess, Settings};
 use crate::store::StoreSide;
 use crate::util::{
     free_port, http_get, log_troubles, metric_at, scratch_dir, wait_for, wait_for_metric,
@@ -552,10 +552,22 @@ impl Scenario {
 
     /// Start a relay process with relay id `name` (and extra environment); its index.
     pub fn start_relay(&mut self, name: &str, env: &[(&str, &str)]) -> usize {
+        self.start_relay_command(name, &["run"], env)
+    }
+
+    /// [`Self::start_relay`] of the command `args` (`run --wait`, say).
+    pub fn start_relay_command(
+        &mut self,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
         let mut all = self.broker.relay_env();
         all.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-        self.relays
-            .push(RelayProcess::start(&self.config, &self.dir, name, &all));
+        let binary = relay_binary();
+        let process =
+            RelayProcess::start_command(&binary, &self.config, &self.dir, name, args, &all);
+        self.relays.push(process);
         self.relays.len() - 1
     }
 

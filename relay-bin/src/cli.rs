@@ -33,7 +33,13 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Relay until SIGTERM/SIGINT; serves /metrics, /healthz and /readyz.
-    Run,
+    Run {
+        /// With one pipeline too, keep trying a database or broker that does not answer at
+        /// start (not ready on /readyz meanwhile) instead of exiting, as several pipelines do.
+        /// Configuration errors still stop it.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Create or upgrade the outbox table of every pipeline (idempotent).
     Migrate {
         /// Print the SQL that creates each pipeline's table instead, for a database
@@ -287,10 +293,10 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     };
     let pipelines = crate::pipeline::select(&loaded.pipelines, wanted).map_err(Failure::config)?;
     match cli.command {
-        Command::Run => {
+        Command::Run { wait } => {
             check_config(&registry, &loaded, &pipelines, &cli)?;
             let pipelines = pipelines.into_iter().cloned().collect();
-            crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines).await
+            crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines, wait).await
         }
         Command::Check { offline, json } => {
             check_config(&registry, &loaded, &pipelines, &cli)?;

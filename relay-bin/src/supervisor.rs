@@ -6,9 +6,9 @@
 //! key the adapter refuses, a certificate the relay does not trust, a stream that does not
 //! exist) stops the process, naming the pipeline. Any other error at start (a database or broker
 //! that cannot be reached, refused credentials, a table not migrated) stops it too when there
-//! is only one pipeline (the orchestrator restarts the process, as before pipelines existed);
-//! with several, that pipeline keeps trying on its own, shown as not ready on `/readyz`, while
-//! the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0. A
+//! is only one pipeline (the orchestrator restarts the process, as before pipelines existed)
+//! unless `run --wait`; with several, or `--wait`, that pipeline keeps trying on its own, shown
+//! as not ready on `/readyz`, while the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0. A
 //! panic in an adapter while a pipeline connects ends the start too, naming the pipeline (a bug
 //! that trying again would only repeat); a pipeline's task that panics later ends that
 //! pipeline with an error naming it, as an error would.
@@ -139,8 +139,11 @@ pub async fn run(
     registry: &Registry,
     loaded: Arc<Loaded>,
     pipelines: Vec<Pipeline>,
+    wait: bool,
 ) -> Result<(), Failure> {
     let several = pipelines.len() > 1;
+    // Whether a pipeline that cannot connect at start keeps trying (`run --wait`, or several).
+    let keep_trying = several || wait;
     // One relay id for the whole process: `status` shows one owner per process and table.
     let process_id = outboxkit_core::default_relay_id();
     let pipelines: Vec<Pipeline> = pipelines
@@ -217,8 +220,15 @@ pub async fn run(
         let pipeline = &pipelines[i];
         match attempt {
             Ok(started) => ready.push((pipeline, started)),
-            Err(e) if several && e.kind() != ErrorKind::Config => {
-                warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start");
+            Err(e) if keep_trying && e.kind() != ErrorKind::Config => {
+                match several {
+                    true => {
+                        warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start")
+                    }
+                    false => {
+                        warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; keeps trying (run --wait), not ready meanwhile")
+                    }
+                }
                 board.set(&pipeline.name, Slot::Connecting(e.full_message()));
                 waiting.push(pipeline);
             }

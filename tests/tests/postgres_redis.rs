@@ -194,6 +194,47 @@ async fn a_sigterm_while_connecting_ends_the_start_cleanly() {
     scenario.cleanup().await;
 }
 
+/// `run --wait` with one pipeline whose broker does not answer at start (Redis behind a cut
+/// network): the relay stays up, not ready on `/readyz` with the reason, and relays once the
+/// network is back; without `--wait` the same start ends with an error (the orchestrator's
+/// restart), as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_wait_keeps_trying_a_broker_that_does_not_answer_at_start() {
+    let (port, redis, mut scenario) = serving_endpoints("e2ewait", "").await;
+    let (cut_off, url) = redis_behind_blackhole().await;
+    cut_off.partition();
+    let env = [
+        ("OUTBOX_SINK__REDIS_STREAMS__URL", url.as_str()),
+        ("OUTBOX_SINK__REDIS_STREAMS__CONNECT_TIMEOUT", "1s"),
+    ];
+    let log = scenario.stopped_at_start("relay-no-wait", &env);
+    assert!(log.contains("no answer within 1s"), "{log}");
+
+    let i = scenario.start_relay_command("relay-wait", &["run", "--wait"], &env);
+    wait_for_ready("/readyz", port, 503, Duration::from_secs(20)).await;
+    let (_, ready) = http_get(port, "/readyz").expect("/readyz");
+    assert!(ready.contains("no answer within 1s"), "{ready}");
+    assert!(
+        scenario.relays[i].is_running(),
+        "{}",
+        scenario.relays[i].log_text()
+    );
+
+    cut_off.heal();
+    scenario.store.enqueue_many(&placed_events(50, 5)).await;
+    wait_for_ready("/readyz", port, 200, Duration::from_secs(30)).await;
+    wait_published(port, 50).await;
+    let log = scenario.relays[i].log_text();
+    assert!(
+        log.contains("cannot connect yet; keeps trying (run --wait)"),
+        "{log}"
+    );
+    let exit = scenario.relays[i].terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}");
+    assert_eq!(redis.stream_len(&redis.destination("order")).await, 50);
+    scenario.cleanup().await;
+}
+
 /// SIGHUP (the terminal the relay ran in closed, or a `kill -HUP` meant to reload it) stops the
 /// relay as SIGTERM does: it finishes and marks its batch and exits 0, saying it reloads
 /// nothing. Before, the signal's default action killed it with its batch unmarked.

@@ -130,6 +130,8 @@ pub struct RelayProcess {
     /// How it was started, to start it again ([`Self::respawn`]).
     binary: PathBuf,
     config: PathBuf,
+    /// The command and its flags after `--config <config>`: `run` unless started otherwise.
+    args: Vec<String>,
     env: Vec<(String, String)>,
 }
 
@@ -155,13 +157,27 @@ impl RelayProcess {
         env: Vec<(String, String)>,
         log: PathBuf,
     ) -> Self {
-        let child = spawn(binary, config, &env, &log);
+        Self::start_command(name, binary, config, &["run"], env, log)
+    }
+
+    /// [`Self::start_appending`] of `binary --config <config> <args>` (`run --wait`, say).
+    pub fn start_command(
+        name: &str,
+        binary: &Path,
+        config: &Path,
+        args: &[&str],
+        env: Vec<(String, String)>,
+        log: PathBuf,
+    ) -> Self {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let child = spawn(binary, config, &args, &env, &log);
         Self {
             child,
             log,
             name: name.to_owned(),
             binary: binary.to_owned(),
             config: config.to_owned(),
+            args,
             env,
         }
     }
@@ -170,7 +186,7 @@ impl RelayProcess {
     /// it exited (after [`Self::kill_hard`]).
     pub fn respawn(&mut self) {
         assert!(!self.is_running(), "{} is still running", self.name);
-        self.child = spawn(&self.binary, &self.config, &self.env, &self.log);
+        self.child = spawn(&self.binary, &self.config, &self.args, &self.env, &self.log);
     }
 
     /// Its name in failure messages.
@@ -271,9 +287,15 @@ impl Drop for RelayProcess {
     }
 }
 
-/// `binary --config <config> run` with `RUST_LOG=info` and `env`, its stdout and stderr
+/// `binary --config <config> <args>` with `RUST_LOG=info` and `env`, its stdout and stderr
 /// appended to `log`.
-fn spawn(binary: &Path, config: &Path, env: &[(String, String)], log: &Path) -> Child {
+fn spawn(
+    binary: &Path,
+    config: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Child {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -283,7 +305,7 @@ fn spawn(binary: &Path, config: &Path, env: &[(String, String)], log: &Path) -> 
     Command::new(binary)
         .arg("--config")
         .arg(config)
-        .arg("run")
+        .args(args)
         .env("RUST_LOG", "info")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
