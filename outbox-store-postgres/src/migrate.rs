@@ -151,7 +151,7 @@ pub(crate) async fn migrate(
     .await
     .map_err(err)?;
     if !schema_table_exists {
-        tx.execute(sqlx::raw_sql(&create_schema_table(&schema_table)))
+        tx.execute(sqlx::raw_sql(&create_schema_table(&schema_table, "")))
             .await
             .map_err(err)?;
     }
@@ -200,10 +200,11 @@ pub(crate) async fn migrate(
     Ok(())
 }
 
-/// The bookkeeping table `schema_table` (quoted), as `migrate` makes it.
-fn create_schema_table(schema_table: &str) -> String {
+/// The bookkeeping table `schema_table` (quoted), as `migrate` makes it (`guard` empty: it
+/// looked first) or a script does (`guard` = `IF NOT EXISTS `).
+fn create_schema_table(schema_table: &str, guard: &str) -> String {
     format!(
-        "CREATE TABLE {schema_table} (\
+        "CREATE TABLE {guard}{schema_table} (\
            table_name text PRIMARY KEY, \
            version integer NOT NULL, \
            shard_count integer NOT NULL, \
@@ -227,8 +228,7 @@ pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<Payloa
     if let Some(schema) = table.qualifier() {
         script.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"));
     }
-    let schema_ddl = create_schema_table(&schema_table);
-    let schema_ddl = schema_ddl.replacen("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1);
+    let schema_ddl = create_schema_table(&schema_table, "IF NOT EXISTS ");
     script.push_str(&format!("{schema_ddl};\n\n"));
     script.push_str(&script_of(MIGRATIONS, table, shard_count, payload_type));
     script.push_str(&format!(

@@ -8,7 +8,8 @@
 //! that cannot be reached, refused credentials, a table not migrated) stops it too when there
 //! is only one pipeline (the orchestrator restarts the process, as before pipelines existed)
 //! unless `run --wait`; with several, or `--wait`, that pipeline keeps trying on its own, shown
-//! as not ready on `/readyz`, while the others relay. SIGTERM or SIGINT while they connect ends the start with exit code 0. A
+//! as not ready on `/readyz`, while the others relay. SIGTERM or SIGINT while they connect
+//! ends the start with exit code 0. A
 //! panic in an adapter while a pipeline connects ends the start too, naming the pipeline (a bug
 //! that trying again would only repeat); a pipeline's task that panics later ends that
 //! pipeline with an error naming it, as an error would.
@@ -221,13 +222,10 @@ pub async fn run(
         match attempt {
             Ok(started) => ready.push((pipeline, started)),
             Err(e) if keep_trying && e.kind() != ErrorKind::Config => {
-                match several {
-                    true => {
-                        warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start")
-                    }
-                    false => {
-                        warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; keeps trying (run --wait), not ready meanwhile")
-                    }
+                if several {
+                    warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; this pipeline keeps trying, the others start");
+                } else {
+                    warn!(pipeline = %pipeline.name, error = %e, "cannot connect yet; keeps trying (run --wait), not ready meanwhile");
                 }
                 board.set(&pipeline.name, Slot::Connecting(e.full_message()));
                 waiting.push(pipeline);

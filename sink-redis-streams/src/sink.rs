@@ -245,7 +245,8 @@ impl RedisStreamsSink {
 
     /// With `max_age`: that the server takes `XADD ... MINID` (Redis 6.2 or later), else a
     /// configuration error naming the key and the version: an older server would refuse every
-    /// event's `XADD` as a syntax error. A user whose ACL refuses `INFO` passes, with a warning.
+    /// event's `XADD` as a syntax error. A user whose ACL refuses `INFO`, or a server that gives
+    /// no version, passes, with a warning.
     async fn check_trim_support(&self) -> Result<()> {
         if self.config.max_age.is_none() {
             return Ok(());
@@ -267,11 +268,18 @@ impl RedisStreamsSink {
             }
             Err(e) => return Err(e),
         };
-        let version = text
+        let Some(version) = text
             .lines()
             .find_map(|line| line.strip_prefix("redis_version:"))
             .map(str::trim)
-            .unwrap_or("unknown");
+        else {
+            tracing::warn!(
+                "the server at {} gives no redis_version in INFO server: cannot check \
+                 {CONFIG_SECTION}.max_age (trimming by age needs Redis 6.2 or later)",
+                self.host_port
+            );
+            return Ok(());
+        };
         let mut numbers = version.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
         let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
         if (major, minor) >= (6, 2) {
