@@ -12,8 +12,8 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, forget_dropped, not_ours, render_table, script_of,
-    Migration, TableCatalog,
+    check_current, checked_payload_type, creation_script, forget_dropped, not_ours, render_table,
+    Migration, ScriptDialect, TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -40,6 +40,13 @@ const MIGRATION_LOCK_WAIT_SECS: i64 = 120;
 
 /// The table comment of a table created by the relay starts with this.
 const COMMENT_MARK: &str = "outbox-relay schema=";
+
+/// Its `migrate --print-sql` script: statement by statement: MySQL commits each DDL statement.
+impl ScriptDialect for MySql {
+    const PRODUCT: &'static str = "MySQL / MariaDB";
+    const TRANSACTIONAL: bool = false;
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+}
 
 impl PayloadColumn for MySql {
     // LONGTEXT takes the table's character set and collation: utf8mb4, utf8mb4_bin.
@@ -343,35 +350,22 @@ fn create_members_table(table: &TableName) -> String {
     )
 }
 
-/// What [`migrate`] runs for a table that does not exist yet, as one script for a database
-/// administrator to apply (`outbox-relay migrate --print-sql`): the database, the bookkeeping
-/// tables, every migration and the bookkeeping row that `check` and `run` look for. `table`
-/// is qualified (an unqualified `store.table` is in the URL's database). MySQL commits each
-/// DDL statement by itself: a script stopped half-way is completed by `migrate`, as an
-/// interrupted migration is.
+/// What [`migrate`] runs for a table that does not exist yet, as one script (see
+/// [`creation_script`]): the database, the bookkeeping tables, the migrations and the
+/// bookkeeping row. `table` is qualified (an unqualified `store.table` is in the URL's
+/// database). MySQL commits each DDL statement by itself: a script stopped half-way is
+/// completed by `migrate`, as an interrupted migration is.
 pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<PayloadType>) -> String {
-    let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
-    let payload_type = payload_type.unwrap_or_default();
-    let mut script = format!(
-        "-- outbox-relay: table {table} at schema version {SCHEMA_VERSION}, {shard_count} shards, \
-         payload {payload_type}; what `migrate` does, for MySQL / MariaDB.\n\n"
-    );
+    let mut before = Vec::new();
     if let Some(database) = table.qualifier() {
-        script.push_str(&format!(
-            "CREATE DATABASE IF NOT EXISTS {};\n\n",
+        before.push(format!(
+            "CREATE DATABASE IF NOT EXISTS {}",
             MySql::quote_ident(database)
         ));
     }
-    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
-    script.push_str(&format!("{};\n\n", create_schema_table(&schema_table)));
-    script.push_str(&format!("{};\n\n", create_members_table(table)));
-    script.push_str(&script_of(MIGRATIONS, table, shard_count, payload_type));
-    script.push_str(&format!(
-        "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
-         VALUES ('{}', {SCHEMA_VERSION}, {shard_count}, UTC_TIMESTAMP(6));\n",
-        table.name().replace('\'', "''")
-    ));
-    script
+    before.push(create_schema_table(&table.quoted_sibling(SCHEMA_TABLE)));
+    before.push(create_members_table(table));
+    creation_script(MIGRATIONS, table, shards, payload_type, &before)
 }
 
 async fn record_version(

@@ -9,8 +9,8 @@ use sqlx::{Executor, PgPool};
 
 use outboxkit_core::{PayloadType, Result};
 use outboxkit_store_sql::migrate::{
-    check_current, checked_payload_type, forget_dropped, not_ours, render_table, script_of,
-    Migration, TableCatalog,
+    check_current, checked_payload_type, creation_script, forget_dropped, not_ours, render_table,
+    Migration, ScriptDialect, TableCatalog,
 };
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
@@ -42,6 +42,13 @@ pub(crate) const fn fnv1a64(bytes: &[u8]) -> u64 {
         i += 1;
     }
     hash
+}
+
+/// Its `migrate --print-sql` script: one transaction: PostgreSQL's DDL is transactional.
+impl ScriptDialect for Postgres {
+    const PRODUCT: &'static str = "PostgreSQL";
+    const TRANSACTIONAL: bool = true;
+    const NOW: &'static str = "now()";
 }
 
 impl PayloadColumn for Postgres {
@@ -213,30 +220,17 @@ fn create_schema_table(schema_table: &str, guard: &str) -> String {
 }
 
 /// What [`migrate`] runs for a table that does not exist yet, as one script in one transaction
-/// for a database administrator to apply (`outbox-relay migrate --print-sql`): the schema when
-/// the table names one, the bookkeeping table when missing, every migration, and the
-/// bookkeeping row that `check` and `run` look for. An unqualified table goes where the
-/// applying session's `search_path` puts it, with its bookkeeping table beside it.
+/// (see [`creation_script`]): the schema when the table names one, the bookkeeping table, the
+/// migrations and the bookkeeping row. An unqualified table goes where the applying session's
+/// `search_path` puts it, with its bookkeeping table beside it.
 pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<PayloadType>) -> String {
-    let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
-    let payload_type = payload_type.unwrap_or_default();
-    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
-    let mut script = format!(
-        "-- outbox-relay: table {table} at schema version {SCHEMA_VERSION}, {shard_count} shards, \
-         payload {payload_type}; what `migrate` does, for PostgreSQL.\nBEGIN;\n\n"
-    );
+    let mut before = Vec::new();
     if let Some(schema) = table.qualifier() {
-        script.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n\n"));
+        before.push(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""));
     }
-    let schema_ddl = create_schema_table(&schema_table, "IF NOT EXISTS ");
-    script.push_str(&format!("{schema_ddl};\n\n"));
-    script.push_str(&script_of(MIGRATIONS, table, shard_count, payload_type));
-    script.push_str(&format!(
-        "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
-         VALUES ('{}', {SCHEMA_VERSION}, {shard_count}, now());\n\nCOMMIT;\n",
-        table.name().replace('\'', "''")
-    ));
-    script
+    let schema_table = table.quoted_sibling(SCHEMA_TABLE);
+    before.push(create_schema_table(&schema_table, "IF NOT EXISTS "));
+    creation_script(MIGRATIONS, table, shards, payload_type, &before)
 }
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;

@@ -244,10 +244,56 @@ pub fn render_table<S: PayloadColumn + TableRules>(
     render(sql, &table.quoted(), table.name(), shards, payload)
 }
 
+/// How one store's `migrate --print-sql` script differs from another's.
+pub trait ScriptDialect {
+    /// The server, as the script's first line names it: `PostgreSQL`, `MySQL / MariaDB`.
+    const PRODUCT: &'static str;
+    /// Whether the script is one transaction (`BEGIN` … `COMMIT`): DDL is transactional.
+    const TRANSACTIONAL: bool;
+    /// The server's current time in SQL, for the bookkeeping row: `now()`.
+    const NOW: &'static str;
+}
+
+/// What `migrate` runs for a table that does not exist yet, as one script for a database
+/// administrator to apply (`migrate --print-sql`): a first line saying what it makes, the
+/// statements `before` (without `;`: the schema or database, the bookkeeping tables), every
+/// migration of `migrations` ([`script_of`]) and the bookkeeping row that `check` and `run`
+/// look for.
+pub fn creation_script<S: PayloadColumn + TableRules + ScriptDialect>(
+    migrations: &[Migration],
+    table: &TableName<S>,
+    shards: u32,
+    payload_type: Option<PayloadType>,
+    before: &[String],
+) -> String {
+    let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
+    let payload_type = payload_type.unwrap_or_default();
+    let version = migrations.last().map_or(0, |m| m.version);
+    let mut script = format!(
+        "-- outbox-relay: table {table} at schema version {version}, {shard_count} shards, \
+         payload {payload_type}; what `migrate` does, for {}.\n{}\n",
+        S::PRODUCT,
+        if S::TRANSACTIONAL { "BEGIN;\n" } else { "" }
+    );
+    for statement in before {
+        script.push_str(&format!("{statement};\n\n"));
+    }
+    script.push_str(&script_of(migrations, table, shard_count, payload_type));
+    script.push_str(&format!(
+        "INSERT INTO {} (table_name, version, shard_count, applied_at) \
+         VALUES ('{}', {version}, {shard_count}, {});\n{}",
+        table.quoted_sibling(crate::config::SCHEMA_TABLE),
+        table.name().replace('\'', "''"),
+        S::NOW,
+        if S::TRANSACTIONAL { "\nCOMMIT;\n" } else { "" }
+    ));
+    script
+}
+
 /// Every migration of `migrations` rendered for `table`, for a script a database administrator
 /// applies (`migrate --print-sql`): each after a comment with its description, without the
 /// file's own header comments (they describe the placeholders), ending with `;`.
-pub fn script_of<S: PayloadColumn + TableRules>(
+fn script_of<S: PayloadColumn + TableRules>(
     migrations: &[Migration],
     table: &TableName<S>,
     shards: i32,

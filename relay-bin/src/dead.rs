@@ -127,7 +127,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                     format!("{}/{}", r.aggregate_type, r.aggregate_id),
                     r.event_type,
                     r.attempts,
-                    r.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    crate::out::utc_second(r.dead_at),
                     r.last_error.as_deref().unwrap_or("").replace('\n', " ")
                 );
             }

@@ -33,3 +33,9 @@ pub(crate) fn line(args: std::fmt::Arguments<'_>) {
         eprintln!("warning: cannot write the output any more: {e}");
     }
 }
+
+/// `at` to the second, as every command prints a time (UTC, said by the caller):
+/// `2026-12-05 13:32:12`.
+pub(crate) fn utc_second(at: chrono::DateTime<chrono::Utc>) -> impl std::fmt::Display {
+    at.format("%Y-%m-%d %H:%M:%S")
+}

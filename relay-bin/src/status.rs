@@ -89,7 +89,7 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
         Some(at) => outln!(
             "kept                 published since {} UTC, {} ago (what `{} replay` can publish \
              again)",
-            at.format("%Y-%m-%d %H:%M:%S"),
+            crate::out::utc_second(at),
             ago(at),
             outboxkit_core::command::name()
         ),
@@ -285,7 +285,7 @@ pub async fn print_each(
                 (Some(b), _) => {
                     // When the oldest event `replay` can publish again was published.
                     let kept = match line.oldest_kept_at.flatten() {
-                        Some(at) => at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        Some(at) => crate::out::utc_second(at).to_string(),
                         None => "none".to_owned(),
                     };
                     outln!(

@@ -18,32 +18,37 @@ use crate::metrics as m;
 pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     loop {
         let pipeline = relay.pipeline.clone();
-        match store_call("reading backlog figures", relay.store.status()).await {
-            Ok(s) => {
-                metrics::gauge!(m::PENDING, m::PIPELINE => pipeline.clone()).set(s.pending as f64);
-                metrics::gauge!(m::OLDEST_PENDING_AGE, m::PIPELINE => pipeline.clone())
-                    .set(s.oldest_pending_age_secs);
-                metrics::gauge!(m::DEAD, m::PIPELINE => pipeline.clone()).set(s.dead as f64);
-                metrics::gauge!(m::HELD_BACK_AGGREGATES, m::PIPELINE => pipeline.clone())
-                    .set(s.held_back_aggregates as f64);
-                if let Some(slot) = s.slot {
-                    metrics::gauge!(m::SLOT_LAG_BYTES, m::PIPELINE => pipeline.clone(), "slot" => slot.name.clone())
-                        .set(slot.lag_bytes as f64);
-                    if let Some(secs) = slot.lag_secs {
-                        metrics::gauge!(m::SLOT_LAG_SECONDS, m::PIPELINE => pipeline, "slot" => slot.name)
-                            .set(secs);
-                    }
+        let backlog = status_read(&relay, "reading backlog figures", relay.store.status());
+        if let Some(s) = backlog.await {
+            metrics::gauge!(m::PENDING, m::PIPELINE => pipeline.clone()).set(s.pending as f64);
+            metrics::gauge!(m::OLDEST_PENDING_AGE, m::PIPELINE => pipeline.clone())
+                .set(s.oldest_pending_age_secs);
+            metrics::gauge!(m::DEAD, m::PIPELINE => pipeline.clone()).set(s.dead as f64);
+            metrics::gauge!(m::HELD_BACK_AGGREGATES, m::PIPELINE => pipeline.clone())
+                .set(s.held_back_aggregates as f64);
+            if let Some(slot) = s.slot {
+                metrics::gauge!(m::SLOT_LAG_BYTES, m::PIPELINE => pipeline.clone(), "slot" => slot.name.clone())
+                    .set(slot.lag_bytes as f64);
+                if let Some(secs) = slot.lag_secs {
+                    metrics::gauge!(m::SLOT_LAG_SECONDS, m::PIPELINE => pipeline.clone(), "slot" => slot.name)
+                        .set(secs);
                 }
             }
-            Err(e) => {
-                metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status")
-                    .increment(1);
-                let e = relay.shown(e);
-                debug!(error = %e, "reading backlog figures failed");
-            }
         }
+        // The age of the oldest kept event (0 when none): a purge that fails or falls behind
+        // shows as an age past the retention.
         if matches!(relay.config.retention, Retention::Keep(_)) {
-            kept_age(&relay).await;
+            let oldest = status_read(
+                &relay,
+                "reading the oldest kept event",
+                relay.store.oldest_kept(),
+            );
+            if let Some(oldest) = oldest.await {
+                let age = oldest.map_or(0.0, |at| {
+                    (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1e3
+                });
+                metrics::gauge!(m::OLDEST_KEPT_AGE, m::PIPELINE => pipeline).set(age);
+            }
         }
         shutdown.pause(relay.config.status_interval).await;
         if shutdown.is_triggered() {
@@ -52,21 +57,21 @@ pub(super) async fn status_loop(relay: Arc<Relay>, mut shutdown: Shutdown) {
     }
 }
 
-/// The age of the oldest event `relay.retention` kept (0 when none): a purge that fails or
-/// falls behind shows as an age past the retention.
-async fn kept_age(relay: &Relay) {
-    let pipeline = relay.pipeline.clone();
-    match store_call("reading the oldest kept event", relay.store.oldest_kept()).await {
-        Ok(oldest) => {
-            let age = oldest.map_or(0.0, |at| {
-                (chrono::Utc::now() - at).num_milliseconds().max(0) as f64 / 1e3
-            });
-            metrics::gauge!(m::OLDEST_KEPT_AGE, m::PIPELINE => pipeline).set(age);
-        }
+/// `call`'s answer, or `None` after counting its failure under stage `status` and logging it
+/// (at debug: the worker says already when the database cannot be reached).
+async fn status_read<T>(
+    relay: &Relay,
+    what: &str,
+    call: impl std::future::Future<Output = crate::Result<T>>,
+) -> Option<T> {
+    match store_call(what, call).await {
+        Ok(answer) => Some(answer),
         Err(e) => {
-            metrics::counter!(m::ERRORS, m::PIPELINE => pipeline, "stage" => "status").increment(1);
+            metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "status")
+                .increment(1);
             let e = relay.shown(e);
-            debug!(error = %e, "reading the oldest kept event failed");
+            debug!(error = %e, "{what} failed");
+            None
         }
     }
 }
