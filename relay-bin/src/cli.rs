@@ -83,6 +83,12 @@ pub enum Command {
     /// (table style) each is written again, after what its aggregate committed since. They
     /// keep their event ids. Asks for --yes; --dry-run counts them.
     Replay(crate::replay::ReplayArgs),
+    /// Print the configuration as the relay reads it: the file with the OUTBOX_ environment
+    /// variables over it, as TOML, each value with where it was set, secrets hidden.
+    ///
+    /// Only what is set (keys left out take their defaults); the adapters' keys are read, not
+    /// checked (`check --offline` checks them). With --pipeline, of the pipelines only that one.
+    Config,
 }
 
 /// A failure of a command: what to print and the exit code.
@@ -297,6 +303,12 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             check_config(&registry, &loaded, &pipelines, &cli)?;
             let pipelines = pipelines.into_iter().cloned().collect();
             crate::supervisor::run(&registry, std::sync::Arc::new(loaded), pipelines, wait).await
+        }
+        Command::Config => {
+            let file = loaded.file.as_deref();
+            let document = crate::effective::render(&loaded.figment, file, wanted);
+            outln!("{}", document.trim_end());
+            Ok(())
         }
         Command::Check { offline, json } => {
             check_config(&registry, &loaded, &pipelines, &cli)?;

@@ -5,6 +5,7 @@ mod adapters;
 mod check;
 pub mod cli;
 pub mod dead;
+mod effective;
 mod out;
 pub mod pipeline;
 pub mod registry;

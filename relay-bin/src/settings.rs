@@ -337,7 +337,7 @@ fn one_line(message: &str) -> String {
 const ENV_PREFIX: &str = "OUTBOX_";
 const ENV_SOURCE: &str = "`OUTBOX_` environment variable(s)";
 
-fn is_env(md: &figment::Metadata) -> bool {
+pub(crate) fn is_env(md: &figment::Metadata) -> bool {
     md.name == ENV_SOURCE
 }
 

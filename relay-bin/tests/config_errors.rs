@@ -6,13 +6,10 @@
 
 #![cfg(all(feature = "store-postgres", feature = "sink-redis-streams"))]
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+use crate::binary::{relay, with_config, Outcome, TempConfig, BIN};
+
 const PASSWORD: &str = "s3cr3t-pw";
 
 fn postgres_url() -> String {
@@ -50,98 +47,6 @@ fn with_relay(lines: &str) -> String {
 /// the unreachable store.
 fn unreachable_store() -> String {
     valid().replace(&postgres_url(), "postgres://postgres@127.0.0.1:1/test")
-}
-
-/// A configuration file under the temp directory, removed on drop.
-struct TempConfig(PathBuf);
-
-impl TempConfig {
-    fn new(contents: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "outbox-relay-config-errors-{}-{}.toml",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = std::env::temp_dir().join(name);
-        std::fs::write(&path, contents).expect("write the temp config");
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-
-    fn display(&self) -> String {
-        self.0.display().to_string()
-    }
-
-    /// How an error names this file: `(in PATH)`.
-    fn named(&self) -> String {
-        format!("(in {})", self.display())
-    }
-}
-
-impl Drop for TempConfig {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Run the binary with `args` and only the `env` given among `OUTBOX_*` and `RUST_LOG`; kill it
-/// after 30 s (a configuration that was wrongly accepted would otherwise relay forever).
-fn relay(args: &[&str], env: &[(&str, &str)]) -> Outcome {
-    let mut command = Command::new(BIN);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (key, _) in std::env::vars_os() {
-        let name = key.to_string_lossy().to_ascii_uppercase();
-        if name.starts_with("OUTBOX_") || name == "RUST_LOG" {
-            command.env_remove(&key);
-        }
-    }
-    command.envs(env.iter().copied());
-    let mut child = command.spawn().expect("start outbox-relay");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for outbox-relay") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("outbox-relay {args:?} still running after 30s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        out.read_to_string(&mut stdout).expect("read stdout");
-    }
-    if let Some(mut err) = child.stderr.take() {
-        err.read_to_string(&mut stderr).expect("read stderr");
-    }
-    Outcome {
-        code: status.code(),
-        stdout,
-        stderr,
-    }
-}
-
-/// `outbox-relay --config FILE <command>`.
-fn with_config(config: &TempConfig, command: &str, env: &[(&str, &str)]) -> Outcome {
-    let path = config.path().to_str().expect("temp path is UTF-8");
-    relay(&["--config", path, command], env)
 }
 
 /// Check the failure's shape: exit `code`, stderr exactly one line `error: ...`, no panic;
