@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent, Outcome,
-    Payload, PayloadType, ReplaySelection, ShardOwner,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, EventState,
+    HeldBack, NewEvent, OutboxEvent, Outcome, Payload, PayloadType, ReplaySelection, ShardOwner,
 };
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
@@ -36,6 +36,17 @@ impl MemoryRow {
     /// `replay` and `oldest_kept` select by.
     fn kept_at(&self) -> Option<DateTime<Utc>> {
         self.published_at.filter(|_| self.published && !self.dead)
+    }
+}
+
+/// `at` on the wall clock, the same time for the same `at` (the store keeps monotonic instants).
+fn wall_clock(at: Instant) -> DateTime<Utc> {
+    static ANCHOR: std::sync::OnceLock<(Instant, DateTime<Utc>)> = std::sync::OnceLock::new();
+    let (instant, utc) = *ANCHOR.get_or_init(|| (Instant::now(), Utc::now()));
+    let offset = |d: Duration| chrono::Duration::from_std(d).unwrap_or_default();
+    match at.checked_duration_since(instant) {
+        Some(after) => utc + offset(after),
+        None => utc - offset(instant.duration_since(at)),
     }
 }
 
@@ -348,6 +359,41 @@ impl Store for MemoryStore {
                 last_error: r.last_error.clone(),
                 created_at: r.event.created_at,
                 dead_at: r.event.created_at,
+            })
+            .collect())
+    }
+
+    async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
+        let st = self.table()?;
+        Ok(st
+            .rows
+            .values()
+            .rev()
+            .filter(|r| {
+                let e = &r.event;
+                filter.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
+            })
+            .take(filter.limit.max(1) as usize)
+            .map(|r| {
+                let published_at = r.published_at.filter(|_| r.published);
+                // The dead list's time of a dead row here (no clock of its own).
+                let dead_at = r.dead.then_some(r.event.created_at);
+                let next_attempt_at = r.next_attempt_at.map(wall_clock);
+                EventRecord {
+                    id: r.event.id,
+                    event_id: r.event.event_id,
+                    aggregate_type: r.event.aggregate_type.clone(),
+                    aggregate_id: r.event.aggregate_id.clone(),
+                    event_type: r.event.event_type.clone(),
+                    destination: r.event.destination.clone(),
+                    state: EventState::of(published_at, dead_at),
+                    attempts: r.event.attempts,
+                    last_error: r.last_error.clone(),
+                    created_at: r.event.created_at,
+                    next_attempt_at,
+                    published_at,
+                    dead_at,
+                }
             })
             .collect())
     }

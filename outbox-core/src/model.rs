@@ -442,6 +442,78 @@ pub struct DeadFilter {
     pub limit: u32,
 }
 
+/// An event's row as `outbox-relay events` shows it, whatever its state: where a support
+/// question ("did order 42's event go out?") is answered without SQL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The row's own destination, when it overrides the sink's template.
+    pub destination: Option<String>,
+    pub state: EventState,
+    /// Failed attempts (reset by `dead retry` and `replay`).
+    pub attempts: i32,
+    /// The broker's (or the relay's) last error.
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// After a failed attempt: not claimed again before this.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub dead_at: Option<DateTime<Utc>>,
+}
+
+/// Where an event stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventState {
+    /// Not published yet (waiting, or retrying after a failure).
+    Pending,
+    /// The broker acknowledged it.
+    Published,
+    /// Parked after its last attempt failed (`outbox-relay dead ...`).
+    Dead,
+}
+
+impl EventState {
+    /// The state a row's `published_at` and `dead_at` say: published wins, as every query of
+    /// dead rows asks for `published_at IS NULL`.
+    pub fn of(published_at: Option<DateTime<Utc>>, dead_at: Option<DateTime<Utc>>) -> Self {
+        match (published_at, dead_at) {
+            (Some(_), _) => EventState::Published,
+            (None, Some(_)) => EventState::Dead,
+            (None, None) => EventState::Pending,
+        }
+    }
+}
+
+/// Which events to find, whatever their state: all of the filters given hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    pub event_id: Option<Uuid>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    /// Most rows returned (newest first).
+    pub limit: u32,
+}
+
+impl EventFilter {
+    /// Whether `event` passes the filter.
+    pub fn matches(&self, event_id: Uuid, aggregate_type: &str, aggregate_id: &str) -> bool {
+        self.event_id.is_none_or(|id| id == event_id)
+            && self
+                .aggregate_type
+                .as_deref()
+                .is_none_or(|t| t == aggregate_type)
+            && self
+                .aggregate_id
+                .as_deref()
+                .is_none_or(|a| a == aggregate_id)
+    }
+}
+
 /// Which dead rows to send back to pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadSelection {

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, HeldBack, NewEvent, OutboxEvent,
-    ReplaySelection, ShardOwner,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, HeldBack,
+    NewEvent, OutboxEvent, ReplaySelection, ShardOwner,
 };
 
 /// What to do with rows once the broker acknowledged them.
@@ -114,6 +114,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
             format!(
                 "the {} store cannot publish kept events again (its Store::replay is not \
                  written)",
+                self.kind()
+            ),
+        ))
+    }
+
+    /// The rows `filter` names, whatever their state (pending, published and kept, dead),
+    /// newest first: `outbox-relay events`. A published event whose row was deleted (retention
+    /// `"delete"`) is not among them. This default says the store cannot look events up.
+    async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
+        let _ = filter;
+        Err(Error::new(
+            ErrorKind::Other,
+            format!(
+                "the {} store cannot look events up (its Store::find_events is not written)",
                 self.kind()
             ),
         ))

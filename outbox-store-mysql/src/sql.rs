@@ -70,6 +70,7 @@ pub(crate) struct Sql {
     pub join_members: String,
     pub leave_members: String,
     pub dead_list: String,
+    pub find_events: String,
     pub dead_retry_all: String,
     pub dead_discard_all: String,
     pub held_back: String,
@@ -132,6 +133,16 @@ impl Sql {
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_type = ?) AND (? IS NULL OR aggregate_id = ?) \
                  ORDER BY id LIMIT ?"
+            ),
+            // ? event_id, ? aggregate_type, ? aggregate_id (each twice), ? limit. Newest first.
+            // By event id: the unique key; otherwise the primary key, backwards.
+            find_events: format!(
+                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, destination, \
+                        attempts, last_error, created_at, next_attempt_at, published_at, dead_at \
+                 FROM {t} \
+                 WHERE (? IS NULL OR event_id = ?) AND (? IS NULL OR aggregate_type = ?) \
+                   AND (? IS NULL OR aggregate_id = ?) \
+                 ORDER BY id DESC LIMIT ?"
             ),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(

@@ -10,8 +10,9 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, HeldBack, NewEvent,
-    PayloadType, ReplaySelection, Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, EventFilter,
+    EventRecord, HeldBack, NewEvent, PayloadType, ReplaySelection, Result, ShardOwner,
+    ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
@@ -25,7 +26,7 @@ use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
-use outboxkit_store_sql::rows::read_backlog;
+use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -400,6 +401,46 @@ impl MySqlStore {
     }
 }
 
+/// `query` with the parameters `(? IS NULL OR aggregate_type = ?) AND (? IS NULL OR
+/// aggregate_id = ?)` bound: each value twice.
+fn by_aggregate<'q>(
+    query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    aggregate_type: &Option<String>,
+    aggregate_id: &Option<String>,
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    query
+        .bind(aggregate_type.clone())
+        .bind(aggregate_type.clone())
+        .bind(aggregate_id.clone())
+        .bind(aggregate_id.clone())
+}
+
+/// The dead list's and `find_events`' columns: the event id as `CHAR(36)` text, text of
+/// binary-collated columns (read unchecked), and `DATETIME(6)` in UTC.
+impl RowColumns for MySql {
+    type Row = sqlx::mysql::MySqlRow;
+
+    fn event_id(row: &Self::Row, index: usize) -> std::result::Result<uuid::Uuid, sqlx::Error> {
+        let text: String = row.try_get_unchecked(index)?;
+        uuid::Uuid::parse_str(&text).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "event_id".into(),
+            source: e.into(),
+        })
+    }
+
+    fn text(row: &Self::Row, index: usize) -> std::result::Result<Option<String>, sqlx::Error> {
+        row.try_get_unchecked(index)
+    }
+
+    fn time(
+        row: &Self::Row,
+        index: usize,
+    ) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+        let time: Option<chrono::NaiveDateTime> = row.try_get(index)?;
+        Ok(time.map(|t| t.and_utc()))
+    }
+}
+
 #[async_trait]
 impl Store for MySqlStore {
     fn kind(&self) -> &'static str {
@@ -545,38 +586,26 @@ impl Store for MySqlStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let err = |e: sqlx::Error| self.error(e).context("listing dead rows");
-        let rows = sqlx::query(&self.sql().dead_list)
-            .bind(filter.aggregate_type.as_deref())
-            .bind(filter.aggregate_type.as_deref())
-            .bind(filter.aggregate_id.as_deref())
-            .bind(filter.aggregate_id.as_deref())
+        let query = sqlx::query(&self.sql().dead_list);
+        let rows = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
             .bind(i64::from(filter.limit.max(1)))
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(err)?;
-        rows.iter()
-            .map(|row| {
-                let event_id: String = row.try_get_unchecked(1)?;
-                Ok(DeadEvent {
-                    id: row.try_get(0)?,
-                    event_id: uuid::Uuid::parse_str(&event_id).map_err(|e| {
-                        sqlx::Error::ColumnDecode {
-                            index: "event_id".into(),
-                            source: e.into(),
-                        }
-                    })?,
-                    aggregate_type: row.try_get_unchecked(2)?,
-                    aggregate_id: row.try_get_unchecked(3)?,
-                    event_type: row.try_get_unchecked(4)?,
-                    attempts: row.try_get(5)?,
-                    last_error: row.try_get_unchecked(6)?,
-                    created_at: row.try_get::<chrono::NaiveDateTime, _>(7)?.and_utc(),
-                    dead_at: row.try_get::<chrono::NaiveDateTime, _>(8)?.and_utc(),
-                })
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(err)
+            .and_then(|rows| rows.iter().map(rows::dead_event::<MySql>).collect());
+        rows.map_err(|e| self.error(e).context("listing dead rows"))
+    }
+
+    async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
+        let event_id = filter.event_id.map(|id| id.hyphenated().to_string());
+        let query = sqlx::query(&self.sql().find_events)
+            .bind(event_id.clone())
+            .bind(event_id);
+        let rows = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
+            .bind(i64::from(filter.limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .and_then(|rows| rows.iter().map(rows::event_record::<MySql>).collect());
+        rows.map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

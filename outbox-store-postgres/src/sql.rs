@@ -37,6 +37,7 @@ pub(crate) struct Sql {
     pub cluster: String,
     pub owners: String,
     pub dead_list: String,
+    pub find_events: String,
     pub dead_retry_ids: String,
     pub dead_retry_all: String,
     pub dead_discard: String,
@@ -160,6 +161,17 @@ impl Sql {
                    AND ($1::text IS NULL OR aggregate_type = $1) \
                    AND ($2::text IS NULL OR aggregate_id = $2) \
                  ORDER BY id LIMIT $3"
+            ),
+            // $1 event_id or NULL, $2 aggregate_type or NULL, $3 aggregate_id or NULL, $4 limit.
+            // Newest first. By event id: the unique index; otherwise the primary key, backwards.
+            find_events: format!(
+                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, destination, \
+                        attempts, last_error, created_at, next_attempt_at, published_at, dead_at \
+                 FROM {t} \
+                 WHERE ($1::uuid IS NULL OR event_id = $1) \
+                   AND ($2::text IS NULL OR aggregate_type = $2) \
+                   AND ($3::text IS NULL OR aggregate_id = $3) \
+                 ORDER BY id DESC LIMIT $4"
             ),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(

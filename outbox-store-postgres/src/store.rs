@@ -9,8 +9,8 @@ use sqlx::postgres::{PgConnectOptions, PgQueryResult};
 use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, HeldBack, NewEvent, PayloadType,
-    ReplaySelection, Result, ShardOwner, ShardSession, Store,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, EventFilter, EventRecord, HeldBack,
+    NewEvent, PayloadType, ReplaySelection, Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Postgres, Target};
@@ -26,7 +26,7 @@ use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
-use outboxkit_store_sql::rows::read_backlog;
+use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
@@ -384,6 +384,26 @@ impl PostgresStore {
     }
 }
 
+/// The dead list's and `find_events`' columns: `uuid`, `text` and `timestamptz`.
+impl RowColumns for Postgres {
+    type Row = sqlx::postgres::PgRow;
+
+    fn event_id(row: &Self::Row, index: usize) -> std::result::Result<uuid::Uuid, sqlx::Error> {
+        row.try_get(index)
+    }
+
+    fn text(row: &Self::Row, index: usize) -> std::result::Result<Option<String>, sqlx::Error> {
+        row.try_get(index)
+    }
+
+    fn time(
+        row: &Self::Row,
+        index: usize,
+    ) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
+        row.try_get(index)
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     fn kind(&self) -> &'static str {
@@ -556,23 +576,20 @@ impl Store for PostgresStore {
             .bind(i64::from(filter.limit.max(1)))
             .fetch_all(&self.inner.pool)
             .await
-            .map_err(|e| self.error(e).context("listing dead rows"))?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadEvent {
-                    id: row.try_get("id")?,
-                    event_id: row.try_get("event_id")?,
-                    aggregate_type: row.try_get("aggregate_type")?,
-                    aggregate_id: row.try_get("aggregate_id")?,
-                    event_type: row.try_get("event_type")?,
-                    attempts: row.try_get("attempts")?,
-                    last_error: row.try_get("last_error")?,
-                    created_at: row.try_get("created_at")?,
-                    dead_at: row.try_get("dead_at")?,
-                })
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(|e| self.error(e).context("listing dead rows"))
+            .and_then(|rows| rows.iter().map(rows::dead_event::<Postgres>).collect());
+        rows.map_err(|e| self.error(e).context("listing dead rows"))
+    }
+
+    async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
+        let rows = sqlx::query(&self.sql().find_events)
+            .bind(filter.event_id)
+            .bind(filter.aggregate_type.as_deref())
+            .bind(filter.aggregate_id.as_deref())
+            .bind(i64::from(filter.limit.max(1)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .and_then(|rows| rows.iter().map(rows::event_record::<Postgres>).collect());
+        rows.map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

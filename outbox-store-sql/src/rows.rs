@@ -1,7 +1,9 @@
 //! Rows the stores' statements return in the same shape on every server.
 
-use outboxkit_core::BacklogStatus;
+use chrono::{DateTime, Utc};
+use outboxkit_core::{BacklogStatus, DeadEvent, EventRecord, EventState};
 use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Row, Type};
+use uuid::Uuid;
 
 /// The row of a store's backlog statement: columns `pending`, `oldest_pending_age_secs`,
 /// `dead`, `held_back_aggregates` and `retrying`.
@@ -37,4 +39,78 @@ where
 {
     let row = sqlx::query(statement).fetch_one(executor).await?;
     backlog_status(&row)
+}
+
+/// How a server's rows give the columns whose types differ between servers: the event id (a
+/// `uuid`, or `CHAR(36)` text), text, and times (`timestamptz`, or `DATETIME(6)` in UTC). Each
+/// store implements it on its marker type; [`dead_event`] and [`event_record`] read the rows
+/// of the dead list and of `find_events` with it, by column position.
+pub trait RowColumns {
+    /// The server's row.
+    type Row: Row;
+
+    /// The event id at `index`.
+    fn event_id(row: &Self::Row, index: usize) -> Result<Uuid, sqlx::Error>;
+
+    /// The text at `index`, `None` for NULL.
+    fn text(row: &Self::Row, index: usize) -> Result<Option<String>, sqlx::Error>;
+
+    /// The time at `index`, `None` for NULL.
+    fn time(row: &Self::Row, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+}
+
+/// A NULL where the table has none.
+fn not_null<T>(value: Option<T>, index: usize) -> Result<T, sqlx::Error> {
+    value.ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: "unexpected NULL".into(),
+    })
+}
+
+/// A row of the dead list: `id, event_id, aggregate_type, aggregate_id, event_type, attempts,
+/// last_error, created_at, dead_at`.
+pub fn dead_event<C: RowColumns>(row: &C::Row) -> Result<DeadEvent, sqlx::Error>
+where
+    for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    usize: ColumnIndex<C::Row>,
+{
+    Ok(DeadEvent {
+        id: row.try_get(0)?,
+        event_id: C::event_id(row, 1)?,
+        aggregate_type: not_null(C::text(row, 2)?, 2)?,
+        aggregate_id: not_null(C::text(row, 3)?, 3)?,
+        event_type: not_null(C::text(row, 4)?, 4)?,
+        attempts: row.try_get(5)?,
+        last_error: C::text(row, 6)?,
+        created_at: not_null(C::time(row, 7)?, 7)?,
+        dead_at: not_null(C::time(row, 8)?, 8)?,
+    })
+}
+
+/// A row of `find_events`: `id, event_id, aggregate_type, aggregate_id, event_type,
+/// destination, attempts, last_error, created_at, next_attempt_at, published_at, dead_at`.
+pub fn event_record<C: RowColumns>(row: &C::Row) -> Result<EventRecord, sqlx::Error>
+where
+    for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    usize: ColumnIndex<C::Row>,
+{
+    let published_at = C::time(row, 10)?;
+    let dead_at = C::time(row, 11)?;
+    Ok(EventRecord {
+        id: row.try_get(0)?,
+        event_id: C::event_id(row, 1)?,
+        aggregate_type: not_null(C::text(row, 2)?, 2)?,
+        aggregate_id: not_null(C::text(row, 3)?, 3)?,
+        event_type: not_null(C::text(row, 4)?, 4)?,
+        destination: C::text(row, 5)?,
+        state: EventState::of(published_at, dead_at),
+        attempts: row.try_get(6)?,
+        last_error: C::text(row, 7)?,
+        created_at: not_null(C::time(row, 8)?, 8)?,
+        next_attempt_at: C::time(row, 9)?,
+        published_at,
+        dead_at,
+    })
 }

@@ -22,7 +22,7 @@ pub struct Cli {
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Only this pipeline (`[pipelines.<NAME>]`, or `default` for a top-level `[store]`); every
-    /// pipeline when not given. `dead` and `replay` need it when there are several.
+    /// pipeline when not given. `dead`, `replay` and `events` need it when there are several.
     #[arg(long, global = true, value_name = "NAME")]
     pub pipeline: Option<String>,
     #[command(subcommand)]
@@ -83,6 +83,12 @@ pub enum Command {
     /// (table style) each is written again, after what its aggregate committed since. They
     /// keep their event ids. Asks for --yes; --dry-run counts them.
     Replay(crate::replay::ReplayArgs),
+    /// Find events whatever their state: pending, retrying, published (while kept), dead.
+    ///
+    /// Newest first: id, event id, aggregate, event type, state and when (UTC), attempts, last
+    /// error. By event id, aggregate type and aggregate; with none, the newest events. A
+    /// published event's row is gone unless `relay.retention` keeps it.
+    Events(crate::events::EventsArgs),
     /// Print the configuration as the relay reads it: the file with the OUTBOX_ environment
     /// variables over it, as TOML, each value with where it was set, secrets hidden.
     ///
@@ -343,6 +349,11 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             let dead_list = dead_list(&loaded, &target.label);
             crate::dead::run(target.store?.as_ref(), command, &dead_list).await
         }
+        Command::Events(ref args) => {
+            let (target, pipeline) =
+                one_target(&registry, &loaded, &pipelines, wanted_table, "events").await?;
+            crate::events::run(target.store?.as_ref(), args, &pipeline.relay.retention).await
+        }
         Command::Replay(ref args) => {
             let (target, pipeline) =
                 one_target(&registry, &loaded, &pipelines, wanted_table, "replay").await?;
@@ -351,7 +362,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     }
 }
 
-/// The one table a command that changes rows (`dead`, `replay`) works on, and its pipeline: an
+/// The one table a command on rows (`dead`, `replay`, `events`) works on, and its pipeline: an
 /// error that says how to choose when the selection holds several, or none.
 async fn one_target<'p>(
     registry: &Registry,

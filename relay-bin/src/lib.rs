@@ -6,6 +6,7 @@ mod check;
 pub mod cli;
 pub mod dead;
 mod effective;
+pub mod events;
 mod out;
 pub mod pipeline;
 pub mod registry;

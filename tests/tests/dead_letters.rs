@@ -133,6 +133,45 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     assert_eq!(listed[0]["id"], a2);
     assert_eq!(listed[0]["attempts"], 1, "a rejection is not retried");
 
+    // `events` finds the aggregate's rows in every state, newest first: A4 and A3 pending
+    // behind the dead A2; A1 was published and its row deleted (retention "delete").
+    let (ok, json, err) = scenario.cli(&["events", "--aggregate-id", "A", "--json"]);
+    assert!(ok, "{err}");
+    let found: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let states: Vec<(i64, &str)> = found
+        .iter()
+        .map(|e| (e["id"].as_i64().unwrap(), e["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![(ids[3], "pending"), (ids[2], "pending"), (a2, "dead")],
+        "{json}"
+    );
+    assert_eq!(found[2]["destination"], poison.as_str(), "{json}");
+    let (ok, text, err) = scenario.cli(&["events", "--aggregate-id", "A", "--limit", "2"]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("state (UTC)") && text.contains("pending"),
+        "{text}"
+    );
+    assert!(text.contains("there are more: raise --limit"), "{text}");
+    let dead_id = found[2]["event_id"].as_str().unwrap().to_owned();
+    let (ok, text, err) = scenario.cli(&["events", "--event-id", &dead_id]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains(&dead_id) && text.contains("dead since ") && text.contains("order/A"),
+        "{text}"
+    );
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let (ok, text, err) = scenario.cli(&["events", "--event-id", &unknown]);
+    assert!(
+        ok && text.starts_with(&format!("no event {unknown}: "))
+            && text.contains("relay.retention = \"delete\""),
+        "{text}{err}"
+    );
+    let (ok, _, err) = scenario.cli(&["events", "--event-id", "not-a-uuid"]);
+    assert!(!ok && err.contains("--event-id"), "{err}");
+
     // Discard needs a confirmation.
     let (ok, _, err) = scenario.cli(&["dead", "discard", &c1.to_string()]);
     assert!(!ok && err.contains("--yes"), "{err}");

@@ -296,6 +296,9 @@ async fn poison_event_ends_dead_and_can_be_retried(style: &'static str, prefix: 
              FROM {name} WHERE event_id = '{big}'"
         ))
         .await;
+    // `events` finds the dead event by its id, in either style.
+    let (ok, out, err) = scenario.cli(&["events", "--event-id", &big.to_string()]);
+    assert!(ok && out.contains("dead since "), "{out}{err}");
     let (ok, out, err) = scenario.cli(&["dead", "retry", "--all"]);
     assert!(ok, "{out}{err}");
     let delivered = scenario

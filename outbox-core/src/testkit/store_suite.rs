@@ -96,6 +96,7 @@ macro_rules! store_suite {
             retry_holds_the_row_and_its_aggregate_only,
             dead_rows_skip_or_hold_their_aggregate,
             dead_rows_are_listed_retried_and_discarded,
+            events_are_found_in_every_state,
             kept_events_are_replayed,
             a_replay_of_many_events_sends_every_one,
             a_replay_under_a_running_relay_sends_each_event_once,
@@ -652,6 +653,153 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
     let counts = pending_and_dead(store.as_ref()).await;
     assert_eq!(counts, (1, 0), "a2 pending, nothing dead");
     assert_eq!(claim_ids(session.as_mut(), false).await, vec![a2]);
+    close(session).await;
+    factory.cleanup().await;
+}
+
+/// `find_events` finds rows in every state, newest first: published and kept (with its time),
+/// pending and retrying (attempts, next attempt, last error), dead (since, error); by event id,
+/// aggregate type and aggregate, within a limit; a row's own destination comes back; a row
+/// deleted on publish is found no more.
+pub async fn events_are_found_in_every_state(factory: &dyn StoreFactory) {
+    use crate::model::{EventFilter, EventRecord, EventState};
+    let events = [
+        event("A", 1),
+        event("A", 2).destination("audit.special"),
+        event("B", 1),
+        event("C", 1),
+        event("D", 1),
+    ];
+    let (store, ids, mut session) = with_rows(factory, &events, "suite-find-events").await;
+    let (a1, a2, b1, c1, d1) = (ids[0], ids[1], ids[2], ids[3], ids[4]);
+    ok(
+        session.mark_published(&[a1], MarkMode::Keep).await,
+        "publish a1, kept",
+    );
+    let failures = [
+        failure(b1, Some(Duration::from_secs(600))),
+        failure(c1, None),
+    ];
+    ok(
+        session.record_failures(&failures).await,
+        "b1 retries, c1 dead",
+    );
+    ok(
+        session.mark_published(&[d1], MarkMode::Delete).await,
+        "publish d1, deleted",
+    );
+    let find = |filter: EventFilter| {
+        let store = &store;
+        async move { ok(store.find_events(&filter).await, "find_events") }
+    };
+    let all = |limit: u32| EventFilter {
+        limit,
+        ..EventFilter::default()
+    };
+    let ids_of = |found: &[EventRecord]| found.iter().map(|e| e.id).collect::<Vec<_>>();
+
+    let found = find(all(100)).await;
+    assert_eq!(
+        ids_of(&found),
+        vec![c1, b1, a2, a1],
+        "newest first; d1 was deleted on publish"
+    );
+    let states: Vec<EventState> = found.iter().map(|e| e.state).collect();
+    use EventState::{Dead, Pending, Published};
+    assert_eq!(states, vec![Dead, Pending, Pending, Published]);
+    let (c, b, a_2, a_1) = (&found[0], &found[1], &found[2], &found[3]);
+
+    let published_at = a_1.published_at.expect("a published row has its time");
+    assert!(
+        published_at >= a_1.created_at - chrono::Duration::seconds(5),
+        "published at {published_at}, created at {}",
+        a_1.created_at
+    );
+    assert_eq!((a_1.attempts, a_1.dead_at), (0, None));
+
+    assert_eq!(a_2.destination.as_deref(), Some("audit.special"));
+    assert_eq!(a_1.destination, None);
+    assert_eq!(
+        (
+            a_2.attempts,
+            &a_2.last_error,
+            a_2.published_at,
+            a_2.next_attempt_at
+        ),
+        (0, &None, None, None),
+        "a2 waits, untouched"
+    );
+
+    assert_eq!(b.attempts, 1);
+    assert_eq!(
+        b.last_error.as_deref(),
+        Some(format!("suite: broker refused row {b1}").as_str())
+    );
+    let next = b
+        .next_attempt_at
+        .expect("a retrying row has its next attempt");
+    assert!(
+        next > b.created_at + chrono::Duration::seconds(300),
+        "next attempt {next}, created {}",
+        b.created_at
+    );
+    assert_eq!((b.published_at, b.dead_at), (None, None));
+
+    assert!(c.dead_at.is_some(), "a dead row has its time");
+    assert_eq!(c.attempts, 1);
+    assert_eq!(
+        c.last_error.as_deref(),
+        Some(format!("suite: broker refused row {c1}").as_str())
+    );
+    assert_eq!(
+        (
+            c.aggregate_type.as_str(),
+            c.aggregate_id.as_str(),
+            c.event_type.as_str()
+        ),
+        ("order", "C", "OrderChanged")
+    );
+
+    // By event id (of a row in each state), aggregate, aggregate type; the limit.
+    for record in &found {
+        let by_id = find(EventFilter {
+            event_id: Some(record.event_id),
+            ..all(100)
+        })
+        .await;
+        assert_eq!(
+            by_id,
+            vec![record.clone()],
+            "by event id {}",
+            record.event_id
+        );
+    }
+    let unknown = find(EventFilter {
+        event_id: Some(uuid::Uuid::new_v4()),
+        ..all(100)
+    })
+    .await;
+    assert!(unknown.is_empty(), "an unknown event id finds nothing");
+    let of_a = find(EventFilter {
+        aggregate_id: Some("A".to_owned()),
+        ..all(100)
+    })
+    .await;
+    assert_eq!(ids_of(&of_a), vec![a2, a1]);
+    let typed = find(EventFilter {
+        aggregate_type: Some("order".to_owned()),
+        aggregate_id: Some("B".to_owned()),
+        ..all(100)
+    })
+    .await;
+    assert_eq!(ids_of(&typed), vec![b1]);
+    let other_type = find(EventFilter {
+        aggregate_type: Some("invoice".to_owned()),
+        ..all(100)
+    })
+    .await;
+    assert!(other_type.is_empty());
+    assert_eq!(ids_of(&find(all(2)).await), vec![c1, b1], "the limit");
     close(session).await;
     factory.cleanup().await;
 }
