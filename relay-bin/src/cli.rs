@@ -22,7 +22,7 @@ pub struct Cli {
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Only this pipeline (`[pipelines.<NAME>]`, or `default` for a top-level `[store]`); every
-    /// pipeline when not given. `dead`, `replay` and `events` need it when there are several.
+    /// pipeline when not given. `dead` and `replay` need it when there are several.
     #[arg(long, global = true, value_name = "NAME")]
     pub pipeline: Option<String>,
     #[command(subcommand)]
@@ -350,9 +350,23 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             crate::dead::run(target.store?.as_ref(), command, &dead_list).await
         }
         Command::Events(ref args) => {
-            let (target, pipeline) =
-                one_target(&registry, &loaded, &pipelines, wanted_table, "events").await?;
-            crate::events::run(target.store?.as_ref(), args, &pipeline.relay.retention).await
+            let mut searched = Vec::new();
+            let mut failed = Vec::new();
+            for pipeline in &pipelines {
+                match targets(&registry, &loaded, pipeline, wanted_table).await {
+                    Ok((found, _)) => {
+                        searched.extend(found.into_iter().map(|target| crate::events::Searched {
+                            target,
+                            retention: pipeline.relay.retention,
+                        }))
+                    }
+                    Err(failure) if pipelines.len() > 1 => {
+                        failed.push((pipeline.name.clone(), failure))
+                    }
+                    Err(failure) => return Err(failure),
+                }
+            }
+            crate::events::run(searched, failed, args).await
         }
         Command::Replay(ref args) => {
             let (target, pipeline) =
@@ -362,7 +376,7 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
     }
 }
 
-/// The one table a command on rows (`dead`, `replay`, `events`) works on, and its pipeline: an
+/// The one table a command that changes rows (`dead`, `replay`) works on, and its pipeline: an
 /// error that says how to choose when the selection holds several, or none.
 async fn one_target<'p>(
     registry: &Registry,

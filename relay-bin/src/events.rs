@@ -2,10 +2,12 @@
 //! and if not, why?" without SQL.
 
 use clap::Args;
-use outboxkit_core::{EventFilter, EventRecord, EventState, Retention, Store};
+use outboxkit_core::{EventFilter, EventRecord, EventState, Retention};
 use uuid::Uuid;
 
-use crate::cli::Failure;
+use serde::Serialize;
+
+use crate::cli::{failed_for, Failure, Target};
 use crate::out::{outln, utc_second};
 use crate::status::explained;
 
@@ -29,11 +31,30 @@ pub struct EventsArgs {
     json: bool,
 }
 
-/// Run `events` on `store`, whose pipeline keeps published rows as `retention` says.
-pub async fn run(
-    store: &dyn Store,
+/// One table searched: its label (`billing`, `tenants/t7.outbox`), its store, and how its
+/// pipeline keeps published rows.
+pub(crate) struct Searched {
+    pub(crate) target: Target,
+    pub(crate) retention: Retention,
+}
+
+/// One row of the JSON answer: the event and the table it was found in.
+#[derive(Serialize)]
+struct Found<'a> {
+    pipeline: &'a str,
+    #[serde(flatten)]
+    event: &'a EventRecord,
+}
+
+/// Run `events` on every table of the selection (one, with `--pipeline`), the newest `--limit`
+/// of each. `failed` holds the pipelines whose tables could not even be listed. One table: its
+/// rows, or what an empty answer means under its retention. Several: a heading per table that
+/// has rows; a table that cannot be searched has its line at the end (on standard error with
+/// `--json`) and the command exits with its error's code, after searching the others.
+pub(crate) async fn run(
+    searched: Vec<Searched>,
+    mut failed: Vec<(String, Failure)>,
     args: &EventsArgs,
-    retention: &Retention,
 ) -> Result<(), Failure> {
     // One row more than shown tells whether there are more.
     let filter = EventFilter {
@@ -42,19 +63,79 @@ pub async fn run(
         aggregate_id: args.aggregate_id.clone(),
         limit: args.limit.saturating_add(1),
     };
-    let mut rows = explained(store, store.find_events(&filter).await).await?;
-    let more = rows.len() > args.limit as usize;
-    rows.truncate(args.limit as usize);
+    let several = searched.len() + failed.len() > 1;
+    if searched.is_empty() && failed.is_empty() {
+        return Err(Failure::runtime(
+            "events: the pipelines selected relay no table now (their patterns match none)",
+        ));
+    }
+    let tables = searched.len();
+    let mut found: Vec<(String, Vec<EventRecord>, bool)> = Vec::new();
+    let mut retention = None;
+    for Searched {
+        target,
+        retention: kept,
+    } in searched
+    {
+        let rows = match target.store {
+            Ok(store) => explained(store.as_ref(), store.find_events(&filter).await).await,
+            Err(e) => Err(e),
+        };
+        match rows {
+            Ok(mut rows) => {
+                let more = rows.len() > args.limit as usize;
+                rows.truncate(args.limit as usize);
+                retention = Some(kept);
+                found.push((target.label, rows, more));
+            }
+            Err(e) if !several => return Err(e.into()),
+            Err(e) => failed.push((target.label, e.into())),
+        }
+    }
     if args.json {
+        let rows: Vec<Found<'_>> = found
+            .iter()
+            .flat_map(|(label, rows, _)| {
+                rows.iter().map(|event| Found {
+                    pipeline: label,
+                    event,
+                })
+            })
+            .collect();
         let text = serde_json::to_string_pretty(&rows)
             .map_err(|e| Failure::runtime(format!("encoding events as JSON: {e}")))?;
         outln!("{text}");
+    } else if found.iter().all(|(_, rows, _)| rows.is_empty()) {
+        match (several, retention) {
+            (false, Some(retention)) => outln!("{}", nothing_found(args, &retention)),
+            _ => outln!("{}", nothing_found_in(args, tables)),
+        }
+    } else {
+        for (label, rows, more) in found.iter().filter(|(_, rows, _)| !rows.is_empty()) {
+            if several {
+                outln!("-- pipeline {label}");
+            }
+            print_rows(rows, *more, args.limit);
+        }
+    }
+    if failed.is_empty() {
         return Ok(());
     }
-    if rows.is_empty() {
-        outln!("{}", nothing_found(args, retention));
-        return Ok(());
+    for (label, failure) in &failed {
+        // With --json, standard output holds the document alone.
+        let line = format!("pipeline {label}: not searched: {}", failure.message);
+        if args.json {
+            eprintln!("{line}");
+        } else {
+            outln!("{line}");
+        }
     }
+    let failed: Vec<(String, u8)> = failed.into_iter().map(|(l, f)| (l, f.code)).collect();
+    Err(failed_for("events", &failed))
+}
+
+/// The rows as a table, and a note when `--limit` left some out.
+fn print_rows(rows: &[EventRecord], more: bool, limit: u32) {
     outln!(
         "{:>10}  {:<36}  {:<24}  {:<20}  {:<36}  {:>8}  last error",
         "id",
@@ -64,7 +145,7 @@ pub async fn run(
         "state (UTC)",
         "attempts"
     );
-    for r in &rows {
+    for r in rows {
         outln!(
             "{:>10}  {:<36}  {:<24}  {:<20}  {:<36}  {:>8}  {}",
             r.id,
@@ -77,12 +158,8 @@ pub async fn run(
         );
     }
     if more {
-        outln!(
-            "(the newest {}; there are more: raise --limit to see them)",
-            args.limit
-        );
+        outln!("(the newest {limit}; there are more: raise --limit to see them)");
     }
-    Ok(())
 }
 
 /// A row's state with its time: `published 2026-12-06 20:01:02`, `pending`, `retrying at ...`,
@@ -118,6 +195,19 @@ fn nothing_found(args: &EventsArgs, retention: &Retention) -> String {
             humantime::format_duration(*kept)
         ),
     }
+}
+
+/// What an empty answer from several tables means.
+fn nothing_found_in(args: &EventsArgs, tables: usize) -> String {
+    let what = match args.event_id {
+        Some(id) => format!("no event {id}"),
+        None => "no event".to_owned(),
+    };
+    format!(
+        "{what} in the {tables} tables searched: never written, rolled back, or published (a \
+         published event's row is deleted at once with relay.retention = \"delete\", or purged \
+         once the retention has passed)"
+    )
 }
 
 #[cfg(test)]

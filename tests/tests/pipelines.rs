@@ -373,6 +373,31 @@ listen = "127.0.0.1:{port}"
     let first: Vec<_> = (0..20).map(|i| event("a1", i)).collect();
     tenant_a.enqueue_many(&first).await;
 
+    // `events` searches every table of the pattern: tenant a's pending events (the newest
+    // three, under the table's heading), tenant b's table named as not searched (exit 1).
+    let table_a = format!("tenants/{a}.outbox");
+    let (ok, text, err) = cli(&["events", "--aggregate-id", "a1", "--limit", "3"], &[]);
+    let rows = text.lines().filter(|l| l.contains(" order/a1 ")).count();
+    assert!(
+        !ok && text.starts_with(&format!("-- pipeline {table_a}\n")) && rows == 3,
+        "{text}{err}"
+    );
+    assert!(
+        text.contains(&format!("pipeline tenants/{b}.outbox: not searched: "))
+            && err.contains(&format!("events failed for pipeline(s) tenants/{b}.outbox")),
+        "{text}{err}"
+    );
+    let newest = first[19].event_id_or_new().to_string();
+    let (ok, json, err) = cli(&["events", "--event-id", &newest, "--json"], &[]);
+    assert!(
+        !ok && err.contains(&format!("tenants/{b}.outbox: not searched: ")),
+        "{err}"
+    );
+    let found: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!(found.len(), 1, "{json}");
+    assert_eq!(found[0]["pipeline"], table_a.as_str());
+    assert_eq!(found[0]["state"], "pending");
+
     let mut relay = RelayProcess::start(&config, &dir, "relay-tenants", &[]);
     wait_for("tenant a relayed", Duration::from_secs(30), || async {
         tenant_a.pending().await == 0
@@ -399,7 +424,6 @@ listen = "127.0.0.1:{port}"
         0
     );
     // One table's report and its dead events: the commands they point to name the table.
-    let table_a = format!("tenants/{a}.outbox");
     let (ok, text, err) = cli(&["--pipeline", &table_a, "status"], &[]);
     let dead_list = format!("`outbox-relay --pipeline {table_a} dead list`");
     assert!(
