@@ -145,6 +145,12 @@ pub struct RelayConfig {
     /// `destination="(other)"`. It bounds the memory the metrics take, and the `/metrics`
     /// page, when a template holds `{aggregate_id}`. Zero: every event under `(other)`.
     pub destination_labels: usize,
+    /// Most events a relay publishes per second from one table (`None`: as fast as the
+    /// broker takes them): after a long outage, a backlog drains at this pace rather than all
+    /// at once onto consumers. Claims ask for at most this many rows, so a burst is one
+    /// second's worth at most. Per relay process: three relays on a table publish up to three
+    /// times as many.
+    pub max_events_per_second: Option<u32>,
     /// This relay's name in `status` (defaults to host name and process id).
     pub relay_id: Option<String>,
 }
@@ -169,6 +175,7 @@ impl Default for RelayConfig {
             hand_over_after: Duration::from_secs(60),
             publish_timeout: Duration::from_secs(90),
             destination_labels: 1000,
+            max_events_per_second: None,
             relay_id: None,
         }
     }
@@ -199,6 +206,11 @@ impl RelayConfig {
                 "relay.poll_interval_min: must be above 0 and not longer than relay.poll_interval_max",
             ));
         }
+        if self.max_events_per_second == Some(0) {
+            return Err(Error::config(
+                "relay.max_events_per_second: must be at least 1 (leave it out for no limit)",
+            ));
+        }
         if self.purge_batch_size == 0 {
             return Err(Error::config("relay.purge_batch_size: must be at least 1"));
         }
@@ -213,6 +225,23 @@ impl RelayConfig {
                 ("publish_timeout", self.publish_timeout),
             ],
         )
+    }
+
+    /// Most rows one claim asks for: `batch_size`, and no more than one second's worth under
+    /// `max_events_per_second`.
+    pub fn claim_cap(&self) -> usize {
+        match self.max_events_per_second {
+            Some(rate) => self.batch_size.min(rate as usize).max(1),
+            None => self.batch_size,
+        }
+    }
+
+    /// How long publishing `events` takes at `max_events_per_second` (zero without it).
+    pub fn pace(&self, events: usize) -> Duration {
+        match self.max_events_per_second {
+            Some(rate) if rate > 0 => Duration::from_secs_f64(events as f64 / f64::from(rate)),
+            _ => Duration::ZERO,
+        }
     }
 
     /// Retry delay after `attempts` failures (1 = first failure): exponential, capped, with
@@ -258,6 +287,23 @@ mod tests {
             let b40 = c.backoff(40);
             assert!(b40 >= Duration::from_secs(5) && b40 <= Duration::from_secs(10));
         }
+    }
+
+    #[test]
+    fn max_events_per_second_is_at_least_one() {
+        let c = RelayConfig {
+            max_events_per_second: Some(0),
+            ..RelayConfig::default()
+        };
+        assert_eq!(
+            c.validate().unwrap_err().message(),
+            "relay.max_events_per_second: must be at least 1 (leave it out for no limit)"
+        );
+        let c = RelayConfig {
+            max_events_per_second: Some(1),
+            ..RelayConfig::default()
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -153,6 +153,24 @@ async fn per_destination_counters_stop_at_destination_labels() {
     scenario.cleanup().await;
 }
 
+/// `relay.max_events_per_second`: a backlog of 600 drains at 200 a second (16 events, then
+/// claims of at most 200, each after the one before had its second), not at once; every event
+/// arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_drains_at_max_events_per_second() {
+    let (port, redis, mut scenario) =
+        serving_endpoints("e2erate", "max_events_per_second = 200").await;
+    scenario.store.enqueue_many(&placed_events(600, 13)).await;
+    let started = Instant::now();
+    scenario.start_relay("relay-rate", &[]);
+    wait_published(port, 600).await;
+    let took = started.elapsed();
+    // 16 + 200 + 200 + 184: the last claim goes 2.08 s after the first, at the earliest.
+    assert!(took >= Duration::from_secs(2), "600 events in {took:?}");
+    assert_eq!(redis.stream_len(&redis.destination("order")).await, 600);
+    scenario.cleanup().await;
+}
+
 /// A SIGTERM while the relay is still connecting — here to a Redis behind a cut network, which
 /// takes the connection and never answers — ends the start at once with exit code 0, as a
 /// SIGTERM does at any other time (before, the signal's default action killed the process).

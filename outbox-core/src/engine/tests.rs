@@ -706,6 +706,84 @@ fn the_next_claim_holds_batch_bytes_at_the_mean_payload_size() {
     assert_eq!(limit(&[]), 7, "an empty claim keeps the limit");
 }
 
+#[test]
+fn max_events_per_second_caps_claims_at_one_second_of_events() {
+    let config = RelayConfig {
+        batch_size: 500,
+        batch_bytes: 1_000_000,
+        max_events_per_second: Some(50),
+        ..RelayConfig::default()
+    };
+    let batch = vec![OutboxEvent::new(
+        1,
+        "doc",
+        "d1",
+        "Stored",
+        serde_json::json!({}),
+    )];
+    assert_eq!(worker::next_claim_limit(&config, &batch, 7), 50);
+    assert_eq!(config.claim_cap(), 50);
+    let unlimited = RelayConfig {
+        max_events_per_second: None,
+        ..config.clone()
+    };
+    assert_eq!(worker::next_claim_limit(&unlimited, &batch, 7), 500);
+    let fast = RelayConfig {
+        max_events_per_second: Some(10_000),
+        ..config
+    };
+    assert_eq!(fast.claim_cap(), 500, "never above batch_size");
+}
+
+#[test]
+fn the_pace_counts_the_time_publishing_took() {
+    let config = RelayConfig {
+        max_events_per_second: Some(100),
+        ..RelayConfig::default()
+    };
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut until = t0;
+    // The first batch goes at once; the next may start half a second after it (50 at 100/s).
+    assert_eq!(worker::pace(&config, &mut until, 50, t0), None);
+    assert_eq!(until, t0 + ms(500));
+    // Publishing took 100 ms: 400 ms left to wait.
+    assert_eq!(
+        worker::pace(&config, &mut until, 50, t0 + ms(100)),
+        Some(ms(400))
+    );
+    assert_eq!(until, t0 + ms(1_000));
+    // Publishing took longer than the pace: no wait, and no credit for the time lost.
+    assert_eq!(worker::pace(&config, &mut until, 100, t0 + ms(3_000)), None);
+    assert_eq!(until, t0 + ms(4_000));
+    // Without the key nothing waits and nothing is counted.
+    let mut untouched = t0;
+    let unlimited = RelayConfig::default();
+    assert_eq!(worker::pace(&unlimited, &mut untouched, 50, t0), None);
+    assert_eq!(untouched, t0);
+}
+
+#[tokio::test]
+async fn max_events_per_second_paces_a_backlog() {
+    let store = MemoryStore::new(8);
+    write(&store, 30, 10).await;
+    let sink = ScriptedSink::new();
+    let config = RelayConfig {
+        batch_size: 500,
+        max_events_per_second: Some(200),
+        ..fast_config()
+    };
+    let started = Instant::now();
+    let relay = start(&store, &sink, config);
+    drained(&store, Duration::from_secs(10)).await;
+    let took = started.elapsed();
+    relay.stop().await;
+    assert_eq!(sink.delivered().len(), 300);
+    // 16 rows first, then at most 200 a claim: 16 + 200 + 84, the third after 216 / 200 s.
+    assert!(took >= Duration::from_millis(1_050), "drained in {took:?}");
+    assert!(sink.calls() >= 3, "{} calls", sink.calls());
+}
+
 // --- When a call fails as a whole: the rule (`whole_call_failure`), then the engine. ---
 
 fn failed(kind: ErrorKind) -> Outcome {

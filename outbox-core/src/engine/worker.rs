@@ -38,7 +38,8 @@ fn claim_request<'e>(
 }
 
 /// The limit of the claim after `batch`: as many rows as `relay.batch_bytes` holds at the
-/// batch's mean payload size, at least 1 and at most `relay.batch_size`; `current` after an
+/// batch's mean payload size, at least 1 and at most `relay.batch_size` (and one second's worth
+/// under `relay.max_events_per_second`); `current` after an
 /// empty claim.
 pub(super) fn next_claim_limit(
     config: &RelayConfig,
@@ -50,7 +51,23 @@ pub(super) fn next_claim_limit(
     }
     let bytes: usize = batch.iter().map(|e| e.payload.len()).sum();
     let mean = (bytes / batch.len()).max(1);
-    (config.batch_bytes / mean).clamp(1, config.batch_size)
+    (config.batch_bytes / mean).clamp(1, config.claim_cap())
+}
+
+/// Under `relay.max_events_per_second`, how long to wait at `now` before publishing `events`
+/// more: each batch takes `events / rate` seconds from when the one before it could start
+/// (`paced_until`, moved on here), so the time publishing took counts and the pace holds on
+/// average. `None`: no wait (no limit, or the pace is behind).
+pub(super) fn pace(
+    config: &RelayConfig,
+    paced_until: &mut Instant,
+    events: usize,
+    now: Instant,
+) -> Option<Duration> {
+    config.max_events_per_second?;
+    let start = (*paced_until).max(now);
+    *paced_until = start + config.pace(events);
+    (start > now).then(|| start - now)
 }
 
 /// An open session and what only exists while it is open: losing the session drops the
@@ -170,6 +187,9 @@ pub(super) struct Worker<'a> {
     last_claim: Instant,
     /// The limit of the next claim ([`next_claim_limit`]); [`FIRST_CLAIM`] rows at most first.
     claim_limit: usize,
+    /// Under `relay.max_events_per_second`: when the batches published so far may have taken
+    /// at that pace; the next publish waits until then.
+    paced_until: Instant,
 }
 
 impl<'a> Worker<'a> {
@@ -185,7 +205,8 @@ impl<'a> Worker<'a> {
             next_rebalance: Instant::now(),
             acquire_offset: acquire_offset(&relay.relay_id),
             last_claim: Instant::now(),
-            claim_limit: relay.config.batch_size.min(FIRST_CLAIM),
+            claim_limit: relay.config.claim_cap().min(FIRST_CLAIM),
+            paced_until: Instant::now(),
         }
     }
 
@@ -297,6 +318,17 @@ impl<'a> Worker<'a> {
             self.claim_limit = next_claim_limit(config, &batch, self.claim_limit);
             let next_limit = (!partial).then_some(self.claim_limit);
 
+            if let Some(wait) = pace(config, &mut self.paced_until, batch.len(), Instant::now()) {
+                // Rows acknowledged before are marked first.
+                if let Err(e) = open.flush(relay).await {
+                    self.lose_session("mark", e).await;
+                    continue;
+                }
+                shutdown.pause(wait).await;
+                if shutdown.is_triggered() {
+                    break;
+                }
+            }
             let pipelined = open.pipeline(relay, &batch, next_limit, shutdown).await;
             if !self.settle(&batch, pipelined).await {
                 break;
