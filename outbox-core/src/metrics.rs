@@ -37,6 +37,10 @@ pub const ERRORS: &str = "outbox_relay_errors_total";
 /// Counter: times this relay gave its shards back because every publish call failed for
 /// `relay.hand_over_after`.
 pub const HAND_OVERS: &str = "outbox_hand_overs_total";
+/// Histogram, under `relay.max_events_per_second`: seconds a batch waited to keep to that
+/// pace (its `_sum` is the time waited). Rising while `outbox_pending_events` grows: the pace,
+/// not the broker, holds the backlog back.
+pub const PACE_WAIT: &str = "outbox_pace_wait_seconds";
 /// Counter: published rows deleted by the retention purge.
 pub const PURGED: &str = "outbox_purged_total";
 /// Gauge, recorded by the binary for a pipeline whose `store.table` is a pattern: the tables
@@ -71,6 +75,7 @@ pub const ALL: &[&str] = &[
     SHARDS_OWNED,
     ERRORS,
     HAND_OVERS,
+    PACE_WAIT,
     PURGED,
     DISCOVERED_TABLES,
     SLOT_LAG_BYTES,

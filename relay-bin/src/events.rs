@@ -3,13 +3,12 @@
 
 use clap::Args;
 use outboxkit_core::{EventFilter, EventRecord, EventState, Retention};
-use uuid::Uuid;
-
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::cli::{failed_for, Failure, Target};
 use crate::out::{outln, utc_second};
-use crate::status::explained;
+use crate::status::{counted, explained};
 
 /// `outbox-relay events ...`
 #[derive(Debug, Args)]
@@ -177,13 +176,18 @@ fn state(r: &EventRecord) -> String {
     }
 }
 
+/// `no event <id>`, or `no event` without `--event-id`.
+fn no_event(args: &EventsArgs) -> String {
+    match args.event_id {
+        Some(id) => format!("no event {id}"),
+        None => "no event".to_owned(),
+    }
+}
+
 /// What an empty answer means: a published event's row is deleted at once (retention
 /// `"delete"`) or purged once the retention has passed.
 fn nothing_found(args: &EventsArgs, retention: &Retention) -> String {
-    let what = match args.event_id {
-        Some(id) => format!("no event {id}"),
-        None => "no event".to_owned(),
-    };
+    let what = no_event(args);
     match retention {
         Retention::Delete => format!(
             "{what}: never written, rolled back, or published (relay.retention = \"delete\" \
@@ -199,14 +203,12 @@ fn nothing_found(args: &EventsArgs, retention: &Retention) -> String {
 
 /// What an empty answer from several tables means.
 fn nothing_found_in(args: &EventsArgs, tables: usize) -> String {
-    let what = match args.event_id {
-        Some(id) => format!("no event {id}"),
-        None => "no event".to_owned(),
-    };
     format!(
-        "{what} in the {tables} tables searched: never written, rolled back, or published (a \
-         published event's row is deleted at once with relay.retention = \"delete\", or purged \
-         once the retention has passed)"
+        "{} in the {} searched: never written, rolled back, or published (a published event's \
+         row is deleted at once with relay.retention = \"delete\", or purged once the \
+         retention has passed)",
+        no_event(args),
+        counted(tables, "table")
     )
 }
 
@@ -240,5 +242,7 @@ mod tests {
             "no event: never written, rolled back, or published more than 7days ago \
              (relay.retention keeps published rows that long)"
         );
+        assert!(nothing_found_in(&args(Some(id)), 1)
+            .starts_with(&format!("no event {id} in the 1 table searched: ")),);
     }
 }

@@ -168,6 +168,14 @@ async fn a_backlog_drains_at_max_events_per_second() {
     // 16 + 200 + 200 + 184: the last claim goes 2.08 s after the first, at the earliest.
     assert!(took >= Duration::from_secs(2), "600 events in {took:?}");
     assert_eq!(redis.stream_len(&redis.destination("order")).await, 600);
+    // The waits are counted: at least the last two claims', about a second each.
+    let (_, metrics) = http_get(port, "/metrics").unwrap();
+    let waited: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("outbox_pace_wait_seconds_sum{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no outbox_pace_wait_seconds_sum in:\n{metrics}"));
+    assert!(waited >= 1.5, "waited {waited} s");
     scenario.cleanup().await;
 }
 

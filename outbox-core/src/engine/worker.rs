@@ -325,6 +325,8 @@ impl<'a> Worker<'a> {
                     continue;
                 }
                 shutdown.pause(wait).await;
+                metrics::histogram!(m::PACE_WAIT, m::PIPELINE => relay.pipeline.clone())
+                    .record(wait.as_secs_f64());
                 if shutdown.is_triggered() {
                     break;
                 }
