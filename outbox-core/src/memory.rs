@@ -37,6 +37,28 @@ impl MemoryRow {
     fn kept_at(&self) -> Option<DateTime<Utc>> {
         self.published_at.filter(|_| self.published && !self.dead)
     }
+
+    /// The row as `find_events` (and, when dead, `dead_list`) gives it.
+    fn record(&self) -> EventRecord {
+        let published_at = self.published_at.filter(|_| self.published);
+        // No clock of its own for a dead row: its creation time stands for when it died.
+        let dead_at = (self.dead && !self.published).then_some(self.event.created_at);
+        EventRecord {
+            id: self.event.id,
+            event_id: self.event.event_id,
+            aggregate_type: self.event.aggregate_type.clone(),
+            aggregate_id: self.event.aggregate_id.clone(),
+            event_type: self.event.event_type.clone(),
+            destination: self.event.destination.clone(),
+            state: EventState::of(published_at, dead_at),
+            attempts: self.event.attempts,
+            last_error: self.last_error.clone(),
+            created_at: self.event.created_at,
+            next_attempt_at: self.next_attempt_at.map(wall_clock),
+            published_at,
+            dead_at,
+        }
+    }
 }
 
 /// `at` on the wall clock, the same time for the same `at` (the store keeps monotonic instants).
@@ -335,31 +357,17 @@ impl Store for MemoryStore {
         Ok(st
             .rows
             .values()
-            .filter(|r| r.dead && !r.published)
             .filter(|r| {
-                filter
-                    .aggregate_type
-                    .as_ref()
-                    .is_none_or(|t| *t == r.event.aggregate_type)
+                let e = &r.event;
+                let aggregate = EventFilter {
+                    aggregate_type: filter.aggregate_type.clone(),
+                    aggregate_id: filter.aggregate_id.clone(),
+                    ..EventFilter::default()
+                };
+                aggregate.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
             })
-            .filter(|r| {
-                filter
-                    .aggregate_id
-                    .as_ref()
-                    .is_none_or(|a| *a == r.event.aggregate_id)
-            })
+            .filter_map(|r| r.record().into_dead())
             .take(filter.limit.max(1) as usize)
-            .map(|r| DeadEvent {
-                id: r.event.id,
-                event_id: r.event.event_id,
-                aggregate_type: r.event.aggregate_type.clone(),
-                aggregate_id: r.event.aggregate_id.clone(),
-                event_type: r.event.event_type.clone(),
-                attempts: r.event.attempts,
-                last_error: r.last_error.clone(),
-                created_at: r.event.created_at,
-                dead_at: r.event.created_at,
-            })
             .collect())
     }
 
@@ -374,27 +382,7 @@ impl Store for MemoryStore {
                 filter.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
             })
             .take(filter.limit.max(1) as usize)
-            .map(|r| {
-                let published_at = r.published_at.filter(|_| r.published);
-                // The dead list's time of a dead row here (no clock of its own).
-                let dead_at = r.dead.then_some(r.event.created_at);
-                let next_attempt_at = r.next_attempt_at.map(wall_clock);
-                EventRecord {
-                    id: r.event.id,
-                    event_id: r.event.event_id,
-                    aggregate_type: r.event.aggregate_type.clone(),
-                    aggregate_id: r.event.aggregate_id.clone(),
-                    event_type: r.event.event_type.clone(),
-                    destination: r.event.destination.clone(),
-                    state: EventState::of(published_at, dead_at),
-                    attempts: r.event.attempts,
-                    last_error: r.last_error.clone(),
-                    created_at: r.event.created_at,
-                    next_attempt_at,
-                    published_at,
-                    dead_at,
-                }
-            })
+            .map(MemoryRow::record)
             .collect())
     }
 

@@ -465,6 +465,26 @@ pub struct EventRecord {
     pub dead_at: Option<DateTime<Utc>>,
 }
 
+impl EventRecord {
+    /// The event as the dead list shows it; `None` unless it is dead.
+    pub fn into_dead(self) -> Option<DeadEvent> {
+        if self.state != EventState::Dead {
+            return None;
+        }
+        Some(DeadEvent {
+            id: self.id,
+            event_id: self.event_id,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            event_type: self.event_type,
+            attempts: self.attempts,
+            last_error: self.last_error,
+            created_at: self.created_at,
+            dead_at: self.dead_at?,
+        })
+    }
+}
+
 /// Where an event stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

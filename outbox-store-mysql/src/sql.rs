@@ -8,6 +8,7 @@
 //! up on them and falls back to a table scan).
 
 use outboxkit_core::PayloadType;
+use outboxkit_store_sql::rows::RECORD_COLUMNS;
 
 use crate::config::{TableName, MEMBERS_TABLE};
 
@@ -128,8 +129,7 @@ impl Sql {
             ),
             // ? aggregate_type (twice), ? aggregate_id (twice), ? limit. By dead_idx.
             dead_list: format!(
-                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, attempts, \
-                        last_error, created_at, dead_at FROM {t} \
+                "SELECT {RECORD_COLUMNS} FROM {t} \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_type = ?) AND (? IS NULL OR aggregate_id = ?) \
                  ORDER BY id LIMIT ?"
@@ -137,9 +137,7 @@ impl Sql {
             // ? event_id, ? aggregate_type, ? aggregate_id (each twice), ? limit. Newest first.
             // By event id: the unique key; otherwise the primary key, backwards.
             find_events: format!(
-                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, destination, \
-                        attempts, last_error, created_at, next_attempt_at, published_at, dead_at \
-                 FROM {t} \
+                "SELECT {RECORD_COLUMNS} FROM {t} \
                  WHERE (? IS NULL OR event_id = ?) AND (? IS NULL OR aggregate_type = ?) \
                    AND (? IS NULL OR aggregate_id = ?) \
                  ORDER BY id DESC LIMIT ?"

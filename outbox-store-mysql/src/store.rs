@@ -587,12 +587,11 @@ impl Store for MySqlStore {
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
         let query = sqlx::query(&self.sql().dead_list);
-        let rows = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
-            .bind(i64::from(filter.limit.max(1)))
-            .fetch_all(&self.inner.pool)
+        let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
+            .bind(i64::from(filter.limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::dead_event::<MySql>)
             .await
-            .and_then(|rows| rows.iter().map(rows::dead_event::<MySql>).collect());
-        rows.map_err(|e| self.error(e).context("listing dead rows"))
+            .map_err(|e| self.error(e).context("listing dead rows"))
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
@@ -600,12 +599,11 @@ impl Store for MySqlStore {
         let query = sqlx::query(&self.sql().find_events)
             .bind(event_id.clone())
             .bind(event_id);
-        let rows = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
-            .bind(i64::from(filter.limit.max(1)))
-            .fetch_all(&self.inner.pool)
+        let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
+            .bind(i64::from(filter.limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::event_record::<MySql>)
             .await
-            .and_then(|rows| rows.iter().map(rows::event_record::<MySql>).collect());
-        rows.map_err(|e| self.error(e).context("looking events up"))
+            .map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

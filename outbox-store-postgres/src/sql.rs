@@ -2,6 +2,7 @@
 //! formatted in; only the (validated, quoted) table name is.
 
 use outboxkit_core::PayloadType;
+use outboxkit_store_sql::rows::RECORD_COLUMNS;
 
 use crate::config::TableName;
 
@@ -155,8 +156,7 @@ impl Sql {
             ),
             // $1 aggregate_type or NULL, $2 aggregate_id or NULL, $3 limit.
             dead_list: format!(
-                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, attempts, \
-                        last_error, created_at, dead_at FROM {t} \
+                "SELECT {RECORD_COLUMNS} FROM {t} \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND ($1::text IS NULL OR aggregate_type = $1) \
                    AND ($2::text IS NULL OR aggregate_id = $2) \
@@ -165,9 +165,7 @@ impl Sql {
             // $1 event_id or NULL, $2 aggregate_type or NULL, $3 aggregate_id or NULL, $4 limit.
             // Newest first. By event id: the unique index; otherwise the primary key, backwards.
             find_events: format!(
-                "SELECT id, event_id, aggregate_type, aggregate_id, event_type, destination, \
-                        attempts, last_error, created_at, next_attempt_at, published_at, dead_at \
-                 FROM {t} \
+                "SELECT {RECORD_COLUMNS} FROM {t} \
                  WHERE ($1::uuid IS NULL OR event_id = $1) \
                    AND ($2::text IS NULL OR aggregate_type = $2) \
                    AND ($3::text IS NULL OR aggregate_id = $3) \

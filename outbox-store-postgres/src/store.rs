@@ -570,26 +570,24 @@ impl Store for PostgresStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let rows = sqlx::query(&self.sql().dead_list)
+        let query = sqlx::query(&self.sql().dead_list)
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
-            .bind(i64::from(filter.limit.max(1)))
-            .fetch_all(&self.inner.pool)
+            .bind(i64::from(filter.limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::dead_event::<Postgres>)
             .await
-            .and_then(|rows| rows.iter().map(rows::dead_event::<Postgres>).collect());
-        rows.map_err(|e| self.error(e).context("listing dead rows"))
+            .map_err(|e| self.error(e).context("listing dead rows"))
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
-        let rows = sqlx::query(&self.sql().find_events)
+        let query = sqlx::query(&self.sql().find_events)
             .bind(filter.event_id)
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
-            .bind(i64::from(filter.limit.max(1)))
-            .fetch_all(&self.inner.pool)
+            .bind(i64::from(filter.limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::event_record::<Postgres>)
             .await
-            .and_then(|rows| rows.iter().map(rows::event_record::<Postgres>).collect());
-        rows.map_err(|e| self.error(e).context("looking events up"))
+            .map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

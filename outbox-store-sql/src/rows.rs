@@ -43,8 +43,8 @@ where
 
 /// How a server's rows give the columns whose types differ between servers: the event id (a
 /// `uuid`, or `CHAR(36)` text), text, and times (`timestamptz`, or `DATETIME(6)` in UTC). Each
-/// store implements it on its marker type; [`dead_event`] and [`event_record`] read the rows
-/// of the dead list and of `find_events` with it, by column position.
+/// store implements it on its marker type; [`event_record`] and [`dead_event`] read the rows
+/// of `find_events` and of the dead list with it, by column position.
 pub trait RowColumns {
     /// The server's row.
     type Row: Row;
@@ -67,29 +67,45 @@ fn not_null<T>(value: Option<T>, index: usize) -> Result<T, sqlx::Error> {
     })
 }
 
-/// A row of the dead list: `id, event_id, aggregate_type, aggregate_id, event_type, attempts,
-/// last_error, created_at, dead_at`.
+/// The columns the dead list and `find_events` select, in the order [`event_record`] reads.
+pub const RECORD_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type, \
+     destination, attempts, last_error, created_at, next_attempt_at, published_at, dead_at";
+
+/// A row of the dead list ([`RECORD_COLUMNS`] of a row with `dead_at`).
 pub fn dead_event<C: RowColumns>(row: &C::Row) -> Result<DeadEvent, sqlx::Error>
 where
     for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
     for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
     usize: ColumnIndex<C::Row>,
 {
-    Ok(DeadEvent {
-        id: row.try_get(0)?,
-        event_id: C::event_id(row, 1)?,
-        aggregate_type: not_null(C::text(row, 2)?, 2)?,
-        aggregate_id: not_null(C::text(row, 3)?, 3)?,
-        event_type: not_null(C::text(row, 4)?, 4)?,
-        attempts: row.try_get(5)?,
-        last_error: C::text(row, 6)?,
-        created_at: not_null(C::time(row, 7)?, 7)?,
-        dead_at: not_null(C::time(row, 8)?, 8)?,
-    })
+    event_record::<C>(row)?
+        .into_dead()
+        .ok_or_else(|| sqlx::Error::ColumnDecode {
+            index: "dead_at".to_owned(),
+            source: "a row of the dead list that is not dead".into(),
+        })
 }
 
-/// A row of `find_events`: `id, event_id, aggregate_type, aggregate_id, event_type,
-/// destination, attempts, last_error, created_at, next_attempt_at, published_at, dead_at`.
+/// Run `query` on `executor` and read each row with `decode`.
+pub async fn fetch<'q, 'c, E, DB, T>(
+    executor: E,
+    query: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+    decode: impl Fn(&DB::Row) -> Result<T, sqlx::Error>,
+) -> Result<Vec<T>, sqlx::Error>
+where
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    query
+        .fetch_all(executor)
+        .await?
+        .iter()
+        .map(decode)
+        .collect()
+}
+
+/// A row of `find_events`: [`RECORD_COLUMNS`].
 pub fn event_record<C: RowColumns>(row: &C::Row) -> Result<EventRecord, sqlx::Error>
 where
     for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,

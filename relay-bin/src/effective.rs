@@ -337,16 +337,24 @@ mod tests {
 
     #[test]
     fn strings_and_keys_are_escaped() {
-        assert_eq!(
-            toml_string("a\"b\\c\nd\u{7f}"),
-            "\"a\\\"b\\\\c\\nd\\u007F\""
-        );
-        assert_eq!(toml_key("linger.ms"), "\"linger.ms\"");
-        assert_eq!(toml_key("batch_size"), "batch_size");
-        assert_eq!(
-            without_password("http://localhost:4566"),
-            "http://localhost:4566"
-        );
-        assert_eq!(without_password("{aggregate_type}"), "{aggregate_type}");
+        type Render = fn(&str) -> String;
+        let cases: [(Render, &str, &str); 5] = [
+            (
+                toml_string,
+                "a\"b\\c\nd\u{7f}",
+                "\"a\\\"b\\\\c\\nd\\u007F\"",
+            ),
+            (toml_key, "linger.ms", "\"linger.ms\""),
+            (toml_key, "batch_size", "batch_size"),
+            (
+                without_password,
+                "http://localhost:4566",
+                "http://localhost:4566",
+            ),
+            (without_password, "{aggregate_type}", "{aggregate_type}"),
+        ];
+        for (render, input, expected) in cases {
+            assert_eq!(render(input), expected, "{input}");
+        }
     }
 }
