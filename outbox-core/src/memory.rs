@@ -38,6 +38,12 @@ impl MemoryRow {
         self.published_at.filter(|_| self.published && !self.dead)
     }
 
+    /// Whether `filter` names the row (its limit aside).
+    fn matches(&self, filter: &EventFilter) -> bool {
+        let e = &self.event;
+        filter.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
+    }
+
     /// The row as `find_events` (and, when dead, `dead_list`) gives it.
     fn record(&self) -> EventRecord {
         let published_at = self.published_at.filter(|_| self.published);
@@ -354,18 +360,15 @@ impl Store for MemoryStore {
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
         let st = self.table()?;
+        let aggregate = EventFilter {
+            aggregate_type: filter.aggregate_type.clone(),
+            aggregate_id: filter.aggregate_id.clone(),
+            ..EventFilter::default()
+        };
         Ok(st
             .rows
             .values()
-            .filter(|r| {
-                let e = &r.event;
-                let aggregate = EventFilter {
-                    aggregate_type: filter.aggregate_type.clone(),
-                    aggregate_id: filter.aggregate_id.clone(),
-                    ..EventFilter::default()
-                };
-                aggregate.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
-            })
+            .filter(|r| r.dead && !r.published && r.matches(&aggregate))
             .filter_map(|r| r.record().into_dead())
             .take(filter.limit.max(1) as usize)
             .collect())
@@ -377,10 +380,7 @@ impl Store for MemoryStore {
             .rows
             .values()
             .rev()
-            .filter(|r| {
-                let e = &r.event;
-                filter.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
-            })
+            .filter(|r| r.matches(filter))
             .take(filter.limit.max(1) as usize)
             .map(MemoryRow::record)
             .collect())

@@ -15,7 +15,7 @@ use std::path::Path;
 use figment::value::{Dict, Value};
 use figment::Figment;
 
-use crate::settings::{env_var_for, is_env, SECRET_KEYS};
+use crate::settings::{set_in, SetIn, SECRET_KEYS};
 
 /// What a hidden value prints as.
 const HIDDEN: &str = "***";
@@ -126,13 +126,9 @@ impl Writer<'_> {
         let Some(md) = self.figment.get_metadata(value.tag()) else {
             return "set in code".to_owned();
         };
-        if is_env(md) {
-            return env_var_for(&path.join("."));
-        }
-        match (self.file, &md.source) {
-            (Some(file), _) => file.display().to_string(),
-            (None, Some(figment::Source::File(file))) => file.display().to_string(),
-            _ => md.name.to_string(),
+        match set_in(md, &path.join("."), self.file) {
+            Some(SetIn::Variable(name) | SetIn::File(name)) => name,
+            None => md.name.to_string(),
         }
     }
 

@@ -337,7 +337,7 @@ fn one_line(message: &str) -> String {
 const ENV_PREFIX: &str = "OUTBOX_";
 const ENV_SOURCE: &str = "`OUTBOX_` environment variable(s)";
 
-pub(crate) fn is_env(md: &figment::Metadata) -> bool {
+fn is_env(md: &figment::Metadata) -> bool {
     md.name == ENV_SOURCE
 }
 
@@ -349,21 +349,37 @@ pub fn env_var_for(key: &str) -> String {
     )
 }
 
+/// Where a value was set.
+pub(crate) enum SetIn {
+    /// This `OUTBOX_` environment variable.
+    Variable(String),
+    /// This configuration file.
+    File(String),
+}
+
+/// Where the value at `key`, whose provider `md` names, was set; `None` for a value neither
+/// the file nor the environment gave.
+pub(crate) fn set_in(md: &figment::Metadata, key: &str, file: Option<&Path>) -> Option<SetIn> {
+    if is_env(md) {
+        return Some(SetIn::Variable(env_var_for(key)));
+    }
+    match (file, &md.source) {
+        (Some(file), _) => Some(SetIn::File(file.display().to_string())),
+        (None, Some(figment::Source::File(path))) => Some(SetIn::File(path.display().to_string())),
+        _ => None,
+    }
+}
+
 /// Where the value at `key` was set, as a message suffix: ` (in FILE)` or
 /// ` (from environment variable OUTBOX_...)`; `None` when the key has no value there.
 pub(crate) fn origin(figment: &Figment, key: &str, file: Option<&Path>) -> Option<String> {
     if key.is_empty() {
         return None;
     }
-    let md = figment.find_metadata(key)?;
-    if is_env(md) {
-        return Some(format!(" (from environment variable {})", env_var_for(key)));
-    }
-    match (file, &md.source) {
-        (Some(file), _) => Some(format!(" (in {})", file.display())),
-        (None, Some(figment::Source::File(path))) => Some(format!(" (in {})", path.display())),
-        _ => None,
-    }
+    Some(match set_in(figment.find_metadata(key)?, key, file)? {
+        SetIn::Variable(var) => format!(" (from environment variable {var})"),
+        SetIn::File(file) => format!(" (in {file})"),
+    })
 }
 
 /// Append where the key a message starts with was set (`relay.batch_size: must be ...` →
