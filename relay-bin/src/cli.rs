@@ -339,7 +339,9 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
             if all.len() == 1 && unmatched.is_empty() && one {
                 let target = all.remove(0);
                 let dead_list = dead_list(&loaded, &target.label);
-                return crate::status::print(target.store?.as_ref(), json, &dead_list).await;
+                // One pipeline is selected, or there is only one.
+                let relay = &pipelines[0].relay;
+                return crate::status::print(target.store?.as_ref(), json, &dead_list, relay).await;
             }
             crate::status::print_each(all, &unmatched, json).await
         }

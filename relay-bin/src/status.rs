@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use outboxkit_core::{BacklogStatus, Error, ErrorKind, HeldBack, ShardOwner, Store};
+use outboxkit_core::{BacklogStatus, Error, ErrorKind, HeldBack, RelayConfig, ShardOwner, Store};
 use serde::Serialize;
 
 use crate::cli::Failure;
@@ -24,11 +24,20 @@ struct StatusReport {
     /// schema `migrate` must bring up to date): what `run` would stop with.
     #[serde(skip_serializing_if = "Option::is_none")]
     problem: Option<String>,
+    /// `relay.max_events_per_second`, when set: the pace each relay drains the table at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_events_per_second: Option<u32>,
 }
 
 /// Print backlog figures and shard owners, as text or JSON, and what the store's check finds
-/// wrong with the table, if anything. `dead_list` is the command that lists its dead events.
-pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(), Failure> {
+/// wrong with the table, if anything. `dead_list` is the command that lists its dead events;
+/// `relay` the pipeline's engine settings (the pace it drains at, when limited).
+pub async fn print(
+    store: &dyn Store,
+    json: bool,
+    dead_list: &str,
+    relay: &RelayConfig,
+) -> Result<(), Failure> {
     let (backlog, problem) = backlog(store).await?;
     let owners: Vec<ShardOwner> = explained(store, store.shard_owners().await).await?;
     let mut by_owner: BTreeMap<String, Vec<i32>> = BTreeMap::new();
@@ -49,6 +58,7 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
         held_back,
         oldest_kept_at,
         problem: problem.as_ref().map(Error::full_message),
+        max_events_per_second: relay.max_events_per_second,
     };
     if json {
         let text = serde_json::to_string_pretty(&report)
@@ -59,6 +69,11 @@ pub async fn print(store: &dyn Store, json: bool, dead_list: &str) -> Result<(),
     let b = &report.backlog;
     outln!("store                {}", report.store);
     outln!("pending              {}", b.pending);
+    if let Some(rate) = report.max_events_per_second {
+        outln!(
+            "pace                 at most {rate} events/s per relay (relay.max_events_per_second)"
+        );
+    }
     if b.pending == 0 {
         outln!("oldest pending age   none pending");
     } else {

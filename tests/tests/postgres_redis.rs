@@ -161,6 +161,15 @@ async fn a_backlog_drains_at_max_events_per_second() {
     let (port, redis, mut scenario) =
         serving_endpoints("e2erate", "max_events_per_second = 200").await;
     scenario.store.enqueue_many(&placed_events(600, 13)).await;
+    // `status` says the backlog drains at that pace.
+    let (ok, text, err) = scenario.cli(&["status"]);
+    assert!(
+        ok && text.contains(
+            "\npace                 at most 200 events/s per relay (relay.max_events_per_second)\n"
+        ),
+        "{text}{err}"
+    );
+    assert_eq!(scenario.status()["max_events_per_second"], 200);
     let started = Instant::now();
     scenario.start_relay("relay-rate", &[]);
     wait_published(port, 600).await;
