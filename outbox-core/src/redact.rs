@@ -14,7 +14,7 @@ pub fn redact_url(raw: &str) -> Option<String> {
     if url.password().is_some() && url.set_password(Some("***")).is_err() {
         return Some(strip_userinfo(raw));
     }
-    if url.query_pairs().any(|(k, _)| k == "password") {
+    if has_password_parameter(&url) {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
@@ -29,6 +29,31 @@ pub fn redact_url(raw: &str) -> Option<String> {
         url.query_pairs_mut().clear().extend_pairs(pairs);
     }
     Some(url.to_string())
+}
+
+/// Whether `url` has a `password=` query parameter.
+fn has_password_parameter(url: &url::Url) -> bool {
+    url.query_pairs().any(|(k, _)| k == "password")
+}
+
+/// `raw` without its password, as [`redact_url_or_strip`] shows it, when it holds one (a
+/// URL's user-info password or `password=` parameter, or what stands before the `@` of a value
+/// that is no URL); otherwise `raw` as written, not as the URL parser would normalise it (for
+/// showing configuration values the user wrote: `outbox-relay config`).
+pub fn hide_password(raw: &str) -> std::borrow::Cow<'_, str> {
+    let holds_one = match url::Url::parse(raw) {
+        Ok(url) => {
+            (url.cannot_be_a_base() && raw.contains('@'))
+                || url.password().is_some()
+                || has_password_parameter(&url)
+        }
+        Err(_) => raw.contains('@'),
+    };
+    if holds_one {
+        redact_url_or_strip(raw).into()
+    } else {
+        raw.into()
+    }
 }
 
 /// `raw` as an adapter shows it in messages and `Debug` output: [`redact_url`], or
@@ -101,6 +126,19 @@ mod tests {
             Some("redis://cache:6379")
         );
         assert_eq!(redact_url("not a url"), None);
+    }
+
+    #[test]
+    fn a_value_without_password_is_shown_as_written() {
+        for (raw, shown) in [
+            ("http://localhost:4566", "http://localhost:4566"),
+            ("{aggregate_type}", "{aggregate_type}"),
+            ("postgres://app:s3cr3t@db/app", "postgres://app:***@db/app"),
+            ("amqp://mq?password=s3cr3t", "amqp://mq?password=***"),
+            ("user:s3cr3t@broker:9092", "***@broker:9092"),
+        ] {
+            assert_eq!(hide_password(raw), shown, "{raw}");
+        }
     }
 
     #[test]

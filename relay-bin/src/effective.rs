@@ -14,6 +14,7 @@ use std::path::Path;
 
 use figment::value::{Dict, Value};
 use figment::Figment;
+use outboxkit_core::redact::hide_password;
 
 use crate::settings::{set_in, SetIn, SECRET_KEYS};
 
@@ -136,7 +137,7 @@ impl Writer<'_> {
     fn value(&self, key: &str, value: &Value) -> String {
         match value {
             Value::String(_, text) if is_secret(key, text) => toml_string(HIDDEN),
-            Value::String(_, text) => toml_string(&without_password(text)),
+            Value::String(_, text) => toml_string(&hide_password(text)),
             Value::Char(_, c) => toml_string(&c.to_string()),
             Value::Bool(_, b) => b.to_string(),
             Value::Num(_, num) => match num.to_f64() {
@@ -165,35 +166,14 @@ impl Writer<'_> {
     }
 }
 
-/// Whether the value of `key` holds a secret, by the key's name or the value's text. A
-/// `<name>_file` key holds the path of a file (shown), not the secret.
+/// Whether the value of `key` holds a secret, by the key's name (not a `<name>_file` key, which
+/// holds the path of a file) or by the value's text (a private key).
 fn is_secret(key: &str, text: &str) -> bool {
     let name = key.to_ascii_lowercase();
-    if name.ends_with("_file") {
-        return text.contains("PRIVATE KEY");
-    }
-    SECRET_KEYS.contains(&name.as_str())
-        || SECRET_WORDS.iter().any(|word| name.contains(word))
-        || text.contains("PRIVATE KEY")
-}
-
-/// `text` with the password of a URL hidden (user-info and `password=` query parameter), and
-/// what stands before the last `@` of a value that is no URL (`user:pass@host:9092`). A URL
-/// without a password is shown as written, not as the URL parser would normalise it.
-fn without_password(text: &str) -> String {
-    let has_password = match url::Url::parse(text) {
-        Ok(url) => {
-            (url.cannot_be_a_base() && text.contains('@'))
-                || url.password().is_some()
-                || url.query_pairs().any(|(k, _)| k == "password")
-        }
-        Err(_) => text.contains('@'),
-    };
-    if has_password {
-        outboxkit_core::redact::redact_url_or_strip(text)
-    } else {
-        text.to_owned()
-    }
+    let named = !name.ends_with("_file")
+        && (SECRET_KEYS.contains(&name.as_str())
+            || SECRET_WORDS.iter().any(|word| name.contains(word)));
+    named || text.contains("PRIVATE KEY")
 }
 
 /// A key as TOML writes it: bare when it can be, quoted otherwise (`"linger.ms"`).
@@ -331,6 +311,11 @@ mod tests {
         assert!(out.contains("[sink]\nkind = \"redis-streams\""), "{out}");
     }
 
+    /// A value as `config` shows it, secrets aside.
+    fn shown(raw: &str) -> String {
+        hide_password(raw).into_owned()
+    }
+
     #[test]
     fn strings_and_keys_are_escaped() {
         type Render = fn(&str) -> String;
@@ -342,12 +327,8 @@ mod tests {
             ),
             (toml_key, "linger.ms", "\"linger.ms\""),
             (toml_key, "batch_size", "batch_size"),
-            (
-                without_password,
-                "http://localhost:4566",
-                "http://localhost:4566",
-            ),
-            (without_password, "{aggregate_type}", "{aggregate_type}"),
+            (shown, "http://localhost:4566", "http://localhost:4566"),
+            (shown, "{aggregate_type}", "{aggregate_type}"),
         ];
         for (render, input, expected) in cases {
             assert_eq!(render(input), expected, "{input}");
