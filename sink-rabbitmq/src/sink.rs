@@ -589,11 +589,11 @@ impl RabbitMqSink {
     }
 
     /// After a message got no confirm because of `e`: `Err` when the sink cannot tell which
-    /// message is at fault — the connection is gone, or the broker closed the channel for a
+    /// message is at fault — the connection broke, or the broker closed the channel for a
     /// reason that is not the message's (access refused, the exchange missing...), so every
     /// unconfirmed message would meet it alike; `Ok` when only that message is at fault (its
-    /// neighbours are then sent again one at a time). Marks what must be rebuilt before the
-    /// next use.
+    /// neighbours are then sent again one at a time), also when the connection went after the
+    /// message's refusal. Marks what must be rebuilt before the next use.
     fn after_failure(&self, slot: &mut Option<Link>, e: &lapin::Error, what: &str) -> Result<()> {
         let connection_alive = slot
             .as_ref()
@@ -602,6 +602,13 @@ impl RabbitMqSink {
         if scope == Scope::Connection || !connection_alive {
             if slot.take().is_some() {
                 info!(host = %self.host_port, "dropped the RabbitMQ connection; the next call reconnects");
+            }
+            // The broker closed the channel because of a message, and the connection went
+            // with it (frames of the next messages, already sent on the closed channel, make
+            // RabbitMQ close the connection): the faulty message is still known, so its
+            // neighbours go again one at a time, on a new connection.
+            if scope == Scope::Message {
+                return Ok(());
             }
             return Err(self.call_error(e.clone(), what));
         }
