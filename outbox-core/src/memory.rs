@@ -14,7 +14,8 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, EventState,
-    HeldBack, NewEvent, OutboxEvent, Outcome, Payload, PayloadType, ReplaySelection, ShardOwner,
+    HeldBack, NewEvent, OutboxEvent, Outcome, Pause, Paused, Payload, PayloadType, ReplaySelection,
+    ShardOwner,
 };
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
@@ -97,6 +98,8 @@ struct StoreState {
     panic_claims: bool,
     /// Purges panic.
     panic_purges: bool,
+    /// `outbox-relay pause`.
+    pause: Option<Pause>,
 }
 
 /// An in-memory outbox shared by every session opened on it.
@@ -372,6 +375,28 @@ impl Store for MemoryStore {
             .filter_map(|r| r.record().into_dead())
             .take(filter.limit.max(1) as usize)
             .collect())
+    }
+
+    async fn paused(&self) -> Result<Option<Pause>> {
+        Ok(self.table()?.pause.clone())
+    }
+
+    async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
+        let mut st = self.table()?;
+        if let Some(pause) = &st.pause {
+            return Ok(Paused::Already(pause.clone()));
+        }
+        let pause = Pause {
+            since: Utc::now(),
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        st.pause = Some(pause.clone());
+        Ok(Paused::Now(pause))
+    }
+
+    async fn resume(&self) -> Result<Option<Pause>> {
+        Ok(self.table()?.pause.take())
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {

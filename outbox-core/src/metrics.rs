@@ -41,6 +41,9 @@ pub const HAND_OVERS: &str = "outbox_hand_overs_total";
 /// pace (its `_sum` is the time waited). Rising while `outbox_pending_events` grows: the pace,
 /// not the broker, holds the backlog back.
 pub const PACE_WAIT: &str = "outbox_pace_wait_seconds";
+/// Gauge: 1 while an operator's pause (`outbox-relay pause`) holds the table, as this relay
+/// last read it; 0 otherwise. Recorded by every relay.
+pub const PAUSED: &str = "outbox_paused";
 /// Counter: published rows deleted by the retention purge.
 pub const PURGED: &str = "outbox_purged_total";
 /// Gauge, recorded by the binary for a pipeline whose `store.table` is a pattern: the tables

@@ -417,6 +417,36 @@ pub struct ShardOwner {
     pub owner: String,
 }
 
+/// An operator's pause of a table (`outbox-relay pause`): while it holds, no relay claims or
+/// publishes the table's events; they wait, in order, for `outbox-relay resume`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// When the pause began (the database's clock).
+    pub since: DateTime<Utc>,
+    /// Who paused it, as `pause --by` gave it (by default the user and host that ran it).
+    pub by: String,
+    /// Why, as `pause --reason` gave it; empty when none was given.
+    pub reason: String,
+}
+
+/// What [`Store::pause`](crate::Store::pause) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Paused {
+    /// The table is paused now, by this call.
+    Now(Pause),
+    /// It was paused already: the pause that holds, unchanged.
+    Already(Pause),
+}
+
+impl Paused {
+    /// The pause that holds.
+    pub fn pause(&self) -> &Pause {
+        match self {
+            Self::Now(pause) | Self::Already(pause) => pause,
+        }
+    }
+}
+
 /// A row parked as dead, as `outbox-relay dead list` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadEvent {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, HeldBack,
-    NewEvent, OutboxEvent, ReplaySelection, ShardOwner,
+    NewEvent, OutboxEvent, Pause, Paused, ReplaySelection, ShardOwner,
 };
 
 /// What to do with rows once the broker acknowledged them.
@@ -128,6 +128,40 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
             ErrorKind::Other,
             format!(
                 "the {} store cannot look events up (its Store::find_events is not written)",
+                self.kind()
+            ),
+        ))
+    }
+
+    /// The operator's pause of this table (`outbox-relay pause`), `None` when it is not paused.
+    /// Every relay of the table reads it once per `relay.rebalance_interval` and before its
+    /// first claim, and claims nothing while it holds. A table migrated before pauses existed
+    /// is not paused (its pause table is made by the next `migrate`). This default says never.
+    async fn paused(&self) -> Result<Option<Pause>> {
+        Ok(None)
+    }
+
+    /// Pause this table for every relay (`outbox-relay pause`), by `by` for `reason`; a table
+    /// paused already keeps its pause. Nothing is lost: the events wait, in order, and the
+    /// rows stay pending. This default says the store cannot.
+    async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
+        let _ = (by, reason);
+        Err(Error::new(
+            ErrorKind::Other,
+            format!(
+                "the {} store cannot pause a table (its Store::pause is not written)",
+                self.kind()
+            ),
+        ))
+    }
+
+    /// Lift this table's pause (`outbox-relay resume`): the pause that held, `None` when the
+    /// table was not paused. This default says the store cannot.
+    async fn resume(&self) -> Result<Option<Pause>> {
+        Err(Error::new(
+            ErrorKind::Other,
+            format!(
+                "the {} store cannot resume a table (its Store::resume is not written)",
                 self.kind()
             ),
         ))

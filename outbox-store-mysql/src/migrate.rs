@@ -15,6 +15,7 @@ use outboxkit_store_sql::migrate::{
     check_current, checked_payload_type, creation_script, forget_dropped, not_ours, render_table,
     Migration, ScriptDialect, TableCatalog,
 };
+use outboxkit_store_sql::pause::PAUSE_TABLE;
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, MySql, Target};
@@ -131,12 +132,13 @@ fn parse_comment(comment: &str) -> Option<(i32, i32)> {
     Some((version.parse().ok()?, shards.parse().ok()?))
 }
 
-/// Which of the outbox table, `outbox_relay_schema` and `outbox_relay_members` exist, and the
-/// outbox table's comment.
+/// Which of the outbox table, `outbox_relay_schema`, `outbox_relay_members` and
+/// `outbox_relay_pause` exist, and the outbox table's comment.
 pub(crate) struct Existing {
     pub outbox: Option<String>,
     pub schema_table: bool,
     pub members_table: bool,
+    pub pause_table: bool,
 }
 
 impl Existing {
@@ -157,12 +159,13 @@ pub(crate) async fn existing_tables(
     let database = table.qualifier().unwrap_or_default();
     let rows = sqlx::query(
         "SELECT TABLE_NAME, TABLE_COMMENT FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?)",
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN (?, ?, ?, ?)",
     )
     .bind(database)
     .bind(table.name())
     .bind(SCHEMA_TABLE)
     .bind(MEMBERS_TABLE)
+    .bind(PAUSE_TABLE)
     .fetch_all(conn)
     .await
     .map_err(|e| classify(e, target))?;
@@ -170,6 +173,7 @@ pub(crate) async fn existing_tables(
         outbox: None,
         schema_table: false,
         members_table: false,
+        pause_table: false,
     };
     for row in rows {
         let text = |i: usize| -> Result<String> {
@@ -183,6 +187,8 @@ pub(crate) async fn existing_tables(
             existing.schema_table = true;
         } else if name == MEMBERS_TABLE {
             existing.members_table = true;
+        } else if name == PAUSE_TABLE {
+            existing.pause_table = true;
         }
     }
     Ok(existing)
@@ -269,6 +275,12 @@ async fn migrate_on(
             .await
             .map_err(err)?;
     }
+    if !existing.pause_table {
+        // Also for a table migrated before pauses existed.
+        conn.execute(sqlx::raw_sql(&create_pause_table(table)))
+            .await
+            .map_err(err)?;
+    }
 
     let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
     let (current, shard_count) = match MySql::schema_row(conn, table, target).await? {
@@ -350,6 +362,20 @@ fn create_members_table(table: &TableName) -> String {
     )
 }
 
+/// The pause table beside `table` (see [`outboxkit_store_sql::pause`]), as `migrate` makes it.
+fn create_pause_table(table: &TableName) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\
+           table_name VARCHAR(64) NOT NULL PRIMARY KEY, \
+           paused_at DATETIME(6) NOT NULL, \
+           paused_by TEXT NOT NULL, \
+           reason TEXT NOT NULL\
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin \
+         COMMENT = 'outbox-relay: the tables an operator paused (outbox-relay pause)'",
+        table.quoted_sibling(PAUSE_TABLE)
+    )
+}
+
 /// What [`migrate`] runs for a table that does not exist yet, as one script (see
 /// [`creation_script`]): the database, the bookkeeping tables, the migrations and the
 /// bookkeeping row. `table` is qualified (an unqualified `store.table` is in the URL's
@@ -365,6 +391,7 @@ pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<Payloa
     }
     before.push(create_schema_table(&table.quoted_sibling(SCHEMA_TABLE)));
     before.push(create_members_table(table));
+    before.push(create_pause_table(table));
     creation_script(MIGRATIONS, table, shards, payload_type, &before)
 }
 

@@ -8,6 +8,7 @@
 //! up on them and falls back to a table scan).
 
 use outboxkit_core::PayloadType;
+use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
 use outboxkit_store_sql::rows::RECORD_COLUMNS;
 
 use crate::config::{TableName, MEMBERS_TABLE};
@@ -77,6 +78,8 @@ pub(crate) struct Sql {
     pub held_back: String,
     pub replay_count: String,
     pub replay: String,
+    /// `outbox-relay pause` and `resume`, and the relays' reading of it.
+    pub pause: PauseSql,
 }
 
 /// The kept events a replay selects, by the `published_at` index: ? published since, ? published
@@ -90,6 +93,14 @@ impl Sql {
         let t = table.quoted();
         let members = table.quoted_sibling(MEMBERS_TABLE);
         Self {
+            // A paused table keeps its first pause: IGNORE leaves the existing row alone.
+            pause: PauseSql::new(
+                &table.quoted_sibling(PAUSE_TABLE),
+                ["?", "?", "?"],
+                "INSERT IGNORE INTO",
+                "",
+                "UTC_TIMESTAMP(6)",
+            ),
             // ? retention in microseconds, ? limit. Oldest first, by the published_at index.
             purge: format!(
                 "DELETE FROM {t} WHERE published_at IS NOT NULL \

@@ -11,8 +11,8 @@ use sqlx::{Connection, Executor, MySqlPool, Row};
 
 use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, ErrorKind, EventFilter,
-    EventRecord, HeldBack, NewEvent, PayloadType, ReplaySelection, Result, ShardOwner,
-    ShardSession, Store,
+    EventRecord, HeldBack, NewEvent, Pause, Paused, PayloadType, ReplaySelection, Result,
+    ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, MySql, Target};
@@ -24,6 +24,7 @@ use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
 use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
@@ -375,13 +376,15 @@ impl MySqlStore {
         &self.inner.context.sql
     }
 
-    /// The privileges the relay's user needs: on the outbox table and its bookkeeping, and
-    /// on the membership rows its sessions write (`REPLACE`: `INSERT` and `DELETE`).
-    fn grants(&self) -> [Grant; 3] {
+    /// The privileges the relay's user needs: on the outbox table, its bookkeeping and the
+    /// pause table (read at each rebalance, once `migrate` made it), and on the membership
+    /// rows its sessions write (`REPLACE`: `INSERT` and `DELETE`).
+    fn grants(&self) -> [Grant; 4] {
         let table = &self.inner.table;
         [
             Grant::outbox(table.quoted()),
             Grant::on(table.quoted_sibling(SCHEMA_TABLE)).select(),
+            Grant::on(table.quoted_sibling(pause::PAUSE_TABLE)).select(),
             Grant::on(table.quoted_sibling(MEMBERS_TABLE))
                 .select()
                 .insert(
@@ -390,6 +393,19 @@ impl MySqlStore {
                 )
                 .delete(),
         ]
+    }
+
+    /// The table's pause (`outbox-relay pause`), its failures classified by `error`.
+    fn pauses<'a>(
+        &'a self,
+        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
+    ) -> pause::Pauses<'a, MySql, sqlx::MySql> {
+        pause::Pauses::new(
+            &self.inner.pool,
+            &self.sql().pause,
+            self.inner.table.name(),
+            error,
+        )
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
@@ -438,6 +454,10 @@ impl RowColumns for MySql {
     ) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
         let time: Option<chrono::NaiveDateTime> = row.try_get(index)?;
         Ok(time.map(|t| t.and_utc()))
+    }
+
+    fn rows_affected(result: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        result.rows_affected()
     }
 }
 
@@ -592,6 +612,21 @@ impl Store for MySqlStore {
         rows::fetch(&self.inner.pool, query, rows::dead_event::<MySql>)
             .await
             .map_err(|e| self.error(e).context("listing dead rows"))
+    }
+
+    async fn paused(&self) -> Result<Option<Pause>> {
+        let error = |e| self.error(e);
+        self.pauses(&error).read().await
+    }
+
+    async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
+        let error = |e| self.error(e);
+        self.pauses(&error).pause(by, reason).await
+    }
+
+    async fn resume(&self) -> Result<Option<Pause>> {
+        let error = |e| self.error(e);
+        self.pauses(&error).resume().await
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {

@@ -12,6 +12,7 @@ use outboxkit_store_sql::migrate::{
     check_current, checked_payload_type, creation_script, forget_dropped, not_ours, render_table,
     Migration, ScriptDialect, TableCatalog,
 };
+use outboxkit_store_sql::pause::PAUSE_TABLE;
 use outboxkit_store_sql::payload::{self, PayloadColumn};
 
 use crate::classify::{classify, Postgres, Target};
@@ -149,18 +150,26 @@ pub(crate) async fn migrate(
     }
 
     let schema_table = table.quoted_sibling(SCHEMA_TABLE);
-    let (outbox_exists, schema_table_exists): (bool, bool) = sqlx::query_as(
-        "SELECT to_regclass($1::text) IS NOT NULL, to_regclass($2::text) IS NOT NULL",
-    )
-    .bind(table.quoted())
-    .bind(&schema_table)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(err)?;
-    if !schema_table_exists {
-        tx.execute(sqlx::raw_sql(&create_schema_table(&schema_table, "")))
-            .await
-            .map_err(err)?;
+    let pause_table = table.quoted_sibling(PAUSE_TABLE);
+    let (outbox_exists, schema_table_exists, pause_table_exists): (bool, bool, bool) =
+        sqlx::query_as(
+            "SELECT to_regclass($1::text) IS NOT NULL, to_regclass($2::text) IS NOT NULL, \
+             to_regclass($3::text) IS NOT NULL",
+        )
+        .bind(table.quoted())
+        .bind(&schema_table)
+        .bind(&pause_table)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(err)?;
+    // The pause table also for a table migrated before pauses existed.
+    for (exists, create) in [
+        (schema_table_exists, create_schema_table(&schema_table, "")),
+        (pause_table_exists, create_pause_table(&pause_table, "")),
+    ] {
+        if !exists {
+            tx.execute(sqlx::raw_sql(&create)).await.map_err(err)?;
+        }
     }
 
     let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
@@ -219,6 +228,18 @@ fn create_schema_table(schema_table: &str, guard: &str) -> String {
     )
 }
 
+/// The pause table `pause_table` (quoted; see [`outboxkit_store_sql::pause`]), as `migrate`
+/// makes it (`guard` empty: it looked first) or a script does (`guard` = `IF NOT EXISTS `).
+fn create_pause_table(pause_table: &str, guard: &str) -> String {
+    format!(
+        "CREATE TABLE {guard}{pause_table} (\
+           table_name text PRIMARY KEY, \
+           paused_at timestamptz NOT NULL DEFAULT now(), \
+           paused_by text NOT NULL, \
+           reason text NOT NULL DEFAULT '')"
+    )
+}
+
 /// What [`migrate`] runs for a table that does not exist yet, as one script in one transaction
 /// (see [`creation_script`]): the schema when the table names one, the bookkeeping table, the
 /// migrations and the bookkeeping row. An unqualified table goes where the applying session's
@@ -230,6 +251,8 @@ pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<Payloa
     }
     let schema_table = table.quoted_sibling(SCHEMA_TABLE);
     before.push(create_schema_table(&schema_table, "IF NOT EXISTS "));
+    let pause_table = table.quoted_sibling(PAUSE_TABLE);
+    before.push(create_pause_table(&pause_table, "IF NOT EXISTS "));
     creation_script(MIGRATIONS, table, shards, payload_type, &before)
 }
 

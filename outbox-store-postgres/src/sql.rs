@@ -2,6 +2,7 @@
 //! formatted in; only the (validated, quoted) table name is.
 
 use outboxkit_core::PayloadType;
+use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
 use outboxkit_store_sql::rows::RECORD_COLUMNS;
 
 use crate::config::TableName;
@@ -48,6 +49,8 @@ pub(crate) struct Sql {
     pub replay: String,
     /// The replay of log-based capture in table style: the rows written again.
     pub replay_rewrite: String,
+    /// `outbox-relay pause` and `resume`, and the relays' reading of it.
+    pub pause: PauseSql,
 }
 
 /// A statement that writes the rows `which` selects again, as new rows with new ids (in the old
@@ -77,6 +80,13 @@ impl Sql {
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
+            pause: PauseSql::new(
+                &table.quoted_sibling(PAUSE_TABLE),
+                ["$1", "$2", "$3"],
+                "INSERT INTO",
+                " ON CONFLICT (table_name) DO NOTHING",
+                "now()",
+            ),
             // $1 owned shards, $2 excluded ids, $3 dead rows hold their aggregate, $4 limit.
             // No row locks: the shard locks give this session exclusivity.
             //

@@ -10,7 +10,7 @@ use sqlx::{Connection, PgPool, Row};
 
 use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, DeadSelection, Error, EventFilter, EventRecord, HeldBack,
-    NewEvent, PayloadType, ReplaySelection, Result, ShardOwner, ShardSession, Store,
+    NewEvent, Pause, Paused, PayloadType, ReplaySelection, Result, ShardOwner, ShardSession, Store,
 };
 
 use crate::classify::{classify, Postgres, Target};
@@ -24,6 +24,7 @@ use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
 use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
@@ -357,22 +358,38 @@ impl PostgresStore {
         &self.inner.context.sql
     }
 
-    /// The privileges the relay's user needs: on the outbox table, its bookkeeping and, with
-    /// log-based capture, the capture bookkeeping (polling only reads it, when it exists).
-    fn grants(&self) -> [Grant; 3] {
+    /// The privileges the relay's user needs: on the outbox table, its bookkeeping, the pause
+    /// table (read at each rebalance, once `migrate` made it) and, with log-based capture, the
+    /// capture bookkeeping (polling only reads it, when it exists).
+    fn grants(&self) -> [Grant; 4] {
         let table = &self.inner.table;
         let outbox = Grant::outbox(table.quoted());
         let schema = Grant::on(table.quoted_sibling(SCHEMA_TABLE)).select();
+        let pause = Grant::on(table.quoted_sibling(pause::PAUSE_TABLE)).select();
         let capture = Grant::on(table.quoted_sibling(setup::CAPTURE_TABLE)).select();
         match self.inner.logical {
             // Dead events of message style, and retried ones, are written to the table.
             Some(_) => [
                 outbox.insert("aggregate_type", "''"),
                 schema,
+                pause,
                 capture.update("reader_unsettled", "0"),
             ],
-            None => [outbox, schema, capture],
+            None => [outbox, schema, pause, capture],
         }
+    }
+
+    /// The table's pause (`outbox-relay pause`), its failures classified by `error`.
+    fn pauses<'a>(
+        &'a self,
+        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
+    ) -> pause::Pauses<'a, Postgres, sqlx::Postgres> {
+        pause::Pauses::new(
+            &self.inner.pool,
+            &self.sql().pause,
+            self.inner.table.name(),
+            error,
+        )
     }
 
     fn error(&self, error: sqlx::Error) -> Error {
@@ -401,6 +418,10 @@ impl RowColumns for Postgres {
         index: usize,
     ) -> std::result::Result<Option<chrono::DateTime<chrono::Utc>>, sqlx::Error> {
         row.try_get(index)
+    }
+
+    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+        result.rows_affected()
     }
 }
 
@@ -577,6 +598,21 @@ impl Store for PostgresStore {
         rows::fetch(&self.inner.pool, query, rows::dead_event::<Postgres>)
             .await
             .map_err(|e| self.error(e).context("listing dead rows"))
+    }
+
+    async fn paused(&self) -> Result<Option<Pause>> {
+        let error = |e| self.error(e);
+        self.pauses(&error).read().await
+    }
+
+    async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
+        let error = |e| self.error(e);
+        self.pauses(&error).pause(by, reason).await
+    }
+
+    async fn resume(&self) -> Result<Option<Pause>> {
+        let error = |e| self.error(e);
+        self.pauses(&error).resume().await
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {

@@ -5,6 +5,7 @@ pub mod config;
 pub mod enqueue;
 pub mod inbox;
 pub mod migrate;
+pub mod pause;
 pub mod payload;
 pub mod privileges;
 pub mod replay;

@@ -57,6 +57,9 @@ pub trait RowColumns {
 
     /// The time at `index`, `None` for NULL.
     fn time(row: &Self::Row, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+
+    /// How many rows a statement changed, from the server's `result`.
+    fn rows_affected(result: &<<Self::Row as Row>::Database as Database>::QueryResult) -> u64;
 }
 
 /// A NULL where the table has none.

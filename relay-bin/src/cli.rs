@@ -89,6 +89,15 @@ pub enum Command {
     /// error. By event id, aggregate type and aggregate; with none, the newest events. A
     /// published event's row is gone unless `relay.retention` keeps it.
     Events(crate::events::EventsArgs),
+    /// Stop every relay of the selected tables from publishing, until `resume`.
+    ///
+    /// Within `relay.rebalance_interval` each relay marks what the broker acknowledged and
+    /// claims nothing more; it keeps its shards and stays ready. Nothing is lost: the events
+    /// wait, in order, and writers go on writing. The pause is the table's, in the database:
+    /// relays started meanwhile stay paused. `status` shows it.
+    Pause(crate::pause::PauseArgs),
+    /// Lift the pause of the selected tables: their relays publish again, where they stopped.
+    Resume,
     /// Print the configuration as the relay reads it: the file with the OUTBOX_ environment
     /// variables over it, as TOML, each value with where it was set, secrets hidden.
     ///
@@ -322,7 +331,28 @@ pub async fn execute(cli: Cli, registry: Registry) -> Result<(), Failure> {
         }
         Command::Migrate { print_sql: true } => print_migration_sql(&registry, &loaded, &pipelines),
         Command::Migrate { print_sql: false } => {
-            migrate(&registry, &loaded, &pipelines, wanted_table).await
+            each_table(
+                &registry,
+                &loaded,
+                &pipelines,
+                wanted_table,
+                TableAction::Migrate,
+            )
+            .await
+        }
+        Command::Pause(ref args) => {
+            let action = TableAction::Pause(args);
+            each_table(&registry, &loaded, &pipelines, wanted_table, action).await
+        }
+        Command::Resume => {
+            each_table(
+                &registry,
+                &loaded,
+                &pipelines,
+                wanted_table,
+                TableAction::Resume,
+            )
+            .await
         }
         Command::Status { json } => {
             let mut all = Vec::new();
@@ -415,9 +445,6 @@ async fn one_target<'p>(
     Ok((targets.remove(0), pipeline))
 }
 
-/// `migrate` of the selected pipelines. With several pipelines (or tables), one that fails does
-/// not stop the others: each gets its line, and the command fails at the end naming those that
-/// did not migrate.
 /// `migrate --print-sql`: each selected pipeline's creation script, headed by its name when
 /// the configuration has several; nothing connected to.
 fn print_migration_sql(
@@ -445,12 +472,50 @@ fn print_migration_sql(
     Ok(())
 }
 
-async fn migrate(
+/// What a command does to each table it selects.
+#[derive(Debug, Clone, Copy)]
+enum TableAction<'a> {
+    Migrate,
+    Pause(&'a crate::pause::PauseArgs),
+    Resume,
+}
+
+impl TableAction<'_> {
+    /// The command's name, and what a table it failed for is not.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Migrate => ("migrate", "not migrated"),
+            Self::Pause(_) => ("pause", "not paused"),
+            Self::Resume => ("resume", "not resumed"),
+        }
+    }
+
+    /// Do it to `store`'s table: the verb and the rest of its line.
+    async fn on(self, store: &dyn Store) -> outboxkit_core::Result<(String, String)> {
+        match self {
+            Self::Migrate => {
+                store.migrate().await?;
+                Ok(("migrated".to_owned(), store.describe()))
+            }
+            Self::Pause(args) => crate::pause::pause(store, args).await,
+            Self::Resume => crate::pause::resume(store).await,
+        }
+    }
+}
+
+/// `action` on every table of the selected pipelines, a line each: `<verb> <rest>` for the one
+/// table of a one-pipeline configuration, `<verb> pipeline <label>: <rest>` otherwise. With
+/// several pipelines (or tables), one that fails does not stop the others: each gets its line
+/// (`pipeline <label>: not migrated: <why>`), and the command fails at the end naming those it
+/// failed for.
+async fn each_table(
     registry: &Registry,
     loaded: &Loaded,
     pipelines: &[&Pipeline],
     wanted_table: Option<&str>,
+    action: TableAction<'_>,
 ) -> Result<(), Failure> {
+    let (command, not_done) = action.names();
     let several = loaded.pipelines.len() > 1;
     let mut failed: Vec<(String, Failure)> = Vec::new();
     for pipeline in pipelines {
@@ -467,16 +532,15 @@ async fn migrate(
         }
         let one = !several && targets.len() == 1;
         for target in targets {
-            let migrated = async {
-                let store = target.store?;
-                store.migrate().await?;
-                Ok::<_, outboxkit_core::Error>(store.describe())
+            let done = match target.store {
+                Ok(store) => action.on(store.as_ref()).await,
+                Err(e) => Err(e),
             };
-            match migrated.await {
-                Ok(store) if target.label == pipeline.name && !several => {
-                    outln!("migrated {store}")
+            match done {
+                Ok((verb, rest)) if target.label == pipeline.name && !several => {
+                    outln!("{verb} {rest}")
                 }
-                Ok(store) => outln!("migrated pipeline {}: {store}", target.label),
+                Ok((verb, rest)) => outln!("{verb} pipeline {}: {rest}", target.label),
                 Err(e) if one => return Err(e.into()),
                 Err(e) => failed.push((target.label, e.into())),
             }
@@ -486,10 +550,10 @@ async fn migrate(
         return Ok(());
     }
     for (label, failure) in &failed {
-        outln!("pipeline {label}: not migrated: {}", failure.message);
+        outln!("pipeline {label}: {not_done}: {}", failure.message);
     }
     let failed: Vec<(String, u8)> = failed.into_iter().map(|(l, f)| (l, f.code)).collect();
-    Err(failed_for("migrate", &failed))
+    Err(failed_for(command, &failed))
 }
 
 /// What a command over several pipelines ends with once each has its line: `<command> failed

@@ -8,6 +8,7 @@ pub mod dead;
 mod effective;
 pub mod events;
 mod out;
+pub mod pause;
 pub mod pipeline;
 pub mod registry;
 pub mod replay;

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use outboxkit_core::{BacklogStatus, Error, ErrorKind, HeldBack, RelayConfig, ShardOwner, Store};
+use outboxkit_core::{
+    BacklogStatus, Error, ErrorKind, HeldBack, Pause, RelayConfig, ShardOwner, Store,
+};
 use serde::Serialize;
 
 use crate::cli::Failure;
@@ -27,6 +29,8 @@ struct StatusReport {
     /// `relay.max_events_per_second`, when set: the pace each relay drains the table at.
     #[serde(skip_serializing_if = "Option::is_none")]
     max_events_per_second: Option<u32>,
+    /// The operator's pause of the table (`outbox-relay pause`; `null`: not paused).
+    paused: Option<Pause>,
 }
 
 /// Print backlog figures and shard owners, as text or JSON, and what the store's check finds
@@ -50,6 +54,7 @@ pub async fn print(
         Vec::new()
     };
     let oldest_kept_at = explained(store, store.oldest_kept().await).await?;
+    let paused = explained(store, store.paused().await).await?;
     let report = StatusReport {
         store: store.describe(),
         backlog,
@@ -59,6 +64,7 @@ pub async fn print(
         oldest_kept_at,
         problem: problem.as_ref().map(Error::full_message),
         max_events_per_second: relay.max_events_per_second,
+        paused,
     };
     if json {
         let text = serde_json::to_string_pretty(&report)
@@ -68,6 +74,13 @@ pub async fn print(
     }
     let b = &report.backlog;
     outln!("store                {}", report.store);
+    if let Some(pause) = &report.paused {
+        outln!(
+            "PAUSED               {}: no relay publishes until `{} resume`",
+            crate::pause::who(pause),
+            outboxkit_core::command::name()
+        );
+    }
     outln!("pending              {}", b.pending);
     if let Some(rate) = report.max_events_per_second {
         outln!(
@@ -200,6 +213,10 @@ struct PipelineLine {
     /// (`null`: none kept).
     #[serde(skip_serializing_if = "Option::is_none")]
     oldest_kept_at: Option<Option<chrono::DateTime<chrono::Utc>>>,
+    /// With the figures, as in the single report: the operator's pause of the table (`null`:
+    /// not paused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused: Option<Option<Pause>>,
     /// Why the figures are missing (the store could not be reached).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -229,6 +246,7 @@ pub async fn print_each(
             backlog: None,
             relays: None,
             oldest_kept_at: None,
+            paused: None,
             error: None,
             problem: None,
             note: Some(why.clone()),
@@ -252,14 +270,17 @@ pub async fn print_each(
                 .collect::<std::collections::BTreeSet<_>>()
                 .len();
             let kept = explained(store.as_ref(), store.oldest_kept().await).await?;
-            Ok::<_, outboxkit_core::Error>((store.describe(), backlog, relays, kept, problem))
+            let paused = explained(store.as_ref(), store.paused().await).await?;
+            let store = store.describe();
+            Ok::<_, outboxkit_core::Error>((store, backlog, relays, kept, paused, problem))
         };
         let line = match figures.await {
-            Ok((store, backlog, relays, kept, problem)) => PipelineLine {
+            Ok((store, backlog, relays, kept, paused, problem)) => PipelineLine {
                 store: Some(store),
                 backlog: Some(backlog),
                 relays: Some(relays),
                 oldest_kept_at: Some(kept),
+                paused: Some(paused),
                 error: None,
                 problem: problem.as_ref().map(Error::full_message),
                 note: None,
@@ -271,6 +292,7 @@ pub async fn print_each(
                     backlog: None,
                     relays: None,
                     oldest_kept_at: None,
+                    paused: None,
                     error: Some(e.full_message()),
                     problem: None,
                     note: None,
@@ -310,6 +332,9 @@ pub async fn print_each(
                         b.dead,
                         line.relays.unwrap_or(0)
                     );
+                    if let Some(pause) = line.paused.as_ref().and_then(Option::as_ref) {
+                        outln!("{:<width$}  PAUSED {}", "", crate::pause::who(pause));
+                    }
                     if let Some(problem) = &line.problem {
                         outln!("{:<width$}  problem: {problem}", "");
                     }

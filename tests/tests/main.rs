@@ -8,6 +8,7 @@ mod matrix;
 mod mysql_redis;
 mod nats;
 mod partition;
+mod pause;
 mod payloads;
 mod pgbouncer;
 mod pipelines;

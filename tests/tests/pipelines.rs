@@ -264,6 +264,53 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     let (ok, _, err) = pipelines.cli(&["dead", "list"]);
     assert!(!ok && err.contains("choose one with --pipeline"), "{err}");
 
+    // One pipeline paused: its line says who and why, the others' say nothing; then resumed.
+    let pause = [
+        "--pipeline",
+        "b",
+        "pause",
+        "--by",
+        "ops",
+        "--reason",
+        "b's consumer",
+    ];
+    let (ok, out, err) = pipelines.cli(&pause);
+    assert!(ok && out.starts_with("paused pipeline b: "), "{out}{err}");
+    let (ok, table, _) = pipelines.cli(&["status"]);
+    assert!(ok);
+    let paused: Vec<&str> = table.lines().filter(|l| l.contains("PAUSED")).collect();
+    assert_eq!(paused.len(), 1, "{table}");
+    assert!(
+        paused[0].trim_start().starts_with("PAUSED since "),
+        "{table}"
+    );
+    assert!(paused[0].ends_with(" UTC by ops: b's consumer"), "{table}");
+    let b_line = table.lines().position(|l| l.starts_with("b ")).unwrap();
+    assert!(
+        table.lines().nth(b_line + 1).unwrap().contains("PAUSED"),
+        "under b's line: {table}"
+    );
+    let (_, text, _) = pipelines.cli(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(status["pipelines"]["b"]["paused"]["by"], "ops", "{status}");
+    assert_eq!(status["pipelines"]["a"]["paused"], serde_json::Value::Null);
+    let (ok, out, err) = pipelines.cli(&["resume"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("resumed pipeline b: "))
+            .count(),
+        1,
+        "{out}"
+    );
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("was not paused: pipeline "))
+            .count(),
+        2,
+        "{out}"
+    );
+
     // Metrics and readiness per pipeline.
     let (_, metrics) = http_get(port, "/metrics").expect("/metrics");
     for pipeline in ["a", "b", "c"] {

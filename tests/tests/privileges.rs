@@ -24,11 +24,21 @@ async fn postgres_relays_with_the_privileges_its_readme_lists() {
     );
     let user = Restricted {
         create: format!("CREATE ROLE {name} LOGIN PASSWORD 'pw'"),
-        revoke: format!("REVOKE DELETE ON {name} FROM {name}"),
+        revokes: vec![
+            Revoke {
+                revoke: format!("REVOKE DELETE ON {name} FROM {name}"),
+                missing: format!("DELETE on \"public\".\"{name}\""),
+                grant: format!("GRANT SELECT, UPDATE, DELETE ON \"public\".\"{name}\" TO {name};"),
+            },
+            // A relay that cannot read the pause table would publish through a pause.
+            Revoke {
+                revoke: format!("REVOKE SELECT ON outbox_relay_pause FROM {name}"),
+                missing: "SELECT on \"public\".\"outbox_relay_pause\"".to_owned(),
+                grant: format!("GRANT SELECT ON \"public\".\"outbox_relay_pause\" TO {name};"),
+            },
+        ],
         drop: vec![format!("DROP OWNED BY {name}"), format!("DROP ROLE {name}")],
         url: with_user(&postgres_url(), &name),
-        missing: format!("DELETE on \"public\".\"{name}\""),
-        grant: format!("GRANT SELECT, UPDATE, DELETE ON \"public\".\"{name}\" TO {name};"),
     };
     relays_with_the_listed_privileges(&name, store, &grants, &user).await;
 }
@@ -40,12 +50,23 @@ async fn mysql_relays_with_the_privileges_its_readme_lists() {
     let grants = readme_grants(MYSQL_README, &name, &[("shop.", "")]);
     let user = Restricted {
         create: format!("CREATE USER '{name}'@'%' IDENTIFIED BY 'pw'"),
-        // Without the membership rows a relay used to start, then retry its session for ever.
-        revoke: format!("REVOKE DELETE ON outbox_relay_members FROM {name}"),
+        revokes: vec![
+            // Without the membership rows a relay used to start, then retry its session for ever.
+            Revoke {
+                revoke: format!("REVOKE DELETE ON outbox_relay_members FROM {name}"),
+                missing: "DELETE on `test`.`outbox_relay_members`".to_owned(),
+                grant: format!(
+                    "GRANT SELECT, INSERT, DELETE ON `test`.`outbox_relay_members` TO {name};"
+                ),
+            },
+            Revoke {
+                revoke: format!("REVOKE SELECT ON outbox_relay_pause FROM {name}"),
+                missing: "SELECT on `test`.`outbox_relay_pause`".to_owned(),
+                grant: format!("GRANT SELECT ON `test`.`outbox_relay_pause` TO {name};"),
+            },
+        ],
         drop: vec![format!("DROP USER '{name}'@'%'")],
         url: with_user(&mysql_url(), &name),
-        missing: "DELETE on `test`.`outbox_relay_members`".to_owned(),
-        grant: format!("GRANT SELECT, INSERT, DELETE ON `test`.`outbox_relay_members` TO {name};"),
     };
     relays_with_the_listed_privileges(&name, store, &grants, &user).await;
 }
@@ -53,11 +74,16 @@ async fn mysql_relays_with_the_privileges_its_readme_lists() {
 /// A database user of the test's own, and what the test expects of it.
 struct Restricted {
     create: String,
-    /// Takes one listed privilege away.
-    revoke: String,
+    /// Each takes one listed privilege away, in turn.
+    revokes: Vec<Revoke>,
     drop: Vec<String>,
     /// The test server's URL, as this user.
     url: String,
+}
+
+/// One listed privilege taken away, and what `run` must say of it.
+struct Revoke {
+    revoke: String,
     /// How the error names the privilege taken away, and the statement it gives for it.
     missing: String,
     grant: String,
@@ -78,18 +104,19 @@ async fn relays_with_the_listed_privileges(
             store.exec_sql(grant).await;
         }
     };
-    grant_all().await;
-    store.exec_sql(&user.revoke).await;
     let as_user = [("OUTBOX_STORE__URL", user.url.as_str())];
-
-    let log = scenario.stopped_at_start("relay-lacking", &as_user);
-    assert!(
-        log.contains(&format!("user \"{name}\" lacks privileges the relay needs"))
-            && log.contains(&user.missing)
-            && log.contains(&user.grant)
-            && log.contains("\"Privileges\""),
-        "the error names what is missing and how to grant it: {log}"
-    );
+    for (i, revoke) in user.revokes.iter().enumerate() {
+        grant_all().await;
+        store.exec_sql(&revoke.revoke).await;
+        let log = scenario.stopped_at_start(&format!("relay-lacking-{i}"), &as_user);
+        assert!(
+            log.contains(&format!("user \"{name}\" lacks privileges the relay needs"))
+                && log.contains(&revoke.missing)
+                && log.contains(&revoke.grant)
+                && log.contains("\"Privileges\""),
+            "the error names what is missing and how to grant it: {log}"
+        );
+    }
 
     grant_all().await;
     let event =
@@ -115,7 +142,7 @@ async fn relays_with_the_listed_privileges(
     assert_eq!(status["pending"], 0, "{status}");
     assert!(status["problem"].is_null(), "{status}");
 
-    let relay = &mut scenario.relays[1];
+    let relay = &mut scenario.relays[user.revokes.len()];
     let exit = relay.terminate(Duration::from_secs(20));
     assert!(exit.success(), "{}", relay.log_text());
     redis.delete(&[stream]).await;

@@ -1081,3 +1081,41 @@ async fn a_sink_call_that_never_returns_is_given_up_after_the_publish_timeout() 
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_paused_table_is_not_relayed_until_resumed_and_keeps_its_order() {
+    let store = MemoryStore::new(8);
+    write(&store, 10, 5).await;
+    let paused = store.pause("ops@host", "consumer fix").await.unwrap();
+    assert!(matches!(paused, crate::Paused::Now(_)), "{paused:?}");
+    let sink = ScriptedSink::new();
+    // Started paused: not one claim, though every shard is taken.
+    let relay = start(&store, &sink, fast_config());
+    wait_until("shards taken", Duration::from_secs(5), || {
+        relay.handle.shards_owned() == 8
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.calls(), 0, "a paused table is published from");
+    assert_eq!(pending(&store), 50);
+    assert!(relay.handle.is_ready(), "a paused relay is healthy");
+
+    // Resumed: within a rebalance interval (20 ms here) it relays all, in order.
+    store.resume().await.unwrap().expect("it was paused");
+    drained(&store, Duration::from_secs(5)).await;
+    assert_eq!(sink.delivered().len(), 50);
+    assert_first_occurrences_in_order(&sink.delivered());
+
+    // Paused while running: what was written after is left alone.
+    store.pause("ops@host", "").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    write(&store, 10, 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pending(&store), 20, "published while paused");
+    assert_eq!(sink.delivered().len(), 50);
+    store.resume().await.unwrap();
+    drained(&store, Duration::from_secs(5)).await;
+    let handle = relay.stop().await;
+    assert_eq!(handle.published(), 70);
+    assert_first_occurrences_in_order(&sink.delivered());
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tracing::{debug, info, warn};
 
-use super::contain::{sink_call, Limit};
+use super::contain::{sink_call, store_call, Limit};
 use super::plan::{publish_batch, Disposition, PublishReport};
 use super::rebalance::{acquire_offset, rebalance};
 use super::shutdown::Shutdown;
@@ -15,7 +15,7 @@ use super::Relay;
 use crate::config::{OnDead, RelayConfig, FIRST_CLAIM};
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::model::OutboxEvent;
+use crate::model::{OutboxEvent, Pause};
 use crate::store::{ClaimRequest, Failure, ShardSession};
 
 /// Exponential backoff for whole-call failures (database or broker unreachable).
@@ -68,6 +68,56 @@ pub(super) fn pace(
     let start = (*paced_until).max(now);
     *paced_until = start + config.pace(events);
     (start > now).then(|| start - now)
+}
+
+/// The operator's pause of the table (`outbox-relay pause`), as the worker last read it.
+#[derive(Debug, Default)]
+struct PauseState {
+    /// `Some` while the pause holds: nothing is claimed.
+    pause: Option<Pause>,
+    /// The last read failed (said once, until a read succeeds again).
+    unreadable: bool,
+}
+
+impl PauseState {
+    /// Read it again, saying so when it changed (and on the `outbox_paused` gauge). When it
+    /// cannot be read, it stays as it was: the claim that follows meets a database that does
+    /// not answer anyway, and a pause the relay's user may not read is warned about (once)
+    /// rather than taken for one.
+    async fn read(&mut self, relay: &Relay) {
+        let now = match store_call("reading whether the table is paused", relay.store.paused())
+            .await
+        {
+            Ok(now) => now,
+            Err(e) => {
+                metrics::counter!(m::ERRORS, m::PIPELINE => relay.pipeline.clone(), "stage" => "status")
+                    .increment(1);
+                if !std::mem::replace(&mut self.unreadable, true) {
+                    let e = relay.shown(e);
+                    warn!(error = %e, "cannot read whether the table is paused (`{} pause`); relaying as before", crate::command::name());
+                }
+                return;
+            }
+        };
+        self.unreadable = false;
+        match (self.pause.as_ref(), now.as_ref()) {
+            (None, Some(pause)) => info!(
+                since = %pause.since,
+                by = %pause.by,
+                reason = %pause.reason,
+                "paused by an operator: claiming and publishing nothing until `{} resume`",
+                crate::command::name()
+            ),
+            (Some(_), None) => info!("the pause is lifted: relaying again"),
+            _ => {}
+        }
+        metrics::gauge!(m::PAUSED, m::PIPELINE => relay.pipeline.clone()).set(if now.is_some() {
+            1.0
+        } else {
+            0.0
+        });
+        self.pause = now;
+    }
 }
 
 /// An open session and what only exists while it is open: losing the session drops the
@@ -190,6 +240,8 @@ pub(super) struct Worker<'a> {
     /// Under `relay.max_events_per_second`: when the batches published so far may have taken
     /// at that pace; the next publish waits until then.
     paced_until: Instant,
+    /// The operator's pause of the table, read at each rebalance.
+    paused: PauseState,
 }
 
 impl<'a> Worker<'a> {
@@ -207,6 +259,7 @@ impl<'a> Worker<'a> {
             last_claim: Instant::now(),
             claim_limit: relay.config.claim_cap().min(FIRST_CLAIM),
             paced_until: Instant::now(),
+            paused: PauseState::default(),
         }
     }
 
@@ -254,6 +307,7 @@ impl<'a> Worker<'a> {
                     self.lose_session("mark", e).await;
                     continue;
                 }
+                self.paused.read(relay).await;
                 match rebalance(open.session.as_mut(), self.acquire_offset).await {
                     Ok(released) => {
                         let owned = open.session.owned();
@@ -268,6 +322,24 @@ impl<'a> Worker<'a> {
                     }
                 }
                 self.next_rebalance = Instant::now() + config.rebalance_interval;
+            }
+
+            if self.paused.pause.is_some() {
+                // Paused by an operator: what the broker acknowledged is marked, nothing more
+                // is claimed (a batch claimed before is dropped: its rows stay pending), and
+                // the shards stay held, until a rebalance reads that the pause is lifted.
+                open.prefetched.clear();
+                if let Err(e) = open.flush(relay).await {
+                    self.lose_session("mark", e).await;
+                    continue;
+                }
+                let until_rebalance = self
+                    .next_rebalance
+                    .saturating_duration_since(Instant::now());
+                shutdown
+                    .pause(until_rebalance.max(Duration::from_millis(1)))
+                    .await;
+                continue;
             }
 
             let batch = if open.prefetched.is_empty() {

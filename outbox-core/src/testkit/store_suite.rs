@@ -102,6 +102,7 @@ macro_rules! store_suite {
             a_replay_under_a_running_relay_sends_each_event_once,
             status_reports_the_backlog,
             shard_owners_name_the_relay,
+            a_pause_holds_until_resumed_and_is_the_tables_own,
             aggregates_keep_one_shard_and_spread,
         );
     };
@@ -1107,6 +1108,72 @@ pub async fn shard_owners_name_the_relay(factory: &dyn StoreFactory) {
     close(alpha).await;
     close(beta).await;
     assert!(ok(store.shard_owners().await, "owners").is_empty());
+    factory.cleanup().await;
+}
+
+/// `pause` holds until `resume`, for the table it was made on only: it says who paused it,
+/// why and since when (the server's clock), a second `pause` keeps the first, `resume` gives
+/// back the pause it lifted, and a pause changes no row.
+pub async fn a_pause_holds_until_resumed_and_is_the_tables_own(factory: &dyn StoreFactory) {
+    let store = migrated_store(factory).await;
+    let other = migrated_store(factory).await;
+    ok(
+        store
+            .insert(&[NewEvent::new("order", "A1", "Placed", json!({}))])
+            .await,
+        "insert",
+    );
+    assert_eq!(
+        ok(store.paused().await, "paused"),
+        None,
+        "a new table is not paused"
+    );
+    assert_eq!(ok(store.resume().await, "resume"), None, "nothing to lift");
+
+    let before = Utc::now() - chrono::Duration::minutes(1);
+    let pause = match ok(
+        store.pause("alice@ops-1", "consumer fix, INC-42").await,
+        "pause",
+    ) {
+        crate::model::Paused::Now(pause) => pause,
+        already => panic!("a first pause found one: {already:?}"),
+    };
+    assert_eq!(pause.by, "alice@ops-1");
+    assert_eq!(pause.reason, "consumer fix, INC-42");
+    let after = Utc::now() + chrono::Duration::minutes(1);
+    assert!(
+        before < pause.since && pause.since < after,
+        "since {} (the server's clock, about now)",
+        pause.since
+    );
+    assert_eq!(ok(store.paused().await, "paused"), Some(pause.clone()));
+    assert_eq!(
+        ok(other.paused().await, "paused"),
+        None,
+        "another table is not paused by it"
+    );
+
+    let again = ok(store.pause("bob@ops-2", "").await, "pause again");
+    assert_eq!(
+        again,
+        crate::model::Paused::Already(pause.clone()),
+        "the first pause holds"
+    );
+    assert_eq!(again.pause(), &pause);
+    assert_eq!(
+        ok(store.status().await, "status").pending,
+        1,
+        "no row changed"
+    );
+
+    assert_eq!(ok(store.resume().await, "resume"), Some(pause));
+    assert_eq!(ok(store.paused().await, "paused"), None);
+    assert_eq!(ok(store.resume().await, "resume"), None, "lifted once");
+    let empty = ok(store.pause("carol", "").await, "pause without a reason");
+    assert!(
+        matches!(&empty, crate::model::Paused::Now(p) if p.reason.is_empty() && p.by == "carol")
+    );
+    ok(store.resume().await, "resume");
     factory.cleanup().await;
 }
 

@@ -1,0 +1,219 @@
+//! An operator's pause of a table (`outbox-relay pause`): one row per paused table in the
+//! bookkeeping table [`PAUSE_TABLE`] beside it, which `migrate` makes. Every relay of the table
+//! reads it at each rebalance and claims nothing while the row is there.
+
+use outboxkit_core::{command, Error, ErrorKind, Pause, Paused, Result};
+use std::marker::PhantomData;
+
+use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
+
+use crate::rows::RowColumns;
+
+/// The bookkeeping table of paused tables, beside the outbox table (in its schema or database).
+pub const PAUSE_TABLE: &str = "outbox_relay_pause";
+
+/// The statements on the pause table of one outbox table. Values are bound: `$1`/`?` the outbox
+/// table's name (unqualified, as in the schema table), then who paused it and why.
+#[derive(Debug)]
+pub struct PauseSql {
+    /// The pause table, quoted (for the message that says to run `migrate`).
+    pub pause_table: String,
+    /// The pause of the table: `paused_at`, `paused_by`, `reason` ([`pause_row`]).
+    pub read: String,
+    /// [`read`](Self::read), locking the row until the transaction ends.
+    pub read_for_update: String,
+    /// Pause the table unless it is paused already (no row then: one affected row means it
+    /// paused it).
+    pub pause: String,
+    /// Lift it.
+    pub resume: String,
+}
+
+impl PauseSql {
+    /// The statements on `pause_table` (quoted) with `placeholders` (the server's three, in
+    /// order), `insert` (`INSERT INTO` with the server's way of leaving an existing row alone
+    /// before it, `on_conflict` after it) and `now` (the server's current time).
+    pub fn new(
+        pause_table: &str,
+        placeholders: [&str; 3],
+        insert: &str,
+        on_conflict: &str,
+        now: &str,
+    ) -> Self {
+        let [table, by, reason] = placeholders;
+        let read = format!(
+            "SELECT paused_at, paused_by, reason FROM {pause_table} WHERE table_name = {table}"
+        );
+        Self {
+            pause_table: pause_table.to_owned(),
+            read_for_update: format!("{read} FOR UPDATE"),
+            read,
+            pause: format!(
+                "{insert} {pause_table} (table_name, paused_at, paused_by, reason) \
+                 VALUES ({table}, {now}, {by}, {reason}){on_conflict}"
+            ),
+            resume: format!("DELETE FROM {pause_table} WHERE table_name = {table}"),
+        }
+    }
+}
+
+/// A row of [`PauseSql::read`].
+pub fn pause_row<C: RowColumns>(row: &C::Row) -> Result<Pause, sqlx::Error> {
+    let missing = |index: usize| sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: "unexpected NULL".into(),
+    };
+    Ok(Pause {
+        since: C::time(row, 0)?.ok_or_else(|| missing(0))?,
+        by: C::text(row, 1)?.ok_or_else(|| missing(1))?,
+        reason: C::text(row, 2)?.unwrap_or_default(),
+    })
+}
+
+/// The error is the server's "no such table" (PostgreSQL's `42P01`, MySQL's `42S02`): the pause
+/// table of a database migrated before pauses existed. No table, no pause.
+pub fn is_missing_table(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42P01" || code == "42S02")
+}
+
+/// `pause` or `resume` on a database whose pause table `migrate` has not made yet.
+pub fn no_pause_table(pause_table: &str) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "the pause table {pause_table} does not exist (the table was migrated by an older \
+             relay): run {} to make it",
+            command::line("migrate")
+        ),
+    )
+}
+
+/// The pause of one outbox table, on its store's pool: what the SQL stores' `paused`, `pause`
+/// and `resume` are. `C` reads the server's rows.
+pub struct Pauses<'a, C, DB: Database> {
+    pool: &'a Pool<DB>,
+    sql: &'a PauseSql,
+    /// The outbox table's unqualified name: the key of its row.
+    table: &'a str,
+    /// The store's classification of what the server answered.
+    error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
+    columns: PhantomData<fn() -> C>,
+}
+
+impl<C, DB: Database> std::fmt::Debug for Pauses<'_, C, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pauses")
+            .field("table", &self.table)
+            .field("pause_table", &self.sql.pause_table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, C, DB> Pauses<'a, C, DB>
+where
+    DB: Database,
+    C: RowColumns<Row = DB::Row>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    /// The pause of `table` (unqualified) with `sql`, on `pool`; `error` classifies failures.
+    pub fn new(
+        pool: &'a Pool<DB>,
+        sql: &'a PauseSql,
+        table: &'a str,
+        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
+    ) -> Self {
+        Self {
+            pool,
+            sql,
+            table,
+            error,
+            columns: PhantomData,
+        }
+    }
+
+    /// The table's pause, `None` when it is not paused or the pause table does not exist yet
+    /// ([`is_missing_table`]: no table, no pause).
+    pub async fn read(&self) -> Result<Option<Pause>> {
+        let read = async {
+            let mut conn = self.pool.acquire().await?;
+            self.first(&mut conn, &self.sql.read).await
+        };
+        match read.await {
+            Err(e) if is_missing_table(&e) => Ok(None),
+            read => {
+                read.map_err(|e| (self.error)(e).context("reading whether the table is paused"))
+            }
+        }
+    }
+
+    /// Pause the table for `by` and `reason` unless it is paused already, in one transaction.
+    pub async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
+        let pause = async {
+            let mut tx = self.pool.begin().await?;
+            let inserted = sqlx::query(&self.sql.pause)
+                .bind(self.table)
+                .bind(by)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+            let inserted = C::rows_affected(&inserted) == 1;
+            let pause = self
+                .first(&mut tx, &self.sql.read)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            tx.commit().await?;
+            Ok(if inserted {
+                Paused::Now(pause)
+            } else {
+                Paused::Already(pause)
+            })
+        };
+        pause.await.map_err(|e| self.failed(e, "pausing the table"))
+    }
+
+    /// Lift the table's pause: the pause it lifted, `None` when there was none.
+    pub async fn resume(&self) -> Result<Option<Pause>> {
+        let resume = async {
+            let mut tx = self.pool.begin().await?;
+            let pause = self.first(&mut tx, &self.sql.read_for_update).await?;
+            if pause.is_some() {
+                sqlx::query(&self.sql.resume)
+                    .bind(self.table)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(pause)
+        };
+        resume
+            .await
+            .map_err(|e| self.failed(e, "lifting the pause of the table"))
+    }
+
+    /// The pause `statement` reads.
+    async fn first(
+        &self,
+        conn: &mut DB::Connection,
+        statement: &str,
+    ) -> Result<Option<Pause>, sqlx::Error> {
+        let row = sqlx::query(statement)
+            .bind(self.table)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.as_ref().map(pause_row::<C>).transpose()
+    }
+
+    /// A failure of `pause` or `resume`: a database migrated before pauses existed is told to
+    /// run `migrate`.
+    fn failed(&self, error: sqlx::Error, doing: &str) -> Error {
+        if is_missing_table(&error) {
+            return no_pause_table(&self.sql.pause_table).context(doing.to_owned());
+        }
+        (self.error)(error).context(doing.to_owned())
+    }
+}
