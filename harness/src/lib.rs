@@ -92,3 +92,26 @@ pub use util::{
     one_pipeline_config, peak_rss_mib, running_as_root, scratch_dir, unique, wait_for,
     wait_for_metric, wait_for_ready, write_file,
 };
+
+/// One end-to-end test per SQL store for the case `$case(name, store)`: `$postgres` on a
+/// [`PostgresSide`], `$mysql` on a [`MySqlSide`], each on tables named by [`unique`]`($prefix)`.
+/// The calling crate needs `tokio` (macros, multi-threaded runtime).
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+#[macro_export]
+macro_rules! on_each_sql_store {
+    ($case:ident, $prefix:literal, $postgres:ident, $mysql:ident) => {
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            let name = $crate::unique($prefix);
+            let store = ::std::sync::Arc::new($crate::PostgresSide::open(&name).await);
+            $case(&name, store).await;
+        }
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $mysql() {
+            let name = $crate::unique($prefix);
+            let store = ::std::sync::Arc::new($crate::MySqlSide::open(&name).await);
+            $case(&name, store).await;
+        }
+    };
+}

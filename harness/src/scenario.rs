@@ -536,6 +536,16 @@ impl Scenario {
         serde_json::from_str(&status).unwrap_or_else(|e| panic!("status --json: {e}: {status}"))
     }
 
+    /// The rest of the line of `outbox-relay status` (text) that starts with `prefix`.
+    pub fn status_line(&self, prefix: &str) -> String {
+        let (ok, out, err) = self.cli(&["status"]);
+        assert!(ok, "status failed: {err}");
+        out.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no line `{prefix}...` in status: {out}"))
+            .to_owned()
+    }
+
     /// [`Self::status`] once it reports nothing pending, or as it is after 15 s. In message
     /// style `pending` is what the slot's reader held at its last report (every
     /// `relay.status_interval`, 5 s by default), so it can lag a finished drain by that long.

@@ -14,17 +14,12 @@ fn n_of(m: &Delivered) -> i64 {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_dead_event_is_listed_retried_and_published_in_order() {
-    let name = unique("dead");
-    round_trip(&name, Arc::new(PostgresSide::open(&name).await)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_dead_event_is_listed_retried_and_published_in_order() {
-    let name = unique("dead");
-    round_trip(&name, Arc::new(MySqlSide::open(&name).await)).await;
-}
+on_each_sql_store!(
+    round_trip,
+    "dead",
+    postgres_dead_event_is_listed_retried_and_published_in_order,
+    mysql_dead_event_is_listed_retried_and_published_in_order
+);
 
 async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let redis = Arc::new(RedisSide::open(name).await);

@@ -10,17 +10,12 @@ use std::time::Duration;
 use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_paused_table_waits_for_resume() {
-    let name = unique("pause");
-    pause_round_trip(&name, Arc::new(PostgresSide::open(&name).await)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_a_paused_table_waits_for_resume() {
-    let name = unique("pause");
-    pause_round_trip(&name, Arc::new(MySqlSide::open(&name).await)).await;
-}
+on_each_sql_store!(
+    pause_round_trip,
+    "pause",
+    postgres_a_paused_table_waits_for_resume,
+    mysql_a_paused_table_waits_for_resume
+);
 
 /// Log-based capture (table style, on a cluster of the test's own): the relay reads the slot and
 /// holds what it read while paused; the server keeps the log meanwhile.
@@ -93,12 +88,7 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         out,
         "the first pause holds"
     );
-    let (ok, out, err) = scenario.cli(&["status"]);
-    assert!(ok, "{err}");
-    let line = out
-        .lines()
-        .find_map(|l| l.strip_prefix("PAUSED               since "))
-        .unwrap_or_else(|| panic!("no PAUSED line: {out}"));
+    let line = scenario.status_line("PAUSED               since ");
     assert!(
         line.ends_with(
             " UTC by ops@test: consumer fix, INC-42: no relay publishes until `outbox-relay resume`"

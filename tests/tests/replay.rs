@@ -10,17 +10,12 @@ use std::time::Duration;
 use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_kept_events_are_replayed_from_the_cli() {
-    let name = unique("replay");
-    replay_round_trip(&name, Arc::new(PostgresSide::open(&name).await)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_kept_events_are_replayed_from_the_cli() {
-    let name = unique("replay");
-    replay_round_trip(&name, Arc::new(MySqlSide::open(&name).await)).await;
-}
+on_each_sql_store!(
+    replay_round_trip,
+    "replay",
+    postgres_kept_events_are_replayed_from_the_cli,
+    mysql_kept_events_are_replayed_from_the_cli
+);
 
 async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let redis = Arc::new(RedisSide::open(name).await);
@@ -72,12 +67,7 @@ async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         .collect();
     assert_eq!(a_ids.len(), 3);
     // How far back a replay reaches: the first publication, a moment ago.
-    let (ok, out, err) = scenario.cli(&["status"]);
-    assert!(ok, "{err}");
-    let kept = out
-        .lines()
-        .find_map(|l| l.strip_prefix("kept                 published since "))
-        .unwrap_or_else(|| panic!("no kept line: {out}"));
+    let kept = scenario.status_line("kept                 published since ");
     assert!(
         kept.contains(" UTC, ") && kept.contains("s ago (what `outbox-relay replay` can publish"),
         "{kept}"
