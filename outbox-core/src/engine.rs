@@ -195,13 +195,18 @@ impl Relay {
 /// The relay id used when `relay.relay_id` is not set: the host name, the process id and a
 /// random suffix (a restarted container often gets the same pid).
 pub fn default_relay_id() -> String {
-    let host = std::env::var("HOSTNAME")
+    let host = host_name().unwrap_or_else(|| "relay".to_owned());
+    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+}
+
+/// This machine's name: `HOSTNAME`, else `/etc/hostname` (trimmed; `None` when neither gives
+/// one).
+pub fn host_name() -> Option<String> {
+    std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "relay".to_owned());
-    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
 }
 
 #[cfg(test)]

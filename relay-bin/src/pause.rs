@@ -27,40 +27,26 @@ impl PauseArgs {
             .into_iter()
             .find_map(variable)
             .unwrap_or_else(|| "unknown".to_owned());
-        let host = variable("HOSTNAME").or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-                .filter(|h| !h.is_empty())
-        });
-        match host {
+        match outboxkit_core::engine::host_name() {
             Some(host) => format!("{}@{host}", user.trim()),
             None => user.trim().to_owned(),
         }
     }
 }
 
-/// Pause `store`'s table: the verb and the rest of its line (`paused`, `<store> (by ...)`).
+/// Pause `store`'s table: the verb and the rest of its line (`paused`, `<store> (since ...)`).
 pub async fn pause(
     store: &dyn Store,
     args: &PauseArgs,
 ) -> outboxkit_core::Result<(String, String)> {
-    let by = args.by();
-    Ok(
-        match store
-            .pause(&by, args.reason.as_deref().unwrap_or_default().trim())
-            .await?
-        {
-            Paused::Now(pause) => (
-                "paused".to_owned(),
-                format!("{} ({})", store.describe(), who(&pause)),
-            ),
-            Paused::Already(pause) => (
-                "already paused".to_owned(),
-                format!("{} ({})", store.describe(), who(&pause)),
-            ),
-        },
-    )
+    let reason = args.reason.as_deref().unwrap_or_default().trim();
+    let paused = store.pause(&args.by(), reason).await?;
+    let verb = match paused {
+        Paused::Now(_) => "paused",
+        Paused::Already(_) => "already paused",
+    };
+    let rest = format!("{} ({})", store.describe(), who(paused.pause()));
+    Ok((verb.to_owned(), rest))
 }
 
 /// Lift the pause of `store`'s table: the verb and the rest of its line.

@@ -83,15 +83,22 @@ impl Board {
     }
 
     /// Whether every pipeline is ready, and one line per pipeline saying so or why not:
-    /// `billing: ready, 16 shards owned`, `orders: not ready: <error>`.
+    /// `billing: ready, 16 shards owned` (`, paused by an operator ...` while a pause holds),
+    /// `orders: not ready: <error>`.
     pub fn readiness(&self) -> (bool, String) {
         let mut all_ready = true;
         let mut body = String::new();
         for (name, slot) in self.snapshot() {
             let line = match slot {
-                Slot::Relaying(handle) if handle.is_ready() => {
-                    format!("ready, {} shards owned", handle.shards_owned())
-                }
+                Slot::Relaying(handle) if handle.is_ready() => format!(
+                    "ready, {} shards owned{}",
+                    handle.shards_owned(),
+                    if handle.is_paused() {
+                        ", paused by an operator (`status` says who and why)"
+                    } else {
+                        ""
+                    }
+                ),
                 Slot::Relaying(handle) => {
                     all_ready = false;
                     format!(

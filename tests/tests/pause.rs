@@ -104,6 +104,13 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     scenario.start_relay("relay-paused", &[]);
     wait_for_ready("the paused relay", port, 200, Duration::from_secs(30)).await;
     paused_gauge(port, 1.0).await;
+    let (_, ready) = http_get(port, "/readyz").expect("/readyz");
+    assert!(
+        ready.starts_with("default: ready, ")
+            && ready
+                .ends_with(" shards owned, paused by an operator (`status` says who and why)\n"),
+        "{ready}"
+    );
     wait_for(
         "shards (or the slot) taken",
         Duration::from_secs(30),
@@ -132,6 +139,8 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     })
     .await;
     paused_gauge(port, 0.0).await;
+    let (_, ready) = http_get(port, "/readyz").expect("/readyz");
+    assert!(ready.ends_with(" shards owned\n"), "{ready}");
 
     // Paused while it runs: within a rebalance it stops, and what is written then waits.
     let (ok, _, err) = scenario.cli(&["pause"]);

@@ -15,6 +15,8 @@ struct HealthState {
     session_ok: AtomicBool,
     sink_ok: AtomicBool,
     shards: AtomicU32,
+    /// An operator's pause holds the table (as last read).
+    paused: AtomicBool,
     published: AtomicU64,
     dead: AtomicU64,
     last_error: Mutex<Option<String>>,
@@ -63,6 +65,12 @@ impl RelayHandle {
     /// Shards this relay owns now.
     pub fn shards_owned(&self) -> u32 {
         self.state.shards.load(Ordering::Relaxed)
+    }
+
+    /// An operator's pause (`outbox-relay pause`) holds the table, as this relay last read it:
+    /// it claims and publishes nothing.
+    pub fn is_paused(&self) -> bool {
+        self.state.paused.load(Ordering::Relaxed)
     }
 
     /// Events this relay got acknowledged (and marked) since it started.
@@ -129,6 +137,16 @@ impl RelayHandle {
         self.state.shards.store(shards, Ordering::Relaxed);
         metrics::gauge!(m::SHARDS_OWNED, m::PIPELINE => self.state.pipeline.clone())
             .set(f64::from(shards));
+    }
+
+    /// The table is paused by an operator, or not (also the `outbox_paused` gauge).
+    pub(super) fn paused(&self, paused: bool) {
+        self.state.paused.store(paused, Ordering::Relaxed);
+        metrics::gauge!(m::PAUSED, m::PIPELINE => self.state.pipeline.clone()).set(if paused {
+            1.0
+        } else {
+            0.0
+        });
     }
 
     /// `n` acknowledged rows were marked.
@@ -205,5 +223,10 @@ mod tests {
         assert_eq!(clone.shards_owned(), 5);
         handle.owns(0);
         assert_eq!(clone.shards_owned(), 0);
+        assert!(!clone.is_paused());
+        handle.paused(true);
+        assert!(clone.is_paused() && clone.is_alive() == handle.is_alive());
+        handle.paused(false);
+        assert!(!clone.is_paused());
     }
 }

@@ -80,7 +80,7 @@ struct PauseState {
 }
 
 impl PauseState {
-    /// Read it again, saying so when it changed (and on the `outbox_paused` gauge). When it
+    /// Read it again, saying so when it changed (and on the relay's handle). When it
     /// cannot be read, it stays as it was: the claim that follows meets a database that does
     /// not answer anyway, and a pause the relay's user may not read is warned about (once)
     /// rather than taken for one.
@@ -111,11 +111,7 @@ impl PauseState {
             (Some(_), None) => info!("the pause is lifted: relaying again"),
             _ => {}
         }
-        metrics::gauge!(m::PAUSED, m::PIPELINE => relay.pipeline.clone()).set(if now.is_some() {
-            1.0
-        } else {
-            0.0
-        });
+        relay.handle.paused(now.is_some());
         self.pause = now;
     }
 }
