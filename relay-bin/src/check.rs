@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use outboxkit_core::{Error, RelayConfig, Sink};
+use outboxkit_core::{Error, Pause, RelayConfig, Sink};
 use serde::Serialize;
 
 use crate::cli::{self, Failure, Loaded, Target};
@@ -63,6 +63,10 @@ struct SideCheck {
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     exit_code: Option<u8>,
+    /// A store whose table an operator paused (`outbox-relay pause`): it passes (`run` can
+    /// relay it), and publishes nothing until `resume`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused: Option<Pause>,
 }
 
 impl SideCheck {
@@ -73,6 +77,7 @@ impl SideCheck {
             found: Some(found),
             error: None,
             exit_code: None,
+            paused: None,
         }
     }
 
@@ -83,13 +88,19 @@ impl SideCheck {
             found: None,
             error: Some(failure.message.clone()),
             exit_code: Some(failure.code),
+            paused: None,
         }
     }
 
-    /// `ok: <found>` or `FAILED: <error>`.
+    /// `ok: <found>` (and whether it is paused) or `FAILED: <error>`.
     fn text(&self) -> String {
-        match (&self.found, &self.error) {
-            (Some(found), None) => format!("ok: {found}"),
+        match (&self.found, &self.error, &self.paused) {
+            (Some(found), None, None) => format!("ok: {found}"),
+            (Some(found), None, Some(pause)) => format!(
+                "ok: {found}; PAUSED {}: no relay publishes until `{} resume`",
+                crate::pause::who(pause),
+                outboxkit_core::command::name()
+            ),
             _ => format!("FAILED: {}", self.error.as_deref().unwrap_or_default()),
         }
     }
@@ -229,7 +240,10 @@ async fn pipeline_check(
                     .split_once('/')
                     .map(|(_, table)| table.to_owned());
                 each.push(match store_check(target, &pipeline.relay).await {
-                    Ok(store) => SideCheck::passed(table, store),
+                    Ok((store, paused)) => SideCheck {
+                        paused,
+                        ..SideCheck::passed(table, store)
+                    },
                     Err(e) => SideCheck::failed(table, &Failure::from(pipeline.rekey_error(e))),
                 });
             }
@@ -245,13 +259,17 @@ async fn pipeline_check(
     Ok(checked)
 }
 
-/// A target's store, checked as `run` checks it: its description, or why it cannot relay (the
-/// relay settings it cannot honour first, then the database).
-async fn store_check(target: Target, relay: &RelayConfig) -> outboxkit_core::Result<String> {
+/// A target's store, checked as `run` checks it: its description and an operator's pause of
+/// its table, or why it cannot relay (the relay settings it cannot honour first, then the
+/// database).
+async fn store_check(
+    target: Target,
+    relay: &RelayConfig,
+) -> outboxkit_core::Result<(String, Option<Pause>)> {
     let store = target.store?;
     store.check_relay_settings(relay)?;
     store.check().await?;
-    Ok(store.describe())
+    Ok((store.describe(), store.paused().await?))
 }
 
 /// `1 pipeline (default: postgres → kafka)`, for the offline check's line.

@@ -95,6 +95,22 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
         ),
         "{line}"
     );
+    // `check` passes (`run` can relay the table) and says it is paused.
+    let (ok, out, err) = scenario.cli(&["check"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.lines().next().is_some_and(|l| l.starts_with("store: ok: ")
+            && l.ends_with(" UTC by ops@test: consumer fix, INC-42: no relay publishes until `outbox-relay resume`")
+            && l.contains("; PAUSED since ")),
+        "{out}"
+    );
+    let (ok, out, err) = scenario.cli(&["check", "--json"]);
+    assert!(ok, "{err}");
+    let check: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        check["pipelines"]["default"]["stores"][0]["paused"]["by"], "ops@test",
+        "{check}"
+    );
     let status = scenario.status();
     assert_eq!(status["paused"]["by"], "ops@test", "{status}");
     assert_eq!(status["paused"]["reason"], "consumer fix, INC-42");
@@ -141,6 +157,10 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     paused_gauge(port, 0.0).await;
     let (_, ready) = http_get(port, "/readyz").expect("/readyz");
     assert!(ready.ends_with(" shards owned\n"), "{ready}");
+    let (ok, out, _) = scenario.cli(&["check", "--json"]);
+    let check: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let store = &check["pipelines"]["default"]["stores"][0];
+    assert!(ok && store.get("paused").is_none(), "{check}");
 
     // Paused while it runs: within a rebalance it stops, and what is written then waits.
     let (ok, _, err) = scenario.cli(&["pause"]);
