@@ -94,12 +94,11 @@ impl Sql {
         let members = table.quoted_sibling(MEMBERS_TABLE);
         Self {
             // A paused table keeps its first pause: IGNORE leaves the existing row alone.
-            pause: PauseSql::new(
+            pause: PauseSql::new::<crate::classify::MySql>(
                 &table.quoted_sibling(PAUSE_TABLE),
                 ["?", "?", "?"],
                 "INSERT IGNORE INTO",
                 "",
-                "UTC_TIMESTAMP(6)",
             ),
             // ? retention in microseconds, ? limit. Oldest first, by the published_at index.
             purge: format!(

@@ -395,11 +395,11 @@ impl MySqlStore {
         ]
     }
 
-    /// The table's pause (`outbox-relay pause`), its failures classified by `error`.
-    fn pauses<'a>(
-        &'a self,
-        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
-    ) -> pause::Pauses<'a, MySql, sqlx::MySql> {
+    /// The table's pause (`outbox-relay pause`), its failures classified as the store's.
+    fn pauses(
+        &self,
+    ) -> pause::Pauses<'_, MySql, sqlx::MySql, impl Fn(sqlx::Error) -> Error + Sync + '_> {
+        let error = move |e| self.error(e);
         pause::Pauses::new(
             &self.inner.pool,
             &self.sql().pause,
@@ -615,18 +615,15 @@ impl Store for MySqlStore {
     }
 
     async fn paused(&self) -> Result<Option<Pause>> {
-        let error = |e| self.error(e);
-        self.pauses(&error).read().await
+        self.pauses().read().await
     }
 
     async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
-        let error = |e| self.error(e);
-        self.pauses(&error).pause(by, reason).await
+        self.pauses().pause(by, reason).await
     }
 
     async fn resume(&self) -> Result<Option<Pause>> {
-        let error = |e| self.error(e);
-        self.pauses(&error).resume().await
+        self.pauses().resume().await
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {

@@ -80,12 +80,11 @@ impl Sql {
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         Self {
-            pause: PauseSql::new(
+            pause: PauseSql::new::<crate::classify::Postgres>(
                 &table.quoted_sibling(PAUSE_TABLE),
                 ["$1", "$2", "$3"],
                 "INSERT INTO",
                 " ON CONFLICT (table_name) DO NOTHING",
-                "now()",
             ),
             // $1 owned shards, $2 excluded ids, $3 dead rows hold their aggregate, $4 limit.
             // No row locks: the shard locks give this session exclusivity.

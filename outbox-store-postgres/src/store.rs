@@ -379,11 +379,12 @@ impl PostgresStore {
         }
     }
 
-    /// The table's pause (`outbox-relay pause`), its failures classified by `error`.
-    fn pauses<'a>(
-        &'a self,
-        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
-    ) -> pause::Pauses<'a, Postgres, sqlx::Postgres> {
+    /// The table's pause (`outbox-relay pause`), its failures classified as the store's.
+    fn pauses(
+        &self,
+    ) -> pause::Pauses<'_, Postgres, sqlx::Postgres, impl Fn(sqlx::Error) -> Error + Sync + '_>
+    {
+        let error = move |e| self.error(e);
         pause::Pauses::new(
             &self.inner.pool,
             &self.sql().pause,
@@ -601,18 +602,15 @@ impl Store for PostgresStore {
     }
 
     async fn paused(&self) -> Result<Option<Pause>> {
-        let error = |e| self.error(e);
-        self.pauses(&error).read().await
+        self.pauses().read().await
     }
 
     async fn pause(&self, by: &str, reason: &str) -> Result<Paused> {
-        let error = |e| self.error(e);
-        self.pauses(&error).pause(by, reason).await
+        self.pauses().pause(by, reason).await
     }
 
     async fn resume(&self) -> Result<Option<Pause>> {
-        let error = |e| self.error(e);
-        self.pauses(&error).resume().await
+        self.pauses().resume().await
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {

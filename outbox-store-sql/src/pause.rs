@@ -7,7 +7,8 @@ use std::marker::PhantomData;
 
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
-use crate::rows::RowColumns;
+use crate::migrate::ScriptDialect;
+use crate::rows::{not_null, RowColumns};
 
 /// The bookkeeping table of paused tables, beside the outbox table (in its schema or database).
 pub const PAUSE_TABLE: &str = "outbox_relay_pause";
@@ -31,16 +32,16 @@ pub struct PauseSql {
 
 impl PauseSql {
     /// The statements on `pause_table` (quoted) with `placeholders` (the server's three, in
-    /// order), `insert` (`INSERT INTO` with the server's way of leaving an existing row alone
-    /// before it, `on_conflict` after it) and `now` (the server's current time).
-    pub fn new(
+    /// order) and `insert` (`INSERT INTO` with the server's way of leaving an existing row alone
+    /// before it, `on_conflict` after it), on server `D` (its current time, [`ScriptDialect::NOW`]).
+    pub fn new<D: ScriptDialect>(
         pause_table: &str,
         placeholders: [&str; 3],
         insert: &str,
         on_conflict: &str,
-        now: &str,
     ) -> Self {
         let [table, by, reason] = placeholders;
+        let now = D::NOW;
         let read = format!(
             "SELECT paused_at, paused_by, reason FROM {pause_table} WHERE table_name = {table}"
         );
@@ -59,13 +60,9 @@ impl PauseSql {
 
 /// A row of [`PauseSql::read`].
 pub fn pause_row<C: RowColumns>(row: &C::Row) -> Result<Pause, sqlx::Error> {
-    let missing = |index: usize| sqlx::Error::ColumnDecode {
-        index: index.to_string(),
-        source: "unexpected NULL".into(),
-    };
     Ok(Pause {
-        since: C::time(row, 0)?.ok_or_else(|| missing(0))?,
-        by: C::text(row, 1)?.ok_or_else(|| missing(1))?,
+        since: not_null(C::time(row, 0)?, 0)?,
+        by: not_null(C::text(row, 1)?, 1)?,
         reason: C::text(row, 2)?.unwrap_or_default(),
     })
 }
@@ -93,17 +90,17 @@ pub fn no_pause_table(pause_table: &str) -> Error {
 
 /// The pause of one outbox table, on its store's pool: what the SQL stores' `paused`, `pause`
 /// and `resume` are. `C` reads the server's rows.
-pub struct Pauses<'a, C, DB: Database> {
+pub struct Pauses<'a, C, DB: Database, E> {
     pool: &'a Pool<DB>,
     sql: &'a PauseSql,
     /// The outbox table's unqualified name: the key of its row.
     table: &'a str,
     /// The store's classification of what the server answered.
-    error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
+    error: E,
     columns: PhantomData<fn() -> C>,
 }
 
-impl<C, DB: Database> std::fmt::Debug for Pauses<'_, C, DB> {
+impl<C, DB: Database, E> std::fmt::Debug for Pauses<'_, C, DB, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pauses")
             .field("table", &self.table)
@@ -112,8 +109,9 @@ impl<C, DB: Database> std::fmt::Debug for Pauses<'_, C, DB> {
     }
 }
 
-impl<'a, C, DB> Pauses<'a, C, DB>
+impl<'a, C, DB, E> Pauses<'a, C, DB, E>
 where
+    E: Fn(sqlx::Error) -> Error + Sync,
     DB: Database,
     C: RowColumns<Row = DB::Row>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
@@ -121,12 +119,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
     /// The pause of `table` (unqualified) with `sql`, on `pool`; `error` classifies failures.
-    pub fn new(
-        pool: &'a Pool<DB>,
-        sql: &'a PauseSql,
-        table: &'a str,
-        error: &'a (dyn Fn(sqlx::Error) -> Error + Sync),
-    ) -> Self {
+    pub fn new(pool: &'a Pool<DB>, sql: &'a PauseSql, table: &'a str, error: E) -> Self {
         Self {
             pool,
             sql,

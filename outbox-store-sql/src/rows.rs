@@ -63,7 +63,7 @@ pub trait RowColumns {
 }
 
 /// A NULL where the table has none.
-fn not_null<T>(value: Option<T>, index: usize) -> Result<T, sqlx::Error> {
+pub(crate) fn not_null<T>(value: Option<T>, index: usize) -> Result<T, sqlx::Error> {
     value.ok_or_else(|| sqlx::Error::ColumnDecode {
         index: index.to_string(),
         source: "unexpected NULL".into(),
