@@ -101,13 +101,13 @@ async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
 }
 
 /// A table migrated by a relay older than `pause` has no pause table beside it: it is not
-/// paused (its relays read nothing wrong), `pause` says to run `migrate`, and `migrate` makes
-/// the table. In a schema of the test's own, since the pause table is shared by its tables.
+/// paused (its relays read nothing wrong, and ask again only after a minute), `pause` says to
+/// run `migrate`, and `migrate` makes the table. In a schema of the test's own, since the pause table is shared by its tables.
 #[tokio::test]
 async fn a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrate() {
     let schema = outboxkit_core::testkit::store_suite::random_name("pause_old");
     let config = common::fresh_config().table(format!("{schema}.outbox"));
-    let store = common::SERVER.migrated(config).await;
+    let store = common::SERVER.migrated(config.clone()).await;
     sqlx::query(&format!("DROP TABLE \"{schema}\".outbox_relay_pause"))
         .execute(store.pool())
         .await
@@ -133,6 +133,21 @@ async fn a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrat
     );
 
     store.migrate().await.expect("migrate again");
+    // A relay that found no pause table does not ask again for a minute (each read would be
+    // an error in the server's log): a pause made meanwhile elsewhere is seen after that.
+    let operator = common::connect(config).await;
+    let elsewhere = operator.pause("ops", "elsewhere").await.expect("pause");
+    assert!(matches!(elsewhere, outboxkit_core::Paused::Now(_)));
+    assert_eq!(
+        store.paused().await.expect("paused"),
+        None,
+        "within the minute"
+    );
+    operator
+        .resume()
+        .await
+        .expect("resume")
+        .expect("it was paused");
     assert!(matches!(
         store.pause("ops", "upgrade").await.expect("pause"),
         outboxkit_core::Paused::Now(_)

@@ -4,6 +4,8 @@
 
 use outboxkit_core::{command, Error, ErrorKind, Pause, Paused, Result};
 use std::marker::PhantomData;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
@@ -28,7 +30,14 @@ pub struct PauseSql {
     pub pause: String,
     /// Lift it.
     pub resume: String,
+    /// When a read last found no pause table (a table an older `migrate` made): reads are not
+    /// sent again for [`MISSING_RECHECK`], since each would be an error in the server's log.
+    missing_since: Mutex<Option<Instant>>,
 }
+
+/// How long a relay that found no pause table takes that answer for true before it looks again
+/// (a `pause` or `resume` made through the same store looks at once).
+pub const MISSING_RECHECK: Duration = Duration::from_secs(60);
 
 impl PauseSql {
     /// The statements on `pause_table` (quoted) with `placeholders` (the server's three, in
@@ -54,6 +63,7 @@ impl PauseSql {
                  VALUES ({table}, {now}, {by}, {reason}){on_conflict}"
             ),
             resume: format!("DELETE FROM {pause_table} WHERE table_name = {table}"),
+            missing_since: Mutex::new(None),
         }
     }
 }
@@ -130,14 +140,23 @@ where
     }
 
     /// The table's pause, `None` when it is not paused or the pause table does not exist yet
-    /// ([`is_missing_table`]: no table, no pause).
+    /// ([`is_missing_table`]: no table, no pause; asked again after [`MISSING_RECHECK`]).
     pub async fn read(&self) -> Result<Option<Pause>> {
+        if self
+            .missing_since()
+            .is_some_and(|at| at.elapsed() < MISSING_RECHECK)
+        {
+            return Ok(None);
+        }
         let read = async {
             let mut conn = self.pool.acquire().await?;
             self.first(&mut conn, &self.sql.read).await
         };
         match read.await {
-            Err(e) if is_missing_table(&e) => Ok(None),
+            Err(e) if is_missing_table(&e) => {
+                self.set_missing_since(Some(Instant::now()));
+                Ok(None)
+            }
             read => {
                 read.map_err(|e| (self.error)(e).context("reading whether the table is paused"))
             }
@@ -160,6 +179,7 @@ where
                 .await?
                 .ok_or(sqlx::Error::RowNotFound)?;
             tx.commit().await?;
+            self.set_missing_since(None);
             Ok(if inserted {
                 Paused::Now(pause)
             } else {
@@ -181,11 +201,28 @@ where
                     .await?;
             }
             tx.commit().await?;
+            self.set_missing_since(None);
             Ok(pause)
         };
         resume
             .await
             .map_err(|e| self.failed(e, "lifting the pause of the table"))
+    }
+
+    fn missing_since(&self) -> Option<Instant> {
+        *self
+            .sql
+            .missing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_missing_since(&self, at: Option<Instant>) {
+        *self
+            .sql
+            .missing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = at;
     }
 
     /// The pause `statement` reads.
