@@ -28,9 +28,9 @@ pub const DEFAULT_PIPELINE: &str = "default";
 pub use engine::{default_relay_id, Relay, RelayHandle, Shutdown, ShutdownTrigger};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use model::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, EventState,
-    Headers, HeldBack, NewEvent, OutboxEvent, Outcome, Pause, Paused, Payload, PayloadType,
-    ReplaySelection, ShardOwner, SlotStatus, CONTENT_TYPE_HEADER,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventContent, EventFilter, EventRecord,
+    EventState, Headers, HeldBack, NewEvent, OutboxEvent, Outcome, Pause, Paused, Payload,
+    PayloadType, ReplaySelection, ShardOwner, SlotStatus, CONTENT_TYPE_HEADER,
 };
 pub use plugin::{Discovery, SinkConfig, StoreConfig};
 pub use sink::{whole_call_failure, Sink, SinkCapabilities};

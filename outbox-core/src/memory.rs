@@ -13,9 +13,9 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{
-    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventFilter, EventRecord, EventState,
-    HeldBack, NewEvent, OutboxEvent, Outcome, Pause, Paused, Payload, PayloadType, ReplaySelection,
-    ShardOwner,
+    BacklogStatus, DeadEvent, DeadFilter, DeadSelection, EventContent, EventFilter, EventRecord,
+    EventState, HeldBack, NewEvent, OutboxEvent, Outcome, Pause, Paused, Payload, PayloadType,
+    ReplaySelection, ShardOwner,
 };
 use crate::sink::{Sink, SinkCapabilities};
 use crate::store::{ClaimRequest, ClusterView, Failure, MarkMode, ShardSession, Store};
@@ -45,8 +45,9 @@ impl MemoryRow {
         filter.matches(e.event_id, &e.aggregate_type, &e.aggregate_id)
     }
 
-    /// The row as `find_events` (and, when dead, `dead_list`) gives it.
-    fn record(&self) -> EventRecord {
+    /// The row as `find_events` (and, when dead, `dead_list`) gives it, with its payload and
+    /// headers when `with_payload`.
+    fn record(&self, with_payload: bool) -> EventRecord {
         let published_at = self.published_at.filter(|_| self.published);
         // No clock of its own for a dead row: its creation time stands for when it died.
         let dead_at = (self.dead && !self.published).then_some(self.event.created_at);
@@ -64,6 +65,11 @@ impl MemoryRow {
             next_attempt_at: self.next_attempt_at.map(wall_clock),
             published_at,
             dead_at,
+            content: with_payload.then(|| EventContent {
+                payload: self.event.payload.clone(),
+                payload_type: self.event.payload_type,
+                headers: self.event.headers.clone(),
+            }),
         }
     }
 }
@@ -372,7 +378,7 @@ impl Store for MemoryStore {
             .rows
             .values()
             .filter(|r| r.dead && !r.published && r.matches(&aggregate))
-            .filter_map(|r| r.record().into_dead())
+            .filter_map(|r| r.record(false).into_dead())
             .take(filter.limit.max(1) as usize)
             .collect())
     }
@@ -407,7 +413,7 @@ impl Store for MemoryStore {
             .rev()
             .filter(|r| r.matches(filter))
             .take(filter.limit.max(1) as usize)
-            .map(MemoryRow::record)
+            .map(|r| r.record(filter.with_payload))
             .collect())
     }
 

@@ -493,6 +493,19 @@ pub struct EventRecord {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub published_at: Option<DateTime<Utc>>,
     pub dead_at: Option<DateTime<Utc>>,
+    /// The payload and headers, when the filter asked for them
+    /// ([`EventFilter::with_payload`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<EventContent>,
+}
+
+/// What a row holds for the broker: its payload byte for byte as a sink gets it (for a `json`
+/// table, the database's rendering of the document) and the writer's headers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventContent {
+    pub payload: Vec<u8>,
+    pub payload_type: PayloadType,
+    pub headers: Headers,
 }
 
 impl EventRecord {
@@ -547,6 +560,9 @@ pub struct EventFilter {
     pub aggregate_id: Option<String>,
     /// Most rows returned (newest first).
     pub limit: u32,
+    /// Also read each row's payload and headers ([`EventRecord::content`]); without it they
+    /// are `None`, and large payloads are not read.
+    pub with_payload: bool,
 }
 
 impl EventFilter {

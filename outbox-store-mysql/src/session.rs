@@ -18,6 +18,7 @@ use outboxkit_core::{
 };
 
 use outboxkit_store_sql::classify::connect_within;
+use outboxkit_store_sql::rows::RowColumns;
 use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence, CLIENT_TIMEOUT_MARGIN};
 
 use crate::classify::{classify, MySql, Target};
@@ -341,8 +342,7 @@ fn decode_event(
         aggregate_type: text(row, 2)?,
         aggregate_id: text(row, 3)?,
         event_type: text(row, 4)?,
-        // The bytes as stored: JSON cast to text, text and blobs as they are.
-        payload: row.try_get_unchecked::<Vec<u8>, _>(5)?,
+        payload: MySql::payload(row, 5, payload_type)?,
         payload_type,
         headers: parse_headers(&headers).map_err(|e| decode_error("headers", e.into()))?,
         destination,

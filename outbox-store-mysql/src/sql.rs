@@ -72,7 +72,10 @@ pub(crate) struct Sql {
     pub join_members: String,
     pub leave_members: String,
     pub dead_list: String,
-    pub find_events: String,
+    /// `find_events`: without the payload and headers, then with them for each payload type
+    /// ([`Sql::find_events`]).
+    events: String,
+    events_with_payload: [String; 3],
     pub dead_retry_all: String,
     pub dead_discard_all: String,
     pub held_back: String,
@@ -89,9 +92,28 @@ const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL AND publish
      AND (? IS NULL OR aggregate_id = ?)";
 
 impl Sql {
+    /// `find_events` of a table of `payload_type` with the payload and headers, or without
+    /// them (`None`).
+    pub fn find_events(&self, payload_type: Option<PayloadType>) -> &str {
+        match payload_type {
+            Some(payload_type) => &self.events_with_payload[payload_type as usize],
+            None => &self.events,
+        }
+    }
+
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         let members = table.quoted_sibling(MEMBERS_TABLE);
+        // ? event_id, ? aggregate_type, ? aggregate_id (each twice), ? limit. Newest first.
+        // By event id: the unique key; otherwise the primary key, backwards.
+        let find_events = |columns: &str| {
+            format!(
+                "SELECT {columns} FROM {t} o \
+                 WHERE (? IS NULL OR event_id = ?) AND (? IS NULL OR aggregate_type = ?) \
+                   AND (? IS NULL OR aggregate_id = ?) \
+                 ORDER BY id DESC LIMIT ?"
+            )
+        };
         Self {
             // A paused table keeps its first pause: IGNORE leaves the existing row alone.
             pause: PauseSql::new::<crate::classify::MySql>(
@@ -144,14 +166,11 @@ impl Sql {
                    AND (? IS NULL OR aggregate_type = ?) AND (? IS NULL OR aggregate_id = ?) \
                  ORDER BY id LIMIT ?"
             ),
-            // ? event_id, ? aggregate_type, ? aggregate_id (each twice), ? limit. Newest first.
-            // By event id: the unique key; otherwise the primary key, backwards.
-            find_events: format!(
-                "SELECT {RECORD_COLUMNS} FROM {t} \
-                 WHERE (? IS NULL OR event_id = ?) AND (? IS NULL OR aggregate_type = ?) \
-                   AND (? IS NULL OR aggregate_id = ?) \
-                 ORDER BY id DESC LIMIT ?"
-            ),
+            events: find_events(RECORD_COLUMNS),
+            events_with_payload: PayloadType::ALL.map(|payload_type| {
+                let payload = payload_column(payload_type);
+                find_events(&format!("{RECORD_COLUMNS}, {payload}, CAST(o.headers AS CHAR) AS headers"))
+            }),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

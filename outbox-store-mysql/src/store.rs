@@ -456,6 +456,15 @@ impl RowColumns for MySql {
         Ok(time.map(|t| t.and_utc()))
     }
 
+    /// The bytes as stored: JSON cast to text, text and blobs as they are.
+    fn payload(
+        row: &Self::Row,
+        index: usize,
+        _payload_type: PayloadType,
+    ) -> std::result::Result<Vec<u8>, sqlx::Error> {
+        row.try_get_unchecked(index)
+    }
+
     fn rows_affected(result: &sqlx::mysql::MySqlQueryResult) -> u64 {
         result.rows_affected()
     }
@@ -627,15 +636,25 @@ impl Store for MySqlStore {
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let payload_type = match filter.with_payload {
+            true => Some(MySql::payload_type(&mut conn, &self.inner.table, self.target()).await?),
+            false => None,
+        };
         let event_id = filter.event_id.map(|id| id.hyphenated().to_string());
-        let query = sqlx::query(&self.sql().find_events)
+        let query = sqlx::query(self.sql().find_events(payload_type))
             .bind(event_id.clone())
             .bind(event_id);
         let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
             .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&self.inner.pool, query, rows::event_record::<MySql>)
-            .await
-            .map_err(|e| self.error(e).context("looking events up"))
+        let found = match payload_type {
+            Some(payload_type) => {
+                let decode = |row: &_| rows::event_record_with_content::<MySql>(row, payload_type);
+                rows::fetch(&mut *conn, query, decode).await
+            }
+            None => rows::fetch(&mut *conn, query, rows::event_record::<MySql>).await,
+        };
+        found.map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

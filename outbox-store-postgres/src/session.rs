@@ -18,6 +18,7 @@ use outboxkit_core::{
 };
 
 use outboxkit_store_sql::classify::connect_within;
+use outboxkit_store_sql::rows::RowColumns;
 use outboxkit_store_sql::session::{idle_session_limit, parse_headers, truncate_error, Fence};
 
 use crate::classify::{classify, Postgres, Target};
@@ -188,10 +189,7 @@ fn decode_event(
         aggregate_type: row.try_get(2)?,
         aggregate_id: row.try_get(3)?,
         event_type: row.try_get(4)?,
-        payload: match payload_type {
-            PayloadType::Json | PayloadType::Text => row.try_get::<String, _>(5)?.into_bytes(),
-            PayloadType::Binary => row.try_get(5)?,
-        },
+        payload: Postgres::payload(row, 5, payload_type)?,
         payload_type,
         headers: parse_headers(&headers).map_err(|e| sqlx::Error::ColumnDecode {
             index: "headers".to_owned(),

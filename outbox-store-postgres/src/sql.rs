@@ -39,7 +39,10 @@ pub(crate) struct Sql {
     pub cluster: String,
     pub owners: String,
     pub dead_list: String,
-    pub find_events: String,
+    /// `find_events`: without the payload and headers, then with them for each payload type
+    /// ([`Sql::find_events`]).
+    events: String,
+    events_with_payload: [String; 3],
     pub dead_retry_ids: String,
     pub dead_retry_all: String,
     pub dead_discard: String,
@@ -72,6 +75,15 @@ const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
      AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
 
 impl Sql {
+    /// `find_events` of a table of `payload_type` with the payload and headers, or without
+    /// them (`None`).
+    pub fn find_events(&self, payload_type: Option<PayloadType>) -> &str {
+        match payload_type {
+            Some(payload_type) => &self.events_with_payload[payload_type as usize],
+            None => &self.events,
+        }
+    }
+
     /// The claim of a table of `payload_type`.
     pub fn claim(&self, payload_type: PayloadType) -> &str {
         &self.claims[payload_type as usize]
@@ -79,6 +91,17 @@ impl Sql {
 
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
+        // $1 event_id or NULL, $2 aggregate_type or NULL, $3 aggregate_id or NULL, $4 limit.
+        // Newest first. By event id: the unique index; otherwise the primary key, backwards.
+        let find_events = |columns: &str| {
+            format!(
+                "SELECT {columns} FROM {t} o \
+                 WHERE ($1::uuid IS NULL OR event_id = $1) \
+                   AND ($2::text IS NULL OR aggregate_type = $2) \
+                   AND ($3::text IS NULL OR aggregate_id = $3) \
+                 ORDER BY id DESC LIMIT $4"
+            )
+        };
         Self {
             pause: PauseSql::new::<crate::classify::Postgres>(
                 &table.quoted_sibling(PAUSE_TABLE),
@@ -171,15 +194,11 @@ impl Sql {
                    AND ($2::text IS NULL OR aggregate_id = $2) \
                  ORDER BY id LIMIT $3"
             ),
-            // $1 event_id or NULL, $2 aggregate_type or NULL, $3 aggregate_id or NULL, $4 limit.
-            // Newest first. By event id: the unique index; otherwise the primary key, backwards.
-            find_events: format!(
-                "SELECT {RECORD_COLUMNS} FROM {t} \
-                 WHERE ($1::uuid IS NULL OR event_id = $1) \
-                   AND ($2::text IS NULL OR aggregate_type = $2) \
-                   AND ($3::text IS NULL OR aggregate_id = $3) \
-                 ORDER BY id DESC LIMIT $4"
-            ),
+            events: find_events(RECORD_COLUMNS),
+            events_with_payload: PayloadType::ALL.map(|payload_type| {
+                let payload = payload_column(payload_type);
+                find_events(&format!("{RECORD_COLUMNS}, {payload}, o.headers::text AS headers"))
+            }),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

@@ -421,6 +421,19 @@ impl RowColumns for Postgres {
         row.try_get(index)
     }
 
+    fn payload(
+        row: &Self::Row,
+        index: usize,
+        payload_type: PayloadType,
+    ) -> std::result::Result<Vec<u8>, sqlx::Error> {
+        match payload_type {
+            PayloadType::Json | PayloadType::Text => {
+                Ok(row.try_get::<String, _>(index)?.into_bytes())
+            }
+            PayloadType::Binary => row.try_get(index),
+        }
+    }
+
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
         result.rows_affected()
     }
@@ -614,14 +627,27 @@ impl Store for PostgresStore {
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
-        let query = sqlx::query(&self.sql().find_events)
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let payload_type = match filter.with_payload {
+            true => {
+                Some(Postgres::payload_type(&mut conn, &self.inner.table, self.target()).await?)
+            }
+            false => None,
+        };
+        let query = sqlx::query(self.sql().find_events(payload_type))
             .bind(filter.event_id)
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
             .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&self.inner.pool, query, rows::event_record::<Postgres>)
-            .await
-            .map_err(|e| self.error(e).context("looking events up"))
+        let found = match payload_type {
+            Some(payload_type) => {
+                let decode =
+                    |row: &_| rows::event_record_with_content::<Postgres>(row, payload_type);
+                rows::fetch(&mut *conn, query, decode).await
+            }
+            None => rows::fetch(&mut *conn, query, rows::event_record::<Postgres>).await,
+        };
+        found.map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

@@ -1,7 +1,9 @@
 //! Rows the stores' statements return in the same shape on every server.
 
 use chrono::{DateTime, Utc};
-use outboxkit_core::{BacklogStatus, DeadEvent, EventRecord, EventState};
+use outboxkit_core::{
+    BacklogStatus, DeadEvent, EventContent, EventRecord, EventState, PayloadType,
+};
 use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Row, Type};
 use uuid::Uuid;
 
@@ -58,6 +60,14 @@ pub trait RowColumns {
     /// The time at `index`, `None` for NULL.
     fn time(row: &Self::Row, index: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
 
+    /// The payload at `index` of a table of `payload_type`, as the store's statements select it
+    /// (a `json` column as its text): the bytes a sink gets.
+    fn payload(
+        row: &Self::Row,
+        index: usize,
+        payload_type: PayloadType,
+    ) -> Result<Vec<u8>, sqlx::Error>;
+
     /// How many rows a statement changed, from the server's `result`.
     fn rows_affected(result: &<<Self::Row as Row>::Database as Database>::QueryResult) -> u64;
 }
@@ -108,6 +118,32 @@ where
         .collect()
 }
 
+/// A row of `find_events` with its content: [`RECORD_COLUMNS`], then the payload of a table of
+/// `payload_type` and the headers as JSON text.
+pub fn event_record_with_content<C: RowColumns>(
+    row: &C::Row,
+    payload_type: PayloadType,
+) -> Result<EventRecord, sqlx::Error>
+where
+    for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    usize: ColumnIndex<C::Row>,
+{
+    let mut record = event_record::<C>(row)?;
+    let headers = not_null(C::text(row, 13)?, 13)?;
+    record.content = Some(EventContent {
+        payload: C::payload(row, 12, payload_type)?,
+        payload_type,
+        headers: crate::session::parse_headers(&headers).map_err(|e| {
+            sqlx::Error::ColumnDecode {
+                index: "headers".to_owned(),
+                source: e.into(),
+            }
+        })?,
+    });
+    Ok(record)
+}
+
 /// A row of `find_events`: [`RECORD_COLUMNS`].
 pub fn event_record<C: RowColumns>(row: &C::Row) -> Result<EventRecord, sqlx::Error>
 where
@@ -131,5 +167,6 @@ where
         next_attempt_at: C::time(row, 9)?,
         published_at,
         dead_at,
+        content: None,
     })
 }

@@ -1,9 +1,12 @@
 //! `outbox-relay events`: find events whatever their state, to answer "did this event go out,
 //! and if not, why?" without SQL.
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use clap::Args;
-use outboxkit_core::{EventFilter, EventRecord, EventState, Retention};
+use outboxkit_core::{EventContent, EventFilter, EventRecord, EventState, PayloadType, Retention};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::cli::{failed_for, Failure, Target};
@@ -25,6 +28,10 @@ pub struct EventsArgs {
     /// Most events shown, the newest.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     limit: u32,
+    /// Also show each event's payload and headers as the table holds them: what a sink sends
+    /// (binary payloads in base64).
+    #[arg(long)]
+    payload: bool,
     /// Print JSON for machines.
     #[arg(long)]
     json: bool,
@@ -37,12 +44,54 @@ pub(crate) struct Searched {
     pub(crate) retention: Retention,
 }
 
-/// One row of the JSON answer: the event and the table it was found in.
+/// One row of the JSON answer: the event, the table it was found in and, with `--payload`, its
+/// content.
 #[derive(Serialize)]
 struct Found<'a> {
     pipeline: &'a str,
     #[serde(flatten)]
-    event: &'a EventRecord,
+    event: EventRecord,
+    #[serde(flatten)]
+    content: Option<ContentJson<'a>>,
+}
+
+/// An event's content in JSON, as CloudEvents carries data: a `json` payload as the document
+/// itself, text as a string, bytes (or text that is not UTF-8) as `payload_base64`.
+#[derive(Serialize)]
+struct ContentJson<'a> {
+    payload_type: PayloadType,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<PayloadJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+    headers: &'a outboxkit_core::Headers,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PayloadJson<'a> {
+    Document(Box<RawValue>),
+    Text(&'a str),
+}
+
+impl<'a> ContentJson<'a> {
+    fn of(content: &'a EventContent) -> Self {
+        let text = std::str::from_utf8(&content.payload).ok();
+        let payload = match (content.payload_type, text) {
+            (PayloadType::Json, Some(text)) => RawValue::from_string(text.to_owned())
+                .map(PayloadJson::Document)
+                .ok()
+                .or(Some(PayloadJson::Text(text))),
+            (PayloadType::Text, Some(text)) => Some(PayloadJson::Text(text)),
+            _ => None,
+        };
+        Self {
+            payload_type: content.payload_type,
+            payload_base64: payload.is_none().then(|| BASE64.encode(&content.payload)),
+            payload,
+            headers: &content.headers,
+        }
+    }
 }
 
 /// Run `events` on every table of the selection (one, with `--pipeline`), the newest `--limit`
@@ -61,6 +110,7 @@ pub(crate) async fn run(
         aggregate_type: args.aggregate_type.clone(),
         aggregate_id: args.aggregate_id.clone(),
         limit: args.limit.saturating_add(1),
+        with_payload: args.payload,
     };
     let several = searched.len() + failed.len() > 1;
     if searched.is_empty() && failed.is_empty() {
@@ -94,12 +144,7 @@ pub(crate) async fn run(
     if args.json {
         let rows: Vec<Found<'_>> = found
             .iter()
-            .flat_map(|(label, rows, _)| {
-                rows.iter().map(|event| Found {
-                    pipeline: label,
-                    event,
-                })
-            })
+            .flat_map(|(label, rows, _)| rows.iter().map(|event| found_row(label, event)))
             .collect();
         let text = serde_json::to_string_pretty(&rows)
             .map_err(|e| Failure::runtime(format!("encoding events as JSON: {e}")))?;
@@ -133,6 +178,56 @@ pub(crate) async fn run(
     Err(failed_for("events", &failed))
 }
 
+/// One row of the JSON answer.
+fn found_row<'a>(pipeline: &'a str, event: &'a EventRecord) -> Found<'a> {
+    Found {
+        pipeline,
+        event: EventRecord {
+            content: None,
+            ..event.clone()
+        },
+        content: event.content.as_ref().map(ContentJson::of),
+    }
+}
+
+/// An event's content under its row: the payload (text with its control characters escaped,
+/// so that a payload cannot move the terminal or fake a line; bytes in base64) and headers.
+fn content_lines(content: &EventContent) -> [String; 2] {
+    let size = counted(content.payload.len(), "byte");
+    let payload = match (content.payload_type, std::str::from_utf8(&content.payload)) {
+        (PayloadType::Json | PayloadType::Text, Ok(text)) => {
+            format!(
+                "payload ({}, {size}): {}",
+                content.payload_type,
+                escaped(text)
+            )
+        }
+        _ => format!(
+            "payload ({}, {size}, base64): {}",
+            content.payload_type,
+            BASE64.encode(&content.payload)
+        ),
+    };
+    let headers = match content.headers.is_empty() {
+        true => "headers: none".to_owned(),
+        false => format!(
+            "headers: {}",
+            escaped(&serde_json::to_string(&content.headers).unwrap_or_default())
+        ),
+    };
+    [payload, headers]
+}
+
+/// `text` with each control character written as an escape (`\n`, `\u{1b}`).
+fn escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
 /// The rows as a table, and a note when `--limit` left some out.
 fn print_rows(rows: &[EventRecord], more: bool, limit: u32) {
     outln!(
@@ -155,6 +250,9 @@ fn print_rows(rows: &[EventRecord], more: bool, limit: u32) {
             r.attempts,
             r.last_error.as_deref().unwrap_or("").replace('\n', " ")
         );
+        for line in r.content.iter().flat_map(content_lines) {
+            outln!("{:>10}  {line}", "");
+        }
     }
     if more {
         outln!("(the newest {limit}; there are more: raise --limit to see them)");
@@ -222,6 +320,7 @@ mod tests {
             aggregate_type: None,
             aggregate_id: None,
             limit: 20,
+            payload: false,
             json: false,
         }
     }
@@ -244,5 +343,115 @@ mod tests {
         );
         assert!(nothing_found_in(&args(Some(id)), 1)
             .starts_with(&format!("no event {id} in the 1 table searched: ")),);
+    }
+
+    /// The JSON of one row, as text and parsed.
+    fn found_json(pipeline: &str, event: &EventRecord) -> (String, serde_json::Value) {
+        let text = serde_json::to_string(&found_row(pipeline, event)).unwrap();
+        let value = serde_json::from_str(&text).unwrap();
+        (text, value)
+    }
+
+    fn record(payload_type: PayloadType, payload: &[u8]) -> EventRecord {
+        let created_at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        EventRecord {
+            id: 7,
+            event_id: Uuid::nil(),
+            aggregate_type: "order".to_owned(),
+            aggregate_id: "42".to_owned(),
+            event_type: "Paid".to_owned(),
+            destination: None,
+            state: EventState::Pending,
+            attempts: 0,
+            last_error: None,
+            created_at,
+            next_attempt_at: None,
+            published_at: None,
+            dead_at: None,
+            content: Some(EventContent {
+                payload: payload.to_vec(),
+                payload_type,
+                headers: [("traceparent".to_owned(), "00-ab-01".to_owned())].into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_json_payload_is_the_document_as_stored_and_bytes_are_base64() {
+        let (text, json) = found_json(
+            "main",
+            &record(PayloadType::Json, br#"{"z": 1.0, "a": [2]}"#),
+        );
+        assert_eq!(json["payload_type"], "json");
+        assert_eq!(json["payload"], serde_json::json!({"z": 1.0, "a": [2]}));
+        assert_eq!(json["headers"]["traceparent"], "00-ab-01");
+        assert_eq!(
+            (json["pipeline"].as_str(), json["id"].as_i64()),
+            (Some("main"), Some(7))
+        );
+        assert!(
+            json.get("content").is_none() && json.get("payload_base64").is_none(),
+            "{json}"
+        );
+        // The document's own text, key order and spaces kept.
+        assert!(text.contains(r#""payload":{"z": 1.0, "a": [2]}"#), "{text}");
+
+        let (_, json) = found_json("main", &record(PayloadType::Text, b"<a>caf\xc3\xa9</a>"));
+        assert_eq!(
+            (json["payload_type"].as_str(), json["payload"].as_str()),
+            (Some("text"), Some("<a>café</a>"))
+        );
+
+        let bytes = [0u8, 159, 255, b'\n'];
+        for payload_type in [PayloadType::Binary, PayloadType::Text] {
+            let (_, json) = found_json("main", &record(payload_type, &bytes));
+            assert!(json.get("payload").is_none(), "{json}");
+            let decoded = BASE64
+                .decode(json["payload_base64"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(decoded, bytes, "{payload_type}");
+        }
+        // Without --payload, no content fields at all.
+        let bare = EventRecord {
+            content: None,
+            ..record(PayloadType::Json, b"{}")
+        };
+        let (_, json) = found_json("main", &bare);
+        assert!(
+            json.get("payload_type").is_none() && json.get("headers").is_none(),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn payload_lines_escape_control_characters_and_show_bytes_in_base64() {
+        let shown = content_lines(
+            record(PayloadType::Text, b"line 1\nline 2\x1b[2J\tend")
+                .content
+                .as_ref()
+                .unwrap(),
+        );
+        assert_eq!(
+            shown[0],
+            r"payload (text, 21 bytes): line 1\nline 2\u{1b}[2J\tend"
+        );
+        assert_eq!(shown[1], r#"headers: {"traceparent":"00-ab-01"}"#);
+        let shown = content_lines(
+            record(PayloadType::Binary, &[0, 1, 2, 255])
+                .content
+                .as_ref()
+                .unwrap(),
+        );
+        assert_eq!(shown[0], "payload (binary, 4 bytes, base64): AAEC/w==");
+        let mut one = record(PayloadType::Json, b"1");
+        one.content.as_mut().unwrap().headers.clear();
+        let shown = content_lines(one.content.as_ref().unwrap());
+        assert_eq!(
+            shown,
+            [
+                "payload (json, 1 byte): 1".to_owned(),
+                "headers: none".to_owned()
+            ]
+        );
     }
 }

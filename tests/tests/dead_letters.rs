@@ -8,6 +8,8 @@ use std::time::Duration;
 use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
 fn n_of(m: &Delivered) -> i64 {
     serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]
         .as_i64()
@@ -43,7 +45,9 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
         |agg: &str, n: u32| NewEvent::new("order", agg, "Changed", serde_json::json!({ "n": n }));
     let mut events = vec![
         event("A", 1),
-        event("A", 2).destination(poison.clone()),
+        event("A", 2)
+            .destination(poison.clone())
+            .header("traceparent", TRACEPARENT),
         // A3 and A4 go where A2 goes: one stream shows the aggregate's order after the retry.
         event("A", 3).destination(poison.clone()),
         event("A", 4).destination(poison.clone()),
@@ -156,6 +160,60 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     assert!(
         text.contains(&dead_id) && text.contains("dead since ") && text.contains("order/A"),
         "{text}"
+    );
+    assert!(
+        !text.contains("payload") && found.iter().all(|e| e.get("payload_type").is_none()),
+        "no payload unless asked for: {text}{json}"
+    );
+    // --payload: what the broker refused, payload and headers, under the row and in JSON.
+    let (ok, text, err) = scenario.cli(&["events", "--event-id", &dead_id, "--payload"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "heading, row, payload, headers:\n{text}");
+    // The document as the database renders it: `{"n": 2}` on PostgreSQL, `{"n":2}` on MariaDB.
+    let (label, document) = lines[2].trim_start().split_once("): ").unwrap();
+    assert_eq!(
+        label,
+        format!("payload (json, {} bytes", document.len()),
+        "{text}"
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(document).unwrap(),
+        serde_json::json!({ "n": 2 }),
+        "{text}"
+    );
+    assert_eq!(
+        lines[3].trim_start(),
+        format!(r#"headers: {{"traceparent":"{TRACEPARENT}"}}"#),
+        "{text}"
+    );
+    let (ok, json, err) = scenario.cli(&["events", "--aggregate-id", "A", "--payload", "--json"]);
+    assert!(ok, "{err}");
+    let with: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let contents: Vec<(&str, serde_json::Value, usize)> = with
+        .iter()
+        .map(|e| {
+            let headers = e["headers"].as_object().unwrap().len();
+            (
+                e["payload_type"].as_str().unwrap(),
+                e["payload"].clone(),
+                headers,
+            )
+        })
+        .collect();
+    assert_eq!(
+        contents,
+        vec![
+            ("json", serde_json::json!({ "n": 4 }), 0),
+            ("json", serde_json::json!({ "n": 3 }), 0),
+            ("json", serde_json::json!({ "n": 2 }), 1),
+        ],
+        "{json}"
+    );
+    assert_eq!(with[2]["headers"]["traceparent"], TRACEPARENT, "{json}");
+    assert_eq!(
+        (with[2]["id"].as_i64(), &with[2]["state"]),
+        (Some(a2), &found[2]["state"])
     );
     let unknown = uuid::Uuid::new_v4().to_string();
     let (ok, text, err) = scenario.cli(&["events", "--event-id", &unknown]);

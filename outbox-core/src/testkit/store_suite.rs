@@ -661,12 +661,16 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
 /// `find_events` finds rows in every state, newest first: published and kept (with its time),
 /// pending and retrying (attempts, next attempt, last error), dead (since, error); by event id,
 /// aggregate type and aggregate, within a limit; a row's own destination comes back; a row
-/// deleted on publish is found no more.
+/// deleted on publish is found no more. Payload and headers only when asked for, then those
+/// the writer gave, in every state.
 pub async fn events_are_found_in_every_state(factory: &dyn StoreFactory) {
     use crate::model::{EventFilter, EventRecord, EventState};
     let events = [
         event("A", 1),
-        event("A", 2).destination("audit.special"),
+        event("A", 2).destination("audit.special").header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
         event("B", 1),
         event("C", 1),
         event("D", 1),
@@ -801,6 +805,48 @@ pub async fn events_are_found_in_every_state(factory: &dyn StoreFactory) {
     .await;
     assert!(other_type.is_empty());
     assert_eq!(ids_of(&find(all(2)).await), vec![c1, b1], "the limit");
+
+    // Without `with_payload` no payload is read; with it, each row's in every state.
+    assert!(found.iter().all(|e| e.content.is_none()), "{found:?}");
+    let with_payload = find(EventFilter {
+        with_payload: true,
+        ..all(100)
+    })
+    .await;
+    assert_eq!(ids_of(&with_payload), vec![c1, b1, a2, a1]);
+    for (record, written) in with_payload
+        .iter()
+        .zip([&events[3], &events[2], &events[1], &events[0]])
+    {
+        let content = record
+            .content
+            .as_ref()
+            .unwrap_or_else(|| panic!("row {} has no content: {record:?}", record.id));
+        assert_eq!(content.payload_type, PayloadType::Json, "row {}", record.id);
+        // A json table's payload is the database's rendering of the document.
+        let payload: serde_json::Value = serde_json::from_slice(&content.payload)
+            .unwrap_or_else(|e| panic!("row {}: payload is not JSON: {e}", record.id));
+        let expected: serde_json::Value =
+            serde_json::from_slice(written.payload.as_bytes()).unwrap();
+        assert_eq!(payload, expected, "row {}", record.id);
+        assert_eq!(content.headers, written.headers, "row {}", record.id);
+        let without = EventRecord {
+            content: None,
+            ..record.clone()
+        };
+        let listed = found.iter().find(|e| e.id == record.id).unwrap();
+        assert_eq!(&without, listed, "the rest of the row is the same");
+    }
+    assert_eq!(
+        with_payload[2]
+            .content
+            .as_ref()
+            .unwrap()
+            .headers
+            .get("traceparent")
+            .map(String::as_str),
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    );
     close(session).await;
     factory.cleanup().await;
 }
@@ -1644,6 +1690,26 @@ pub async fn text_and_binary_tables_keep_payloads_byte_for_byte<H: LiveHarness>(
         let payloads: Vec<Vec<u8>> = claimed.iter().map(|e| e.payload.clone()).collect();
         assert_eq!(payloads, expected, "{payload_type} table");
         assert!(claimed.iter().all(|e| e.payload_type == payload_type));
+        // `find_events` with the payload gives the same bytes as the claim, newest first.
+        let filter = crate::model::EventFilter {
+            limit: 100,
+            with_payload: true,
+            ..Default::default()
+        };
+        let found = store.find_events(&filter).await.unwrap();
+        let contents: Vec<(Vec<u8>, PayloadType)> = found
+            .iter()
+            .rev()
+            .map(|e| {
+                let content = e.content.clone().expect("the payload was asked for");
+                (content.payload, content.payload_type)
+            })
+            .collect();
+        let claimed: Vec<(Vec<u8>, PayloadType)> = claimed
+            .iter()
+            .map(|e| (e.payload.clone(), e.payload_type))
+            .collect();
+        assert_eq!(contents, claimed, "{payload_type} table: find_events");
         close_live(session).await;
         drop(pool);
         harness.drop_namespace(&namespace).await;
