@@ -26,6 +26,7 @@
 
 mod broker;
 mod delivery;
+mod metrics_doc;
 mod netns;
 #[cfg(any(
     feature = "kafka",
@@ -63,6 +64,10 @@ pub use broker::sns::SnsSide;
 pub use broker::sqs::{sqs_endpoint, OwnSqsServer, SqsMessage, SqsSide, AWS_ENV};
 pub use broker::{BrokerSide, AGGREGATE_TYPES};
 pub use delivery::{check_delivery, Committed, Delivered, DeliveryCheck};
+pub use metrics_doc::{
+    assert_metrics_documented, documented_metrics, metrics_table, scrape_documented,
+    DocumentedMetric,
+};
 pub use netns::{Link, NetworkHost};
 #[cfg(any(
     feature = "kafka",

@@ -79,6 +79,7 @@ pub const ALL: &[&str] = &[
     ERRORS,
     HAND_OVERS,
     PACE_WAIT,
+    PAUSED,
     PURGED,
     DISCOVERED_TABLES,
     SLOT_LAG_BYTES,

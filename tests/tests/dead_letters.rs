@@ -25,10 +25,13 @@ on_each_sql_store!(
 
 async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let redis = Arc::new(RedisSide::open(name).await);
+    let port = free_port();
     let mut scenario = Scenario::prepare(
         store,
         redis.clone(),
-        Settings::default().relay("on_dead = \"hold\"\nstatus_interval = \"200ms\""),
+        Settings::default()
+            .relay("on_dead = \"hold\"\nstatus_interval = \"200ms\"")
+            .listen_on(port),
     )
     .await;
     let stream = redis.destination("order");
@@ -290,6 +293,20 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
     let status = scenario.status();
     assert_eq!(status["pending"], 0, "{status}");
     assert_eq!(status["dead"], 0, "{status}");
+    // What the relay exports is what the README's Metrics table says, name, type and labels:
+    // an alert written from the table finds its series.
+    let seen = scrape_documented(port);
+    for metric in [
+        "outbox_events_published_total",
+        "outbox_events_dead_total",
+        "outbox_pending_events",
+        "outbox_dead_events",
+        "outbox_commit_to_ack_seconds",
+        "outbox_shards_owned",
+        "outbox_paused",
+    ] {
+        assert!(seen.contains(metric), "{metric} not exported: {seen:?}");
+    }
 
     let relay = &mut scenario.relays[0];
     let exit = relay.terminate(Duration::from_secs(20));

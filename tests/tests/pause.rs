@@ -120,6 +120,7 @@ async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
     scenario.start_relay("relay-paused", &[]);
     wait_for_ready("the paused relay", port, 200, Duration::from_secs(30)).await;
     paused_gauge(port, 1.0).await;
+    assert!(scrape_documented(port).contains("outbox_paused"));
     let (_, ready) = http_get(port, "/readyz").expect("/readyz");
     assert!(
         ready.starts_with("default: ready, ")

@@ -312,6 +312,7 @@ async fn three_pipelines_in_two_relays_one_sigkilled_each_on_its_own_broker() {
     );
 
     // Metrics and readiness per pipeline.
+    scrape_documented(port);
     let (_, metrics) = http_get(port, "/metrics").expect("/metrics");
     for pipeline in ["a", "b", "c"] {
         assert!(
@@ -487,6 +488,7 @@ listen = "127.0.0.1:{port}"
         metrics.contains("outbox_discovered_tables{pipeline=\"tenants\",state=\"unmigrated\"} 1"),
         "{metrics}"
     );
+    assert!(scrape_documented(port).contains("outbox_discovered_tables"));
     let (code, ready) = http_get(port, "/readyz").unwrap();
     assert_eq!(code, 503, "{ready}");
     assert!(

@@ -498,6 +498,10 @@ async fn a_broker_outage_shows_as_slot_lag_and_loses_nothing() {
         samples.push((lag("outbox_slot_lag_bytes"), lag("outbox_slot_lag_seconds")));
     }
     let written_in_outage = writers.written() - written_at_freeze;
+    let seen = scrape_documented(port);
+    for metric in ["outbox_slot_lag_bytes", "outbox_slot_lag_seconds"] {
+        assert!(seen.contains(metric), "{metric} not exported: {seen:?}");
+    }
     // `status`, another process, sees what the reader holds.
     let status = scenario.status();
     nats_server.thaw();
