@@ -2,6 +2,7 @@
 //! link the drivers again for each.
 
 mod binary;
+mod commands_doc;
 mod config_command;
 mod config_errors;
 mod configuration_doc;
