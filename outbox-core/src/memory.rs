@@ -378,7 +378,7 @@ impl Store for MemoryStore {
             .rows
             .values()
             .filter(|r| r.dead && !r.published && r.matches(&aggregate))
-            .filter_map(|r| r.record(false).into_dead())
+            .filter_map(|r| r.record(filter.with_payload).into_dead())
             .take(filter.limit.max(1) as usize)
             .collect())
     }

@@ -461,6 +461,9 @@ pub struct DeadEvent {
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub dead_at: DateTime<Utc>,
+    /// The payload and headers, when the filter asked for them ([`DeadFilter::with_payload`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<EventContent>,
 }
 
 /// Which dead rows to list.
@@ -470,6 +473,8 @@ pub struct DeadFilter {
     pub aggregate_id: Option<String>,
     /// Most rows returned (oldest first).
     pub limit: u32,
+    /// Also read each row's payload and headers ([`DeadEvent::content`]).
+    pub with_payload: bool,
 }
 
 /// An event's row as `outbox-relay events` shows it, whatever its state: where a support
@@ -524,6 +529,7 @@ impl EventRecord {
             last_error: self.last_error,
             created_at: self.created_at,
             dead_at: self.dead_at?,
+            content: self.content,
         })
     }
 }

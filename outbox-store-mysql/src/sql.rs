@@ -9,7 +9,7 @@
 
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
-use outboxkit_store_sql::rows::RECORD_COLUMNS;
+use outboxkit_store_sql::rows::{self, RECORD_COLUMNS};
 
 use crate::config::{TableName, MEMBERS_TABLE};
 
@@ -71,7 +71,10 @@ pub(crate) struct Sql {
     pub members_of_table: String,
     pub join_members: String,
     pub leave_members: String,
-    pub dead_list: String,
+    /// The dead list: without the payload and headers, then with them for each payload type
+    /// ([`Sql::dead_list`]).
+    dead: String,
+    dead_with_payload: [String; 3],
     /// `find_events`: without the payload and headers, then with them for each payload type
     /// ([`Sql::find_events`]).
     events: String,
@@ -101,9 +104,27 @@ impl Sql {
         }
     }
 
+    /// The dead list of a table of `payload_type` with the payload and headers, or without
+    /// them (`None`).
+    pub fn dead_list(&self, payload_type: Option<PayloadType>) -> &str {
+        match payload_type {
+            Some(payload_type) => &self.dead_with_payload[payload_type as usize],
+            None => &self.dead,
+        }
+    }
+
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         let members = table.quoted_sibling(MEMBERS_TABLE);
+        // ? aggregate_type (twice), ? aggregate_id (twice), ? limit. By dead_idx.
+        let dead_list = |columns: &str| {
+            format!(
+                "SELECT {columns} FROM {t} o \
+                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND (? IS NULL OR aggregate_type = ?) AND (? IS NULL OR aggregate_id = ?) \
+                 ORDER BY id LIMIT ?"
+            )
+        };
         // ? event_id, ? aggregate_type, ? aggregate_id (each twice), ? limit. Newest first.
         // By event id: the unique key; otherwise the primary key, backwards.
         let find_events = |columns: &str| {
@@ -114,6 +135,13 @@ impl Sql {
                  ORDER BY id DESC LIMIT ?"
             )
         };
+        // The same columns, then the payload and headers, for a table of each payload type.
+        let with_content = PayloadType::ALL.map(|payload_type| {
+            rows::with_content(
+                payload_column(payload_type),
+                "CAST(o.headers AS CHAR) AS headers",
+            )
+        });
         Self {
             // A paused table keeps its first pause: IGNORE leaves the existing row alone.
             pause: PauseSql::new::<crate::classify::MySql>(
@@ -159,18 +187,10 @@ impl Sql {
                 "DELETE FROM {members} WHERE table_name = ? AND slot = ? \
                  AND connection_id = CONNECTION_ID()"
             ),
-            // ? aggregate_type (twice), ? aggregate_id (twice), ? limit. By dead_idx.
-            dead_list: format!(
-                "SELECT {RECORD_COLUMNS} FROM {t} \
-                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
-                   AND (? IS NULL OR aggregate_type = ?) AND (? IS NULL OR aggregate_id = ?) \
-                 ORDER BY id LIMIT ?"
-            ),
             events: find_events(RECORD_COLUMNS),
-            events_with_payload: PayloadType::ALL.map(|payload_type| {
-                let payload = payload_column(payload_type);
-                find_events(&format!("{RECORD_COLUMNS}, {payload}, CAST(o.headers AS CHAR) AS headers"))
-            }),
+            events_with_payload: with_content.each_ref().map(|columns| find_events(columns)),
+            dead: dead_list(RECORD_COLUMNS),
+            dead_with_payload: with_content.each_ref().map(|columns| dead_list(columns)),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

@@ -23,7 +23,9 @@ use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{
+    not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
+};
 use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
@@ -615,10 +617,15 @@ impl Store for MySqlStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let query = sqlx::query(&self.sql().dead_list);
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let (table, target) = (&self.inner.table, self.target());
+        let content =
+            payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
+        let query = sqlx::query(self.sql().dead_list(content));
         let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
             .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&self.inner.pool, query, rows::dead_event::<MySql>)
+        let decode = |row: &_| rows::record_with::<MySql>(row, content).and_then(rows::dead);
+        rows::fetch(&mut *conn, query, decode)
             .await
             .map_err(|e| self.error(e).context("listing dead rows"))
     }
@@ -637,24 +644,20 @@ impl Store for MySqlStore {
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let payload_type = match filter.with_payload {
-            true => Some(MySql::payload_type(&mut conn, &self.inner.table, self.target()).await?),
-            false => None,
-        };
+        let (table, target) = (&self.inner.table, self.target());
+        let content =
+            payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
         let event_id = filter.event_id.map(|id| id.hyphenated().to_string());
-        let query = sqlx::query(self.sql().find_events(payload_type))
+        let query = sqlx::query(self.sql().find_events(content))
             .bind(event_id.clone())
             .bind(event_id);
         let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
             .bind(i64::from(filter.limit.max(1)));
-        let found = match payload_type {
-            Some(payload_type) => {
-                let decode = |row: &_| rows::event_record_with_content::<MySql>(row, payload_type);
-                rows::fetch(&mut *conn, query, decode).await
-            }
-            None => rows::fetch(&mut *conn, query, rows::event_record::<MySql>).await,
-        };
-        found.map_err(|e| self.error(e).context("looking events up"))
+        rows::fetch(&mut *conn, query, |row| {
+            rows::record_with::<MySql>(row, content)
+        })
+        .await
+        .map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

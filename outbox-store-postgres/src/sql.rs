@@ -3,7 +3,7 @@
 
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
-use outboxkit_store_sql::rows::RECORD_COLUMNS;
+use outboxkit_store_sql::rows::{self, RECORD_COLUMNS};
 
 use crate::config::TableName;
 
@@ -38,7 +38,10 @@ pub(crate) struct Sql {
     pub oldest_kept: String,
     pub cluster: String,
     pub owners: String,
-    pub dead_list: String,
+    /// The dead list: without the payload and headers, then with them for each payload type
+    /// ([`Sql::dead_list`]).
+    dead: String,
+    dead_with_payload: [String; 3],
     /// `find_events`: without the payload and headers, then with them for each payload type
     /// ([`Sql::find_events`]).
     events: String,
@@ -84,6 +87,15 @@ impl Sql {
         }
     }
 
+    /// The dead list of a table of `payload_type` with the payload and headers, or without
+    /// them (`None`).
+    pub fn dead_list(&self, payload_type: Option<PayloadType>) -> &str {
+        match payload_type {
+            Some(payload_type) => &self.dead_with_payload[payload_type as usize],
+            None => &self.dead,
+        }
+    }
+
     /// The claim of a table of `payload_type`.
     pub fn claim(&self, payload_type: PayloadType) -> &str {
         &self.claims[payload_type as usize]
@@ -91,6 +103,16 @@ impl Sql {
 
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
+        // $1 aggregate_type or NULL, $2 aggregate_id or NULL, $3 limit.
+        let dead_list = |columns: &str| {
+            format!(
+                "SELECT {columns} FROM {t} o \
+                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
+                   AND ($1::text IS NULL OR aggregate_type = $1) \
+                   AND ($2::text IS NULL OR aggregate_id = $2) \
+                 ORDER BY id LIMIT $3"
+            )
+        };
         // $1 event_id or NULL, $2 aggregate_type or NULL, $3 aggregate_id or NULL, $4 limit.
         // Newest first. By event id: the unique index; otherwise the primary key, backwards.
         let find_events = |columns: &str| {
@@ -102,6 +124,10 @@ impl Sql {
                  ORDER BY id DESC LIMIT $4"
             )
         };
+        // The same columns, then the payload and headers, for a table of each payload type.
+        let with_content = PayloadType::ALL.map(|payload_type| {
+            rows::with_content(payload_column(payload_type), "o.headers::text AS headers")
+        });
         Self {
             pause: PauseSql::new::<crate::classify::Postgres>(
                 &table.quoted_sibling(PAUSE_TABLE),
@@ -186,19 +212,10 @@ impl Sql {
                  LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
             ),
-            // $1 aggregate_type or NULL, $2 aggregate_id or NULL, $3 limit.
-            dead_list: format!(
-                "SELECT {RECORD_COLUMNS} FROM {t} \
-                 WHERE dead_at IS NOT NULL AND published_at IS NULL \
-                   AND ($1::text IS NULL OR aggregate_type = $1) \
-                   AND ($2::text IS NULL OR aggregate_id = $2) \
-                 ORDER BY id LIMIT $3"
-            ),
             events: find_events(RECORD_COLUMNS),
-            events_with_payload: PayloadType::ALL.map(|payload_type| {
-                let payload = payload_column(payload_type);
-                find_events(&format!("{RECORD_COLUMNS}, {payload}, o.headers::text AS headers"))
-            }),
+            events_with_payload: with_content.each_ref().map(|columns| find_events(columns)),
+            dead: dead_list(RECORD_COLUMNS),
+            dead_with_payload: with_content.each_ref().map(|columns| dead_list(columns)),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

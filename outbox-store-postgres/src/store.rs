@@ -23,7 +23,9 @@ use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
+use outboxkit_store_sql::migrate::{
+    not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
+};
 use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
@@ -605,11 +607,16 @@ impl Store for PostgresStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let query = sqlx::query(&self.sql().dead_list)
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let (table, target) = (&self.inner.table, self.target());
+        let content =
+            payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
+        let query = sqlx::query(self.sql().dead_list(content))
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
             .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&self.inner.pool, query, rows::dead_event::<Postgres>)
+        let decode = |row: &_| rows::record_with::<Postgres>(row, content).and_then(rows::dead);
+        rows::fetch(&mut *conn, query, decode)
             .await
             .map_err(|e| self.error(e).context("listing dead rows"))
     }
@@ -628,26 +635,19 @@ impl Store for PostgresStore {
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
         let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let payload_type = match filter.with_payload {
-            true => {
-                Some(Postgres::payload_type(&mut conn, &self.inner.table, self.target()).await?)
-            }
-            false => None,
-        };
-        let query = sqlx::query(self.sql().find_events(payload_type))
+        let (table, target) = (&self.inner.table, self.target());
+        let content =
+            payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
+        let query = sqlx::query(self.sql().find_events(content))
             .bind(filter.event_id)
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
             .bind(i64::from(filter.limit.max(1)));
-        let found = match payload_type {
-            Some(payload_type) => {
-                let decode =
-                    |row: &_| rows::event_record_with_content::<Postgres>(row, payload_type);
-                rows::fetch(&mut *conn, query, decode).await
-            }
-            None => rows::fetch(&mut *conn, query, rows::event_record::<Postgres>).await,
-        };
-        found.map_err(|e| self.error(e).context("looking events up"))
+        rows::fetch(&mut *conn, query, |row| {
+            rows::record_with::<Postgres>(row, content)
+        })
+        .await
+        .map_err(|e| self.error(e).context("looking events up"))
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {

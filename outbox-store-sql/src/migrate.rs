@@ -160,6 +160,20 @@ pub trait TableCatalog: Dialect + TableRules + PayloadColumn + Sized {
     ) -> impl Future<Output = Result<PayloadType>> + Send;
 }
 
+/// The payload type of `table`, read on `conn`, when a listing shows payloads (`wanted`);
+/// `None` otherwise, without a query.
+pub async fn payload_type_if<S: TableCatalog>(
+    conn: &mut <S::Database as Database>::Connection,
+    table: &TableName<S>,
+    target: &Target,
+    wanted: bool,
+) -> Result<Option<PayloadType>> {
+    match wanted {
+        true => S::payload_type(conn, table, target).await.map(Some),
+        false => Ok(None),
+    }
+}
+
 /// The payload type of `table`, checked against `store.payload_type` (`configured`) when it is
 /// set.
 pub async fn checked_payload_type<S: TableCatalog>(

@@ -45,7 +45,7 @@ where
 
 /// How a server's rows give the columns whose types differ between servers: the event id (a
 /// `uuid`, or `CHAR(36)` text), text, and times (`timestamptz`, or `DATETIME(6)` in UTC). Each
-/// store implements it on its marker type; [`event_record`] and [`dead_event`] read the rows
+/// store implements it on its marker type; [`record_with`] reads the rows
 /// of `find_events` and of the dead list with it, by column position.
 pub trait RowColumns {
     /// The server's row.
@@ -80,24 +80,9 @@ pub(crate) fn not_null<T>(value: Option<T>, index: usize) -> Result<T, sqlx::Err
     })
 }
 
-/// The columns the dead list and `find_events` select, in the order [`event_record`] reads.
+/// The columns the dead list and `find_events` select, in the order [`record_with`] reads.
 pub const RECORD_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, event_type, \
      destination, attempts, last_error, created_at, next_attempt_at, published_at, dead_at";
-
-/// A row of the dead list ([`RECORD_COLUMNS`] of a row with `dead_at`).
-pub fn dead_event<C: RowColumns>(row: &C::Row) -> Result<DeadEvent, sqlx::Error>
-where
-    for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
-    for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
-    usize: ColumnIndex<C::Row>,
-{
-    event_record::<C>(row)?
-        .into_dead()
-        .ok_or_else(|| sqlx::Error::ColumnDecode {
-            index: "dead_at".to_owned(),
-            source: "a row of the dead list that is not dead".into(),
-        })
-}
 
 /// Run `query` on `executor` and read each row with `decode`.
 pub async fn fetch<'q, 'c, E, DB, T>(
@@ -118,11 +103,12 @@ where
         .collect()
 }
 
-/// A row of `find_events` with its content: [`RECORD_COLUMNS`], then the payload of a table of
-/// `payload_type` and the headers as JSON text.
-pub fn event_record_with_content<C: RowColumns>(
+/// A row of `find_events` or of the dead list: [`RECORD_COLUMNS`], then, with `content` (the
+/// table's payload type), its payload and its headers as JSON text, read into
+/// [`EventRecord::content`].
+pub fn record_with<C: RowColumns>(
     row: &C::Row,
-    payload_type: PayloadType,
+    content: Option<PayloadType>,
 ) -> Result<EventRecord, sqlx::Error>
 where
     for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
@@ -130,6 +116,9 @@ where
     usize: ColumnIndex<C::Row>,
 {
     let mut record = event_record::<C>(row)?;
+    let Some(payload_type) = content else {
+        return Ok(record);
+    };
     let headers = not_null(C::text(row, 13)?, 13)?;
     record.content = Some(EventContent {
         payload: C::payload(row, 12, payload_type)?,
@@ -144,8 +133,22 @@ where
     Ok(record)
 }
 
+/// A row of the dead list read with [`record_with`]: an error unless it is dead.
+pub fn dead(record: EventRecord) -> Result<DeadEvent, sqlx::Error> {
+    record.into_dead().ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: "dead_at".to_owned(),
+        source: "a row of the dead list that is not dead".into(),
+    })
+}
+
+/// The payload and headers columns after [`RECORD_COLUMNS`] that [`record_with`] reads:
+/// `payload` as the server's claim reads it, `headers` as JSON text.
+pub fn with_content(payload: &str, headers: &str) -> String {
+    format!("{RECORD_COLUMNS}, {payload}, {headers}")
+}
+
 /// A row of `find_events`: [`RECORD_COLUMNS`].
-pub fn event_record<C: RowColumns>(row: &C::Row) -> Result<EventRecord, sqlx::Error>
+fn event_record<C: RowColumns>(row: &C::Row) -> Result<EventRecord, sqlx::Error>
 where
     for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
     for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,

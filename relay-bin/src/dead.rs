@@ -1,9 +1,11 @@
 //! `outbox-relay dead list | retry | discard`: the operator's handle on parked events.
 
 use clap::{Args, Subcommand};
-use outboxkit_core::{DeadFilter, DeadSelection, Store};
+use outboxkit_core::{DeadEvent, DeadFilter, DeadSelection, Store};
+use serde::Serialize;
 
 use crate::cli::Failure;
+use crate::events::{content_lines, ContentJson};
 use crate::out::outln;
 use crate::status::{counted, explained};
 
@@ -21,6 +23,10 @@ pub enum DeadCommand {
         /// Most rows shown.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
+        /// Also show each event's payload and headers, what the broker refused (binary
+        /// payloads in base64).
+        #[arg(long)]
+        payload: bool,
         /// Print JSON for machines.
         #[arg(long)]
         json: bool,
@@ -80,6 +86,27 @@ impl Chosen {
     }
 }
 
+/// A dead event in JSON, with `--payload` its content as `events` gives it.
+#[derive(Serialize)]
+struct Listed<'a> {
+    #[serde(flatten)]
+    event: DeadEvent,
+    #[serde(flatten)]
+    content: Option<ContentJson<'a>>,
+}
+
+impl<'a> Listed<'a> {
+    fn of(event: &'a DeadEvent) -> Self {
+        Self {
+            event: DeadEvent {
+                content: None,
+                ..event.clone()
+            },
+            content: event.content.as_ref().map(ContentJson::of),
+        }
+    }
+}
+
 /// Run a `dead` subcommand.
 /// `dead_list` is the command that lists them, as the operator would type it for this store
 /// (`outbox-relay --pipeline billing dead list` when there are several).
@@ -89,6 +116,7 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             aggregate_type,
             aggregate_id,
             limit,
+            payload,
             json,
         } => {
             // One row more than shown tells whether there are more.
@@ -96,11 +124,13 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                 aggregate_type: aggregate_type.clone(),
                 aggregate_id: aggregate_id.clone(),
                 limit: limit.saturating_add(1),
+                with_payload: *payload,
             };
             let mut rows = explained(store, store.dead_list(&filter).await).await?;
             let more = rows.len() > *limit as usize;
             rows.truncate(*limit as usize);
             if *json {
+                let rows: Vec<Listed<'_>> = rows.iter().map(Listed::of).collect();
                 let text = serde_json::to_string_pretty(&rows)
                     .map_err(|e| Failure::runtime(format!("encoding dead events as JSON: {e}")))?;
                 outln!("{text}");
@@ -130,6 +160,9 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                     crate::out::utc_second(r.dead_at),
                     r.last_error.as_deref().unwrap_or("").replace('\n', " ")
                 );
+                for line in r.content.iter().flat_map(content_lines) {
+                    outln!("{:>10}  {line}", "");
+                }
             }
             if more {
                 outln!("(the first {limit}; there are more: raise --limit to see them)");

@@ -58,7 +58,7 @@ struct Found<'a> {
 /// An event's content in JSON, as CloudEvents carries data: a `json` payload as the document
 /// itself, text as a string, bytes (or text that is not UTF-8) as `payload_base64`.
 #[derive(Serialize)]
-struct ContentJson<'a> {
+pub(crate) struct ContentJson<'a> {
     payload_type: PayloadType,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<PayloadJson<'a>>,
@@ -69,13 +69,13 @@ struct ContentJson<'a> {
 
 #[derive(Serialize)]
 #[serde(untagged)]
-enum PayloadJson<'a> {
+pub(crate) enum PayloadJson<'a> {
     Document(Box<RawValue>),
     Text(&'a str),
 }
 
 impl<'a> ContentJson<'a> {
-    fn of(content: &'a EventContent) -> Self {
+    pub(crate) fn of(content: &'a EventContent) -> Self {
         let text = std::str::from_utf8(&content.payload).ok();
         let payload = match (content.payload_type, text) {
             (PayloadType::Json, Some(text)) => RawValue::from_string(text.to_owned())
@@ -192,7 +192,7 @@ fn found_row<'a>(pipeline: &'a str, event: &'a EventRecord) -> Found<'a> {
 
 /// An event's content under its row: the payload (text with its control characters escaped,
 /// so that a payload cannot move the terminal or fake a line; bytes in base64) and headers.
-fn content_lines(content: &EventContent) -> [String; 2] {
+pub(crate) fn content_lines(content: &EventContent) -> [String; 2] {
     let size = counted(content.payload.len(), "byte");
     let payload = match (content.payload_type, std::str::from_utf8(&content.payload)) {
         (PayloadType::Json | PayloadType::Text, Ok(text)) => {

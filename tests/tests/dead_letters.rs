@@ -218,6 +218,26 @@ async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
         (with[2]["id"].as_i64(), &with[2]["state"]),
         (Some(a2), &found[2]["state"])
     );
+    // The dead list shows them too, with --payload.
+    let (ok, json, err) = scenario.cli(&["dead", "list", "--payload", "--json"]);
+    assert!(ok, "{err}");
+    let dead: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let listed = dead.iter().find(|d| d["id"] == a2).expect("A2 is listed");
+    assert_eq!(listed["payload"], serde_json::json!({ "n": 2 }), "{json}");
+    assert_eq!(
+        (&listed["payload_type"], &listed["headers"]["traceparent"]),
+        (&serde_json::json!("json"), &serde_json::json!(TRACEPARENT)),
+        "{json}"
+    );
+    let (ok, text, err) = scenario.cli(&["dead", "list", "--aggregate-id", "A", "--payload"]);
+    assert!(
+        ok && text
+            .lines()
+            .nth(2)
+            .is_some_and(|l| l.trim_start().starts_with("payload (json, "))
+            && text.contains(&format!(r#"headers: {{"traceparent":"{TRACEPARENT}"}}"#)),
+        "{text}{err}"
+    );
     let unknown = uuid::Uuid::new_v4().to_string();
     let (ok, text, err) = scenario.cli(&["events", "--event-id", &unknown]);
     assert!(

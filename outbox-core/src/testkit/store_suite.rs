@@ -567,6 +567,7 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
             aggregate_type: aggregate_type.map(str::to_owned),
             aggregate_id: aggregate_id.map(str::to_owned),
             limit,
+            with_payload: false,
         };
         let store = &store;
         async move { ok(store.dead_list(&filter).await, "dead_list") }
@@ -597,6 +598,41 @@ pub async fn dead_rows_are_listed_retried_and_discarded(factory: &dyn StoreFacto
         vec![a1, b1],
         "the limit"
     );
+
+    // Payload and headers only when asked for, then the writer's, as find_events gives them.
+    assert!(dead.iter().all(|d| d.content.is_none()), "{dead:?}");
+    let with_payload = DeadFilter {
+        limit: 100,
+        with_payload: true,
+        ..DeadFilter::default()
+    };
+    let listed = ok(
+        store.dead_list(&with_payload).await,
+        "dead_list with payload",
+    );
+    assert_eq!(ids_of(&listed), vec![a1, b1, c1]);
+    for ((row, written), plain) in listed
+        .iter()
+        .zip([&events[0], &events[2], &events[3]])
+        .zip(&dead)
+    {
+        let content = row.content.as_ref().expect("the payload was asked for");
+        let payload: serde_json::Value = serde_json::from_slice(&content.payload).unwrap();
+        let expected: serde_json::Value =
+            serde_json::from_slice(written.payload.as_bytes()).unwrap();
+        assert_eq!(
+            (payload, content.payload_type),
+            (expected, PayloadType::Json),
+            "row {}",
+            row.id
+        );
+        assert_eq!(content.headers, written.headers, "row {}", row.id);
+        let without = DeadEvent {
+            content: None,
+            ..row.clone()
+        };
+        assert_eq!(&without, plain, "the rest of the row is the same");
+    }
 
     // a2 is pending and 0 is no row: only a1 comes back, before a2.
     let retried = ok(
@@ -1705,11 +1741,30 @@ pub async fn text_and_binary_tables_keep_payloads_byte_for_byte<H: LiveHarness>(
                 (content.payload, content.payload_type)
             })
             .collect();
+        let parked: Vec<Failure> = claimed.iter().map(|e| failure(e.id, None)).collect();
         let claimed: Vec<(Vec<u8>, PayloadType)> = claimed
             .iter()
             .map(|e| (e.payload.clone(), e.payload_type))
             .collect();
         assert_eq!(contents, claimed, "{payload_type} table: find_events");
+        // Parked as dead, the dead list with the payload gives them too, oldest first.
+        session.record_failures(&parked).await.unwrap();
+        let filter = crate::model::DeadFilter {
+            limit: 100,
+            with_payload: true,
+            ..Default::default()
+        };
+        let dead: Vec<(Vec<u8>, PayloadType)> = store
+            .dead_list(&filter)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                let content = e.content.expect("the payload was asked for");
+                (content.payload, content.payload_type)
+            })
+            .collect();
+        assert_eq!(dead, claimed, "{payload_type} table: dead_list");
         close_live(session).await;
         drop(pool);
         harness.drop_namespace(&namespace).await;
