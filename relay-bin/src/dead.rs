@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::cli::Failure;
 use crate::events::{content_lines, ContentJson};
-use crate::out::outln;
+use crate::out::{outln, printable};
 use crate::status::{counted, explained};
 
 /// `outbox-relay dead ...`
@@ -154,11 +154,11 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
                     "{:>10}  {:<36}  {:<24}  {:<20}  {:>8}  {:<20}  {}",
                     r.id,
                     r.event_id,
-                    format!("{}/{}", r.aggregate_type, r.aggregate_id),
-                    r.event_type,
+                    printable(&format!("{}/{}", r.aggregate_type, r.aggregate_id)),
+                    printable(&r.event_type),
                     r.attempts,
                     crate::out::utc_second(r.dead_at),
-                    r.last_error.as_deref().unwrap_or("").replace('\n', " ")
+                    printable(r.last_error.as_deref().unwrap_or(""))
                 );
                 for line in r.content.iter().flat_map(content_lines) {
                     outln!("{:>10}  {line}", "");

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::cli::{failed_for, Failure, Target};
-use crate::out::{outln, utc_second};
+use crate::out::{outln, printable, utc_second};
 use crate::status::{counted, explained};
 
 /// `outbox-relay events ...`
@@ -199,7 +199,7 @@ pub(crate) fn content_lines(content: &EventContent) -> [String; 2] {
             format!(
                 "payload ({}, {size}): {}",
                 content.payload_type,
-                escaped(text)
+                printable(text)
             )
         }
         _ => format!(
@@ -212,20 +212,10 @@ pub(crate) fn content_lines(content: &EventContent) -> [String; 2] {
         true => "headers: none".to_owned(),
         false => format!(
             "headers: {}",
-            escaped(&serde_json::to_string(&content.headers).unwrap_or_default())
+            printable(&serde_json::to_string(&content.headers).unwrap_or_default())
         ),
     };
     [payload, headers]
-}
-
-/// `text` with each control character written as an escape (`\n`, `\u{1b}`).
-fn escaped(text: &str) -> String {
-    text.chars()
-        .map(|c| match c.is_control() {
-            true => c.escape_default().to_string(),
-            false => c.to_string(),
-        })
-        .collect()
 }
 
 /// The rows as a table, and a note when `--limit` left some out.
@@ -240,23 +230,32 @@ fn print_rows(rows: &[EventRecord], more: bool, limit: u32) {
         "attempts"
     );
     for r in rows {
-        outln!(
-            "{:>10}  {:<36}  {:<24}  {:<20}  {:<36}  {:>8}  {}",
-            r.id,
-            r.event_id,
-            format!("{}/{}", r.aggregate_type, r.aggregate_id),
-            r.event_type,
-            state(r),
-            r.attempts,
-            r.last_error.as_deref().unwrap_or("").replace('\n', " ")
-        );
-        for line in r.content.iter().flat_map(content_lines) {
-            outln!("{:>10}  {line}", "");
+        for line in row_lines(r) {
+            outln!("{line}");
         }
     }
     if more {
         outln!("(the newest {limit}; there are more: raise --limit to see them)");
     }
+}
+
+/// A row's line, then its content's lines: what writers and brokers wrote made
+/// [`printable`].
+fn row_lines(r: &EventRecord) -> Vec<String> {
+    let row = format!(
+        "{:>10}  {:<36}  {:<24}  {:<20}  {:<36}  {:>8}  {}",
+        r.id,
+        r.event_id,
+        printable(&format!("{}/{}", r.aggregate_type, r.aggregate_id)),
+        printable(&r.event_type),
+        state(r),
+        r.attempts,
+        printable(r.last_error.as_deref().unwrap_or(""))
+    );
+    let content = r.content.iter().flat_map(content_lines);
+    std::iter::once(row)
+        .chain(content.map(|line| format!("{:>10}  {line}", "")))
+        .collect()
 }
 
 /// A row's state with its time: `published 2026-12-06 20:01:02`, `pending`, `retrying at ...`,
@@ -452,6 +451,31 @@ mod tests {
                 "payload (json, 1 byte): 1".to_owned(),
                 "headers: none".to_owned()
             ]
+        );
+    }
+
+    #[test]
+    fn a_row_is_one_line_per_field_whatever_the_writer_put_in_it() {
+        let mut hostile = record(PayloadType::Text, b"ok\n        99  forged row");
+        hostile.aggregate_id = "42\u{1b}[2J".to_owned();
+        hostile.event_type = "Paid\nforged".to_owned();
+        hostile.last_error = Some("refused\r\nat broker".to_owned());
+        let lines = row_lines(&hostile);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines.iter().all(|l| !l.chars().any(char::is_control)),
+            "{lines:?}"
+        );
+        assert!(
+            lines[0].contains(r"order/42\u{1b}[2J") && lines[0].contains(r"Paid\nforged"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].ends_with(r"refused\r\nat broker"), "{}", lines[0]);
+        assert!(
+            lines[1].ends_with(r"ok\n        99  forged row"),
+            "{}",
+            lines[1]
         );
     }
 }

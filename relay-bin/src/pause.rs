@@ -65,11 +65,11 @@ pub async fn resume(store: &dyn Store) -> outboxkit_core::Result<(String, String
 pub fn who(pause: &Pause) -> String {
     let reason = match pause.reason.as_str() {
         "" => String::new(),
-        reason => format!(": {reason}"),
+        reason => format!(": {}", crate::out::printable(reason)),
     };
     format!(
         "since {} UTC by {}{reason}",
         crate::out::utc_second(pause.since),
-        pause.by
+        crate::out::printable(&pause.by)
     )
 }

@@ -8,7 +8,7 @@ use outboxkit_core::{
 use serde::Serialize;
 
 use crate::cli::Failure;
-use crate::out::outln;
+use crate::out::{outln, printable};
 
 #[derive(Debug, Serialize)]
 struct StatusReport {
@@ -104,12 +104,12 @@ pub async fn print(
             .unwrap_or_else(|| "due now".to_owned());
         outln!(
             "  held back {}/{}: row {} after {}, {when}, {} waiting behind; {}",
-            h.aggregate_type,
-            h.aggregate_id,
+            printable(&h.aggregate_type),
+            printable(&h.aggregate_id),
             h.id,
             counted(h.attempts, "attempt"),
             h.waiting_behind,
-            h.last_error.as_deref().unwrap_or("")
+            printable(h.last_error.as_deref().unwrap_or(""))
         );
     }
     outln!("dead                 {} (see `{dead_list}`)", b.dead);
