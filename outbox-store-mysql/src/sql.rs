@@ -9,7 +9,7 @@
 
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
-use outboxkit_store_sql::rows::{self, RECORD_COLUMNS};
+use outboxkit_store_sql::rows::Listings;
 
 use crate::config::{TableName, MEMBERS_TABLE};
 
@@ -71,14 +71,8 @@ pub(crate) struct Sql {
     pub members_of_table: String,
     pub join_members: String,
     pub leave_members: String,
-    /// The dead list: without the payload and headers, then with them for each payload type
-    /// ([`Sql::dead_list`]).
-    dead: String,
-    dead_with_payload: [String; 3],
-    /// `find_events`: without the payload and headers, then with them for each payload type
-    /// ([`Sql::find_events`]).
-    events: String,
-    events_with_payload: [String; 3],
+    /// `find_events` and the dead list, with and without the payload and headers.
+    pub listings: Listings,
     pub dead_retry_all: String,
     pub dead_discard_all: String,
     pub held_back: String,
@@ -95,24 +89,6 @@ const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL AND publish
      AND (? IS NULL OR aggregate_id = ?)";
 
 impl Sql {
-    /// `find_events` of a table of `payload_type` with the payload and headers, or without
-    /// them (`None`).
-    pub fn find_events(&self, payload_type: Option<PayloadType>) -> &str {
-        match payload_type {
-            Some(payload_type) => &self.events_with_payload[payload_type as usize],
-            None => &self.events,
-        }
-    }
-
-    /// The dead list of a table of `payload_type` with the payload and headers, or without
-    /// them (`None`).
-    pub fn dead_list(&self, payload_type: Option<PayloadType>) -> &str {
-        match payload_type {
-            Some(payload_type) => &self.dead_with_payload[payload_type as usize],
-            None => &self.dead,
-        }
-    }
-
     pub fn new(table: &TableName) -> Self {
         let t = table.quoted();
         let members = table.quoted_sibling(MEMBERS_TABLE);
@@ -135,13 +111,6 @@ impl Sql {
                  ORDER BY id DESC LIMIT ?"
             )
         };
-        // The same columns, then the payload and headers, for a table of each payload type.
-        let with_content = PayloadType::ALL.map(|payload_type| {
-            rows::with_content(
-                payload_column(payload_type),
-                "CAST(o.headers AS CHAR) AS headers",
-            )
-        });
         Self {
             // A paused table keeps its first pause: IGNORE leaves the existing row alone.
             pause: PauseSql::new::<crate::classify::MySql>(
@@ -187,10 +156,7 @@ impl Sql {
                 "DELETE FROM {members} WHERE table_name = ? AND slot = ? \
                  AND connection_id = CONNECTION_ID()"
             ),
-            events: find_events(RECORD_COLUMNS),
-            events_with_payload: with_content.each_ref().map(|columns| find_events(columns)),
-            dead: dead_list(RECORD_COLUMNS),
-            dead_with_payload: with_content.each_ref().map(|columns| dead_list(columns)),
+            listings: Listings::new(find_events, dead_list, payload_column, "CAST(o.headers AS CHAR) AS headers"),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

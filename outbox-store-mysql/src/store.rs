@@ -621,7 +621,7 @@ impl Store for MySqlStore {
         let (table, target) = (&self.inner.table, self.target());
         let content =
             payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().dead_list(content));
+        let query = sqlx::query(self.sql().listings.dead_list(content));
         let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
             .bind(i64::from(filter.limit.max(1)));
         let decode = |row: &_| rows::record_with::<MySql>(row, content).and_then(rows::dead);
@@ -648,7 +648,7 @@ impl Store for MySqlStore {
         let content =
             payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
         let event_id = filter.event_id.map(|id| id.hyphenated().to_string());
-        let query = sqlx::query(self.sql().find_events(content))
+        let query = sqlx::query(self.sql().listings.find_events(content))
             .bind(event_id.clone())
             .bind(event_id);
         let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)

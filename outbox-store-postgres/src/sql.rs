@@ -3,7 +3,7 @@
 
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
-use outboxkit_store_sql::rows::{self, RECORD_COLUMNS};
+use outboxkit_store_sql::rows::Listings;
 
 use crate::config::TableName;
 
@@ -38,14 +38,8 @@ pub(crate) struct Sql {
     pub oldest_kept: String,
     pub cluster: String,
     pub owners: String,
-    /// The dead list: without the payload and headers, then with them for each payload type
-    /// ([`Sql::dead_list`]).
-    dead: String,
-    dead_with_payload: [String; 3],
-    /// `find_events`: without the payload and headers, then with them for each payload type
-    /// ([`Sql::find_events`]).
-    events: String,
-    events_with_payload: [String; 3],
+    /// `find_events` and the dead list, with and without the payload and headers.
+    pub listings: Listings,
     pub dead_retry_ids: String,
     pub dead_retry_all: String,
     pub dead_discard: String,
@@ -78,24 +72,6 @@ const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
      AND ($3::text IS NULL OR aggregate_type = $3) AND ($4::text IS NULL OR aggregate_id = $4)";
 
 impl Sql {
-    /// `find_events` of a table of `payload_type` with the payload and headers, or without
-    /// them (`None`).
-    pub fn find_events(&self, payload_type: Option<PayloadType>) -> &str {
-        match payload_type {
-            Some(payload_type) => &self.events_with_payload[payload_type as usize],
-            None => &self.events,
-        }
-    }
-
-    /// The dead list of a table of `payload_type` with the payload and headers, or without
-    /// them (`None`).
-    pub fn dead_list(&self, payload_type: Option<PayloadType>) -> &str {
-        match payload_type {
-            Some(payload_type) => &self.dead_with_payload[payload_type as usize],
-            None => &self.dead,
-        }
-    }
-
     /// The claim of a table of `payload_type`.
     pub fn claim(&self, payload_type: PayloadType) -> &str {
         &self.claims[payload_type as usize]
@@ -124,10 +100,6 @@ impl Sql {
                  ORDER BY id DESC LIMIT $4"
             )
         };
-        // The same columns, then the payload and headers, for a table of each payload type.
-        let with_content = PayloadType::ALL.map(|payload_type| {
-            rows::with_content(payload_column(payload_type), "o.headers::text AS headers")
-        });
         Self {
             pause: PauseSql::new::<crate::classify::Postgres>(
                 &table.quoted_sibling(PAUSE_TABLE),
@@ -212,10 +184,7 @@ impl Sql {
                  LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
             ),
-            events: find_events(RECORD_COLUMNS),
-            events_with_payload: with_content.each_ref().map(|columns| find_events(columns)),
-            dead: dead_list(RECORD_COLUMNS),
-            dead_with_payload: with_content.each_ref().map(|columns| dead_list(columns)),
+            listings: Listings::new(find_events, dead_list, payload_column, "o.headers::text AS headers"),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \

@@ -611,7 +611,7 @@ impl Store for PostgresStore {
         let (table, target) = (&self.inner.table, self.target());
         let content =
             payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().dead_list(content))
+        let query = sqlx::query(self.sql().listings.dead_list(content))
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())
             .bind(i64::from(filter.limit.max(1)));
@@ -638,7 +638,7 @@ impl Store for PostgresStore {
         let (table, target) = (&self.inner.table, self.target());
         let content =
             payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().find_events(content))
+        let query = sqlx::query(self.sql().listings.find_events(content))
             .bind(filter.event_id)
             .bind(filter.aggregate_type.as_deref())
             .bind(filter.aggregate_id.as_deref())

@@ -141,10 +141,45 @@ pub fn dead(record: EventRecord) -> Result<DeadEvent, sqlx::Error> {
     })
 }
 
-/// The payload and headers columns after [`RECORD_COLUMNS`] that [`record_with`] reads:
-/// `payload` as the server's claim reads it, `headers` as JSON text.
-pub fn with_content(payload: &str, headers: &str) -> String {
-    format!("{RECORD_COLUMNS}, {payload}, {headers}")
+/// The statements of `find_events` and of the dead list: each without the payload and
+/// headers, and with them for a table of each payload type ([`record_with`] reads both).
+#[derive(Debug)]
+pub struct Listings {
+    /// In [`PayloadType::ALL`] order, then without content.
+    events: [String; 4],
+    dead: [String; 4],
+}
+
+impl Listings {
+    /// `find_events` and `dead_list` write a store's statement selecting the columns they are
+    /// given from the table aliased `o`; `payload` is how the store's claim reads a payload of
+    /// each type (`o.payload::text AS payload`), `headers` how it reads the headers as JSON text.
+    pub fn new(
+        find_events: impl Fn(&str) -> String,
+        dead_list: impl Fn(&str) -> String,
+        payload: impl Fn(PayloadType) -> &'static str,
+        headers: &str,
+    ) -> Self {
+        let [json, text, binary] =
+            PayloadType::ALL.map(|t| format!("{RECORD_COLUMNS}, {}, {headers}", payload(t)));
+        let columns = [json, text, binary, RECORD_COLUMNS.to_owned()];
+        Self {
+            events: columns.each_ref().map(|c| find_events(c)),
+            dead: columns.each_ref().map(|c| dead_list(c)),
+        }
+    }
+
+    /// `find_events` of a table of `content`'s payload type with the payload and headers, or
+    /// without them (`None`).
+    pub fn find_events(&self, content: Option<PayloadType>) -> &str {
+        &self.events[content.map_or(3, |t| t as usize)]
+    }
+
+    /// The dead list of a table of `content`'s payload type with the payload and headers, or
+    /// without them (`None`).
+    pub fn dead_list(&self, content: Option<PayloadType>) -> &str {
+        &self.dead[content.map_or(3, |t| t as usize)]
+    }
 }
 
 /// A row of `find_events`: [`RECORD_COLUMNS`].
