@@ -1,11 +1,10 @@
 //! `outbox-relay dead list | retry | discard`: the operator's handle on parked events.
 
 use clap::{Args, Subcommand};
-use outboxkit_core::{DeadEvent, DeadFilter, DeadSelection, Store};
-use serde::Serialize;
+use outboxkit_core::{DeadEvent, DeadFilter, DeadSelection, EventContent, Store};
 
 use crate::cli::Failure;
-use crate::events::{content_lines, ContentJson};
+use crate::events::{content_lines, json_rows};
 use crate::out::{outln, printable};
 use crate::status::{counted, explained};
 
@@ -86,27 +85,6 @@ impl Chosen {
     }
 }
 
-/// A dead event in JSON, with `--payload` its content as `events` gives it.
-#[derive(Serialize)]
-struct Listed<'a> {
-    #[serde(flatten)]
-    event: DeadEvent,
-    #[serde(flatten)]
-    content: Option<ContentJson<'a>>,
-}
-
-impl<'a> Listed<'a> {
-    fn of(event: &'a DeadEvent) -> Self {
-        Self {
-            event: DeadEvent {
-                content: None,
-                ..event.clone()
-            },
-            content: event.content.as_ref().map(ContentJson::of),
-        }
-    }
-}
-
 /// Run a `dead` subcommand.
 /// `dead_list` is the command that lists them, as the operator would type it for this store
 /// (`outbox-relay --pipeline billing dead list` when there are several).
@@ -130,8 +108,14 @@ pub async fn run(store: &dyn Store, command: &DeadCommand, dead_list: &str) -> R
             let more = rows.len() > *limit as usize;
             rows.truncate(*limit as usize);
             if *json {
-                let rows: Vec<Listed<'_>> = rows.iter().map(Listed::of).collect();
-                let text = serde_json::to_string_pretty(&rows)
+                let rows: Vec<(DeadEvent, Option<EventContent>)> = rows
+                    .into_iter()
+                    .map(|mut event| {
+                        let content = event.content.take();
+                        (event, content)
+                    })
+                    .collect();
+                let text = json_rows(&rows)
                     .map_err(|e| Failure::runtime(format!("encoding dead events as JSON: {e}")))?;
                 outln!("{text}");
                 return Ok(());

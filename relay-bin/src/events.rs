@@ -44,21 +44,43 @@ pub(crate) struct Searched {
     pub(crate) retention: Retention,
 }
 
-/// One row of the JSON answer: the event, the table it was found in and, with `--payload`, its
-/// content.
+/// One row of the JSON answer: the event and the table it was found in.
 #[derive(Serialize)]
 struct Found<'a> {
     pipeline: &'a str,
     #[serde(flatten)]
     event: EventRecord,
+}
+
+/// A row of a JSON answer, its content taken out of it, with the content's fields
+/// ([`ContentJson`]) beside the row's.
+#[derive(Serialize)]
+struct WithContent<'a, T> {
+    #[serde(flatten)]
+    row: &'a T,
     #[serde(flatten)]
     content: Option<ContentJson<'a>>,
+}
+
+/// `rows`, each with the content taken out of it, as the pretty JSON array `events` and `dead
+/// list` print: a row's own fields, then with `--payload` its content's.
+pub(crate) fn json_rows<T: Serialize>(
+    rows: &[(T, Option<EventContent>)],
+) -> serde_json::Result<String> {
+    let rows: Vec<WithContent<'_, T>> = rows
+        .iter()
+        .map(|(row, content)| WithContent {
+            row,
+            content: content.as_ref().map(ContentJson::of),
+        })
+        .collect();
+    serde_json::to_string_pretty(&rows)
 }
 
 /// An event's content in JSON, as CloudEvents carries data: a `json` payload as the document
 /// itself, text as a string, bytes (or text that is not UTF-8) as `payload_base64`.
 #[derive(Serialize)]
-pub(crate) struct ContentJson<'a> {
+struct ContentJson<'a> {
     payload_type: PayloadType,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<PayloadJson<'a>>,
@@ -69,13 +91,13 @@ pub(crate) struct ContentJson<'a> {
 
 #[derive(Serialize)]
 #[serde(untagged)]
-pub(crate) enum PayloadJson<'a> {
+enum PayloadJson<'a> {
     Document(Box<RawValue>),
     Text(&'a str),
 }
 
 impl<'a> ContentJson<'a> {
-    pub(crate) fn of(content: &'a EventContent) -> Self {
+    fn of(content: &'a EventContent) -> Self {
         let text = std::str::from_utf8(&content.payload).ok();
         let payload = match (content.payload_type, text) {
             (PayloadType::Json, Some(text)) => RawValue::from_string(text.to_owned())
@@ -142,11 +164,11 @@ pub(crate) async fn run(
         }
     }
     if args.json {
-        let rows: Vec<Found<'_>> = found
-            .iter()
-            .flat_map(|(label, rows, _)| rows.iter().map(|event| found_row(label, event)))
+        let rows: Vec<(Found<'_>, Option<EventContent>)> = found
+            .iter_mut()
+            .flat_map(|(label, rows, _)| rows.drain(..).map(|event| found_row(label, event)))
             .collect();
-        let text = serde_json::to_string_pretty(&rows)
+        let text = json_rows(&rows)
             .map_err(|e| Failure::runtime(format!("encoding events as JSON: {e}")))?;
         outln!("{text}");
     } else if found.iter().all(|(_, rows, _)| rows.is_empty()) {
@@ -179,15 +201,9 @@ pub(crate) async fn run(
 }
 
 /// One row of the JSON answer.
-fn found_row<'a>(pipeline: &'a str, event: &'a EventRecord) -> Found<'a> {
-    Found {
-        pipeline,
-        event: EventRecord {
-            content: None,
-            ..event.clone()
-        },
-        content: event.content.as_ref().map(ContentJson::of),
-    }
+fn found_row(pipeline: &str, mut event: EventRecord) -> (Found<'_>, Option<EventContent>) {
+    let content = event.content.take();
+    (Found { pipeline, event }, content)
 }
 
 /// An event's content under its row: the payload (text with its control characters escaped,
@@ -346,7 +362,12 @@ mod tests {
 
     /// The JSON of one row, as text and parsed.
     fn found_json(pipeline: &str, event: &EventRecord) -> (String, serde_json::Value) {
-        let text = serde_json::to_string(&found_row(pipeline, event)).unwrap();
+        let (row, content) = found_row(pipeline, event.clone());
+        let with = WithContent {
+            row: &row,
+            content: content.as_ref().map(ContentJson::of),
+        };
+        let text = serde_json::to_string(&with).unwrap();
         let value = serde_json::from_str(&text).unwrap();
         (text, value)
     }
