@@ -51,10 +51,10 @@ async fn round<D: Dialect>(
 ) -> Result<usize, String>
 where
     for<'c> &'c mut D::Connection: sqlx::Executor<'c, Database = D>,
-    for<'q> D::Arguments<'q>: sqlx::IntoArguments<'q, D>,
+    D::Arguments: sqlx::IntoArguments<D>,
 {
     let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
-    let rows = sqlx::query(&D::select(table))
+    let rows = sqlx::query(sqlx::AssertSqlSafe(D::select(table)))
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| e.to_string())?;
@@ -94,9 +94,9 @@ impl Dialect for sqlx::Postgres {
     }
 
     async fn mark(tx: &mut sqlx::PgConnection, table: &str, ids: &[i64]) -> Result<(), String> {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {table} SET published_at = now() WHERE id = ANY($1)"
-        ))
+        )))
         .bind(ids)
         .execute(tx)
         .await
@@ -135,10 +135,10 @@ impl Dialect for sqlx::MySql {
     async fn mark(tx: &mut sqlx::MySqlConnection, table: &str, ids: &[i64]) -> Result<(), String> {
         if !ids.is_empty() {
             let list: Vec<String> = ids.iter().map(i64::to_string).collect();
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE id IN ({})",
                 list.join(",")
-            ))
+            )))
             .execute(tx)
             .await
             .map_err(|e| e.to_string())?;

@@ -282,14 +282,15 @@ pub async fn compare(args: &Args, command: String) -> Result<Comparison, String>
                 Ok(cost) => cost,
                 Err(e) => {
                     // Which rows stayed pending, for whoever reads the error.
-                    let rows: Vec<(i64, uuid::Uuid, String)> = sqlx::query_as(&format!(
-                        "SELECT id, event_id, created_at::text FROM {} \
+                    let rows: Vec<(i64, uuid::Uuid, String)> =
+                        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                            "SELECT id, event_id, created_at::text FROM {} \
                          WHERE published_at IS NULL LIMIT 20",
-                        c.pair.store().table()
-                    ))
-                    .fetch_all(&c.pool)
-                    .await
-                    .unwrap_or_default();
+                            c.pair.store().table()
+                        )))
+                        .fetch_all(&c.pool)
+                        .await
+                        .unwrap_or_default();
                     return Err(format!("{}: {e}\nrows still pending: {rows:?}", c.name));
                 }
             };

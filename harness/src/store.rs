@@ -121,7 +121,7 @@ impl TableLock {
         for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     {
         let mut conn = pool.acquire().await.expect("connecting");
-        sqlx::Executor::execute(&mut *conn, lock.as_str())
+        sqlx::Executor::execute(&mut *conn, sqlx::AssertSqlSafe(lock.as_str()))
             .await
             .unwrap_or_else(|e| panic!("{lock}: {e}"));
         Self(Box::new(move || {
@@ -252,7 +252,7 @@ impl<O: SqlOutbox + Clone> Clone for SqlSide<O> {
 impl<O: SqlOutbox> SqlSide<O>
 where
     for<'c> &'c mut <O::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = O::Db>,
-    for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
+    <O::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<O::Db>,
     String: sqlx::Type<O::Db> + for<'q> sqlx::Encode<'q, O::Db>,
 {
     /// The test server ([`SqlOutbox::test_url`]) with outbox table `table`; fails the test,
@@ -303,11 +303,11 @@ where
     ) -> Result<i64, WriteError> {
         let mut tx = self.pool.begin().await.map_err(WriteError::before)?;
         if lock {
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {} SET version = version + 1 WHERE id = {}",
                 self.orders,
                 O::PARAM
-            ))
+            )))
             .bind(&event.aggregate_id)
             .execute(&mut *tx)
             .await
@@ -328,7 +328,7 @@ where
 
     /// Run `sql` (one statement or more) on the pool; fails the test with the server's error.
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -341,7 +341,7 @@ where
 impl<O: SqlOutbox> StoreSide for SqlSide<O>
 where
     for<'c> &'c mut <O::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = O::Db>,
-    for<'q> <O::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, O::Db>,
+    <O::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<O::Db>,
     String: sqlx::Type<O::Db> + for<'q> sqlx::Encode<'q, O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
     i64: sqlx::Type<O::Db> + for<'r> sqlx::Decode<'r, O::Db>,
     usize: sqlx::ColumnIndex<<O::Db as sqlx::Database>::Row>,
@@ -410,10 +410,12 @@ where
 
     async fn create_orders(&self, aggregates: u64) {
         let orders = &self.orders;
-        sqlx::raw_sql(&O::create_orders_sql(orders, aggregates))
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(O::create_orders_sql(
+            orders, aggregates,
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("creating {orders}: {e}"));
     }
 
     async fn transact(&self, event: &NewEvent, commit: bool) -> Result<i64, WriteError> {
@@ -432,10 +434,10 @@ where
     }
 
     async fn count_rows(&self, condition: &str) -> i64 {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM {} WHERE {condition}",
             self.table
-        ))
+        )))
         .fetch_one(&self.pool)
         .await
         .unwrap_or_else(|e| panic!("counting rows of {} where {condition}: {e}", self.table))
@@ -448,18 +450,18 @@ where
 
     async fn lock_waiters(&self, client: &str) -> i64 {
         let sql = O::lock_waiters_sql(client);
-        sqlx::query_scalar(&sql)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
             .fetch_one(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     async fn publish_latencies(&self) -> Vec<Duration> {
-        let micros: Vec<i64> = sqlx::query_scalar(&format!(
+        let micros: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT {} FROM {} WHERE published_at IS NOT NULL",
             O::LATENCY_MICROS,
             self.table
-        ))
+        )))
         .fetch_all(&self.pool)
         .await
         .expect("reading publish times");
@@ -470,11 +472,11 @@ where
     }
 
     async fn business_version(&self, aggregate: &str) -> Option<i64> {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT version FROM {} WHERE id = {}",
             self.orders,
             O::PARAM
-        ))
+        )))
         .bind(aggregate.to_owned())
         .fetch_optional(&self.pool)
         .await
@@ -483,11 +485,11 @@ where
     }
 
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT id FROM {} WHERE event_id = {}",
             self.table,
             O::PARAM
-        ))
+        )))
         .bind(O::event_id(event_id))
         .fetch_optional(&self.pool)
         .await
@@ -499,14 +501,15 @@ where
     }
 
     async fn dead_rows(&self) -> Vec<DeadRow> {
-        let rows: Vec<(i64, O::EventId, i64, Option<String>)> = sqlx::query_as(&format!(
-            "SELECT id, {} FROM {} WHERE dead_at IS NOT NULL ORDER BY id",
-            O::DEAD_COLUMNS,
-            self.table
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .expect("reading dead rows");
+        let rows: Vec<(i64, O::EventId, i64, Option<String>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT id, {} FROM {} WHERE dead_at IS NOT NULL ORDER BY id",
+                O::DEAD_COLUMNS,
+                self.table
+            )))
+            .fetch_all(&self.pool)
+            .await
+            .expect("reading dead rows");
         rows.into_iter()
             .map(|(id, event_id, attempts, last_error)| DeadRow {
                 id,

@@ -149,9 +149,9 @@ pub(crate) async fn refuse_read_only(
     let names = READ_ONLY_VARIABLES
         .map(|(name, _)| format!("'{name}'"))
         .join(", ");
-    let on: Vec<(String, String)> = sqlx::query_as(&format!(
+    let on: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SHOW VARIABLES WHERE Variable_name IN ({names}) AND Value IN ('ON', '1')"
-    ))
+    )))
     .fetch_all(conn)
     .await
     .map_err(|e| classify(e, target))?;

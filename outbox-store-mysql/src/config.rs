@@ -24,9 +24,10 @@ impl SqlStore for MySql {
     const CONFIG_TYPE: &'static str = "MySqlStoreConfig";
     const SCHEMES: &'static [&'static str] = &["mysql://", "mariadb://"];
     const URL_FORM: &'static str = "mysql://user:password@host:port/database";
-    /// What sqlx 0.8 reads (`sqlx_mysql::options::parse`; it ignores any other without a
+    /// What sqlx 0.9 reads (`sqlx_mysql::options::parse`; it ignores any other without a
     /// word), its TLS options under MySQL's names only: the status line and errors read those
-    /// (an alias, `sslmode`, would be reported as the default mode).
+    /// (an alias, `sslmode`, would be reported as the default mode). Not `tls-sni-servername`
+    /// (new in sqlx 0.9): certificate errors name the host the URL connects to.
     const URL_OPTIONS: Option<&'static [&'static str]> = Some(&[
         "ssl-mode",
         "ssl-ca",

@@ -8,6 +8,7 @@ use sqlx::MySqlConnection;
 use outboxkit_core::{Error, ErrorKind, NewEvent, Result};
 
 use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
+use outboxkit_store_sql::Statement;
 
 use crate::classify::{MySql, Target};
 use crate::config::TableName;
@@ -43,7 +44,7 @@ const CACHED_INSERT_ROWS: usize = 16;
 pub struct Outbox {
     target: Target,
     table: String,
-    insert_one: String,
+    insert_one: Statement,
     /// `@@auto_increment_increment` once known (0: not read yet).
     id_step: Arc<AtomicI64>,
 }
@@ -59,7 +60,8 @@ impl Outbox {
         let t = table.quoted();
         Self {
             target: Target::table(table.to_string()),
-            insert_one: format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+            insert_one: format!("INSERT INTO {t} ({INSERT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)")
+                .into(),
             table: t,
             id_step: Arc::new(AtomicI64::new(0)),
         }
@@ -124,7 +126,7 @@ impl Outbox {
         Ok(ids)
     }
 
-    fn insert_rows(&self, n: usize) -> String {
+    fn insert_rows(&self, n: usize) -> Statement {
         let mut sql = format!("INSERT INTO {} ({INSERT_COLUMNS}) VALUES ", self.table);
         for i in 0..n {
             if i > 0 {
@@ -132,7 +134,7 @@ impl Outbox {
             }
             sql.push_str("(?, ?, ?, ?, ?, ?, ?)");
         }
-        sql
+        sql.into()
     }
 
     async fn id_step(&self, conn: &mut MySqlConnection) -> Result<i64> {

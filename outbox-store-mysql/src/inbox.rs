@@ -50,14 +50,16 @@ impl InboxSql for MySql {
                    PRIMARY KEY (consumer, event_id), \
                    KEY processed_at_idx (processed_at)\
                  ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
-            ),
+            )
+            .into(),
             // A duplicate key is the only error IGNORE can hide here: the consumer name's
             // length is checked before, and the event id is always 36 characters.
-            insert: format!("INSERT IGNORE INTO {t} (consumer, event_id) VALUES (?, ?)"),
+            insert: format!("INSERT IGNORE INTO {t} (consumer, event_id) VALUES (?, ?)").into(),
             purge: format!(
                 "DELETE FROM {t} WHERE processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                  ORDER BY processed_at LIMIT ?"
-            ),
+            )
+            .into(),
         }
     }
 

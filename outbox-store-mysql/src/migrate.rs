@@ -77,7 +77,7 @@ impl TableCatalog for MySql {
     /// Read from `information_schema`. MariaDB's `JSON` is a `LONGTEXT` with a `json_valid`
     /// check, which tells it from a `text` table.
     async fn execute(conn: &mut sqlx::MySqlConnection, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::Executor::execute(conn, sqlx::raw_sql(sql))
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .map(drop)
     }
@@ -254,10 +254,10 @@ async fn migrate_on(
     .await
     .map_err(err)?;
     if database_exists.is_none() {
-        conn.execute(sqlx::raw_sql(&format!(
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE DATABASE IF NOT EXISTS {}",
             MySql::quote_ident(database)
-        )))
+        ))))
         .await
         .map_err(err)?;
         tracing::info!(database, "created database");
@@ -266,20 +266,26 @@ async fn migrate_on(
     let existing = existing_tables(conn, table, target).await?;
     let schema_table = table.quoted_sibling(SCHEMA_TABLE);
     if !existing.schema_table {
-        conn.execute(sqlx::raw_sql(&create_schema_table(&schema_table)))
-            .await
-            .map_err(err)?;
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(create_schema_table(
+            &schema_table,
+        ))))
+        .await
+        .map_err(err)?;
     }
     if !existing.members_table {
-        conn.execute(sqlx::raw_sql(&create_members_table(table)))
-            .await
-            .map_err(err)?;
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(create_members_table(
+            table,
+        ))))
+        .await
+        .map_err(err)?;
     }
     if !existing.pause_table {
         // Also for a table migrated before pauses existed.
-        conn.execute(sqlx::raw_sql(&create_pause_table(table)))
-            .await
-            .map_err(err)?;
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(create_pause_table(
+            table,
+        ))))
+        .await
+        .map_err(err)?;
     }
 
     let new_table = (0, i32::try_from(shards).unwrap_or(i32::MAX));
@@ -311,12 +317,12 @@ async fn migrate_on(
 
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
         let payload = payload_type.unwrap_or_default();
-        conn.execute(sqlx::raw_sql(&render_table(
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(render_table(
             migration.sql,
             table,
             shard_count,
             payload,
-        )))
+        ))))
         .await
         .map_err(|e| err(e).context(migration.context()))?;
         record_version(conn, &schema_table, table, migration.version, shard_count)
@@ -402,18 +408,18 @@ async fn record_version(
     version: i32,
     shard_count: i32,
 ) -> std::result::Result<(), sqlx::Error> {
-    let updated = sqlx::query(&format!(
+    let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {schema_table} SET version = ?, applied_at = UTC_TIMESTAMP(6) WHERE table_name = ?"
-    ))
+    )))
     .bind(version)
     .bind(table.name())
     .execute(&mut *conn)
     .await?;
     if updated.rows_affected() == 0 {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
              VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
-        ))
+        )))
         .bind(table.name())
         .bind(version)
         .bind(shard_count)

@@ -20,6 +20,7 @@ use outboxkit_core::{
 use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::rows::RowColumns;
 use outboxkit_store_sql::session::{parse_headers, truncate_error, Fence, CLIENT_TIMEOUT_MARGIN};
+use outboxkit_store_sql::Statement;
 
 use crate::classify::{classify, MySql, Target};
 use crate::config::TableName;
@@ -98,7 +99,7 @@ pub(crate) struct SessionContext {
     /// The bare table name, the key of `outbox_relay_members`.
     pub table_name: String,
     /// Statements run once on each session connection: time limits, isolation.
-    pub setup: String,
+    pub setup: Statement,
 }
 
 /// The connection ids holding each lock of `names` (one statement), in order.
@@ -286,7 +287,7 @@ async fn join(
     context: &SessionContext,
     relay_id: &str,
 ) -> std::result::Result<(i64, Option<u16>), sqlx::Error> {
-    conn.execute(sqlx::raw_sql(&context.setup)).await?;
+    conn.execute(sqlx::raw_sql(context.setup.clone())).await?;
     let connection_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
         .fetch_one(&mut *conn)
         .await?;

@@ -10,6 +10,7 @@
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
 use outboxkit_store_sql::rows::Listings;
+use outboxkit_store_sql::Statement;
 
 use crate::config::{TableName, MEMBERS_TABLE};
 
@@ -65,19 +66,19 @@ pub(crate) fn padded<T: Copy>(values: &[T]) -> Vec<T> {
 #[derive(Debug)]
 pub(crate) struct Sql {
     table: String,
-    pub purge: String,
-    pub status: String,
-    pub oldest_kept: String,
-    pub members_of_table: String,
-    pub join_members: String,
-    pub leave_members: String,
+    pub purge: Statement,
+    pub status: Statement,
+    pub oldest_kept: Statement,
+    pub members_of_table: Statement,
+    pub join_members: Statement,
+    pub leave_members: Statement,
     /// `find_events` and the dead list, with and without the payload and headers.
     pub listings: Listings,
-    pub dead_retry_all: String,
-    pub dead_discard_all: String,
-    pub held_back: String,
-    pub replay_count: String,
-    pub replay: String,
+    pub dead_retry_all: Statement,
+    pub dead_discard_all: Statement,
+    pub held_back: Statement,
+    pub replay_count: Statement,
+    pub replay: Statement,
     /// `outbox-relay pause` and `resume`, and the relays' reading of it.
     pub pause: PauseSql,
 }
@@ -124,7 +125,7 @@ impl Sql {
                 "DELETE FROM {t} WHERE published_at IS NOT NULL \
                  AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                  ORDER BY published_at LIMIT ?"
-            ),
+            ).into(),
             // Every figure from an index: pending_idx, dead_idx, retry_idx.
             status: format!(
                 "SELECT \
@@ -139,35 +140,35 @@ impl Sql {
                      AS held_back_aggregates, \
                  (SELECT COUNT(*) FROM {t} FORCE INDEX (retry_idx) \
                      WHERE retry_aggregate_id IS NOT NULL AND dead_at IS NULL) AS retrying"
-            ),
+            ).into(),
             // The first entry of published_idx.
-            oldest_kept: format!("SELECT MIN(published_at) FROM {t} WHERE published_at IS NOT NULL"),
+            oldest_kept: format!("SELECT MIN(published_at) FROM {t} WHERE published_at IS NOT NULL").into(),
             // ? table name.
             members_of_table: format!(
                 "SELECT slot, connection_id, relay_id FROM {members} WHERE table_name = ?"
-            ),
+            ).into(),
             // ? table name, ? slot, ? relay id.
             join_members: format!(
                 "REPLACE INTO {members} (table_name, slot, connection_id, relay_id, opened_at) \
                  VALUES (?, ?, CONNECTION_ID(), ?, UTC_TIMESTAMP(6))"
-            ),
+            ).into(),
             // ? table name, ? slot.
             leave_members: format!(
                 "DELETE FROM {members} WHERE table_name = ? AND slot = ? \
                  AND connection_id = CONNECTION_ID()"
-            ),
+            ).into(),
             listings: Listings::new(find_events, dead_list, payload_column, "CAST(o.headers AS CHAR) AS headers"),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_id = ?)"
-            ),
+            ).into(),
             // ? aggregate_id (twice).
             dead_discard_all: format!(
                 "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_id = ?)"
-            ),
+            ).into(),
             // ? limit. The first retrying row of each aggregate (retry_idx), and how many
             // pending rows wait behind it (pending_idx).
             held_back: format!(
@@ -180,36 +181,38 @@ impl Sql {
                    AND h.id = (SELECT MIN(x.id) FROM {t} x FORCE INDEX (retry_idx) \
                                WHERE x.retry_aggregate_id = h.retry_aggregate_id AND x.dead_at IS NULL) \
                  ORDER BY h.id LIMIT ?"
-            ),
-            replay_count: format!("SELECT COUNT(*) FROM {t} WHERE {REPLAYED}"),
+            ).into(),
+            replay_count: format!("SELECT COUNT(*) FROM {t} WHERE {REPLAYED}").into(),
             // ? most rows. Each row keeps its id, so its place in its aggregate's order; the
             // first ids first, so a replay in several statements keeps that order too.
             replay: format!(
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
                  WHERE {REPLAYED} ORDER BY id LIMIT ?"
-            ),
+            ).into(),
             table: t,
         }
     }
 
     /// Send the listed dead rows back to pending (`n` padded ids).
-    pub fn dead_retry_ids(&self, n: usize) -> String {
+    pub fn dead_retry_ids(&self, n: usize) -> Statement {
         format!(
             "UPDATE {} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
              WHERE id IN ({}) AND dead_at IS NOT NULL AND published_at IS NULL",
             self.table,
             placeholders(n)
         )
+        .into()
     }
 
     /// Delete the listed dead rows (`n` padded ids).
-    pub fn dead_discard(&self, n: usize) -> String {
+    pub fn dead_discard(&self, n: usize) -> Statement {
         format!(
             "DELETE FROM {} WHERE id IN ({}) AND dead_at IS NOT NULL AND published_at IS NULL",
             self.table,
             placeholders(n)
         )
+        .into()
     }
 
     /// The claim, for `shards` owned shards and `excluded` ids (both already padded).
@@ -224,7 +227,7 @@ impl Sql {
     /// table", and MariaDB then scans the table once per candidate row (measured: 0.8 s for a
     /// 500-row claim over 5,000 rows instead of 17 ms). No row locks: the shard locks give
     /// this session exclusivity.
-    pub fn claim(&self, payload_type: PayloadType, shards: usize, excluded: usize) -> String {
+    pub fn claim(&self, payload_type: PayloadType, shards: usize, excluded: usize) -> Statement {
         let t = &self.table;
         let columns = EVENT_COLUMNS.replace("{payload}", payload_column(payload_type));
         let exclude = if excluded == 0 {
@@ -243,30 +246,33 @@ impl Sql {
              ORDER BY o.id LIMIT ?",
             placeholders(shards)
         )
+        .into()
     }
 
     /// Delete `n` rows by id (n padded).
-    pub fn mark_delete(&self, n: usize) -> String {
+    pub fn mark_delete(&self, n: usize) -> Statement {
         format!(
             "DELETE FROM {} WHERE id IN ({})",
             self.table,
             placeholders(n)
         )
+        .into()
     }
 
     /// Set `published_at` of `n` rows by id (n padded).
-    pub fn mark_keep(&self, n: usize) -> String {
+    pub fn mark_keep(&self, n: usize) -> Statement {
         format!(
             "UPDATE {} SET published_at = UTC_TIMESTAMP(6) \
              WHERE id IN ({}) AND published_at IS NULL",
             self.table,
             placeholders(n)
         )
+        .into()
     }
 
     /// Record `n` failures (n padded): binds (id, error, delay in milliseconds or NULL = dead)
     /// per failure.
-    pub fn record_failures(&self, n: usize) -> String {
+    pub fn record_failures(&self, n: usize) -> Statement {
         let mut rows = String::from(
             "SELECT CAST(? AS SIGNED) AS id, CAST(? AS CHAR) AS error, \
              CAST(? AS SIGNED) AS delay_ms",
@@ -283,11 +289,12 @@ impl Sql {
              WHERE o.published_at IS NULL",
             self.table
         )
+        .into()
     }
 }
 
 /// `SELECT` the connection id holding each of `n` named locks (NULL when free), as one row.
-pub(crate) fn lock_holders(n: usize) -> String {
+pub(crate) fn lock_holders(n: usize) -> Statement {
     let mut out = String::from("SELECT ");
     for i in 0..n {
         if i > 0 {
@@ -295,7 +302,7 @@ pub(crate) fn lock_holders(n: usize) -> String {
         }
         out.push_str("CAST(IS_USED_LOCK(?) AS SIGNED)");
     }
-    out
+    out.into()
 }
 
 /// Lock statements (independent of the table: the names are bound).

@@ -30,6 +30,7 @@ use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
 use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
+use outboxkit_store_sql::Statement;
 
 /// What the store found out about the server when it connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,7 +248,7 @@ impl MySqlStore {
             locks: LockNames::for_table(&table),
             target,
             table_name: table.name().to_owned(),
-            setup: server.session_setup(config.session_timeout),
+            setup: server.session_setup(config.session_timeout).into(),
         });
         Ok(Self {
             inner: Arc::new(Inner {
@@ -293,7 +294,9 @@ impl MySqlStore {
     /// shards, the excluded ids, whether dead rows hold their aggregate, the limit.
     #[doc(hidden)]
     pub fn claim_statement(&self, shards: usize, excluded: usize) -> String {
-        self.sql().claim(PayloadType::Json, shards, excluded)
+        self.sql()
+            .claim(PayloadType::Json, shards, excluded)
+            .to_string()
     }
 
     /// Like [`Store::open_session`], with the concrete session type.
@@ -334,7 +337,7 @@ impl MySqlStore {
     async fn execute_by_ids(
         &self,
         ids: &[i64],
-        statement: fn(&Sql, usize) -> String,
+        statement: fn(&Sql, usize) -> Statement,
     ) -> std::result::Result<u64, sqlx::Error> {
         let mut total = 0;
         for chunk in ids.chunks(crate::sql::MAX_LIST) {
@@ -354,8 +357,8 @@ impl MySqlStore {
     async fn execute_selection(
         &self,
         selection: &DeadSelection,
-        by_ids: fn(&Sql, usize) -> String,
-        all: &str,
+        by_ids: fn(&Sql, usize) -> Statement,
+        all: &Statement,
     ) -> std::result::Result<u64, sqlx::Error> {
         match selection {
             DeadSelection::Ids(ids) => self.execute_by_ids(ids, by_ids).await,

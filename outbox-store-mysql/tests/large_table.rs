@@ -60,7 +60,7 @@ async fn time_claims(session: &mut MySqlShardSession) -> (Duration, Duration, us
 }
 
 fn bind_claim(sql: &str) -> sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    let mut query = sqlx::query(sql);
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
     for shard in 0..64_i32 {
         query = query.bind(shard);
     }
@@ -129,13 +129,13 @@ async fn a_claim_stays_fast_with_a_million_published_rows() {
                   UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
                   UNION ALL SELECT 8 UNION ALL SELECT 9)";
     let filled = Instant::now();
-    let done = sqlx::query(&format!(
+    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, published_at) \
          SELECT 'order', CONCAT('agg-', n MOD 500), 'OrderChanged', '{{\"n\": 1}}', \
                 UTC_TIMESTAMP(6) - INTERVAL 1 HOUR \
          FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
                FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) nums"
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("filling the history");
@@ -153,7 +153,9 @@ async fn a_claim_stays_fast_with_a_million_published_rows() {
     session.record_failures(&failures).await.expect("failures");
     store
         .pool()
-        .execute(sqlx::raw_sql(&format!("ANALYZE TABLE {t}")))
+        .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ANALYZE TABLE {t}"
+        ))))
         .await
         .expect("analyze");
     let fill_secs = filled.elapsed().as_secs_f64();
@@ -263,19 +265,21 @@ async fn after_mass_deletes_without_retries_the_held_back_check_still_uses_retry
     let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
                   UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
                   UNION ALL SELECT 8 UNION ALL SELECT 9)";
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) \
          SELECT 'order', CONCAT('agg-', n MOD 1000), 'OrderChanged', '{{\"n\": 1}}' \
          FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
                FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) nums \
          WHERE n < 20000 ORDER BY n"
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("inserting 20,000 pending rows");
     store
         .pool()
-        .execute(sqlx::raw_sql(&format!("ANALYZE TABLE {t}")))
+        .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ANALYZE TABLE {t}"
+        ))))
         .await
         .expect("analyze");
     // Publish (delete) 19,000 of them the way the relay does, 500 at a time.

@@ -61,10 +61,10 @@ async fn enqueue_many_returns_each_rows_id_in_order() {
     assert!(returned.windows(2).all(|w| w[0] < w[1]));
     assert!(returned[..1000].windows(2).all(|w| w[1] - w[0] == 3));
 
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT id, event_id FROM {} ORDER BY id",
         store.table().quoted()
-    ))
+    )))
     .fetch_all(&mut conn)
     .await
     .unwrap();
@@ -84,9 +84,9 @@ async fn an_interrupted_migration_is_completed() {
     let config = common::fresh_config().shards(8);
     let store = common::SERVER.migrated(config).await;
     let database = store.table().qualifier().unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM `{database}`.outbox_relay_schema WHERE table_name = ?"
-    ))
+    )))
     .bind(store.table().name())
     .execute(store.pool())
     .await
@@ -113,7 +113,7 @@ async fn the_printed_migration_makes_what_migrate_makes() {
         .expect("a table, polling")
         .expect("MySQL prints its SQL");
     let mut conn = common::raw_connection().await;
-    conn.execute(sqlx::raw_sql(&script))
+    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(script.as_str())))
         .await
         .unwrap_or_else(|e| panic!("applying the printed SQL: {e}\n{script}"));
     let by_hand = common::connect(config.clone()).await;
@@ -131,15 +131,17 @@ async fn the_printed_migration_makes_what_migrate_makes() {
     let mut shapes = Vec::new();
     for store in [&by_hand, &reference] {
         let table = store.table();
-        let create: (String, String) =
-            sqlx::query_as(&format!("SHOW CREATE TABLE {}", table.quoted()))
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-        let row: (i32, i32) = sqlx::query_as(&format!(
+        let create: (String, String) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SHOW CREATE TABLE {}",
+            table.quoted()
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        let row: (i32, i32) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT version, shard_count FROM `{}`.outbox_relay_schema WHERE table_name = ?",
             table.qualifier().unwrap()
-        ))
+        )))
         .bind(table.name())
         .fetch_one(store.pool())
         .await
@@ -185,10 +187,10 @@ async fn long_id_lists_are_claimed_marked_and_failed_correctly() {
     assert_eq!(status.retrying, 300);
     assert_eq!(status.held_back_aggregates, 300);
     // Padding repeats the first failure: its row is still counted once.
-    let attempts: Vec<i32> = sqlx::query_scalar(&format!(
+    let attempts: Vec<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT attempts FROM {} WHERE id >= ? ORDER BY id",
         store.table().quoted()
-    ))
+    )))
     .bind(inserted[4200])
     .fetch_all(store.pool())
     .await
@@ -202,10 +204,10 @@ async fn long_id_lists_are_claimed_marked_and_failed_correctly() {
     let status = store.status().await.unwrap();
     assert_eq!(status.pending, 300);
     assert!(claim_all(&mut session).await.unwrap().is_empty());
-    let last_error: String = sqlx::query(&format!(
+    let last_error: String = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT last_error FROM {} WHERE id = ?",
         store.table().quoted()
-    ))
+    )))
     .bind(inserted[4499])
     .fetch_one(store.pool())
     .await

@@ -43,7 +43,7 @@ fn text(row: &sqlx::mysql::MySqlRow, index: usize) -> String {
 
 /// The rows of `sql`, a query of `information_schema` about the store's table (its database
 /// and name bound in that order).
-async fn about_table(store: &MySqlStore, sql: &str) -> Vec<sqlx::mysql::MySqlRow> {
+async fn about_table(store: &MySqlStore, sql: &'static str) -> Vec<sqlx::mysql::MySqlRow> {
     sqlx::query(sql)
         .bind(store.table().qualifier().unwrap())
         .bind(store.table().name())
@@ -118,19 +118,22 @@ impl LiveHarness for MySqlFactory {
 
     async fn kill(&self, store: &MySqlStore, session: &MySqlShardSession, _relay_id: &str) {
         assert!(session.slot().is_some());
-        sqlx::query(&format!("KILL {}", session.connection_id()))
-            .execute(store.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "KILL {}",
+            session.connection_id()
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
 
     async fn block_table(&self, store: &MySqlStore) -> MySqlConnection {
         let mut blocker = common::raw_connection().await;
         blocker
-            .execute(sqlx::raw_sql(&format!(
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "LOCK TABLES {} WRITE",
                 store.table().quoted()
-            )))
+            ))))
             .await
             .unwrap();
         blocker
@@ -155,10 +158,10 @@ impl LiveHarness for MySqlFactory {
 
     async fn schema_row(&self, store: &MySqlStore) -> (i32, i32, bool) {
         let database = store.table().qualifier().unwrap();
-        sqlx::query_as(&format!(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied \
              FROM `{database}`.outbox_relay_schema WHERE table_name = ?"
-        ))
+        )))
         .bind(store.table().name())
         .fetch_one(store.pool())
         .await
@@ -228,19 +231,19 @@ impl LiveHarness for MySqlFactory {
         // What a writer in another language does (see the README), with the session in another
         // time zone: created_at is UTC all the same.
         conn.execute("SET time_zone = '+05:00'").await.unwrap();
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, headers) \
              VALUES ('order', '42', 'OrderConfirmed', ?, ?)"
-        ))
+        )))
         .bind(r#"{"total": 99}"#)
         .bind(r#"{"traceparent": "00-abc-01", "retries": 3, "flags": {"a": true}}"#)
         .execute(&mut conn)
         .await
         .unwrap();
-        conn.execute(sqlx::raw_sql(&format!(
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) \
              VALUES ('order', '42', 'OrderShipped', '{{\"n\": 2}}')"
-        )))
+        ))))
         .await
         .unwrap();
         for (what, values) in [
@@ -258,10 +261,10 @@ impl LiveHarness for MySqlFactory {
             ),
         ] {
             let refused = conn
-                .execute(sqlx::raw_sql(&format!(
+                .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, headers, \
                      event_id) VALUES {values}"
-                )))
+                ))))
                 .await;
             assert!(refused.is_err(), "{what}");
         }

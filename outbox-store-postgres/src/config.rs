@@ -23,7 +23,7 @@ impl SqlStore for Postgres {
     const CONFIG_TYPE: &'static str = "PostgresStoreConfig";
     const SCHEMES: &'static [&'static str] = &["postgres://", "postgresql://"];
     const URL_FORM: &'static str = "postgres://user:password@host:port/database";
-    /// What sqlx 0.8 reads (`sqlx_postgres::options::parse`), its TLS options under libpq's
+    /// What sqlx 0.9 reads (`sqlx_postgres::options::parse`), its TLS options under libpq's
     /// names only: the replication connection of log-based capture reads those, and would
     /// miss an alias (`ssl-mode`). libpq's other options, such as `connect_timeout` or
     /// `target_session_attrs`, sqlx ignores.

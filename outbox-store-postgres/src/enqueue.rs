@@ -11,6 +11,7 @@ use outboxkit_core::{Error, ErrorKind, NewEvent, PayloadType, Result};
 use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::enqueue::{insert_error, to_json, INSERT_COLUMNS};
 use outboxkit_store_sql::migrate::TableCatalog;
+use outboxkit_store_sql::Statement;
 
 use crate::classify::{Postgres, Target};
 use crate::config::TableName;
@@ -47,10 +48,10 @@ pub struct Outbox {
     /// first use.
     style: Arc<OnceLock<CaptureStyle>>,
     /// The emit function's call for a table of each payload type.
-    emit: [String; 3],
+    emit: [Statement; 3],
     /// The inserts of a table of each payload type, in [`PayloadType::ALL`] order.
-    insert_one: [String; 3],
-    insert_many: [String; 3],
+    insert_one: [Statement; 3],
+    insert_many: [Statement; 3],
 }
 
 /// How an insert turns the bound payload (text, or bytes for `binary`) into the column's type.
@@ -83,6 +84,7 @@ impl Outbox {
                     "SELECT {}($2, $3, $4, {value}, $6::text::jsonb, $7, $1)",
                     table.quoted_sibling(&format!("{}_emit", table.name()))
                 )
+                .into()
             }),
             insert_one: PayloadType::ALL.map(|payload_type| {
                 let (value, _, _) = payload_casts(payload_type);
@@ -90,6 +92,7 @@ impl Outbox {
                     "INSERT INTO {t} ({INSERT_COLUMNS}) \
                      VALUES ($1, $2, $3, $4, {value}, $6::text::jsonb, $7) RETURNING id"
                 )
+                .into()
             }),
             // ORDER BY ord: identities are assigned in the order of the slice.
             insert_many: PayloadType::ALL.map(|payload_type| {
@@ -102,6 +105,7 @@ impl Outbox {
                           WITH ORDINALITY AS u(e, at, ai, et, p, h, d, ord) \
                      ORDER BY ord RETURNING id, event_id"
                 )
+                .into()
             }),
         }
     }
@@ -165,7 +169,7 @@ impl Outbox {
         &self,
         conn: &mut PgConnection,
         event: &NewEvent,
-        statement: &str,
+        statement: &Statement,
         payload_type: PayloadType,
     ) -> Result<i64> {
         let headers = to_json(&event.headers, "headers")?;

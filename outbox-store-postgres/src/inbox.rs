@@ -45,15 +45,18 @@ impl InboxSql for Postgres {
                    processed_at timestamptz NOT NULL DEFAULT clock_timestamp(), \
                    PRIMARY KEY (consumer, event_id)); \
                  CREATE INDEX IF NOT EXISTS {index} ON {t} (processed_at)"
-            ),
+            )
+            .into(),
             insert: format!(
                 "INSERT INTO {t} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-            ),
+            )
+            .into(),
             purge: format!(
                 "DELETE FROM {t} WHERE ctid = ANY(ARRAY(\
                    SELECT ctid FROM {t} WHERE processed_at < clock_timestamp() - $1::interval \
                    ORDER BY processed_at LIMIT $2))"
-            ),
+            )
+            .into(),
         }
     }
 

@@ -87,7 +87,7 @@ impl TableCatalog for Postgres {
     }
 
     async fn execute(conn: &mut sqlx::PgConnection, sql: &str) -> Result<(), sqlx::Error> {
-        sqlx::Executor::execute(conn, sqlx::raw_sql(sql))
+        sqlx::Executor::execute(conn, sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .map(drop)
     }
@@ -142,9 +142,11 @@ pub(crate) async fn migrate(
                 .await
                 .map_err(err)?;
         if !exists {
-            tx.execute(sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\"")))
-                .await
-                .map_err(err)?;
+            tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE SCHEMA \"{schema}\""
+            ))))
+            .await
+            .map_err(err)?;
             tracing::info!(schema, "created schema");
         }
     }
@@ -168,7 +170,9 @@ pub(crate) async fn migrate(
         (pause_table_exists, create_pause_table(&pause_table, "")),
     ] {
         if !exists {
-            tx.execute(sqlx::raw_sql(&create)).await.map_err(err)?;
+            tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(create)))
+                .await
+                .map_err(err)?;
         }
     }
 
@@ -194,15 +198,15 @@ pub(crate) async fn migrate(
             shard_count,
             payload_type.unwrap_or_default(),
         );
-        tx.execute(sqlx::raw_sql(&sql))
+        tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .map_err(|e| err(e).context(migration.context()))?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {schema_table} (table_name, version, shard_count, applied_at) \
              VALUES ($1, $2, $3, now()) \
              ON CONFLICT (table_name) DO UPDATE SET version = excluded.version, \
              applied_at = excluded.applied_at"
-        ))
+        )))
         .bind(table.name())
         .bind(migration.version)
         .bind(shard_count)

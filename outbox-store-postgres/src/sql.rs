@@ -4,6 +4,7 @@
 use outboxkit_core::PayloadType;
 use outboxkit_store_sql::pause::{PauseSql, PAUSE_TABLE};
 use outboxkit_store_sql::rows::Listings;
+use outboxkit_store_sql::Statement;
 
 use crate::config::TableName;
 
@@ -29,26 +30,26 @@ const ADVISORY_LOCKS: &str = "l.locktype = 'advisory' AND l.objsubid = 2 AND l.g
 #[derive(Debug)]
 pub(crate) struct Sql {
     /// The claim of a table of each payload type, in [`PayloadType::ALL`] order.
-    claims: [String; 3],
-    pub mark_delete: String,
-    pub mark_keep: String,
-    pub record_failures: String,
-    pub purge: String,
-    pub status: String,
-    pub oldest_kept: String,
-    pub cluster: String,
-    pub owners: String,
+    claims: [Statement; 3],
+    pub mark_delete: Statement,
+    pub mark_keep: Statement,
+    pub record_failures: Statement,
+    pub purge: Statement,
+    pub status: Statement,
+    pub oldest_kept: Statement,
+    pub cluster: Statement,
+    pub owners: Statement,
     /// `find_events` and the dead list, with and without the payload and headers.
     pub listings: Listings,
-    pub dead_retry_ids: String,
-    pub dead_retry_all: String,
-    pub dead_discard: String,
-    pub dead_discard_all: String,
-    pub held_back: String,
-    pub replay_count: String,
-    pub replay: String,
+    pub dead_retry_ids: Statement,
+    pub dead_retry_all: Statement,
+    pub dead_discard: Statement,
+    pub dead_discard_all: Statement,
+    pub held_back: Statement,
+    pub replay_count: Statement,
+    pub replay: Statement,
     /// The replay of log-based capture in table style: the rows written again.
-    pub replay_rewrite: String,
+    pub replay_rewrite: Statement,
     /// `outbox-relay pause` and `resume`, and the relays' reading of it.
     pub pause: PauseSql,
 }
@@ -56,13 +57,13 @@ pub(crate) struct Sql {
 /// A statement that writes the rows `which` selects again, as new rows with new ids (in the old
 /// rows' id order) and the same `event_id`, `created_at` and payload, copied inside the server:
 /// log-based capture in table style then reads them from the log again.
-pub(crate) fn written_again(table: &str, which: &str) -> String {
+pub(crate) fn written_again(table: &str, which: &str) -> Statement {
     let columns = "event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
                    destination, created_at";
-    format!(
+    Statement::from(format!(
         "WITH gone AS (DELETE FROM {table} WHERE {which} RETURNING id, {columns}) \
          INSERT INTO {table} ({columns}) SELECT {columns} FROM gone ORDER BY id"
-    )
+    ))
 }
 
 /// The kept events a replay selects: $1 published since, $2 published until or NULL, $3
@@ -73,7 +74,7 @@ const REPLAYED: &str = "published_at IS NOT NULL AND dead_at IS NULL \
 
 impl Sql {
     /// The claim of a table of `payload_type`.
-    pub fn claim(&self, payload_type: PayloadType) -> &str {
+    pub fn claim(&self, payload_type: PayloadType) -> &Statement {
         &self.claims[payload_type as usize]
     }
 
@@ -136,12 +137,13 @@ impl Sql {
                          WHERE h.aggregate_id = o.aggregate_id AND h.first_id < o.id) \
                      ORDER BY o.id LIMIT $4"
                 )
+                .into()
             }),
-            mark_delete: format!("DELETE FROM {t} WHERE id = ANY($1::int8[])"),
+            mark_delete: format!("DELETE FROM {t} WHERE id = ANY($1::int8[])").into(),
             mark_keep: format!(
                 "UPDATE {t} SET published_at = now() \
                  WHERE id = ANY($1::int8[]) AND published_at IS NULL"
-            ),
+            ).into(),
             // $1 ids, $2 errors, $3 delay in milliseconds or NULL = dead.
             record_failures: format!(
                 "UPDATE {t} AS o SET attempts = o.attempts + 1, last_error = f.error, \
@@ -150,14 +152,14 @@ impl Sql {
                  dead_at = CASE WHEN f.delay_ms IS NULL THEN now() END \
                  FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS f(id, error, delay_ms) \
                  WHERE o.id = f.id AND o.published_at IS NULL"
-            ),
+            ).into(),
             // $1 retention in seconds, $2 limit.
             purge: format!(
                 "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
                  WHERE published_at IS NOT NULL \
                  AND published_at < now() - make_interval(secs => $1::float8) \
                  ORDER BY published_at LIMIT $2)"
-            ),
+            ).into(),
             status: format!(
                 "SELECT \
                  (SELECT count(*) FROM {t} WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
@@ -170,41 +172,41 @@ impl Sql {
                      AS held_back_aggregates, \
                  (SELECT count(*) FROM {t} \
                      WHERE published_at IS NULL AND attempts > 0 AND dead_at IS NULL) AS retrying"
-            ),
+            ).into(),
             // The first entry of the published_at index.
-            oldest_kept: format!("SELECT min(published_at) FROM {t} WHERE published_at IS NOT NULL"),
+            oldest_kept: format!("SELECT min(published_at) FROM {t} WHERE published_at IS NOT NULL").into(),
             // $1 shard lock key, $2 membership lock key: (key, value) of every matching lock.
             cluster: format!(
                 "SELECT l.classid::int8 AS key, l.objid::int8 AS value FROM pg_locks l \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 IN ($1, $2)"
-            ),
+            ).into(),
             // $1 shard lock key.
             owners: format!(
                 "SELECT l.objid::int8 AS shard, l.pid, a.application_name FROM pg_locks l \
                  LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
-            ),
+            ).into(),
             listings: Listings::new(find_events, dead_list, payload_column, "o.headers::text AS headers"),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
-            ),
+            ).into(),
             // $1 aggregate_id or NULL.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND ($1::text IS NULL OR aggregate_id = $1)"
-            ),
+            ).into(),
             // $1 ids.
             dead_discard: format!(
                 "DELETE FROM {t} WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
-            ),
+            ).into(),
             // $1 aggregate_id or NULL.
             dead_discard_all: format!(
                 "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND ($1::text IS NULL OR aggregate_id = $1)"
-            ),
+            ).into(),
             // $1 limit. The first retrying row of each aggregate, and how many wait behind it.
             held_back: format!(
                 "SELECT * FROM (\
@@ -215,15 +217,15 @@ impl Sql {
                    FROM {t} h WHERE h.published_at IS NULL AND h.dead_at IS NULL AND h.attempts > 0 \
                    ORDER BY h.aggregate_id, h.id) first_waiting \
                  ORDER BY id LIMIT $1"
-            ),
-            replay_count: format!("SELECT count(*) FROM {t} WHERE {REPLAYED}"),
+            ).into(),
+            replay_count: format!("SELECT count(*) FROM {t} WHERE {REPLAYED}").into(),
             // $5 most rows. Each row keeps its id, so its place in its aggregate's order; the
             // first ids first, so a replay in several statements keeps that order too.
             replay: format!(
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
                  WHERE id IN (SELECT id FROM {t} WHERE {REPLAYED} ORDER BY id LIMIT $5)"
-            ),
+            ).into(),
             // $5 most rows, as `replay`.
             replay_rewrite: written_again(
                 &t,

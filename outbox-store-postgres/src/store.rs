@@ -315,10 +315,10 @@ impl PostgresStore {
             let oldest_at = (oldest != 0)
                 .then(|| chrono::DateTime::<chrono::Utc>::from_timestamp_micros(oldest))
                 .flatten();
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {bookkeeping} SET reader_unsettled = $2, reader_oldest_at = $3, \
                  reader_reported_at = now() WHERE table_name = $1"
-            ))
+            )))
             .bind(self.inner.table.name())
             .bind(unsettled as i64)
             .bind(oldest_at)
@@ -333,15 +333,16 @@ impl PostgresStore {
         if !active {
             return Ok((None, None));
         }
-        let row: Option<(Option<i64>, Option<f64>, Option<f64>)> = sqlx::query_as(&format!(
-            "SELECT reader_unsettled, extract(epoch FROM now() - reader_oldest_at)::float8, \
+        let row: Option<(Option<i64>, Option<f64>, Option<f64>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT reader_unsettled, extract(epoch FROM now() - reader_oldest_at)::float8, \
              extract(epoch FROM now() - reader_reported_at)::float8 \
              FROM {bookkeeping} WHERE table_name = $1"
-        ))
-        .bind(self.inner.table.name())
-        .fetch_optional(&self.inner.pool)
-        .await
-        .map_err(err)?;
+            )))
+            .bind(self.inner.table.name())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(err)?;
         Ok(match row {
             Some((held, oldest, Some(reported))) if reported < 60.0 => (
                 Some(held.unwrap_or(0).max(0)),
@@ -779,13 +780,13 @@ mod tests {
         let t = store.table().quoted();
         store
             .pool()
-            .execute(sqlx::raw_sql(&format!(
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, published_at) \
                  SELECT 'order', 'agg-' || (i % 500), 'E', '{{}}', \
                         CASE WHEN i <= 18000 THEN now() END \
                  FROM generate_series(1, 20000) AS i; \
                  ANALYZE {t};"
-            )))
+            ))))
             .await
             .unwrap();
         let mut session = store.open_postgres_session("explain").await.unwrap();
@@ -814,10 +815,10 @@ mod tests {
             .unwrap();
 
         let shards: Vec<i16> = (0..32).collect();
-        let plan: Vec<String> = sqlx::query_scalar(&format!(
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN {}",
             store.sql().claim(outboxkit_core::PayloadType::Json)
-        ))
+        )))
         .bind(&shards)
         .bind(&[claimed[2].id][..])
         .bind(false)
@@ -833,9 +834,9 @@ mod tests {
         let bookkeeping = store.table().quoted_sibling(SCHEMA_TABLE);
         store
             .pool()
-            .execute(sqlx::raw_sql(&format!(
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "DROP TABLE {t}; DELETE FROM {bookkeeping} WHERE table_name = '{table}'"
-            )))
+            ))))
             .await
             .unwrap();
     }

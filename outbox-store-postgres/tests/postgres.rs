@@ -26,35 +26,38 @@ async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
     let store = common::SERVER.migrated(common::fresh_config()).await;
     let t = store.table().quoted();
     // Whatever the server's autovacuum does, this table keeps the statistics it was born with.
-    sqlx::query(&format!("ALTER TABLE {t} SET (autovacuum_enabled = false)"))
-        .execute(store.pool())
-        .await
-        .expect("turning autovacuum off for the table");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {t} SET (autovacuum_enabled = false)"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("turning autovacuum off for the table");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) \
          SELECT 'order', 'agg-' || (g % 1000), 'OrderChanged', \
                 jsonb_build_object('n', g, 'pad', repeat('x', 250)) \
          FROM generate_series(1, $1) g"
-    ))
+    )))
     .bind(PENDING)
     .execute(store.pool())
     .await
     .expect("inserting the backlog");
     // Three aggregates wait for a retry an hour away: their later rows are held back.
-    let retrying: Vec<i64> = sqlx::query_scalar(&format!(
+    let retrying: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "UPDATE {t} SET attempts = 1, next_attempt_at = now() + interval '1 hour' \
          WHERE id IN (SELECT id FROM {t} ORDER BY id OFFSET 2 LIMIT 3) RETURNING id"
-    ))
+    )))
     .fetch_all(store.pool())
     .await
     .expect("marking rows as retrying");
     assert_eq!(retrying.len(), 3);
-    let held: Vec<String> =
-        sqlx::query_scalar(&format!("SELECT aggregate_id FROM {t} WHERE id = ANY($1)"))
-            .bind(&retrying)
-            .fetch_all(store.pool())
-            .await
-            .unwrap();
+    let held: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT aggregate_id FROM {t} WHERE id = ANY($1)"
+    )))
+    .bind(&retrying)
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
 
     let mut session = with_all_shards(
         store
@@ -108,10 +111,12 @@ async fn a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrat
     let schema = outboxkit_core::testkit::store_suite::random_name("pause_old");
     let config = common::fresh_config().table(format!("{schema}.outbox"));
     let store = common::SERVER.migrated(config.clone()).await;
-    sqlx::query(&format!("DROP TABLE \"{schema}\".outbox_relay_pause"))
-        .execute(store.pool())
-        .await
-        .expect("dropping the pause table, as an older migrate left none");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE \"{schema}\".outbox_relay_pause"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("dropping the pause table, as an older migrate left none");
 
     assert_eq!(store.paused().await.expect("paused"), None);
     store

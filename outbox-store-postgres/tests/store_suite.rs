@@ -155,10 +155,10 @@ impl LiveHarness for PostgresFactory {
     async fn block_table(&self, store: &PostgresStore) -> Tx {
         let mut blocker = store.pool().begin().await.unwrap();
         blocker
-            .execute(sqlx::raw_sql(&format!(
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
                 store.table().quoted()
-            )))
+            ))))
             .await
             .unwrap();
         blocker
@@ -185,10 +185,10 @@ impl LiveHarness for PostgresFactory {
             "\"{}\".outbox_relay_schema",
             store.table().qualifier().unwrap()
         );
-        sqlx::query_as(&format!(
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT version, shard_count, applied_at IS NOT NULL AS applied FROM {schema_table} \
              WHERE table_name = $1"
-        ))
+        )))
         .bind(store.table().name())
         .fetch_one(store.pool())
         .await
@@ -245,22 +245,22 @@ impl LiveHarness for PostgresFactory {
     async fn write_with_plain_sql(&self, store: &PostgresStore) {
         let mut conn = common::raw_connection().await;
         // What a writer in another language does (see the README).
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers) \
              VALUES ('order', '42', 'OrderConfirmed', $1::jsonb, $2::jsonb), \
                     ('order', '42', 'OrderShipped', '{{\"n\": 2}}', DEFAULT)",
             store.table().quoted()
-        ))
+        )))
         .bind(r#"{"total": 99}"#)
         .bind(r#"{"traceparent": "00-abc-01", "retries": 3, "flags": {"a": true}}"#)
         .execute(&mut conn)
         .await
         .unwrap();
-        let writer_error = sqlx::query(&format!(
+        let writer_error = sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload, headers) \
              VALUES ('order', '42', 'Bad', '{{}}', '[1]')",
             store.table().quoted()
-        ))
+        )))
         .execute(&mut conn)
         .await;
         assert!(writer_error.is_err(), "headers must be a JSON object");

@@ -301,7 +301,7 @@ pub async fn list_tables<D, O, DB>(
     options: &O,
     target: &Target,
     connect_timeout: Duration,
-    statement: &str,
+    statement: impl sqlx::SqlSafeStr,
 ) -> Result<Vec<(String, String)>>
 where
     D: Dialect,
@@ -309,7 +309,7 @@ where
     O::Connection: sqlx::Connection<Database = DB> + Sized,
     DB: sqlx::Database,
     for<'c> &'c mut O::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
     for<'r> (String, String): sqlx::FromRow<'r, DB::Row> + Send + Unpin,
 {
     use sqlx::Connection;

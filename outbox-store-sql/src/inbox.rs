@@ -20,16 +20,17 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use crate::classify::{classify, Dialect, Target};
 use crate::config::{TableName, TableRules};
+use crate::Statement;
 
 /// The statements of an inbox table.
 #[derive(Debug, Clone)]
 pub struct InboxStatements {
     /// Create the table (and what it needs) if it does not exist; may be several statements.
-    pub create: String,
+    pub create: Statement,
     /// Insert `(consumer, event id)` unless it is there.
-    pub insert: String,
+    pub insert: Statement,
     /// Delete the marks older than an age, at most a number of them.
-    pub purge: String,
+    pub purge: Statement,
 }
 
 /// What a SQL store's inbox is made of: its sqlx database, its statements, and how it binds an
@@ -89,7 +90,7 @@ impl<S> Inbox<S>
 where
     S: InboxSql,
     for<'c> &'c mut Connection<S>: Executor<'c, Database = S::Database>,
-    for<'q> <S::Database as Database>::Arguments<'q>: IntoArguments<'q, S::Database>,
+    <S::Database as Database>::Arguments: IntoArguments<S::Database>,
     for<'q> &'q str: Encode<'q, S::Database> + Type<S::Database>,
     i64: for<'q> Encode<'q, S::Database> + Type<S::Database>,
 {

@@ -11,6 +11,7 @@ pub mod privileges;
 pub mod replay;
 pub mod rows;
 pub mod session;
+pub mod statement;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
@@ -18,6 +19,7 @@ pub use classify::{classify, Dialect, Target};
 pub use config::{NameRules, QualifiedName, SqlStore, SqlStoreConfig, TableName, TableRules};
 pub use replay::REPLAY_BATCH;
 pub use session::Fence;
+pub use statement::Statement;
 
 /// Make ring the process's default TLS crypto provider unless one is set (each store calls
 /// it before connecting; see `outboxkit_core::tls`).

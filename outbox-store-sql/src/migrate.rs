@@ -10,6 +10,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, 
 use crate::classify::{classify, classify_on_pool, Dialect, Target};
 use crate::config::{TableName, TableRules, SCHEMA_TABLE};
 use crate::payload::PayloadColumn;
+use crate::Statement;
 
 /// One version of a store's schema.
 #[derive(Debug)]
@@ -93,7 +94,7 @@ where
     S: Dialect + TableRules,
     DB: Database,
     E: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     i32: for<'r> Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
@@ -102,7 +103,7 @@ where
         "SELECT version, shard_count FROM {} WHERE table_name = {placeholder}",
         table.quoted_sibling(SCHEMA_TABLE)
     );
-    let row = sqlx::query(&statement)
+    let row = sqlx::query(sqlx::AssertSqlSafe(statement))
         .bind(table.name())
         .fetch_optional(conn)
         .await
@@ -118,16 +119,19 @@ where
 /// the migration creates the table again as a new one, with the configured shard count.
 /// Without it, `migrate` found the table at its version, created nothing, and failed on the
 /// missing table telling to run `migrate`.
-pub fn forget_dropped<S: Dialect + TableRules>(table: &TableName<S>, placeholder: &str) -> String {
+pub fn forget_dropped<S: Dialect + TableRules>(
+    table: &TableName<S>,
+    placeholder: &str,
+) -> Statement {
     tracing::warn!(
         table = %table,
         "the table was dropped after it was migrated (its row in {SCHEMA_TABLE} outlived it): \
          creating it again"
     );
-    format!(
+    Statement::from(format!(
         "DELETE FROM {} WHERE table_name = {placeholder}",
         table.quoted_sibling(SCHEMA_TABLE)
-    )
+    ))
 }
 
 /// What a store reads of its outbox table on a connection of its server: the bookkeeping row

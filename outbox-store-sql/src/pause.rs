@@ -11,6 +11,7 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 
 use crate::migrate::ScriptDialect;
 use crate::rows::{not_null, RowColumns};
+use crate::Statement;
 
 /// The bookkeeping table of paused tables, beside the outbox table (in its schema or database).
 pub const PAUSE_TABLE: &str = "outbox_relay_pause";
@@ -22,14 +23,14 @@ pub struct PauseSql {
     /// The pause table, quoted (for the message that says to run `migrate`).
     pub pause_table: String,
     /// The pause of the table: `paused_at`, `paused_by`, `reason` ([`pause_row`]).
-    pub read: String,
+    pub read: Statement,
     /// [`read`](Self::read), locking the row until the transaction ends.
-    pub read_for_update: String,
+    pub read_for_update: Statement,
     /// Pause the table unless it is paused already (no row then: one affected row means it
     /// paused it).
-    pub pause: String,
+    pub pause: Statement,
     /// Lift it.
-    pub resume: String,
+    pub resume: Statement,
     /// When a read last found no pause table (a table an older `migrate` made): reads are not
     /// sent again for [`MISSING_RECHECK`], since each would be an error in the server's log.
     missing_since: Mutex<Option<Instant>>,
@@ -56,13 +57,14 @@ impl PauseSql {
         );
         Self {
             pause_table: pause_table.to_owned(),
-            read_for_update: format!("{read} FOR UPDATE"),
-            read,
+            read_for_update: format!("{read} FOR UPDATE").into(),
+            read: read.into(),
             pause: format!(
                 "{insert} {pause_table} (table_name, paused_at, paused_by, reason) \
                  VALUES ({table}, {now}, {by}, {reason}){on_conflict}"
-            ),
-            resume: format!("DELETE FROM {pause_table} WHERE table_name = {table}"),
+            )
+            .into(),
+            resume: format!("DELETE FROM {pause_table} WHERE table_name = {table}").into(),
             missing_since: Mutex::new(None),
         }
     }
@@ -124,7 +126,7 @@ where
     E: Fn(sqlx::Error) -> Error + Sync,
     DB: Database,
     C: RowColumns<Row = DB::Row>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
@@ -229,7 +231,7 @@ where
     async fn first(
         &self,
         conn: &mut DB::Connection,
-        statement: &str,
+        statement: &Statement,
     ) -> Result<Option<Pause>, sqlx::Error> {
         let row = sqlx::query(statement)
             .bind(self.table)

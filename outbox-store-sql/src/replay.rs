@@ -25,14 +25,14 @@ pub fn replay_action(dry_run: bool) -> &'static str {
 pub async fn replay_rows<'q, DB>(
     pool: &Pool<DB>,
     dry_run: bool,
-    count: Query<'q, DB, DB::Arguments<'q>>,
-    batch: impl Fn() -> Query<'q, DB, DB::Arguments<'q>>,
+    count: Query<'q, DB, DB::Arguments>,
+    batch: impl Fn() -> Query<'q, DB, DB::Arguments>,
     rows_affected: fn(&DB::QueryResult) -> u64,
 ) -> Result<u64, sqlx::Error>
 where
     DB: Database,
     for<'c> &'c Pool<DB>: Executor<'c, Database = DB>,
-    DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {

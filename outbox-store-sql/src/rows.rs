@@ -7,6 +7,8 @@ use outboxkit_core::{
 use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Row, Type};
 use uuid::Uuid;
 
+use crate::Statement;
+
 /// The row of a store's backlog statement: columns `pending`, `oldest_pending_age_secs`,
 /// `dead`, `held_back_aggregates` and `retrying`.
 pub fn backlog_status<R>(row: &R) -> Result<BacklogStatus, sqlx::Error>
@@ -27,14 +29,14 @@ where
 }
 
 /// Run a store's backlog `statement` and read its row ([`backlog_status`]).
-pub async fn read_backlog<'q, 'c, E, DB>(
+pub async fn read_backlog<'c, E, DB>(
     executor: E,
-    statement: &'q str,
+    statement: &Statement,
 ) -> Result<BacklogStatus, sqlx::Error>
 where
     DB: Database,
     E: Executor<'c, Database = DB>,
-    DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> f64: Decode<'r, DB> + Type<DB>,
     for<'s> &'s str: ColumnIndex<DB::Row>,
@@ -87,13 +89,13 @@ pub const RECORD_COLUMNS: &str = "id, event_id, aggregate_type, aggregate_id, ev
 /// Run `query` on `executor` and read each row with `decode`.
 pub async fn fetch<'q, 'c, E, DB, T>(
     executor: E,
-    query: sqlx::query::Query<'q, DB, DB::Arguments<'q>>,
+    query: sqlx::query::Query<'q, DB, DB::Arguments>,
     decode: impl Fn(&DB::Row) -> Result<T, sqlx::Error>,
 ) -> Result<Vec<T>, sqlx::Error>
 where
     DB: Database,
     E: Executor<'c, Database = DB>,
-    DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
 {
     query
         .fetch_all(executor)
@@ -146,8 +148,8 @@ pub fn dead(record: EventRecord) -> Result<DeadEvent, sqlx::Error> {
 #[derive(Debug)]
 pub struct Listings {
     /// In [`PayloadType::ALL`] order, then without content.
-    events: [String; 4],
-    dead: [String; 4],
+    events: [Statement; 4],
+    dead: [Statement; 4],
 }
 
 impl Listings {
@@ -164,20 +166,20 @@ impl Listings {
             PayloadType::ALL.map(|t| format!("{RECORD_COLUMNS}, {}, {headers}", payload(t)));
         let columns = [json, text, binary, RECORD_COLUMNS.to_owned()];
         Self {
-            events: columns.each_ref().map(|c| find_events(c)),
-            dead: columns.each_ref().map(|c| dead_list(c)),
+            events: columns.each_ref().map(|c| find_events(c).into()),
+            dead: columns.each_ref().map(|c| dead_list(c).into()),
         }
     }
 
     /// `find_events` of a table of `content`'s payload type with the payload and headers, or
     /// without them (`None`).
-    pub fn find_events(&self, content: Option<PayloadType>) -> &str {
+    pub fn find_events(&self, content: Option<PayloadType>) -> &Statement {
         &self.events[content.map_or(3, |t| t as usize)]
     }
 
     /// The dead list of a table of `content`'s payload type with the payload and headers, or
     /// without them (`None`).
-    pub fn dead_list(&self, content: Option<PayloadType>) -> &str {
+    pub fn dead_list(&self, content: Option<PayloadType>) -> &Statement {
         &self.dead[content.map_or(3, |t| t as usize)]
     }
 }

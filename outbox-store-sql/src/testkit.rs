@@ -292,7 +292,7 @@ impl TestServer {
         for<'c> &'c mut C: Executor<'c, Database = C::Database>,
     {
         let mut conn: C = self.raw_connection().await;
-        conn.execute(sqlx::raw_sql(sql))
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let _ = conn.close().await;
@@ -344,7 +344,7 @@ impl<DB> WriterPool for SqlPool<DB>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
     i64: Type<DB> + for<'r> Decode<'r, DB>,
     usize: ColumnIndex<DB::Row>,
 {
@@ -384,7 +384,10 @@ where
 
     async fn insert_order(&mut self, id: &str) {
         let sql = format!("INSERT INTO orders VALUES ('{id}', 'confirmed')");
-        self.0.execute(sqlx::raw_sql(&sql)).await.unwrap();
+        self.0
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
+            .await
+            .unwrap();
     }
 }
 
@@ -534,7 +537,7 @@ macro_rules! sql_inbox_suite {
             }
 
             async fn drop_table(&self) {
-                $krate::sqlx::query(&format!("DROP TABLE {}", self.table))
+                $krate::sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {}", self.table)))
                     .execute(&self.pool)
                     .await
                     .unwrap();

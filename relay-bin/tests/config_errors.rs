@@ -702,7 +702,10 @@ fn postgres_execute(sql: &str) -> Result<(), outboxkit_store_postgres::sqlx::Err
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     runtime.block_on(async {
         let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
-        sqlx::query(sql).execute(&mut db).await.map(drop)
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut db)
+            .await
+            .map(drop)
     })
 }
 
@@ -713,7 +716,7 @@ fn postgres_texts(sql: &str) -> Vec<String> {
     runtime
         .block_on(async {
             let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
-            sqlx::query_scalar::<_, String>(sql)
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
                 .fetch_all(&mut db)
                 .await
         })
@@ -751,7 +754,7 @@ fn migrate_print_sql_writes_what_migrate_makes() {
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
         runtime.block_on(async {
             let mut db = sqlx::PgConnection::connect(&postgres_url()).await?;
-            sqlx::raw_sql(&printed.stdout)
+            sqlx::raw_sql(sqlx::AssertSqlSafe(printed.stdout.as_str()))
                 .execute(&mut db)
                 .await
                 .map(drop)

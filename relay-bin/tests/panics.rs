@@ -107,7 +107,10 @@ async fn run(name: &str, config: &str) -> outboxkit_relay::cli::Failure {
 async fn postgres_execute(sql: &str) {
     use outboxkit_store_postgres::sqlx::{self, Connection};
     let mut db = sqlx::PgConnection::connect(&postgres_url()).await.unwrap();
-    sqlx::query(sql).execute(&mut db).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut db)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

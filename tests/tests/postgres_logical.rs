@@ -13,6 +13,7 @@ use outboxkit_core::{
 };
 use outboxkit_harness::proxy::Blackhole;
 use outboxkit_harness::*;
+use outboxkit_store_postgres::sqlx;
 use outboxkit_store_postgres::{Capture, CaptureStyle, PostgresStore, PostgresStoreConfig};
 
 /// The writers of the end-to-end runs: no business row locked, about 5% rolled back.
@@ -1322,7 +1323,7 @@ async fn a_table_out_of_its_publication_is_refused_and_migrate_puts_it_back() {
         .publication
         .clone();
     let exec = async |sql: String| {
-        outboxkit_store_postgres::sqlx::raw_sql(&sql)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.as_str()))
             .execute(store.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
@@ -1505,9 +1506,9 @@ async fn kept_events_are_replayed_through_the_log_in_table_style() {
         let pool = store.pool().clone();
         let table = store.table().quoted();
         async move {
-            outboxkit_store_postgres::sqlx::query_scalar::<_, uuid::Uuid>(&format!(
+            sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(format!(
                 "SELECT event_id FROM {table} WHERE id = ANY($1) ORDER BY id"
-            ))
+            )))
             .bind(ids)
             .fetch_all(&pool)
             .await
@@ -1536,18 +1537,18 @@ async fn kept_events_are_replayed_through_the_log_in_table_style() {
     }
     let table = store.table().quoted();
     let pool = store.pool().clone();
-    outboxkit_store_postgres::sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {table} SET published_at = now() WHERE published_at IS NULL AND id > $1"
-    ))
+    )))
     .bind(again[1])
     .execute(&pool)
     .await
     .expect("publishing by hand");
     assert_eq!(store.replay(&kept, false).await.expect("replay"), 10_005);
-    let (pending, kept_now): (i64, i64) = outboxkit_store_postgres::sqlx::query_as(&format!(
+    let (pending, kept_now): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FILTER (WHERE published_at IS NULL), \
                 count(*) FILTER (WHERE published_at IS NOT NULL) FROM {table}"
-    ))
+    )))
     .fetch_one(&pool)
     .await
     .expect("counting");

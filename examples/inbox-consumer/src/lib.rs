@@ -58,10 +58,10 @@ impl OrderTotalsConsumer {
             }
         }
         self.inbox.migrate(pool).await.map_err(|e| e.to_string())?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE IF NOT EXISTS {} (order_id text PRIMARY KEY, total bigint NOT NULL)",
             self.totals_table
-        ))
+        )))
         .execute(pool)
         .await
         .map_err(|e| e.to_string())?;
@@ -158,11 +158,11 @@ impl OrderTotalsConsumer {
             .await
             .map_err(|e| format!("applying {} ({event_id}): {e}", entry.id))?;
         if first {
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {} (order_id, total) VALUES ($1, $2) \
                  ON CONFLICT (order_id) DO UPDATE SET total = {}.total + EXCLUDED.total",
                 self.totals_table, self.totals_table
-            ))
+            )))
             .bind(&aggregate_id)
             .bind(amount)
             .execute(&mut *tx)

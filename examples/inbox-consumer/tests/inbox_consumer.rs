@@ -32,10 +32,12 @@ async fn clean_up(
         .query_async(redis)
         .await
         .unwrap();
-    sqlx::query(&format!("DROP TABLE inbox_{suffix}, totals_{suffix}"))
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE inbox_{suffix}, totals_{suffix}"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 async fn xadd(
@@ -60,9 +62,9 @@ async fn xadd(
 }
 
 async fn total(pool: &sqlx::PgPool, suffix: &str, order: &str) -> i64 {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT total FROM totals_{suffix} WHERE order_id = $1"
-    ))
+    )))
     .bind(order)
     .fetch_one(pool)
     .await
@@ -141,16 +143,17 @@ async fn messages_of_a_failed_pass_are_taken_again() {
     let trimmed = xadd(&mut redis, &stream, Uuid::now_v7(), "o1", 100).await;
 
     // The database refuses the effect: the pass fails on its first message, having read three.
-    let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+    let rename =
+        |from: &str, to: &str| sqlx::AssertSqlSafe(format!("ALTER TABLE {from} RENAME TO {to}"));
     let (table, away) = (format!("totals_{suffix}"), format!("away_{suffix}"));
-    sqlx::query(&rename(&table, &away))
+    sqlx::query(rename(&table, &away))
         .execute(&pool)
         .await
         .unwrap();
     let e = c.pass(&mut redis, &pool, 100).await.unwrap_err();
     assert!(e.contains(&table), "{e}");
     assert_eq!(pending(&mut redis, &stream).await, 3);
-    sqlx::query(&rename(&away, &table))
+    sqlx::query(rename(&away, &table))
         .execute(&pool)
         .await
         .unwrap();
@@ -258,10 +261,12 @@ async fn two_concurrent_consumers_apply_each_event_once() {
         200,
         "each event applied exactly once ({ra:?}, {rb:?})"
     );
-    let total: i64 = sqlx::query_scalar(&format!("SELECT sum(total)::int8 FROM totals_{suffix}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT sum(total)::int8 FROM totals_{suffix}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(total, 200);
 
     clean_up(&mut redis, &pool, &[&s1, &s2], &suffix).await;

@@ -52,7 +52,7 @@ fn run_cli(config: &Path, args: &[&str]) -> (ExitStatus, String) {
 }
 
 async fn drop_table(table: &str) {
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .execute(&postgres_pool().await)
         .await
         .expect("dropping the test table");

@@ -63,9 +63,9 @@ fn start_relay(config: &Path, dir: &Path) -> RelayProcess {
 }
 
 async fn pending_rows(pool: &sqlx::PgPool, table: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(&format!(
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {table} WHERE published_at IS NULL"
-    ))
+    )))
     .fetch_one(pool)
     .await
     .expect("counting pending rows")
@@ -255,7 +255,7 @@ async fn relays_postgres_to_the_webhook_in_order_per_aggregate() {
         "failed events were retried"
     );
 
-    sqlx::query(&format!("DROP TABLE {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
         .execute(&pool)
         .await
         .expect("dropping the test table");
@@ -282,7 +282,7 @@ async fn refuses_to_start_when_the_webhook_is_unreachable() {
     );
     assert!(!err.contains("s3cr3t"), "{err}");
     let pool = postgres_pool().await;
-    sqlx::query(&format!("DROP TABLE {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
         .execute(&pool)
         .await
         .expect("dropping the test table");

@@ -89,7 +89,7 @@ impl LogicalSide {
 
     /// Run `sql` on the server; fails the test with the server's error.
     pub async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(self.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));

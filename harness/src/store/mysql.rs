@@ -106,14 +106,14 @@ impl SqlOutbox for Outbox {
         let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
                       UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
                       UNION ALL SELECT 8 UNION ALL SELECT 9)";
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
              SELECT 'order', CAST(n MOD ? AS CHAR), 'OrderChanged', {payload} \
              FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
                    FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g) nums \
              WHERE n < ? ORDER BY n",
             side.table
-        ))
+        )))
         .bind(aggregates)
         .bind(aggregates)
         .bind(events)
@@ -126,10 +126,10 @@ impl SqlOutbox for Outbox {
     /// `pending = 1`: the store's generated column for [`PENDING`](super::PENDING), which its
     /// index covers.
     async fn any_pending(side: &MySqlSide) -> bool {
-        let row: Option<i32> = sqlx::query_scalar(&format!(
+        let row: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT 1 FROM {} WHERE pending = 1 LIMIT 1",
             side.table
-        ))
+        )))
         .fetch_optional(&side.pool)
         .await
         .expect("looking for a pending row");
@@ -159,11 +159,13 @@ impl SqlOutbox for Outbox {
 
     async fn drop_bookkeeping(side: &MySqlSide) {
         for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
-            sqlx::query(&format!("DELETE FROM {bookkeeping} WHERE table_name = ?"))
-                .bind(&side.table)
-                .execute(&side.pool)
-                .await
-                .expect("deleting the bookkeeping rows");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {bookkeeping} WHERE table_name = ?"
+            )))
+            .bind(&side.table)
+            .execute(&side.pool)
+            .await
+            .expect("deleting the bookkeeping rows");
         }
     }
 }
@@ -339,26 +341,20 @@ impl PrivateMariaDb {
                     .expect("creating database test");
                 if self.tls_ca.is_some() {
                     let user = crate::tls::CLIENT_NAME;
-                    conn.execute(
-                        format!(
-                            "CREATE USER IF NOT EXISTS '{user}'@'%' REQUIRE X509; \
+                    conn.execute(sqlx::AssertSqlSafe(format!(
+                        "CREATE USER IF NOT EXISTS '{user}'@'%' REQUIRE X509; \
                              GRANT ALL ON *.* TO '{user}'@'%'"
-                        )
-                        .as_str(),
-                    )
+                    )))
                     .await
                     .expect("creating the certificate user");
                 }
                 if let Some(address) = self.also_at {
                     // Root from the link's other end, as root from 127.0.0.1.
                     let [a, b, c, _] = address.octets();
-                    conn.execute(
-                        format!(
-                            "CREATE USER IF NOT EXISTS 'root'@'{a}.{b}.{c}.%'; \
+                    conn.execute(sqlx::AssertSqlSafe(format!(
+                        "CREATE USER IF NOT EXISTS 'root'@'{a}.{b}.{c}.%'; \
                              GRANT ALL ON *.* TO 'root'@'{a}.{b}.{c}.%' WITH GRANT OPTION"
-                        )
-                        .as_str(),
-                    )
+                    )))
                     .await
                     .expect("creating root at the other address");
                 }
@@ -401,7 +397,9 @@ impl PrivateMariaDb {
         .expect("listing the connections");
         for id in others {
             // A connection may end by itself meanwhile.
-            let _ = conn.execute(format!("KILL {id}").as_str()).await;
+            let _ = conn
+                .execute(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .await;
         }
         let _ = conn.close().await;
     }

@@ -81,12 +81,12 @@ impl SqlOutbox for Outbox {
             PayloadType::Text => format!("{json}::text"),
             PayloadType::Binary => format!("convert_to({json}::text, 'UTF8')"),
         };
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (aggregate_type, aggregate_id, event_type, payload) \
              SELECT 'order', ((g - 1) % $2)::text, 'OrderChanged', {payload} \
              FROM generate_series(1, $1) g",
             side.table
-        ))
+        )))
         .bind(events as i64)
         .bind(aggregates as i64)
         .execute(&side.pool)
@@ -96,10 +96,10 @@ impl SqlOutbox for Outbox {
     }
 
     async fn any_pending(side: &PostgresSide) -> bool {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT EXISTS (SELECT 1 FROM {} WHERE {PENDING})",
             side.table
-        ))
+        )))
         .fetch_one(&side.pool)
         .await
         .expect("looking for a pending row")
@@ -161,7 +161,7 @@ impl PostgresSide {
 
     /// The first column of the first row of `sql`, which must be text.
     pub async fn query_text(&self, sql: &str) -> String {
-        sqlx::query_scalar(sql)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(self.pool())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))

@@ -33,10 +33,10 @@ pub async fn raw_connection() -> MySqlConnection {
 /// Drop an outbox table and forget its migrations and members.
 pub async fn drop_table(table: &TableName) {
     let mut conn = raw_connection().await;
-    conn.execute(sqlx::raw_sql(&format!(
+    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {}",
         table.quoted()
-    )))
+    ))))
     .await
     .expect("drop table");
     for bookkeeping in ["outbox_relay_schema", "outbox_relay_members"] {
@@ -53,9 +53,9 @@ pub async fn drop_table(table: &TableName) {
         .await
         .expect("look up the bookkeeping tables");
         if exists.is_some() {
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM `{database}`.`{bookkeeping}` WHERE table_name = ?"
-            ))
+            )))
             .bind(table.name())
             .execute(&mut conn)
             .await

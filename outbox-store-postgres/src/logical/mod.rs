@@ -91,7 +91,7 @@ pub(crate) async fn retry_dead(
     let dead = "dead_at IS NOT NULL AND published_at IS NULL \
                 AND ($1::int8[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR aggregate_id = $2)";
     let retried = match names.style {
-        CaptureStyle::Table => sqlx::query(&crate::sql::written_again(&table, dead))
+        CaptureStyle::Table => sqlx::query(crate::sql::written_again(&table, dead))
             .bind(ids)
             .bind(aggregate)
             .execute(&mut *conn)
@@ -100,9 +100,9 @@ pub(crate) async fn retry_dead(
             .rows_affected(),
         CaptureStyle::Message => {
             // One message per row, written in id order (the order of their aggregates).
-            let ids: Vec<i64> = sqlx::query_scalar(&format!(
+            let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT id FROM {table} WHERE {dead} ORDER BY id FOR UPDATE"
-            ))
+            )))
             .bind(ids)
             .bind(aggregate)
             .fetch_all(&mut *conn)

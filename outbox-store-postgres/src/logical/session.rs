@@ -25,6 +25,7 @@ use outboxkit_core::{
 use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::session::{truncate_error, Fence};
+use outboxkit_store_sql::Statement;
 
 use super::backlog::{Backlog, ResumePoint};
 use super::decode::{decode, event_of_message, event_of_row, Change, Relation};
@@ -101,15 +102,15 @@ fn visible_xids(n: u8) -> String {
 /// whose transaction the statement's snapshot sees ([`visible_xids`]). Answered per event,
 /// never per `event_id`: a claim can hold the parked event and, with the same `event_id`, its
 /// `dead retry` not visible yet or a writer's new event.
-fn parked_among(table: &str) -> String {
-    format!(
+fn parked_among(table: &str) -> Statement {
+    Statement::from(format!(
         "SELECT c.id FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int8[]) \
              AS c(id, event_id, created_at, xid) \
          WHERE EXISTS (SELECT 1 FROM {table} AS d WHERE d.event_id = c.event_id \
                        AND d.created_at = c.created_at AND d.dead_at IS NOT NULL) \
          AND c.xid IN ({})",
         visible_xids(4)
-    )
+    ))
 }
 
 /// `rows` (a query or a statement returning a column `id`), and in the same statement, so with
@@ -125,12 +126,12 @@ fn with_visible_xids(rows: &str, n: u8) -> String {
 /// `statement` returning its rows' `id` column: alone, as rows `(id, false)`, when it has no
 /// transactions to ask about (`asks` false: the first try of a mark, on the hot path), else
 /// joined with [`visible_xids`] of parameter `$n` by [`with_visible_xids`].
-fn returning_found(statement: &str, id: &str, asks: bool, n: u8) -> String {
-    if asks {
+fn returning_found(statement: &str, id: &str, asks: bool, n: u8) -> Statement {
+    Statement::from(if asks {
         with_visible_xids(&format!("{statement} RETURNING {id}"), n)
     } else {
         format!("{statement} RETURNING {id}, false")
-    }
+    })
 }
 
 /// What a statement made by [`with_visible_xids`] returned (`(id, false)` for each row it found
@@ -462,7 +463,7 @@ impl LogicalSession {
              AND published_at IS NULL AND dead_at IS NULL",
             self.context.table.quoted()
         );
-        let statement = with_visible_xids(&pending, 2);
+        let statement = Statement::from(with_visible_xids(&pending, 2));
         let returned = self
             .fence
             .run("checking the rows of events read again", async |conn| {
@@ -558,11 +559,11 @@ impl LogicalSession {
 
     /// Message style: the `event_id`s of the dead rows, the latest [`PARKED_LIMIT`].
     async fn parked_event_ids(&mut self) -> Result<HashSet<Uuid>> {
-        let statement = format!(
+        let statement = Statement::from(format!(
             "SELECT event_id FROM {} WHERE dead_at IS NOT NULL AND event_id IS NOT NULL \
              ORDER BY id DESC LIMIT {PARKED_LIMIT}",
             self.context.table.quoted()
-        );
+        ));
         let ids: Vec<Uuid> = self
             .fence
             .run("reading the dead rows' event ids", async |conn| {
@@ -1072,13 +1073,13 @@ impl LogicalSession {
             PayloadType::Text => "$5::text",
             PayloadType::Binary => "$5::bytea",
         };
-        let statement = format!(
+        let statement = Statement::from(format!(
             "INSERT INTO {} (event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
              destination, created_at, attempts, last_error, dead_at) \
              VALUES ($1, $2, $3, $4, {payload}, $6::text::jsonb, $7, $8, $9, $10, now()) \
              ON CONFLICT (event_id) DO NOTHING",
             self.context.table.quoted()
-        );
+        ));
         let headers = serde_json::to_string(&event.headers).unwrap_or_else(|_| "{}".to_owned());
         let payload_type = self.payload_type;
         let error = truncate_error(error).to_owned();
@@ -1409,7 +1410,7 @@ mod tests {
 
         // 1: the parked event; 2: a new event of the writer's with its event_id; 3: its
         // `dead retry`, not visible yet; 4: another event.
-        let dropped: Vec<i64> = sqlx::query_scalar(&parked_among("parked"))
+        let dropped: Vec<i64> = sqlx::query_scalar(parked_among("parked"))
             .bind([1_i64, 2, 3, 4])
             .bind([x, x, x, y])
             .bind([at, later, at, at])
@@ -1497,7 +1498,7 @@ mod tests {
     }
 
     async fn visible(conn: &mut PgConnection, xids: &[i64]) -> Vec<i64> {
-        let mut seen: Vec<i64> = sqlx::query_scalar(&visible_xids(1))
+        let mut seen: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(visible_xids(1)))
             .bind(xids)
             .fetch_all(conn)
             .await

@@ -7,6 +7,7 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::config::{CaptureStyle, LogicalSettings};
+use outboxkit_store_sql::Statement;
 
 use super::backlog::ResumePoint;
 use crate::classify::{classify, Target};
@@ -197,9 +198,9 @@ pub(crate) async fn recorded(
     if !exists {
         return Ok(None);
     }
-    let row: Option<(String, String, String)> = sqlx::query_as(&format!(
+    let row: Option<(String, String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT slot, style, publication FROM {bookkeeping} WHERE table_name = $1"
-    ))
+    )))
     .bind(table.name())
     .fetch_optional(&mut *conn)
     .await
@@ -331,10 +332,10 @@ pub(crate) async fn left_resume_point(
     if columns < 2 {
         return Ok(None);
     }
-    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(&format!(
+    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT reader_txn_lsn::text, reader_txn_settled_below FROM {bookkeeping} \
          WHERE table_name = $1"
-    ))
+    )))
     .bind(table.name())
     .fetch_optional(conn)
     .await?;
@@ -353,11 +354,11 @@ pub(crate) async fn leave_resume_point(
     table: &TableName,
     point: ResumePoint,
 ) -> sqlx::Result<()> {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET reader_txn_lsn = $2::pg_lsn, reader_txn_settled_below = $3 \
          WHERE table_name = $1",
         table.quoted_sibling(CAPTURE_TABLE)
-    ))
+    )))
     .bind(table.name())
     .bind(pgwire_replication::Lsn::from_u64(point.final_lsn).to_string())
     .bind(point.settled_below)
@@ -512,8 +513,8 @@ pub(crate) fn re_emit_dead_row(
     names: &LogicalNames,
     table: &TableName,
     payload_type: PayloadType,
-) -> String {
-    format!(
+) -> Statement {
+    Statement::from(format!(
         "WITH gone AS (DELETE FROM {table} \
                        WHERE id = $1 AND dead_at IS NOT NULL AND published_at IS NULL \
                        RETURNING event_id, aggregate_type, aggregate_id, event_type, payload, \
@@ -525,7 +526,7 @@ pub(crate) fn re_emit_dead_row(
             payload_type,
             "(extract(epoch FROM created_at) * 1000000)::bigint"
         ),
-    )
+    ))
 }
 
 /// Set logical capture up for `table` (already migrated): check the server, make the
@@ -541,7 +542,7 @@ pub(crate) async fn migrate(
     let mut conn = pool.acquire().await.map_err(&e)?;
     check_server(&mut conn, target).await?;
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
-    conn.execute(sqlx::raw_sql(&format!(
+    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {bookkeeping} (\
              table_name text PRIMARY KEY, slot text NOT NULL UNIQUE, style text NOT NULL, \
              publication text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
@@ -552,7 +553,7 @@ pub(crate) async fn migrate(
              ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz, \
              ADD COLUMN IF NOT EXISTS reader_txn_lsn pg_lsn, \
              ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint"
-    )))
+    ))))
     .await
     .map_err(&e)?;
 
@@ -571,10 +572,10 @@ pub(crate) async fn migrate(
             }
             CaptureStyle::Message => String::new(),
         };
-        conn.execute(sqlx::raw_sql(&format!(
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE PUBLICATION \"{}\"{what}",
             names.publication
-        )))
+        ))))
         .await
         .map_err(&e)?;
         tracing::info!(publication = %names.publication, "created publication");
@@ -601,9 +602,12 @@ pub(crate) async fn migrate(
             publish_again(&mut conn, names, table, &fault, target).await?;
         }
     }
-    conn.execute(sqlx::raw_sql(&emit_function(names, payload_type)))
-        .await
-        .map_err(&e)?;
+    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(emit_function(
+        names,
+        payload_type,
+    ))))
+    .await
+    .map_err(&e)?;
 
     let recorded = recorded(&mut conn, table, target).await?;
     let state = slot_state(&mut conn, &names.slot, target).await?;
@@ -677,34 +681,34 @@ async fn publish_again(
     let e = err(target, "adding the table back to its publication");
     let quoted = table.quoted();
     let mut tx = conn.begin().await.map_err(&e)?;
-    tx.execute(sqlx::raw_sql(&format!(
+    tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE"
-    )))
+    ))))
     .await
     .map_err(&e)?;
-    let missing: Vec<i64> = sqlx::query_scalar(&format!(
+    let missing: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT id FROM {quoted} WHERE published_at IS NULL AND dead_at IS NULL ORDER BY id"
-    ))
+    )))
     .fetch_all(&mut *tx)
     .await
     .map_err(&e)?;
-    tx.execute(sqlx::raw_sql(&format!(
+    tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "ALTER PUBLICATION \"{0}\" SET TABLE {quoted}; \
          ALTER PUBLICATION \"{0}\" SET (publish = 'insert')",
         names.publication
-    )))
+    ))))
     .await
     .map_err(&e)?;
     tx.commit().await.map_err(&e)?;
 
     let columns = "id, event_id, aggregate_type, aggregate_id, event_type, payload, headers, \
                    destination, created_at, attempts, next_attempt_at, last_error";
-    let written: u64 = sqlx::query(&format!(
+    let written: u64 = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH moved AS (DELETE FROM {quoted} WHERE id = ANY($1) \
              AND published_at IS NULL AND dead_at IS NULL RETURNING {columns}) \
          INSERT INTO {quoted} ({columns}) OVERRIDING SYSTEM VALUE \
          SELECT {columns} FROM moved ORDER BY id"
-    ))
+    )))
     .bind(&missing)
     .execute(&mut *conn)
     .await
@@ -729,10 +733,10 @@ async fn record(
     lsn: Option<&str>,
     target: &Target,
 ) -> Result<()> {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {bookkeeping} (table_name, slot, style, publication, created_lsn) \
          VALUES ($1, $2, $3, $4, $5::pg_lsn) ON CONFLICT (table_name) DO NOTHING"
-    ))
+    )))
     .bind(table.name())
     .bind(&names.slot)
     .bind(names.style.as_str())

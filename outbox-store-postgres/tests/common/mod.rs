@@ -33,10 +33,10 @@ pub async fn raw_connection() -> PgConnection {
 /// Drop an outbox table and forget its migrations.
 pub async fn drop_table(table: &TableName) {
     let mut conn = raw_connection().await;
-    conn.execute(sqlx::raw_sql(&format!(
+    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {} CASCADE",
         table.quoted()
-    )))
+    ))))
     .await
     .expect("drop table");
     let schema = table.qualifier().unwrap_or("public");
@@ -47,11 +47,13 @@ pub async fn drop_table(table: &TableName) {
         .await
         .expect("look up outbox_relay_schema");
     if exists {
-        sqlx::query(&format!("DELETE FROM {regclass} WHERE table_name = $1"))
-            .bind(table.name())
-            .execute(&mut conn)
-            .await
-            .expect("forget migrations");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {regclass} WHERE table_name = $1"
+        )))
+        .bind(table.name())
+        .execute(&mut conn)
+        .await
+        .expect("forget migrations");
     }
     let _ = conn.close().await;
 }
