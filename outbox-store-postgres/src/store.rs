@@ -150,6 +150,7 @@ impl PostgresStore {
                 options: options.clone(),
                 password: crate::logical::password_of(&config.url, config.password.as_deref()),
                 tls: crate::logical::tls_of_url(&config.url)?,
+                hostaddr: outboxkit_store_sql::config::url_option(&config.url, "hostaddr"),
                 max_unsettled: config.logical.max_unsettled,
                 max_unsettled_bytes: config.logical.max_unsettled_bytes,
                 takeover_after: config.logical.takeover_after,

@@ -406,9 +406,27 @@ async fn sigterm_leaves_nothing_to_publish_again(style: &'static str, prefix: &s
 /// retried for ever while `run` had passed its start checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_is_read_through_the_unix_socket_the_url_names() {
-    let name = unique("lgsock");
+    slot_read_through("lgsock", |server| server.socket_url("postgres")).await;
+}
+
+/// A URL whose `host` only names the server (no DNS knows it: a name for TLS, a proxy) and whose
+/// `hostaddr` says where it is: the slot's reader connects to that address too, as sqlx's
+/// connections do (since sqlx 0.9; 0.8 took `hostaddr` for `host`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_is_read_at_the_hostaddr_the_url_names() {
+    slot_read_through("lgaddr", |server| {
+        server
+            .url("postgres", "hostaddr=127.0.0.1")
+            .replacen("@127.0.0.1:", "@pg.invalid:", 1)
+    })
+    .await;
+}
+
+/// One relay given the URL `url_of` the server delivers 100 events from the slot it reads.
+async fn slot_read_through(prefix: &str, url_of: impl FnOnce(&PrivatePostgres) -> String) {
+    let name = unique(prefix);
     let (server, side, mut scenario) = prepare_on_redis(&name, "table").await;
-    let url = server.socket_url("postgres");
+    let url = url_of(&server);
     scenario.start_relay("relay-0", &[("OUTBOX_STORE__URL", url.as_str())]);
     assert_eq!(reader_index(&side, Duration::from_secs(30)).await, 0);
     scenario.store.enqueue_many(&placed_events(100, 10)).await;

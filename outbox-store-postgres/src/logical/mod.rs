@@ -18,6 +18,7 @@ pub(crate) mod session;
 pub(crate) mod setup;
 
 use pgwire_replication::TlsConfig;
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgConnection;
 
 use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, Result};
@@ -54,6 +55,23 @@ pub(crate) fn tls_of_url(url: &str) -> Result<TlsConfig> {
             _ => tls,
         },
     )
+}
+
+/// Where the replication connection goes, and its TLS: the URL's `hostaddr` when it has one
+/// (and no Unix socket), with `host` then only the name TLS checks and sends — how sqlx (0.9,
+/// as libpq) connects the store's other connections; else the host or socket directory.
+pub(crate) fn replication_address(
+    options: &PgConnectOptions,
+    hostaddr: Option<&str>,
+    tls: &TlsConfig,
+) -> (String, TlsConfig) {
+    match hostaddr {
+        Some(address) if options.get_socket().is_none() => (
+            address.to_owned(),
+            tls.clone().with_sni_hostname(options.get_host()),
+        ),
+        _ => (crate::config::host(options), tls.clone()),
+    }
 }
 
 /// The password of `store.url` or `store.password`, for the replication connection.
@@ -160,5 +178,29 @@ mod tests {
         let tls = tls_of_url("postgres://h/db?sslmode=verify-full&sslrootcert=/ca.pem").unwrap();
         assert!(tls.mode.verifies_hostname());
         assert!(tls_of_url("postgres://h/db?sslmode=bogus").is_err());
+    }
+
+    #[test]
+    fn the_replication_connection_goes_to_hostaddr_and_names_host_for_tls() {
+        let tls = tls_of_url("postgres://h/db?sslmode=verify-full").unwrap();
+        let at = |url: &str| {
+            let options: PgConnectOptions = url.parse().unwrap();
+            let hostaddr = outboxkit_store_sql::config::url_option(url, "hostaddr");
+            let (host, tls) = replication_address(&options, hostaddr.as_deref(), &tls);
+            (host, tls.sni_hostname)
+        };
+        assert_eq!(
+            at("postgres://db.internal/app"),
+            ("db.internal".to_owned(), None)
+        );
+        assert_eq!(
+            at("postgres://db.internal/app?hostaddr=10.0.0.5"),
+            ("10.0.0.5".to_owned(), Some("db.internal".to_owned()))
+        );
+        // A socket wins over hostaddr, as in sqlx.
+        assert_eq!(
+            at("postgres://u@db.internal/app?host=/run/postgresql&hostaddr=10.0.0.5"),
+            ("/run/postgresql".to_owned(), None)
+        );
     }
 }

@@ -174,6 +174,8 @@ pub(crate) struct LogicalContext {
     pub password: Option<String>,
     /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey` of the URL.
     pub tls: TlsConfig,
+    /// The URL's `hostaddr`: the address the replication connection goes to, as sqlx's do.
+    pub hostaddr: Option<String>,
     pub max_unsettled: usize,
     pub max_unsettled_bytes: usize,
     pub takeover_after: Duration,
@@ -713,8 +715,10 @@ impl LogicalSession {
             CaptureStyle::Table => (HashSet::new(), None),
         };
         let options = &context.options;
+        let (host, tls) =
+            super::replication_address(options, context.hostaddr.as_deref(), &context.tls);
         let config = ReplicationConfig::new(
-            crate::config::host(options),
+            host,
             options.get_username(),
             context.password.clone().unwrap_or_default(),
             options.get_database().unwrap_or(options.get_username()),
@@ -722,7 +726,7 @@ impl LogicalSession {
             names.publication.as_str(),
         )
         .with_port(options.get_port())
-        .with_tls(context.tls.clone())
+        .with_tls(tls)
         .with_start_lsn(Lsn::from_u64(confirmed))
         .with_binary(true)
         .with_status_interval(STATUS_INTERVAL)
