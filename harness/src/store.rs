@@ -333,6 +333,14 @@ where
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
+
+    /// `SELECT {what} FROM {table} WHERE {column} = ` the one bound value.
+    fn select_where(what: &str, table: &str, column: &str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(format!(
+            "SELECT {what} FROM {table} WHERE {column} = {}",
+            O::PARAM
+        ))
+    }
 }
 
 /// What is the same on both servers; [`SqlOutbox`] says what is not.
@@ -472,28 +480,20 @@ where
     }
 
     async fn business_version(&self, aggregate: &str) -> Option<i64> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT version FROM {} WHERE id = {}",
-            self.orders,
-            O::PARAM
-        )))
-        .bind(aggregate.to_owned())
-        .fetch_optional(&self.pool)
-        .await
-        .ok()
-        .flatten()
+        sqlx::query_scalar(Self::select_where("version", &self.orders, "id"))
+            .bind(aggregate.to_owned())
+            .fetch_optional(&self.pool)
+            .await
+            .ok()
+            .flatten()
     }
 
     async fn row_of(&self, event_id: Uuid) -> Option<i64> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT id FROM {} WHERE event_id = {}",
-            self.table,
-            O::PARAM
-        )))
-        .bind(O::event_id(event_id))
-        .fetch_optional(&self.pool)
-        .await
-        .expect("looking up a row")
+        sqlx::query_scalar(Self::select_where("id", &self.table, "event_id"))
+            .bind(O::event_id(event_id))
+            .fetch_optional(&self.pool)
+            .await
+            .expect("looking up a row")
     }
 
     async fn exec_sql(&self, sql: &str) {
