@@ -219,7 +219,7 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// A section measured apart: docs/bench/<name>.{json,md}, then docs/BENCHMARKS.md rendered
+/// A section measured apart: `docs/bench/<name>.{json,md}`, then docs/BENCHMARKS.md rendered
 /// again from docs/bench/results.json with it.
 fn write_section(args: &Args, name: &str, json: String, markdown: String) -> Result<(), String> {
     println!("{markdown}");

@@ -694,7 +694,7 @@ impl Scenario {
     /// ([`DeliveryCheck::findings`]): for a few of them, whether the outbox still holds the row
     /// and where the aggregate's events just before and after it were delivered; what the
     /// broker side can tell ([`BrokerSide::look_for_missing`]); and the relays' warnings and
-    /// errors ([`log_troubles`]). `relay_logs` are (relay, log text).
+    /// errors (`log_troubles`). `relay_logs` are (relay, log text).
     pub async fn look_for_missing(
         &self,
         writes: &Writes,

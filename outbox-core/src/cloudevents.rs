@@ -152,7 +152,7 @@ impl CloudEvents {
 
     /// The attributes of binary content mode, in [`attributes`](Self::attributes) order: every
     /// attribute but `datacontenttype` (which travels as the protocol's own content type, see
-    /// [`content_type`](Self::content_type)), named `prefix` + name (`ce_` for Kafka,
+    /// [`OutboxEvent::content_type`]), named `prefix` + name (`ce_` for Kafka,
     /// `cloudEvents:` for AMQP).
     pub fn binary_headers(&self, event: &OutboxEvent, prefix: &str) -> Vec<(String, String)> {
         self.attributes(event)

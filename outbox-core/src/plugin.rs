@@ -137,7 +137,7 @@ pub trait StoreConfig: DeserializeOwned + fmt::Debug + Send + 'static {
         std::future::ready(Ok(Vec::new()))
     }
 
-    /// The SQL [`Store::migrate`](crate::Store::migrate) runs to create this configuration's
+    /// The SQL [`Store::migrate`] runs to create this configuration's
     /// table at the current schema version, for a database administrator to review and apply
     /// (`outbox-relay migrate --print-sql`), written without connecting. `Ok(None)` (the
     /// default): the store cannot give it; an error when this configuration needs more than

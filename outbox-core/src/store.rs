@@ -186,7 +186,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 /// A relay's dedicated database session: shard locks, claims and marks.
 ///
 /// If the underlying connection breaks, every lock is gone with it: each later call fails with
-/// [`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost) and the engine opens a new session.
+/// [`ErrorKind::LeaseLost`] and the engine opens a new session.
 #[async_trait]
 pub trait ShardSession: Send + fmt::Debug {
     /// Number of shards of the table (fixed at migration).

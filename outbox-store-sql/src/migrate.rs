@@ -275,7 +275,7 @@ pub trait ScriptDialect {
 /// What `migrate` runs for a table that does not exist yet, as one script for a database
 /// administrator to apply (`migrate --print-sql`): a first line saying what it makes, the
 /// statements `before` (without `;`: the schema or database, the bookkeeping tables), every
-/// migration of `migrations` ([`script_of`]) and the bookkeeping row that `check` and `run`
+/// migration of `migrations` (`script_of`) and the bookkeeping row that `check` and `run`
 /// look for.
 pub fn creation_script<S: PayloadColumn + TableRules + ScriptDialect>(
     migrations: &[Migration],

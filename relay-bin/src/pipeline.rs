@@ -1,4 +1,4 @@
-//! Pipelines: each one outbox table (or a pattern of tables, see [`crate::discovery`]) relayed to
+//! Pipelines: each one outbox table (or a pattern of tables, see [`outboxkit_core::plugin::Discovery`]) relayed to
 //! one sink, by its own [`Relay`](outboxkit_core::Relay).
 //!
 //! A configuration declares them in one of two ways:

@@ -9,7 +9,7 @@
 //!   become dead rows of the outbox table.
 //!
 //! It plugs into the engine as a [`ShardSession`](outboxkit_core::ShardSession) of one shard,
-//! the slot (see [`session`]): the engine claims, publishes, marks and records failures exactly
+//! the slot (see `session`): the engine claims, publishes, marks and records failures exactly
 //! as with polling.
 
 mod backlog;
