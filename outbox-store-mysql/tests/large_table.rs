@@ -107,6 +107,16 @@ async fn assert_claim_uses_its_indexes(store: &MySqlStore) {
     );
 }
 
+/// `ANALYZE TABLE` the store's table: fresh statistics, as a long-running server has them.
+async fn analyze(store: &MySqlStore) {
+    let statement = format!("ANALYZE TABLE {}", store.table().quoted());
+    store
+        .pool()
+        .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement)))
+        .await
+        .expect("analyze");
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
@@ -151,13 +161,7 @@ async fn a_claim_stays_fast_with_a_million_published_rows() {
         })
         .collect();
     session.record_failures(&failures).await.expect("failures");
-    store
-        .pool()
-        .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "ANALYZE TABLE {t}"
-        ))))
-        .await
-        .expect("analyze");
+    analyze(&store).await;
     let fill_secs = filled.elapsed().as_secs_f64();
     let status = store.status().await.expect("status");
     assert_eq!(status.pending, PENDING as i64);
@@ -275,13 +279,7 @@ async fn after_mass_deletes_without_retries_the_held_back_check_still_uses_retry
     .execute(store.pool())
     .await
     .expect("inserting 20,000 pending rows");
-    store
-        .pool()
-        .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "ANALYZE TABLE {t}"
-        ))))
-        .await
-        .expect("analyze");
+    analyze(&store).await;
     // Publish (delete) 19,000 of them the way the relay does, 500 at a time.
     let mut published = 0;
     while published < 19_000 {
