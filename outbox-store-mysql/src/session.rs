@@ -287,7 +287,7 @@ async fn join(
     context: &SessionContext,
     relay_id: &str,
 ) -> std::result::Result<(i64, Option<u16>), sqlx::Error> {
-    conn.execute(sqlx::raw_sql(context.setup.clone())).await?;
+    conn.execute(sqlx::raw_sql(&context.setup)).await?;
     let connection_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
         .fetch_one(&mut *conn)
         .await?;

@@ -125,7 +125,8 @@ impl Sql {
                 "DELETE FROM {t} WHERE published_at IS NOT NULL \
                  AND published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                  ORDER BY published_at LIMIT ?"
-            ).into(),
+            )
+            .into(),
             // Every figure from an index: pending_idx, dead_idx, retry_idx.
             status: format!(
                 "SELECT \
@@ -140,35 +141,49 @@ impl Sql {
                      AS held_back_aggregates, \
                  (SELECT COUNT(*) FROM {t} FORCE INDEX (retry_idx) \
                      WHERE retry_aggregate_id IS NOT NULL AND dead_at IS NULL) AS retrying"
-            ).into(),
+            )
+            .into(),
             // The first entry of published_idx.
-            oldest_kept: format!("SELECT MIN(published_at) FROM {t} WHERE published_at IS NOT NULL").into(),
+            oldest_kept: format!(
+                "SELECT MIN(published_at) FROM {t} WHERE published_at IS NOT NULL"
+            )
+            .into(),
             // ? table name.
             members_of_table: format!(
                 "SELECT slot, connection_id, relay_id FROM {members} WHERE table_name = ?"
-            ).into(),
+            )
+            .into(),
             // ? table name, ? slot, ? relay id.
             join_members: format!(
                 "REPLACE INTO {members} (table_name, slot, connection_id, relay_id, opened_at) \
                  VALUES (?, ?, CONNECTION_ID(), ?, UTC_TIMESTAMP(6))"
-            ).into(),
+            )
+            .into(),
             // ? table name, ? slot.
             leave_members: format!(
                 "DELETE FROM {members} WHERE table_name = ? AND slot = ? \
                  AND connection_id = CONNECTION_ID()"
-            ).into(),
-            listings: Listings::new(find_events, dead_list, payload_column, "CAST(o.headers AS CHAR) AS headers"),
+            )
+            .into(),
+            listings: Listings::new(
+                find_events,
+                dead_list,
+                payload_column,
+                "CAST(o.headers AS CHAR) AS headers",
+            ),
             // ? aggregate_id (twice). The row keeps its id, so its place in its aggregate's order.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_id = ?)"
-            ).into(),
+            )
+            .into(),
             // ? aggregate_id (twice).
             dead_discard_all: format!(
                 "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND (? IS NULL OR aggregate_id = ?)"
-            ).into(),
+            )
+            .into(),
             // ? limit. The first retrying row of each aggregate (retry_idx), and how many
             // pending rows wait behind it (pending_idx).
             held_back: format!(
@@ -181,7 +196,8 @@ impl Sql {
                    AND h.id = (SELECT MIN(x.id) FROM {t} x FORCE INDEX (retry_idx) \
                                WHERE x.retry_aggregate_id = h.retry_aggregate_id AND x.dead_at IS NULL) \
                  ORDER BY h.id LIMIT ?"
-            ).into(),
+            )
+            .into(),
             replay_count: format!("SELECT COUNT(*) FROM {t} WHERE {REPLAYED}").into(),
             // ? most rows. Each row keeps its id, so its place in its aggregate's order; the
             // first ids first, so a replay in several statements keeps that order too.
@@ -189,7 +205,8 @@ impl Sql {
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
                  WHERE {REPLAYED} ORDER BY id LIMIT ?"
-            ).into(),
+            )
+            .into(),
             table: t,
         }
     }

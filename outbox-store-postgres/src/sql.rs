@@ -143,7 +143,8 @@ impl Sql {
             mark_keep: format!(
                 "UPDATE {t} SET published_at = now() \
                  WHERE id = ANY($1::int8[]) AND published_at IS NULL"
-            ).into(),
+            )
+            .into(),
             // $1 ids, $2 errors, $3 delay in milliseconds or NULL = dead.
             record_failures: format!(
                 "UPDATE {t} AS o SET attempts = o.attempts + 1, last_error = f.error, \
@@ -152,14 +153,16 @@ impl Sql {
                  dead_at = CASE WHEN f.delay_ms IS NULL THEN now() END \
                  FROM UNNEST($1::int8[], $2::text[], $3::int8[]) AS f(id, error, delay_ms) \
                  WHERE o.id = f.id AND o.published_at IS NULL"
-            ).into(),
+            )
+            .into(),
             // $1 retention in seconds, $2 limit.
             purge: format!(
                 "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} \
                  WHERE published_at IS NOT NULL \
                  AND published_at < now() - make_interval(secs => $1::float8) \
                  ORDER BY published_at LIMIT $2)"
-            ).into(),
+            )
+            .into(),
             status: format!(
                 "SELECT \
                  (SELECT count(*) FROM {t} WHERE published_at IS NULL AND dead_at IS NULL) AS pending, \
@@ -172,41 +175,56 @@ impl Sql {
                      AS held_back_aggregates, \
                  (SELECT count(*) FROM {t} \
                      WHERE published_at IS NULL AND attempts > 0 AND dead_at IS NULL) AS retrying"
-            ).into(),
+            )
+            .into(),
             // The first entry of the published_at index.
-            oldest_kept: format!("SELECT min(published_at) FROM {t} WHERE published_at IS NOT NULL").into(),
+            oldest_kept: format!(
+                "SELECT min(published_at) FROM {t} WHERE published_at IS NOT NULL"
+            )
+            .into(),
             // $1 shard lock key, $2 membership lock key: (key, value) of every matching lock.
             cluster: format!(
                 "SELECT l.classid::int8 AS key, l.objid::int8 AS value FROM pg_locks l \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 IN ($1, $2)"
-            ).into(),
+            )
+            .into(),
             // $1 shard lock key.
             owners: format!(
                 "SELECT l.objid::int8 AS shard, l.pid, a.application_name FROM pg_locks l \
                  LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE {ADVISORY_LOCKS} AND l.classid::int8 = $1 ORDER BY 1"
-            ).into(),
-            listings: Listings::new(find_events, dead_list, payload_column, "o.headers::text AS headers"),
+            )
+            .into(),
+            listings: Listings::new(
+                find_events,
+                dead_list,
+                payload_column,
+                "o.headers::text AS headers",
+            ),
             // $1 ids. The row keeps its id, so its place in its aggregate's order.
             dead_retry_ids: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
-            ).into(),
+            )
+            .into(),
             // $1 aggregate_id or NULL.
             dead_retry_all: format!(
                 "UPDATE {t} SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
                  WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND ($1::text IS NULL OR aggregate_id = $1)"
-            ).into(),
+            )
+            .into(),
             // $1 ids.
             dead_discard: format!(
                 "DELETE FROM {t} WHERE id = ANY($1) AND dead_at IS NOT NULL AND published_at IS NULL"
-            ).into(),
+            )
+            .into(),
             // $1 aggregate_id or NULL.
             dead_discard_all: format!(
                 "DELETE FROM {t} WHERE dead_at IS NOT NULL AND published_at IS NULL \
                    AND ($1::text IS NULL OR aggregate_id = $1)"
-            ).into(),
+            )
+            .into(),
             // $1 limit. The first retrying row of each aggregate, and how many wait behind it.
             held_back: format!(
                 "SELECT * FROM (\
@@ -217,7 +235,8 @@ impl Sql {
                    FROM {t} h WHERE h.published_at IS NULL AND h.dead_at IS NULL AND h.attempts > 0 \
                    ORDER BY h.aggregate_id, h.id) first_waiting \
                  ORDER BY id LIMIT $1"
-            ).into(),
+            )
+            .into(),
             replay_count: format!("SELECT count(*) FROM {t} WHERE {REPLAYED}").into(),
             // $5 most rows. Each row keeps its id, so its place in its aggregate's order; the
             // first ids first, so a replay in several statements keeps that order too.
@@ -225,7 +244,8 @@ impl Sql {
                 "UPDATE {t} SET published_at = NULL, attempts = 0, next_attempt_at = NULL, \
                         last_error = NULL \
                  WHERE id IN (SELECT id FROM {t} WHERE {REPLAYED} ORDER BY id LIMIT $5)"
-            ).into(),
+            )
+            .into(),
             // $5 most rows, as `replay`.
             replay_rewrite: written_again(
                 &t,

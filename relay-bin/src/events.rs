@@ -92,7 +92,7 @@ struct ContentJson<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum PayloadJson<'a> {
-    Document(Box<RawValue>),
+    Document(&'a RawValue),
     Text(&'a str),
 }
 
@@ -100,7 +100,7 @@ impl<'a> ContentJson<'a> {
     fn of(content: &'a EventContent) -> Self {
         let text = std::str::from_utf8(&content.payload).ok();
         let payload = match (content.payload_type, text) {
-            (PayloadType::Json, Some(text)) => RawValue::from_string(text.to_owned())
+            (PayloadType::Json, Some(text)) => serde_json::from_str::<&RawValue>(text)
                 .map(PayloadJson::Document)
                 .ok()
                 .or(Some(PayloadJson::Text(text))),
