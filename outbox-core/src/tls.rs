@@ -68,6 +68,9 @@ pub struct TlsSettings<'a> {
     pub ca_file: Option<&'a str>,
     /// The client certificate settings: `store.url: sslcert and sslkey`.
     pub client_cert: &'a str,
+    /// The URL option that gives the name the certificate must hold, when the URL sets one
+    /// apart from its host (MySQL's `tls-sni-servername`); `None`: the URL's host.
+    pub name_option: Option<&'a str>,
 }
 
 /// A name the certificate presents, as rustls writes it (`DnsName("db.example")`,
@@ -115,6 +118,7 @@ pub fn sink_certificate_error(
             client_cert: &format!(
                 "{section}.tls.client_cert_file and {section}.tls.client_key_file"
             ),
+            name_option: None,
         },
     )
 }
@@ -127,6 +131,19 @@ pub fn certificate_error(error: &rustls::Error, s: &TlsSettings<'_>) -> Error {
     let TlsSettings {
         at, url_key: url, ..
     } = *s;
+    // Where the name checked against the certificate comes from, and what to change.
+    let (name_from, fix) = match s.name_option {
+        Some(option) => (
+            format!("{url}'s {option}"),
+            format!(
+                "set {option} to a name the certificate holds, or have it reissued for that name"
+            ),
+        ),
+        None => (
+            format!("the host of {url}"),
+            "connect by a name the certificate holds, or have it reissued for this host".to_owned(),
+        ),
+    };
     let text = match error {
         rustls::Error::InvalidCertificate(cert) => match cert {
             C::UnknownIssuer | C::BadSignature | C::InvalidPurpose => match s.ca_file {
@@ -145,8 +162,7 @@ pub fn certificate_error(error: &rustls::Error, s: &TlsSettings<'_>) -> Error {
                 expected,
                 presented,
             } => format!(
-                "the certificate of {at} is for {}, not for {} (the host of {url}): connect by \
-                 a name the certificate holds, or have it reissued for this host",
+                "the certificate of {at} is for {}, not for {} ({name_from}): {fix}",
                 presented
                     .iter()
                     .map(|name| san(name))
@@ -154,10 +170,9 @@ pub fn certificate_error(error: &rustls::Error, s: &TlsSettings<'_>) -> Error {
                     .join(", "),
                 expected.to_str(),
             ),
-            C::NotValidForName => format!(
-                "the certificate of {at} is not for the host of {url}: connect by a name the \
-                 certificate holds, or have it reissued for this host"
-            ),
+            C::NotValidForName => {
+                format!("the certificate of {at} is not for {name_from}: {fix}")
+            }
             C::ExpiredContext { not_after, .. } => format!(
                 "the certificate of {at} expired on {} ({url}): renew the server's certificate \
                  (docs/OPERATIONS.md, certificate rotation)",
@@ -210,6 +225,7 @@ mod tests {
         ca_setting: "sslrootcert in store.url",
         ca_file: Some("/etc/relay/ca.pem"),
         client_cert: "store.url: sslcert and sslkey",
+        name_option: None,
     };
 
     fn message(error: rustls::Error, settings: &TlsSettings<'_>) -> String {
@@ -265,6 +281,25 @@ mod tests {
         );
         assert!(
             e.contains("is for db.elsewhere.test, 10.0.0.5, not for db (the host of store.url)"),
+            "{e}"
+        );
+        // A URL that names the certificate's name apart from its host (MySQL's SNI option).
+        let sni = TlsSettings {
+            name_option: Some("tls-sni-servername"),
+            ..SETTINGS
+        };
+        let e = message(
+            rustls::Error::InvalidCertificate(C::NotValidForNameContext {
+                expected: ServerName::try_from("db.example").unwrap(),
+                presented: vec!["DnsName(\"db.elsewhere.test\")".to_owned()],
+            }),
+            &sni,
+        );
+        assert!(
+            e.contains(
+                "is for db.elsewhere.test, not for db.example (store.url's tls-sni-servername): \
+                 set tls-sni-servername to a name the certificate holds"
+            ),
             "{e}"
         );
         let e = message(

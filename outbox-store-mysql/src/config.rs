@@ -26,13 +26,15 @@ impl SqlStore for MySql {
     const URL_FORM: &'static str = "mysql://user:password@host:port/database";
     /// What sqlx 0.9 reads (`sqlx_mysql::options::parse`; it ignores any other without a
     /// word), its TLS options under MySQL's names only: the status line and errors read those
-    /// (an alias, `sslmode`, would be reported as the default mode). Not `tls-sni-servername`
-    /// (new in sqlx 0.9): certificate errors name the host the URL connects to.
+    /// (an alias, `sslmode`, would be reported as the default mode). `tls-sni-servername`
+    /// (new in sqlx 0.9) is the name sent as SNI and checked against the certificate, where the
+    /// host is an address or another name; a certificate for another name blames it.
     const URL_OPTIONS: Option<&'static [&'static str]> = Some(&[
         "ssl-mode",
         "ssl-ca",
         "ssl-cert",
         "ssl-key",
+        "tls-sni-servername",
         "charset",
         "collation",
         "statement-cache-capacity",

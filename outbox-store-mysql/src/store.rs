@@ -143,6 +143,10 @@ impl fmt::Debug for MySqlStore {
     }
 }
 
+/// The URL option naming the server's certificate name apart from the host (SNI and the
+/// name verified).
+const TLS_NAME_OPTION: &str = "tls-sni-servername";
+
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: String) -> Target {
     Target {
@@ -154,6 +158,8 @@ fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: St
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
         password_key: config.password.is_some(),
         product: None,
+        tls_name_option: outboxkit_store_sql::config::url_option(&config.url, TLS_NAME_OPTION)
+            .map(|_| TLS_NAME_OPTION),
     }
 }
 

@@ -47,6 +47,7 @@ fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: St
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
         password_key: config.password.is_some(),
         product: None,
+        tls_name_option: None,
     }
 }
 

@@ -58,6 +58,10 @@ pub struct Target {
     /// The server as errors name it once a connection told (`MariaDB` for a `mysql` store);
     /// [`Dialect::PRODUCT`] until then.
     pub product: Option<&'static str>,
+    /// The URL option that sets the name the server's certificate must hold, when the URL
+    /// sets it apart from its host (MySQL's `tls-sni-servername`): a certificate for another
+    /// name is then blamed on it, not on the host.
+    pub tls_name_option: Option<&'static str>,
 }
 
 impl Target {
@@ -261,6 +265,7 @@ fn certificate_error<D: Dialect>(error: &rustls::Error, target: &Target) -> Erro
             ca_setting: &ca_setting,
             ca_file: target.ca_file.as_deref(),
             client_cert: &client_cert,
+            name_option: target.tls_name_option,
         },
     )
 }

@@ -222,6 +222,17 @@ async fn mariadb_tls_only_verify_identity_delivers_and_bad_certificates_fail_at_
     db.serve(&pki.wrong_name.cert, &pki.wrong_name.key).await;
     let wrong_name = format!("is for {WRONG_NAME}, not for 127.0.0.1");
     assert_refused(&scenario, &url, &[&wrong_name]);
+    // The name the certificate holds, set apart from the address the URL connects to.
+    let by_sni = format!("{url}&tls-sni-servername={WRONG_NAME}");
+    let (ok, text) = status_with(&scenario, &by_sni);
+    assert!(ok, "the certificate for the SNI name was refused:\n{text}");
+    assert!(text.contains("(ssl-mode=VERIFY_IDENTITY)"), "{text}");
+    let other_sni = format!("{url}&tls-sni-servername=db.other.test");
+    let blamed = format!(
+        "is for {WRONG_NAME}, not for db.other.test (store.url's tls-sni-servername): set \
+         tls-sni-servername to a name the certificate holds"
+    );
+    assert_refused(&scenario, &other_sni, &[&blamed]);
     // VERIFY_CA checks only who signed it (see the PostgreSQL test).
     let (ok, text) = status_with(&scenario, &at(&format!("ssl-mode=VERIFY_CA&ssl-ca={ca}")));
     assert!(ok, "VERIFY_CA refused a certificate its CA signed:\n{text}");
