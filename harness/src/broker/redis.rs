@@ -46,6 +46,9 @@ pub struct RedisSide {
     url: String,
     prefix: String,
     tls: Option<TlsFiles>,
+    /// The client `connection` came from, with the TLS files when the side has them: a
+    /// connection of its own (the watcher's) is opened as the side's was.
+    client: redis::Client,
     connection: MultiplexedConnection,
 }
 
@@ -78,6 +81,7 @@ impl RedisSide {
             url,
             prefix: prefix.to_owned(),
             tls: None,
+            client,
             connection,
         }
     }
@@ -102,9 +106,9 @@ impl RedisSide {
             root_cert: Some(read(ca_file)),
         };
         install_crypto_provider();
-        let client_ = redis::Client::build_with_tls(url.as_str(), certificates)
+        let tls_client = redis::Client::build_with_tls(url.as_str(), certificates)
             .unwrap_or_else(|e| panic!("{url} with the TLS files given: {e}"));
-        let connection = consumer_connection(&client_)
+        let connection = consumer_connection(&tls_client)
             .await
             .unwrap_or_else(|e| panic!("Redis at {url} is unreachable over TLS: {e}"));
         Self {
@@ -114,6 +118,7 @@ impl RedisSide {
                 ca: ca_file.to_owned(),
                 client: client.map(|(c, k)| (c.to_owned(), k.to_owned())),
             }),
+            client: tls_client,
             connection,
         }
     }
@@ -384,8 +389,7 @@ impl BrokerSide for RedisSide {
     /// `$` is re-read at every call, and an entry added between one XREAD's timeout and the next
     /// would be skipped.
     async fn watch(&self) -> mpsc::UnboundedReceiver<(Uuid, Instant)> {
-        let client = redis::Client::open(self.url.as_str()).expect("a redis:// URL");
-        let mut connection = consumer_connection(&client)
+        let mut connection = consumer_connection(&self.client)
             .await
             .unwrap_or_else(|e| panic!("Redis at {} is unreachable: {e}", self.url));
         let streams: Vec<String> = AGGREGATE_TYPES
@@ -538,5 +542,23 @@ mod tests {
         }
         assert_eq!(seen, [between, after], "before the watch: {before}");
         direct.cleanup().await;
+    }
+
+    /// A side opened over TLS watches over TLS too, with its CA and client certificate (a
+    /// private server that requires one).
+    #[tokio::test]
+    async fn a_tls_side_watches_over_tls() {
+        let name = unique("watch_tls");
+        let pki = crate::tls::TestPki::create(&crate::util::scratch_dir(&name).join("pki"));
+        let server = crate::PrivateRedis::start(&name, &pki, true);
+        let side = server.side(&name).await;
+        let mut watch = side.watch().await;
+        let id = Uuid::now_v7();
+        add(&side, id).await;
+        let (seen, _) = tokio::time::timeout(Duration::from_secs(5), watch.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the watch reported nothing; server log:\n{}", server.log()))
+            .expect("the watch runs");
+        assert_eq!(seen, id);
     }
 }
