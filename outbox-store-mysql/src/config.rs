@@ -41,6 +41,7 @@ impl SqlStore for MySql {
         "socket",
         "timezone",
     ]);
+    const TLS_NAME_OPTION: Option<&'static str> = Some("tls-sni-servername");
     type Store = crate::MySqlStore;
 
     fn check_table(table: &str) -> Result<()> {
@@ -139,6 +140,29 @@ mod tests {
             "store.url: ssl-mode=verify-ca is not a TLS mode MySQL knows (one of DISABLED, \
              PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY): did you mean ssl-mode=VERIFY_CA?",
         );
+    }
+
+    /// `tls-sni-servername` is taken when it is a host name or an IP address, refused naming
+    /// it otherwise (TLS could never check a certificate against it).
+    #[test]
+    fn the_tls_name_option_must_be_a_host_name() {
+        let with = |name: &str| {
+            MySqlStoreConfig::new(format!(
+                "mysql://app@10.0.0.5/app?ssl-mode=VERIFY_IDENTITY&tls-sni-servername={name}"
+            ))
+            .validate()
+        };
+        with("db.internal").unwrap();
+        with("10.0.0.6").unwrap();
+        for bad in ["", "db%20internal"] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.kind(), outboxkit_core::ErrorKind::Config, "{e}");
+            assert!(
+                e.message().starts_with("store.url: tls-sni-servername=")
+                    && e.message().contains("is not a host name or an IP address"),
+                "{e}"
+            );
+        }
     }
 
     /// The settings themselves are tested in `outboxkit-store-sql`; here, what is this store's.

@@ -22,7 +22,7 @@ use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
-use outboxkit_store_sql::config;
+use outboxkit_store_sql::config::{self, SqlStore};
 use outboxkit_store_sql::migrate::{
     not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
 };
@@ -143,10 +143,6 @@ impl fmt::Debug for MySqlStore {
     }
 }
 
-/// The URL option naming the server's certificate name apart from the host (SNI and the
-/// name verified).
-const TLS_NAME_OPTION: &str = "tls-sni-servername";
-
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: String) -> Target {
     Target {
@@ -158,8 +154,9 @@ fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: St
         tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
         password_key: config.password.is_some(),
         product: None,
-        tls_name_option: outboxkit_store_sql::config::url_option(&config.url, TLS_NAME_OPTION)
-            .map(|_| TLS_NAME_OPTION),
+        tls_name_option: MySql::TLS_NAME_OPTION.filter(|option| {
+            outboxkit_store_sql::config::url_option(&config.url, option).is_some()
+        }),
     }
 }
 

@@ -27,6 +27,10 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     /// refused: the driver would ignore it (a misspelt `sslmode` would connect without the TLS
     /// it asks for), or the relay would (an alias). `None`: not checked.
     const URL_OPTIONS: Option<&'static [&'static str]> = None;
+    /// The query option of `store.url` that names the server for TLS apart from the host it
+    /// connects to (MySQL's `tls-sni-servername`), if the store has one: it must be a host name
+    /// or an IP address, and a certificate for another name blames it.
+    const TLS_NAME_OPTION: Option<&'static str> = None;
     /// The store [`SqlStoreConfig::build`](outboxkit_core::StoreConfig::build) returns.
     type Store: outboxkit_core::Store;
     /// Whether the store can read its events from the database's log (`store.capture =
@@ -194,6 +198,9 @@ impl<S: SqlStore> SqlStoreConfig<S> {
         check_url(&self.url, S::SCHEMES, S::URL_FORM)?;
         if let Some(known) = S::URL_OPTIONS {
             check_url_options(&self.url, known)?;
+        }
+        if let Some(option) = S::TLS_NAME_OPTION {
+            check_tls_name(&self.url, option)?;
         }
         if self.is_pattern() {
             check_pattern::<S>(&self.table)?;
@@ -617,6 +624,20 @@ pub fn check_url_options(url: &str, known: &[&str]) -> Result<()> {
             outboxkit_core::plugin::refuse_unknown_url_options("store.url", &parsed, known)
         }
         Err(_) => Ok(()),
+    }
+}
+
+/// The URL option `option`, if set, names a server TLS can check a certificate against: a host
+/// name or an IP address.
+fn check_tls_name(url: &str, option: &str) -> Result<()> {
+    match url_option(url, option) {
+        Some(name) if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() => {
+            Err(Error::config(format!(
+                "store.url: {option}={name:?} is not a host name or an IP address: set it to the \
+                 name the server's certificate holds, or leave it out to check the URL's host"
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
