@@ -154,13 +154,16 @@ mod tests {
         };
         with("db.internal").unwrap();
         with("10.0.0.6").unwrap();
-        for bad in ["", "db%20internal"] {
+        for (bad, shown) in [("", "\"\""), ("db%20internal", "\"db internal\"")] {
             let e = with(bad).unwrap_err();
             assert_eq!(e.kind(), outboxkit_core::ErrorKind::Config, "{e}");
-            assert!(
-                e.message().starts_with("store.url: tls-sni-servername=")
-                    && e.message().contains("is not a host name or an IP address"),
-                "{e}"
+            assert_eq!(
+                e.message(),
+                format!(
+                    "store.url: tls-sni-servername={shown} is not a host name or an IP address: \
+                     set it to the name the server's certificate holds, or leave it out to check \
+                     the URL's host"
+                )
             );
         }
     }
