@@ -22,7 +22,7 @@ use crate::migrate;
 use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_SLOTS};
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
-use outboxkit_store_sql::config::{self, SqlStore};
+use outboxkit_store_sql::config;
 use outboxkit_store_sql::migrate::{
     not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
 };
@@ -145,19 +145,12 @@ impl fmt::Debug for MySqlStore {
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &MySqlStoreConfig, options: &MySqlConnectOptions, table: String) -> Target {
-    Target {
-        endpoint: Some(crate::config::endpoint(options)),
-        database: options.get_database().map(str::to_owned),
-        user: Some(options.get_username().to_owned()),
+    config.target(
+        crate::config::endpoint(options),
+        options.get_database().map(str::to_owned),
+        options.get_username().to_owned(),
         table,
-        ca_file: outboxkit_store_sql::config::url_option(&config.url, "ssl-ca"),
-        tls_mode: outboxkit_store_sql::config::url_option(&config.url, "ssl-mode"),
-        password_key: config.password.is_some(),
-        product: None,
-        tls_name_option: MySql::TLS_NAME_OPTION.filter(|option| {
-            outboxkit_store_sql::config::url_option(&config.url, option).is_some()
-        }),
-    }
+    )
 }
 
 impl MySqlStore {

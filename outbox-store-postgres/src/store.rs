@@ -33,22 +33,14 @@ use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
-    Target {
-        endpoint: Some(crate::config::endpoint(options)),
-        database: Some(
-            options
-                .get_database()
-                .unwrap_or(options.get_username())
-                .to_owned(),
-        ),
-        user: Some(options.get_username().to_owned()),
+    let user = options.get_username().to_owned();
+    let database = options.get_database().unwrap_or(&user).to_owned();
+    config.target(
+        crate::config::endpoint(options),
+        Some(database),
+        user,
         table,
-        ca_file: outboxkit_store_sql::config::url_option(&config.url, "sslrootcert"),
-        tls_mode: outboxkit_store_sql::config::url_option(&config.url, "sslmode"),
-        password_key: config.password.is_some(),
-        product: None,
-        tls_name_option: None,
-    }
+    )
 }
 
 /// The outbox table in PostgreSQL: migrations, claims through shard sessions, purge, status.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use outboxkit_core::{Error, PayloadType, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::classify::Dialect;
+use crate::classify::{Dialect, Target};
 
 /// What a SQL store fills in of the shared `[store]` settings: its kind, the URLs it takes, the
 /// rules of its table names, and how it connects.
@@ -186,6 +186,33 @@ impl<S: SqlStore> SqlStoreConfig<S> {
     /// public.outbox, TLS TLSv1.3 (sslmode=verify-full)`.
     pub fn describe(&self, product: &str, table: &dyn fmt::Display, tls: &str) -> String {
         format!("{product} {}, table {table}, {tls}", self.redacted_url())
+    }
+
+    /// What errors name of the server this configuration connects to, about `table`: where it
+    /// is (`endpoint`, `database`, `user`, as the driver's options read them) and the URL's TLS
+    /// options under the names the store's dialect gives them.
+    pub fn target(
+        &self,
+        endpoint: String,
+        database: Option<String>,
+        user: String,
+        table: String,
+    ) -> Target
+    where
+        S: Dialect,
+    {
+        Target {
+            endpoint: Some(endpoint),
+            database,
+            user: Some(user),
+            table,
+            ca_file: url_option(&self.url, S::CA_OPTION),
+            tls_mode: url_option(&self.url, S::TLS_OPTION),
+            password_key: self.password.is_some(),
+            product: None,
+            tls_name_option: S::TLS_NAME_OPTION
+                .filter(|option| url_option(&self.url, option).is_some()),
+        }
     }
 
     /// The URL with its password replaced by `***`, for logs.
