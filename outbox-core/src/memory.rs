@@ -486,7 +486,7 @@ impl Store for MemoryStore {
                 aggregate_id: row.event.aggregate_id.clone(),
                 id: row.event.id,
                 attempts: row.event.attempts,
-                next_attempt_at: None,
+                next_attempt_at: row.next_attempt_at.map(wall_clock),
                 last_error: row.last_error.clone(),
                 waiting_behind: waiting as i64,
             });

@@ -23,13 +23,11 @@ use crate::session::{self, LockNames, MySqlShardSession, SessionContext, MEMBER_
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{
-    not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
-};
+use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
-use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
+use outboxkit_store_sql::rows::{self, read_backlog, Listing, ListingParams, Query, RowColumns};
 use outboxkit_store_sql::Statement;
 
 /// What the store found out about the server when it connected.
@@ -369,6 +367,18 @@ impl MySqlStore {
         }
     }
 
+    /// The rows `listing` selects, read with [`rows::list`].
+    async fn list<T>(
+        &self,
+        listing: Listing<'_>,
+        then: fn(EventRecord) -> std::result::Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let (table, target, listings) = (&self.inner.table, self.target(), &self.sql().listings);
+        let error = |e| self.error(e);
+        rows::list::<MySql, T>(&mut conn, table, target, listings, listing, then, error).await
+    }
+
     fn target(&self) -> &Target {
         &self.inner.context.target
     }
@@ -418,18 +428,28 @@ impl MySqlStore {
     }
 }
 
-/// `query` with the parameters `(? IS NULL OR aggregate_type = ?) AND (? IS NULL OR
-/// aggregate_id = ?)` bound: each value twice.
-fn by_aggregate<'q>(
-    query: sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>,
-    aggregate_type: &Option<String>,
-    aggregate_id: &Option<String>,
-) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    query
-        .bind(aggregate_type.clone())
-        .bind(aggregate_type.clone())
-        .bind(aggregate_id.clone())
-        .bind(aggregate_id.clone())
+/// The listings' parameters: `(? IS NULL OR event_id = ?)`, `(? IS NULL OR aggregate_type = ?)
+/// AND (? IS NULL OR aggregate_id = ?)`, each value twice, the event id as `CHAR(36)` text.
+impl ListingParams for MySql {
+    fn bind_event_id(
+        query: Query<'_, sqlx::MySql>,
+        event_id: Option<uuid::Uuid>,
+    ) -> Query<'_, sqlx::MySql> {
+        let event_id = event_id.map(|id| id.hyphenated().to_string());
+        query.bind(event_id.clone()).bind(event_id)
+    }
+
+    fn bind_aggregate<'q>(
+        query: Query<'q, sqlx::MySql>,
+        aggregate_type: Option<&str>,
+        aggregate_id: Option<&str>,
+    ) -> Query<'q, sqlx::MySql> {
+        query
+            .bind(aggregate_type)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(aggregate_id)
+    }
 }
 
 /// The dead list's and `find_events`' columns: the event id as `CHAR(36)` text, text of
@@ -616,17 +636,7 @@ impl Store for MySqlStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let (table, target) = (&self.inner.table, self.target());
-        let content =
-            payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().listings.dead_list(content));
-        let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
-            .bind(i64::from(filter.limit.max(1)));
-        let decode = |row: &_| rows::record_with::<MySql>(row, content).and_then(rows::dead);
-        rows::fetch(&mut *conn, query, decode)
-            .await
-            .map_err(|e| self.error(e).context("listing dead rows"))
+        self.list(Listing::Dead(filter), rows::dead).await
     }
 
     async fn paused(&self) -> Result<Option<Pause>> {
@@ -642,21 +652,7 @@ impl Store for MySqlStore {
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let (table, target) = (&self.inner.table, self.target());
-        let content =
-            payload_type_if::<MySql>(&mut conn, table, target, filter.with_payload).await?;
-        let event_id = filter.event_id.map(|id| id.hyphenated().to_string());
-        let query = sqlx::query(self.sql().listings.find_events(content))
-            .bind(event_id.clone())
-            .bind(event_id);
-        let query = by_aggregate(query, &filter.aggregate_type, &filter.aggregate_id)
-            .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&mut *conn, query, |row| {
-            rows::record_with::<MySql>(row, content)
-        })
-        .await
-        .map_err(|e| self.error(e).context("looking events up"))
+        self.list(Listing::Events(filter), Ok).await
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
@@ -711,28 +707,10 @@ impl Store for MySqlStore {
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
-        let err = |e: sqlx::Error| self.error(e).context("listing held-back aggregates");
-        let rows = sqlx::query(&self.sql().held_back)
-            .bind(i64::from(limit.max(1)))
-            .fetch_all(&self.inner.pool)
+        let query = sqlx::query(&self.sql().held_back).bind(i64::from(limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::held_back::<MySql>)
             .await
-            .map_err(err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(HeldBack {
-                    aggregate_type: row.try_get_unchecked(0)?,
-                    aggregate_id: row.try_get_unchecked(1)?,
-                    id: row.try_get(2)?,
-                    attempts: row.try_get(3)?,
-                    next_attempt_at: row
-                        .try_get::<Option<chrono::NaiveDateTime>, _>(4)?
-                        .map(|t| t.and_utc()),
-                    last_error: row.try_get_unchecked(5)?,
-                    waiting_behind: row.try_get(6)?,
-                })
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(err)
+            .map_err(|e| self.error(e).context("listing held-back aggregates"))
     }
 }
 

@@ -23,13 +23,12 @@ use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION
 use crate::sql::Sql;
 use outboxkit_store_sql::classify::{connect, list_tables};
 use outboxkit_store_sql::config;
-use outboxkit_store_sql::migrate::{
-    not_ours, payload_type_if, pooled_table_facts, table_facts, TableCatalog,
-};
+use outboxkit_store_sql::migrate::{not_ours, pooled_table_facts, table_facts, TableCatalog};
 use outboxkit_store_sql::pause;
 use outboxkit_store_sql::privileges::{self, Grant};
 use outboxkit_store_sql::replay::{replay_action, replay_rows, REPLAY_BATCH};
-use outboxkit_store_sql::rows::{self, read_backlog, RowColumns};
+use outboxkit_store_sql::rows::{self, read_backlog, Listing, ListingParams, Query, RowColumns};
+use outboxkit_store_sql::Statement;
 
 /// What errors name of the server `config` connects to, about `table`.
 fn target_of(config: &PostgresStoreConfig, options: &PgConnectOptions, table: String) -> Target {
@@ -237,6 +236,33 @@ impl PostgresStore {
         .await
     }
 
+    /// The rows `selection` names, by `by_ids` (`$1` the ids) or all of them (of one aggregate)
+    /// by `all` (`$1` the aggregate id or `NULL`): the rows affected.
+    async fn execute_selection(
+        &self,
+        selection: &DeadSelection,
+        by_ids: &Statement,
+        all: &Statement,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let query = match selection {
+            DeadSelection::Ids(ids) => sqlx::query(by_ids).bind(ids.clone()),
+            DeadSelection::All { aggregate_id } => sqlx::query(all).bind(aggregate_id.clone()),
+        };
+        Ok(query.execute(&self.inner.pool).await?.rows_affected())
+    }
+
+    /// The rows `listing` selects, read with [`rows::list`].
+    async fn list<T>(
+        &self,
+        listing: Listing<'_>,
+        then: fn(EventRecord) -> std::result::Result<T, sqlx::Error>,
+    ) -> Result<Vec<T>> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
+        let (table, target, listings) = (&self.inner.table, self.target(), &self.sql().listings);
+        let error = |e| self.error(e);
+        rows::list::<Postgres, T>(&mut conn, table, target, listings, listing, then, error).await
+    }
+
     fn target(&self) -> &Target {
         &self.inner.context.target
     }
@@ -400,6 +426,25 @@ impl PostgresStore {
 }
 
 /// The dead list's and `find_events`' columns: `uuid`, `text` and `timestamptz`.
+/// The listings' parameters: `($1::uuid IS NULL OR event_id = $1)`, then the aggregate type and id,
+/// each once.
+impl ListingParams for Postgres {
+    fn bind_event_id(
+        query: Query<'_, sqlx::Postgres>,
+        event_id: Option<uuid::Uuid>,
+    ) -> Query<'_, sqlx::Postgres> {
+        query.bind(event_id)
+    }
+
+    fn bind_aggregate<'q>(
+        query: Query<'q, sqlx::Postgres>,
+        aggregate_type: Option<&str>,
+        aggregate_id: Option<&str>,
+    ) -> Query<'q, sqlx::Postgres> {
+        query.bind(aggregate_type).bind(aggregate_id)
+    }
+}
+
 impl RowColumns for Postgres {
     type Row = sqlx::postgres::PgRow;
 
@@ -602,18 +647,7 @@ impl Store for PostgresStore {
     }
 
     async fn dead_list(&self, filter: &DeadFilter) -> Result<Vec<DeadEvent>> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let (table, target) = (&self.inner.table, self.target());
-        let content =
-            payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().listings.dead_list(content))
-            .bind(filter.aggregate_type.as_deref())
-            .bind(filter.aggregate_id.as_deref())
-            .bind(i64::from(filter.limit.max(1)));
-        let decode = |row: &_| rows::record_with::<Postgres>(row, content).and_then(rows::dead);
-        rows::fetch(&mut *conn, query, decode)
-            .await
-            .map_err(|e| self.error(e).context("listing dead rows"))
+        self.list(Listing::Dead(filter), rows::dead).await
     }
 
     async fn paused(&self) -> Result<Option<Pause>> {
@@ -629,20 +663,7 @@ impl Store for PostgresStore {
     }
 
     async fn find_events(&self, filter: &EventFilter) -> Result<Vec<EventRecord>> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let (table, target) = (&self.inner.table, self.target());
-        let content =
-            payload_type_if::<Postgres>(&mut conn, table, target, filter.with_payload).await?;
-        let query = sqlx::query(self.sql().listings.find_events(content))
-            .bind(filter.event_id)
-            .bind(filter.aggregate_type.as_deref())
-            .bind(filter.aggregate_id.as_deref())
-            .bind(i64::from(filter.limit.max(1)));
-        rows::fetch(&mut *conn, query, |row| {
-            rows::record_with::<Postgres>(row, content)
-        })
-        .await
-        .map_err(|e| self.error(e).context("looking events up"))
+        self.list(Listing::Events(filter), Ok).await
     }
 
     async fn dead_retry(&self, selection: &DeadSelection) -> Result<u64> {
@@ -657,31 +678,17 @@ impl Store for PostgresStore {
             tx.commit().await.map_err(|e| self.error(e))?;
             return Ok(n);
         }
-        let query = match selection {
-            DeadSelection::Ids(ids) => sqlx::query(&self.sql().dead_retry_ids).bind(ids.clone()),
-            DeadSelection::All { aggregate_id } => {
-                sqlx::query(&self.sql().dead_retry_all).bind(aggregate_id.clone())
-            }
-        };
-        let done = query
-            .execute(&self.inner.pool)
+        let sql = self.sql();
+        self.execute_selection(selection, &sql.dead_retry_ids, &sql.dead_retry_all)
             .await
-            .map_err(|e| self.error(e).context("sending dead rows back to pending"))?;
-        Ok(done.rows_affected())
+            .map_err(|e| self.error(e).context("sending dead rows back to pending"))
     }
 
     async fn dead_discard(&self, selection: &DeadSelection) -> Result<u64> {
-        let query = match selection {
-            DeadSelection::Ids(ids) => sqlx::query(&self.sql().dead_discard).bind(ids.clone()),
-            DeadSelection::All { aggregate_id } => {
-                sqlx::query(&self.sql().dead_discard_all).bind(aggregate_id.clone())
-            }
-        };
-        let done = query
-            .execute(&self.inner.pool)
+        let sql = self.sql();
+        self.execute_selection(selection, &sql.dead_discard, &sql.dead_discard_all)
             .await
-            .map_err(|e| self.error(e).context("discarding dead rows"))?;
-        Ok(done.rows_affected())
+            .map_err(|e| self.error(e).context("discarding dead rows"))
     }
 
     async fn replay(&self, selection: &ReplaySelection, dry_run: bool) -> Result<u64> {
@@ -723,24 +730,9 @@ impl Store for PostgresStore {
     }
 
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
-        let rows = sqlx::query(&self.sql().held_back)
-            .bind(i64::from(limit.max(1)))
-            .fetch_all(&self.inner.pool)
+        let query = sqlx::query(&self.sql().held_back).bind(i64::from(limit.max(1)));
+        rows::fetch(&self.inner.pool, query, rows::held_back::<Postgres>)
             .await
-            .map_err(|e| self.error(e).context("listing held-back aggregates"))?;
-        rows.iter()
-            .map(|row| {
-                Ok(HeldBack {
-                    aggregate_type: row.try_get("aggregate_type")?,
-                    aggregate_id: row.try_get("aggregate_id")?,
-                    id: row.try_get("id")?,
-                    attempts: row.try_get("attempts")?,
-                    next_attempt_at: row.try_get("next_attempt_at")?,
-                    last_error: row.try_get("last_error")?,
-                    waiting_behind: row.try_get("waiting")?,
-                })
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
             .map_err(|e| self.error(e).context("listing held-back aggregates"))
     }
 }

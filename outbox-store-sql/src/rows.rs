@@ -2,12 +2,15 @@
 
 use chrono::{DateTime, Utc};
 use outboxkit_core::{
-    BacklogStatus, DeadEvent, EventContent, EventRecord, EventState, PayloadType,
+    BacklogStatus, DeadEvent, DeadFilter, EventContent, EventFilter, EventRecord, EventState,
+    HeldBack, PayloadType,
 };
-use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 use uuid::Uuid;
 
-use crate::Statement;
+use crate::config::TableName;
+use crate::migrate::{payload_type_if, TableCatalog};
+use crate::{Statement, Target};
 
 /// The row of a store's backlog statement: columns `pending`, `oldest_pending_age_secs`,
 /// `dead`, `held_back_aggregates` and `retrying`.
@@ -182,6 +185,97 @@ impl Listings {
     pub fn dead_list(&self, content: Option<PayloadType>) -> &Statement {
         &self.dead[content.map_or(3, |t| t as usize)]
     }
+}
+
+/// A row of a store's held-back statement: aggregate type and id, the id, attempts, next
+/// attempt and last error of its first waiting row, and how many wait behind it.
+pub fn held_back<C: RowColumns>(row: &C::Row) -> Result<HeldBack, sqlx::Error>
+where
+    for<'r> i64: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    for<'r> i32: Decode<'r, <C::Row as Row>::Database> + Type<<C::Row as Row>::Database>,
+    usize: ColumnIndex<C::Row>,
+{
+    Ok(HeldBack {
+        aggregate_type: not_null(C::text(row, 0)?, 0)?,
+        aggregate_id: not_null(C::text(row, 1)?, 1)?,
+        id: row.try_get(2)?,
+        attempts: row.try_get(3)?,
+        next_attempt_at: C::time(row, 4)?,
+        last_error: C::text(row, 5)?,
+        waiting_behind: row.try_get(6)?,
+    })
+}
+
+/// A query of a store's server, its arguments bound.
+pub type Query<'q, DB> = sqlx::query::Query<'q, DB, <DB as Database>::Arguments>;
+
+/// How a server's listing statements ([`Listings`]) take their filters, each `NULL` for any
+/// value: `find_events` binds the event id, then, as the dead list does, the aggregate type and
+/// id, then the limit ([`list`]).
+pub trait ListingParams:
+    TableCatalog + RowColumns<Row = <Self::Database as Database>::Row>
+{
+    /// `query` with the event id bound, as often as the statement names it.
+    fn bind_event_id(
+        query: Query<'_, Self::Database>,
+        event_id: Option<Uuid>,
+    ) -> Query<'_, Self::Database>;
+
+    /// `query` with the aggregate type and id bound, as often as the statement names each.
+    fn bind_aggregate<'q>(
+        query: Query<'q, Self::Database>,
+        aggregate_type: Option<&str>,
+        aggregate_id: Option<&str>,
+    ) -> Query<'q, Self::Database>;
+}
+
+/// What [`list`] reads: the dead list (oldest first) or `find_events` (newest first).
+#[derive(Debug, Clone, Copy)]
+pub enum Listing<'a> {
+    Dead(&'a DeadFilter),
+    Events(&'a EventFilter),
+}
+
+/// The rows `listing` selects of `table`, read on `conn` with [`record_with`] and then `then`
+/// ([`dead`] for the dead list); `error` tells a failed statement.
+pub async fn list<S: ListingParams, T>(
+    conn: &mut <S::Database as Database>::Connection,
+    table: &TableName<S>,
+    target: &Target,
+    listings: &Listings,
+    listing: Listing<'_>,
+    then: fn(EventRecord) -> Result<T, sqlx::Error>,
+    error: impl Fn(sqlx::Error) -> outboxkit_core::Error,
+) -> outboxkit_core::Result<Vec<T>>
+where
+    for<'c> &'c mut <S::Database as Database>::Connection: Executor<'c, Database = S::Database>,
+    <S::Database as Database>::Arguments: IntoArguments<S::Database>,
+    for<'e> i64: Encode<'e, S::Database> + Decode<'e, S::Database> + Type<S::Database>,
+    for<'r> i32: Decode<'r, S::Database> + Type<S::Database>,
+    usize: ColumnIndex<<S::Database as Database>::Row>,
+{
+    let (with_payload, aggregate_type, aggregate_id, limit) = match listing {
+        Listing::Dead(f) => (f.with_payload, &f.aggregate_type, &f.aggregate_id, f.limit),
+        Listing::Events(f) => (f.with_payload, &f.aggregate_type, &f.aggregate_id, f.limit),
+    };
+    let content = payload_type_if::<S>(conn, table, target, with_payload).await?;
+    let (query, what) = match listing {
+        Listing::Dead(_) => (
+            sqlx::query(listings.dead_list(content)),
+            "listing dead rows",
+        ),
+        Listing::Events(f) => {
+            let query = sqlx::query(listings.find_events(content));
+            (S::bind_event_id(query, f.event_id), "looking events up")
+        }
+    };
+    let query = S::bind_aggregate(query, aggregate_type.as_deref(), aggregate_id.as_deref())
+        .bind(i64::from(limit.max(1)));
+    fetch(conn, query, |row| {
+        record_with::<S>(row, content).and_then(then)
+    })
+    .await
+    .map_err(|e| error(e).context(what))
 }
 
 /// A row of `find_events`: [`RECORD_COLUMNS`].

@@ -1098,7 +1098,7 @@ pub async fn a_replay_under_a_running_relay_sends_each_event_once(factory: &dyn 
 }
 
 /// Backlog figures: pending, age of the oldest pending row, dead, aggregates held back, rows
-/// retrying.
+/// retrying; and the aggregates held back, each with the row it waits behind.
 pub async fn status_reports_the_backlog(factory: &dyn StoreFactory) {
     let store = migrated_store(factory).await;
     let empty = ok(store.status().await, "status of an empty table");
@@ -1155,6 +1155,33 @@ pub async fn status_reports_the_backlog(factory: &dyn StoreFactory) {
     assert_eq!(status.dead, 1);
     assert_eq!(status.retrying, 2);
     assert_eq!(status.held_back_aggregates, 2);
+    // The aggregates held back, the longest-waiting first: A behind its first event (two failed
+    // attempts, two events waiting behind it), B behind its first (one, one).
+    let held = ok(store.held_back(20).await, "held_back");
+    let summary: Vec<_> = held
+        .iter()
+        .map(|h| (h.aggregate_id.as_str(), h.id, h.attempts, h.waiting_behind))
+        .collect();
+    assert_eq!(
+        summary,
+        [("A", ids[0], 2, 2), ("B", ids[1], 1, 1)],
+        "{held:?}"
+    );
+    for h in &held {
+        assert_eq!(h.aggregate_type, "order");
+        let error = format!("suite: broker refused row {}", h.id);
+        assert_eq!(h.last_error.as_deref(), Some(error.as_str()));
+        let next = h
+            .next_attempt_at
+            .expect("a retrying row has its next attempt");
+        let from_now = next - chrono::Utc::now();
+        assert!(
+            from_now > chrono::Duration::seconds(30) && from_now < chrono::Duration::seconds(65),
+            "the next attempt, 60 s after the failure: {next}"
+        );
+    }
+    let first = ok(store.held_back(1).await, "held_back, 1 at most");
+    assert_eq!(first, held[..1], "the limit");
 
     ok(
         session.mark_published(&[ids[1]], MarkMode::Delete).await,
@@ -1165,6 +1192,13 @@ pub async fn status_reports_the_backlog(factory: &dyn StoreFactory) {
         (status.pending, status.retrying, status.held_back_aggregates),
         (4, 1, 1)
     );
+    let held = ok(store.held_back(20).await, "held_back");
+    assert_eq!(
+        held.len(),
+        1,
+        "B goes on once its first is published: {held:?}"
+    );
+    assert_eq!((held[0].aggregate_id.as_str(), held[0].id), ("A", ids[0]));
     close(session).await;
     factory.cleanup().await;
 }
