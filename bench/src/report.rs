@@ -450,6 +450,17 @@ impl Report {
     }
 }
 
+/// An SVG chart 900 wide and `height` high on white, titled `title` (baseline at `title_y`),
+/// left open for its content and `</svg>`.
+fn svg_start(height: f64, title_y: u32, title: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"13\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"20\" y=\"{title_y}\" font-size=\"16\" font-weight=\"bold\">{title}</text>\n"
+    )
+}
+
 /// Drain (1 relay) beside the article's algorithm and the lower ceiling, for every pair; log
 /// scale, since the article's rate is an order of magnitude below.
 fn summary_svg(report: &Report) -> String {
@@ -480,16 +491,8 @@ fn summary_svg(report: &Report) -> String {
     let (left, width, row) = (230.0, 600.0, 46.0);
     let x = |v: f64| left + width * ((v.max(1.0).log10() - bottom).max(0.0) / (top - bottom));
     let height = 90.0 + row * rows.len() as f64 + 20.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" font-family="sans-serif" font-size="13">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="20" y="26" font-size="16" font-weight="bold">Events/s (log scale, medians): relay drain, article's algorithm, lower ceiling</text>"#
-    );
+    let title = "Events/s (log scale, medians): relay drain, article's algorithm, lower ceiling";
+    let mut s = svg_start(height, 26, title);
     let _ = writeln!(
         s,
         r##"<rect x="20" y="38" width="12" height="12" fill="#2b7bb9"/><text x="38" y="49">outbox relay, 1 process</text><rect x="220" y="38" width="12" height="12" fill="#c0392b"/><text x="238" y="49">article's algorithm</text><line x1="400" x2="400" y1="36" y2="52" stroke="black" stroke-width="3"/><text x="408" y="49">min(database ceiling, broker ceiling)</text>"##
@@ -569,17 +572,11 @@ fn svg(pair: &PairResult) -> String {
     let top = bars.iter().map(|f| f.max()).fold(1.0, f64::max);
     let (left, width, row) = (330.0, 520.0, 34.0);
     let height = 60.0 + row * bars.len() as f64 + 30.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" font-family="sans-serif" font-size="13">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="20" y="28" font-size="16" font-weight="bold">{} → {}: throughput (events/s, median of runs, whiskers min–max)</text>"#,
+    let title = format!(
+        "{} → {}: throughput (events/s, median of runs, whiskers min–max)",
         pair.store, pair.sink
     );
+    let mut s = svg_start(height, 28, &title);
     for (i, f) in bars.iter().enumerate() {
         let y = 50.0 + row * i as f64;
         let w = width * f.median() / top;

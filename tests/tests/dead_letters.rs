@@ -24,16 +24,8 @@ on_each_sql_store!(
 );
 
 async fn round_trip(name: &str, store: Arc<dyn StoreSide>) {
-    let redis = Arc::new(RedisSide::open(name).await);
-    let port = free_port();
-    let mut scenario = Scenario::prepare(
-        store,
-        redis.clone(),
-        Settings::default()
-            .relay("on_dead = \"hold\"\nstatus_interval = \"200ms\"")
-            .listen_on(port),
-    )
-    .await;
+    let relay = "on_dead = \"hold\"\nstatus_interval = \"200ms\"";
+    let (redis, mut scenario, port) = RedisSide::scenario(name, store, relay).await;
     let stream = redis.destination("order");
     let poison = format!("{name}.poison");
     // A plain string where the stream should be: XADD answers WRONGTYPE → rejected → dead.

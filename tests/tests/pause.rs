@@ -45,10 +45,7 @@ async fn paused_gauge(port: u16, value: f64) {
 }
 
 async fn pause_round_trip(name: &str, store: Arc<dyn StoreSide>) {
-    let redis = Arc::new(RedisSide::open(name).await);
-    let port = free_port();
-    let mut scenario =
-        Scenario::prepare(store, redis.clone(), Settings::default().listen_on(port)).await;
+    let (redis, mut scenario, port) = RedisSide::scenario(name, store, "").await;
     let stream = redis.destination("order");
     let stream_len = || {
         let (redis, stream) = (redis.clone(), stream.clone());

@@ -18,16 +18,8 @@ on_each_sql_store!(
 );
 
 async fn replay_round_trip(name: &str, store: Arc<dyn StoreSide>) {
-    let redis = Arc::new(RedisSide::open(name).await);
-    let port = free_port();
-    let mut scenario = Scenario::prepare(
-        store,
-        redis.clone(),
-        Settings::default()
-            .listen_on(port)
-            .relay("retention = \"7d\"\nstatus_interval = \"200ms\""),
-    )
-    .await;
+    let relay = "retention = \"7d\"\nstatus_interval = \"200ms\"";
+    let (redis, mut scenario, port) = RedisSide::scenario(name, store, relay).await;
     let stream = redis.destination("order");
     let event =
         |agg: &str, n: u32| NewEvent::new("order", agg, "Changed", serde_json::json!({ "n": n }));

@@ -69,6 +69,21 @@ impl RedisSide {
         Self::open_at(&redis_url(), prefix).await
     }
 
+    /// A [`Scenario`](crate::Scenario) of `store` → streams `<name>.<aggregate_type>`, its relays
+    /// serving HTTP on a free port, with `relay` added to `[relay]`: the side, the scenario and
+    /// the port.
+    pub async fn scenario(
+        name: &str,
+        store: std::sync::Arc<dyn crate::StoreSide>,
+        relay: &str,
+    ) -> (std::sync::Arc<Self>, crate::Scenario, u16) {
+        let redis = std::sync::Arc::new(Self::open(name).await);
+        let port = crate::free_port();
+        let settings = crate::Settings::default().listen_on(port).relay(relay);
+        let scenario = crate::Scenario::prepare(store, redis.clone(), settings).await;
+        (redis, scenario, port)
+    }
+
     /// The server at `url`.
     pub async fn open_at(url: &str, prefix: &str) -> Self {
         let url = url.to_owned();
