@@ -4,6 +4,7 @@
 mod aws;
 mod dead_letters;
 mod frozen_relay;
+mod held_back;
 mod matrix;
 mod mysql_redis;
 mod nats;
