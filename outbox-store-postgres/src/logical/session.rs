@@ -195,6 +195,17 @@ pub(crate) struct Progress {
     pub oldest_micros: AtomicI64,
 }
 
+/// The slot's `reader`, or, when the session reads it no more (lost or released), an error:
+/// what it had read and not settled is read again by whoever reads the slot next.
+fn reading<'r>(reader: &'r mut Option<Reader>, slot: &str) -> Result<&'r mut Reader> {
+    reader.as_mut().ok_or_else(|| {
+        Error::new(
+            ErrorKind::LeaseLost,
+            format!("replication slot \"{slot}\" is no longer read by this session"),
+        )
+    })
+}
+
 /// The slot's reader, while this session holds it.
 struct Reader {
     client: ReplicationClient,
@@ -823,7 +834,7 @@ impl LogicalSession {
     async fn apply(&mut self, event: ReplicationEvent) -> Result<()> {
         let payload_type = self.payload_type;
         let context = Arc::clone(&self.context);
-        let reader = self.reader.as_mut().expect("pump checked the reader");
+        let reader = reading(&mut self.reader, &context.names.slot)?;
         match event {
             ReplicationEvent::Begin { xid, final_lsn, .. } => {
                 reader.in_transaction = true;
@@ -906,7 +917,7 @@ impl LogicalSession {
                 if !malformed.is_empty() {
                     self.park_malformed(&malformed).await?;
                 }
-                let reader = self.reader.as_mut().expect("still reading");
+                let reader = reading(&mut self.reader, &context.names.slot)?;
                 reader.backlog.commit(end_lsn.as_u64());
                 self.confirm();
             }
@@ -1270,19 +1281,13 @@ impl ShardSession for LogicalSession {
         let started = Instant::now();
         loop {
             self.pump(Duration::ZERO).await?;
-            let reader = self
-                .reader
-                .as_ref()
-                .expect("pump keeps the reader or fails");
+            let reader = reading(&mut self.reader, &self.context.names.slot)?;
             let mut batch = reader
                 .backlog
                 .claim(request.limit, &excluded, Instant::now());
             if batch.is_empty() {
                 self.pump(IDLE_WAIT).await?;
-                let reader = self
-                    .reader
-                    .as_ref()
-                    .expect("pump keeps the reader or fails");
+                let reader = reading(&mut self.reader, &self.context.names.slot)?;
                 batch = reader
                     .backlog
                     .claim(request.limit, &excluded, Instant::now());
@@ -1380,8 +1385,22 @@ mod tests {
     use pgwire_replication::PgWireError;
 
     use super::{
-        parked_among, replication_error, server_code, visible_xids, Target, OBJECT_IN_USE,
+        parked_among, reading, replication_error, server_code, visible_xids, Target, OBJECT_IN_USE,
     };
+
+    /// A session whose reader is gone fails its call (its shard lost: the engine opens
+    /// another), where it used to rely on an `expect`.
+    #[test]
+    fn a_session_without_its_reader_fails_instead_of_panicking() {
+        let Err(e) = reading(&mut None, "outbox_slot") else {
+            panic!("no reader, yet a reader");
+        };
+        assert_eq!(e.kind(), ErrorKind::LeaseLost);
+        assert_eq!(
+            e.message(),
+            "replication slot \"outbox_slot\" is no longer read by this session"
+        );
+    }
 
     /// Events read again are checked against the dead rows one by one: with the same
     /// `event_id`, only the parked event itself (same `created_at`, transaction visible) is
