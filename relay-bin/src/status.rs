@@ -17,7 +17,7 @@ struct StatusReport {
     backlog: BacklogStatus,
     shards_owned: usize,
     owners: BTreeMap<String, Vec<i32>>,
-    /// Aggregates waiting for a retry (the first 20).
+    /// Aggregates waiting for a retry (the first [`HELD_BACK_LISTED`]).
     held_back: Vec<HeldBack>,
     /// When the oldest published event `relay.retention` kept was published: how far back
     /// `replay` reaches (`null`: none kept).
@@ -32,6 +32,9 @@ struct StatusReport {
     /// The operator's pause of the table (`outbox-relay pause`; `null`: not paused).
     paused: Option<Pause>,
 }
+
+/// How many held-back aggregates `status` lists, those waiting longest.
+const HELD_BACK_LISTED: u32 = 20;
 
 /// Print backlog figures and shard owners, as text or JSON, and what the store's check finds
 /// wrong with the table, if anything. `dead_list` is the command that lists its dead events;
@@ -49,7 +52,7 @@ pub async fn print(
         by_owner.entry(o.owner.clone()).or_default().push(o.shard);
     }
     let held_back = if backlog.held_back_aggregates > 0 {
-        store.held_back(20).await?
+        store.held_back(HELD_BACK_LISTED).await?
     } else {
         Vec::new()
     };
@@ -110,6 +113,13 @@ pub async fn print(
             counted(h.attempts, "attempt"),
             h.waiting_behind,
             printable(h.last_error.as_deref().unwrap_or(""))
+        );
+    }
+    let unlisted = b.held_back_aggregates - report.held_back.len() as i64;
+    if unlisted > 0 {
+        outln!(
+            "  and {} (the {HELD_BACK_LISTED} waiting longest are listed)",
+            counted(unlisted, "more held-back aggregate")
         );
     }
     outln!("dead                 {} (see `{dead_list}`)", b.dead);

@@ -1,7 +1,7 @@
 //! `outbox-relay status`, end to end on PostgreSQL and on MySQL/MariaDB: an aggregate held back
 //! behind an event that waits for a retry is named, with the row, its attempts, its next try,
-//! how many events wait behind it and the broker's last error, as text and as JSON; once the
-//! retry went out it is named no more.
+//! how many events wait behind it and the broker's last error, as text and as JSON; beyond the
+//! 20 listed, how many more are held back; once the retries went out none is named.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,13 +36,13 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
     };
     let claimed = session.claim(&request).await.expect("claiming");
     assert_eq!(claimed.len(), 4, "{claimed:?}");
-    let slow_down = Failure {
-        id: ids[0],
+    let slow_down = |&id: &i64| Failure {
+        id,
         error: "the broker asked to slow down".to_owned(),
         retry_in: Some(Duration::from_secs(3600)),
     };
     session
-        .record_failures(&[slow_down])
+        .record_failures(&[slow_down(&ids[0])])
         .await
         .expect("recording the failure");
     session
@@ -88,11 +88,36 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
         )
     );
 
-    // The retry goes out: nothing is held back.
+    // 21 more aggregates held back: the 20 waiting longest are listed, and how many are not.
+    let more: Vec<NewEvent> = (1..=21).map(|n| event(&format!("C{n}"), 1)).collect();
+    let more = side.enqueue_many(&more).await;
+    let claimed = session.claim(&request).await.expect("claiming");
+    assert_eq!(claimed.len(), 21, "the new aggregates' events: {claimed:?}");
+    let failures: Vec<Failure> = more.iter().map(slow_down).collect();
     session
-        .mark_published(&ids[..1], MarkMode::Delete)
+        .record_failures(&failures)
         .await
-        .expect("marking A's first");
+        .expect("recording the failures");
+    let held = &scenario.status()["held_back"];
+    let listed: Vec<i64> = (0..20).filter_map(|i| held[i]["id"].as_i64()).collect();
+    let longest: Vec<i64> = ids[..1].iter().chain(&more[..19]).copied().collect();
+    assert_eq!(listed, longest, "{held}");
+    assert_eq!(held.as_array().map(Vec::len), Some(20));
+    assert_eq!(
+        scenario.status_line("retrying             "),
+        "22 events in 22 held-back aggregates"
+    );
+    assert_eq!(
+        scenario.status_line("  and "),
+        "2 more held-back aggregates (the 20 waiting longest are listed)"
+    );
+
+    // The retries go out: nothing is held back.
+    let first: Vec<i64> = ids[..1].iter().chain(&more).copied().collect();
+    session
+        .mark_published(&first, MarkMode::Delete)
+        .await
+        .expect("marking the retried events");
     assert_eq!(scenario.status()["held_back"], serde_json::json!([]));
     assert_eq!(
         scenario.status_line("retrying             "),
