@@ -452,7 +452,7 @@ impl ListingParams for MySql {
     }
 }
 
-/// The dead list's and `find_events`' columns: the event id as `CHAR(36)` text, text of
+/// The listings' and the held-back list's columns: the event id as `CHAR(36)` text, text of
 /// binary-collated columns (read unchecked), and `DATETIME(6)` in UTC.
 impl RowColumns for MySql {
     type Row = sqlx::mysql::MySqlRow;

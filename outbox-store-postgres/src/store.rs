@@ -425,9 +425,8 @@ impl PostgresStore {
     }
 }
 
-/// The dead list's and `find_events`' columns: `uuid`, `text` and `timestamptz`.
-/// The listings' parameters: `($1::uuid IS NULL OR event_id = $1)`, then the aggregate type and id,
-/// each once.
+/// The listings' parameters: `($1::uuid IS NULL OR event_id = $1)`, then the aggregate type
+/// and id, each once.
 impl ListingParams for Postgres {
     fn bind_event_id(
         query: Query<'_, sqlx::Postgres>,
@@ -445,6 +444,7 @@ impl ListingParams for Postgres {
     }
 }
 
+/// The listings' and the held-back list's columns: `uuid`, `text` and `timestamptz`.
 impl RowColumns for Postgres {
     type Row = sqlx::postgres::PgRow;
 

@@ -50,8 +50,8 @@ where
 
 /// How a server's rows give the columns whose types differ between servers: the event id (a
 /// `uuid`, or `CHAR(36)` text), text, and times (`timestamptz`, or `DATETIME(6)` in UTC). Each
-/// store implements it on its marker type; [`record_with`] reads the rows
-/// of `find_events` and of the dead list with it, by column position.
+/// store implements it on its marker type; [`record_with`] reads the rows of `find_events` and
+/// of the dead list with it, and [`held_back`] those of the held-back list, by column position.
 pub trait RowColumns {
     /// The server's row.
     type Row: Row;
