@@ -52,7 +52,7 @@ pub async fn print(
         by_owner.entry(o.owner.clone()).or_default().push(o.shard);
     }
     let held_back = if backlog.held_back_aggregates > 0 {
-        store.held_back(HELD_BACK_LISTED).await?
+        explained(store, store.held_back(HELD_BACK_LISTED).await).await?
     } else {
         Vec::new()
     };
