@@ -103,7 +103,7 @@ pub async fn print(
     for h in &report.held_back {
         let when = h
             .next_attempt_at
-            .map(|t| format!("next try {} UTC", t.format("%H:%M:%S")))
+            .map(|t| format!("next try {} UTC", crate::out::utc_second(t)))
             .unwrap_or_else(|| "due now".to_owned());
         outln!(
             "  held back {}/{}: row {} after {}, {when}, {} waiting behind; {}",

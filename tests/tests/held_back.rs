@@ -84,7 +84,7 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
             "order/A: row {} after 1 attempt, next try {} UTC, 2 waiting behind; the broker \
              asked to slow down",
             ids[0],
-            next_try.format("%H:%M:%S")
+            next_try.format("%Y-%m-%d %H:%M:%S")
         )
     );
 
