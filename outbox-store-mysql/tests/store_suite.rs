@@ -156,6 +156,10 @@ impl LiveHarness for MySqlFactory {
         common::drop_database(namespace).await;
     }
 
+    fn quoted_in(&self, namespace: &str, name: &str) -> String {
+        format!("`{namespace}`.`{name}`")
+    }
+
     async fn schema_row(&self, store: &MySqlStore) -> (i32, i32, bool) {
         let database = store.table().qualifier().unwrap();
         sqlx::query_as(sqlx::AssertSqlSafe(format!(

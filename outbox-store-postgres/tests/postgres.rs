@@ -8,7 +8,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use outboxkit_core::testkit::store_suite::{close_live, with_all_shards};
-use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, ShardSession, Store};
+use outboxkit_core::{ClaimRequest, MarkMode, OutboxEvent, ShardSession};
 use outboxkit_store_postgres::sqlx;
 
 fn ids(events: &[OutboxEvent]) -> Vec<i64> {
@@ -101,65 +101,4 @@ async fn claims_stay_fast_on_a_backlog_whose_statistics_are_stale() {
     );
     close_live(session).await;
     common::drop_table(store.table()).await;
-}
-
-/// A table migrated by a relay older than `pause` has no pause table beside it: it is not
-/// paused (its relays read nothing wrong, and ask again only after a minute), `pause` says to
-/// run `migrate`, and `migrate` makes the table. In a schema of the test's own, since the pause table is shared by its tables.
-#[tokio::test]
-async fn a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrate() {
-    let schema = outboxkit_core::testkit::store_suite::random_name("pause_old");
-    let config = common::fresh_config().table(format!("{schema}.outbox"));
-    let store = common::SERVER.migrated(config.clone()).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE \"{schema}\".outbox_relay_pause"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("dropping the pause table, as an older migrate left none");
-
-    assert_eq!(store.paused().await.expect("paused"), None);
-    store
-        .check()
-        .await
-        .expect("check: nothing to migrate for relaying");
-    let e = store.pause("ops", "").await.expect_err("no pause table");
-    assert_eq!(e.kind(), outboxkit_core::ErrorKind::Schema);
-    assert!(
-        e.full_message().contains(&format!(
-            "the pause table \"{schema}\".\"outbox_relay_pause\" does not exist (the table was \
-             migrated by an older relay): run `outbox-relay migrate` to make it"
-        )),
-        "{e}"
-    );
-    assert_eq!(
-        store.resume().await.unwrap_err().kind(),
-        outboxkit_core::ErrorKind::Schema
-    );
-
-    store.migrate().await.expect("migrate again");
-    // A relay that found no pause table does not ask again for a minute (each read would be
-    // an error in the server's log): a pause made meanwhile elsewhere is seen after that.
-    let operator = common::connect(config).await;
-    let elsewhere = operator.pause("ops", "elsewhere").await.expect("pause");
-    assert!(matches!(elsewhere, outboxkit_core::Paused::Now(_)));
-    assert_eq!(
-        store.paused().await.expect("paused"),
-        None,
-        "within the minute"
-    );
-    operator
-        .resume()
-        .await
-        .expect("resume")
-        .expect("it was paused");
-    assert!(matches!(
-        store.pause("ops", "upgrade").await.expect("pause"),
-        outboxkit_core::Paused::Now(_)
-    ));
-    assert_eq!(
-        store.paused().await.expect("paused").map(|p| p.reason),
-        Some("upgrade".into())
-    );
-    common::drop_schema(&schema).await;
 }

@@ -83,6 +83,7 @@ macro_rules! store_suite {
             text_and_binary_tables_keep_payloads_byte_for_byte,
             a_text_table_refuses_bytes_that_are_not_utf8,
             a_configured_payload_type_must_match_the_table,
+            a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrate,
         );
     };
     ($factory:expr) => {
@@ -1422,6 +1423,11 @@ pub trait LiveHarness: StoreFactory {
     async fn drop_table(&self, store: &Self::Store);
     /// Drop a schema or database and everything in it.
     async fn drop_namespace(&self, namespace: &str);
+    /// Table `name` of schema or database `namespace` quoted as the store's messages quote it:
+    /// `"ns"."name"` (this default), `` `ns`.`name` ``.
+    fn quoted_in(&self, namespace: &str, name: &str) -> String {
+        format!("\"{namespace}\".\"{name}\"")
+    }
     /// `(version, shard_count, applied_at is set)` of the table's bookkeeping row.
     async fn schema_row(&self, store: &Self::Store) -> (i32, i32, bool);
     /// Name and type of each column of the table, in order (types as in [`Self::COLUMNS`]).
@@ -1603,6 +1609,68 @@ pub async fn rolled_back_and_uncommitted_rows_are_never_claimed<H: LiveHarness>(
     assert_eq!(store.status().await.unwrap().pending, 2);
     close_live(session).await;
     harness.drop_table(&store).await;
+}
+
+/// A table migrated by a relay older than `pause` has no pause table beside it: it is not
+/// paused (its relays read nothing wrong, and ask again only after a minute), `check` finds
+/// nothing missing for relaying, `pause` and `resume` say to run `migrate`, and `migrate` makes
+/// the pause table. In a schema or database of the test's own: the pause table is shared by the
+/// tables beside it.
+pub async fn a_table_migrated_before_pauses_existed_gets_its_pause_table_from_migrate<
+    H: LiveHarness,
+>(
+    harness: &H,
+) {
+    let namespace = random_name("pause_old");
+    let config = harness
+        .fresh_config()
+        .with_table(&format!("{namespace}.outbox"));
+    let store = live_migrated(harness, config.clone()).await;
+    // What an older `migrate` left: no pause table.
+    harness
+        .execute(&format!("DROP TABLE {namespace}.outbox_relay_pause"))
+        .await;
+
+    assert_eq!(ok(store.paused().await, "paused"), None);
+    ok(
+        store.check().await,
+        "check: nothing to migrate for relaying",
+    );
+    let e = store.pause("ops", "").await.expect_err("no pause table");
+    assert_eq!(e.kind(), ErrorKind::Schema);
+    let pause_table = harness.quoted_in(&namespace, "outbox_relay_pause");
+    assert!(
+        e.full_message().contains(&format!(
+            "the pause table {pause_table} does not exist (the table was migrated by an older \
+             relay): run `outbox-relay migrate` to make it"
+        )),
+        "{e}"
+    );
+    let e = store.resume().await.expect_err("no pause table");
+    assert_eq!(e.kind(), ErrorKind::Schema);
+
+    ok(store.migrate().await, "migrate again");
+    // A relay that found no pause table does not ask again for a minute (each read would be
+    // an error in the server's log): a pause made meanwhile elsewhere is seen after that.
+    let operator = connected(harness, config).await;
+    let elsewhere = ok(operator.pause("ops", "elsewhere").await, "pause");
+    assert!(matches!(elsewhere, crate::model::Paused::Now(_)));
+    assert_eq!(
+        ok(store.paused().await, "paused"),
+        None,
+        "within the minute"
+    );
+    let lifted = ok(operator.resume().await, "resume");
+    assert!(lifted.is_some(), "it was paused");
+    assert!(matches!(
+        ok(store.pause("ops", "upgrade").await, "pause"),
+        crate::model::Paused::Now(_)
+    ));
+    assert_eq!(
+        ok(store.paused().await, "paused").map(|p| p.reason),
+        Some("upgrade".into())
+    );
+    harness.drop_namespace(&namespace).await;
 }
 
 /// Events enqueued in a writer's transaction commit and roll back with its business rows,
