@@ -115,8 +115,10 @@ pub async fn print(
             printable(h.last_error.as_deref().unwrap_or(""))
         );
     }
-    let unlisted = b.held_back_aggregates - report.held_back.len() as i64;
-    if unlisted > 0 {
+    // Two queries: only a full list can leave some out (the count may be a moment older).
+    let listed = report.held_back.len();
+    let unlisted = b.held_back_aggregates - listed as i64;
+    if listed == HELD_BACK_LISTED as usize && unlisted > 0 {
         outln!(
             "  and {} (the {HELD_BACK_LISTED} waiting longest are listed)",
             counted(unlisted, "more held-back aggregate")
