@@ -252,15 +252,9 @@ impl PostgresStore {
     }
 
     /// The rows `listing` selects, read with [`rows::list`].
-    async fn list<T>(
-        &self,
-        listing: Listing<'_>,
-        then: fn(EventRecord) -> std::result::Result<T, sqlx::Error>,
-    ) -> Result<Vec<T>> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.error(e))?;
-        let (table, target, listings) = (&self.inner.table, self.target(), &self.sql().listings);
-        let error = |e| self.error(e);
-        rows::list::<Postgres, T>(&mut conn, table, target, listings, listing, then, error).await
+    async fn list<T>(&self, listing: Listing<'_>, then: rows::Then<T>) -> Result<Vec<T>> {
+        let (pool, table, listings) = (&self.inner.pool, &self.inner.table, &self.sql().listings);
+        rows::list::<Postgres, T>(pool, table, self.target(), listings, listing, then).await
     }
 
     fn target(&self) -> &Target {

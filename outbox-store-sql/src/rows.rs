@@ -5,9 +5,10 @@ use outboxkit_core::{
     BacklogStatus, DeadEvent, DeadFilter, EventContent, EventFilter, EventRecord, EventState,
     HeldBack, PayloadType,
 };
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, Type};
 use uuid::Uuid;
 
+use crate::classify::classify_on_pool;
 use crate::config::TableName;
 use crate::migrate::{payload_type_if, TableCatalog};
 use crate::{Statement, Target};
@@ -236,16 +237,20 @@ pub enum Listing<'a> {
     Events(&'a EventFilter),
 }
 
-/// The rows `listing` selects of `table`, read on `conn` with [`record_with`] and then `then`
-/// ([`dead`] for the dead list); `error` tells a failed statement.
+/// What [`list`] makes of each [`EventRecord`]: [`dead`] for the dead list, `Ok` for
+/// `find_events`.
+pub type Then<T> = fn(EventRecord) -> Result<T, sqlx::Error>;
+
+/// The rows `listing` selects of `table`, read on a connection of `pool` with [`record_with`]
+/// and then `then`; a failure is classified as the store's others are
+/// ([`classify_on_pool`]).
 pub async fn list<S: ListingParams, T>(
-    conn: &mut <S::Database as Database>::Connection,
+    pool: &Pool<S::Database>,
     table: &TableName<S>,
     target: &Target,
     listings: &Listings,
     listing: Listing<'_>,
-    then: fn(EventRecord) -> Result<T, sqlx::Error>,
-    error: impl Fn(sqlx::Error) -> outboxkit_core::Error,
+    then: Then<T>,
 ) -> outboxkit_core::Result<Vec<T>>
 where
     for<'c> &'c mut <S::Database as Database>::Connection: Executor<'c, Database = S::Database>,
@@ -254,11 +259,13 @@ where
     for<'r> i32: Decode<'r, S::Database> + Type<S::Database>,
     usize: ColumnIndex<<S::Database as Database>::Row>,
 {
+    let error = |e| classify_on_pool::<S, S::Database>(e, target, pool);
+    let mut conn = pool.acquire().await.map_err(error)?;
     let (with_payload, aggregate_type, aggregate_id, limit) = match listing {
         Listing::Dead(f) => (f.with_payload, &f.aggregate_type, &f.aggregate_id, f.limit),
         Listing::Events(f) => (f.with_payload, &f.aggregate_type, &f.aggregate_id, f.limit),
     };
-    let content = payload_type_if::<S>(conn, table, target, with_payload).await?;
+    let content = payload_type_if::<S>(&mut conn, table, target, with_payload).await?;
     let (query, what) = match listing {
         Listing::Dead(_) => (
             sqlx::query(listings.dead_list(content)),
@@ -271,7 +278,7 @@ where
     };
     let query = S::bind_aggregate(query, aggregate_type.as_deref(), aggregate_id.as_deref())
         .bind(i64::from(limit.max(1)));
-    fetch(conn, query, |row| {
+    fetch(&mut *conn, query, |row| {
         record_with::<S>(row, content).and_then(then)
     })
     .await
