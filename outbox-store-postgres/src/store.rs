@@ -18,6 +18,7 @@ use crate::config::{PostgresStoreConfig, TableName, SCHEMA_TABLE};
 use crate::enqueue::Outbox;
 use crate::logical::session::{LogicalContext, LogicalSession};
 use crate::logical::setup;
+use crate::logical::HeldFigures;
 use crate::migrate;
 use crate::session::{LockKeys, PostgresShardSession, SessionContext, APPLICATION_PREFIX};
 use crate::sql::Sql;
@@ -267,17 +268,29 @@ impl PostgresStore {
         self.inner.logical.as_deref().map(|l| &l.names)
     }
 
+    /// Whether events are captured from the log as messages (no row per event).
+    fn is_message_style(&self) -> bool {
+        let logical = self.inner.logical.as_deref();
+        logical.is_some_and(|l| l.names.style == config::CaptureStyle::Message)
+    }
+
     /// The replication slot's figures (`None` when polling, or when the slot does not exist).
     pub async fn slot_status(&self) -> Result<Option<outboxkit_core::SlotStatus>> {
+        Ok(self.slot_figures().await?.0)
+    }
+
+    /// [`Self::slot_status`], and what the reader's failed events hold back (message style;
+    /// none when polling, or when the slot does not exist).
+    async fn slot_figures(&self) -> Result<(Option<outboxkit_core::SlotStatus>, HeldFigures)> {
         let Some(logical) = self.inner.logical.as_deref() else {
-            return Ok(None);
+            return Ok((None, HeldFigures::default()));
         };
         let slot = &logical.names.slot;
         let Some(lag) = setup::slot_lag(&self.inner.pool, slot)
             .await
             .map_err(|e| self.error(e).context("reading the replication slot"))?
         else {
-            return Ok(None);
+            return Ok((None, HeldFigures::default()));
         };
         let reader = match lag.active_pid {
             Some(pid) => {
@@ -300,69 +313,109 @@ impl PostgresStore {
             }
             None => None,
         };
-        let (unsettled, lag_secs) = self.reader_figures(lag.active).await?;
-        Ok(Some(outboxkit_core::SlotStatus {
+        let figures = self.reader_figures(lag.active).await?;
+        let status = outboxkit_core::SlotStatus {
             name: slot.clone(),
             lag_bytes: lag.lag_bytes,
-            lag_secs,
-            unsettled,
+            lag_secs: figures.oldest_secs,
+            unsettled: figures.unsettled,
             reader,
             wal_status: lag.wal_status,
-        }))
+        };
+        Ok((Some(status), figures.held))
     }
 
-    /// What the slot's reader holds: (events read and not settled, age in seconds of the
-    /// oldest). In the process that reads the slot, its own figures, which it also writes to
-    /// the capture bookkeeping row; elsewhere, that row's, when the reader reported within the
-    /// last minute.
-    async fn reader_figures(&self, active: bool) -> Result<(Option<i64>, Option<f64>)> {
+    /// What the slot's reader holds: events read and not settled, the age in seconds of the
+    /// oldest, and what its failed events hold back. In the process that reads the slot, its
+    /// own figures, which it also writes to the capture bookkeeping row; elsewhere, that row's,
+    /// when the reader reported within the last minute. The held-back figures go through the
+    /// row in message style only, once `migrate` gave it their columns.
+    async fn reader_figures(&self, active: bool) -> Result<ReaderFigures> {
         use std::sync::atomic::Ordering::Relaxed;
         let Some(logical) = self.inner.logical.as_deref() else {
-            return Ok((None, None));
+            return Ok(ReaderFigures::default());
         };
         let progress = &logical.progress;
-        let bookkeeping = self.inner.table.quoted_sibling(setup::CAPTURE_TABLE);
+        let table = &self.inner.table;
+        let bookkeeping = table.quoted_sibling(setup::CAPTURE_TABLE);
         let err = |e| self.error(e).context("recording the slot reader's figures");
+        if !progress.reading.load(Relaxed) && !active {
+            return Ok(ReaderFigures::default());
+        }
+        // Only message style needs them: table style counts its rows.
+        let held_columns = self.is_message_style()
+            && setup::has_held_columns(&self.inner.pool, table)
+                .await
+                .map_err(err)?;
         if progress.reading.load(Relaxed) {
             let unsettled = progress.unsettled.load(Relaxed);
             let oldest = progress.oldest_micros.load(Relaxed);
+            let held = progress.held();
             let oldest_at = (oldest != 0)
                 .then(|| chrono::DateTime::<chrono::Utc>::from_timestamp_micros(oldest))
                 .flatten();
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {bookkeeping} SET reader_unsettled = $2, reader_oldest_at = $3, \
-                 reader_reported_at = now() WHERE table_name = $1"
+            let mut update = String::from(
+                "reader_unsettled = $2, reader_oldest_at = $3, reader_reported_at = now()",
+            );
+            if held_columns {
+                update.push_str(
+                    ", reader_retrying = $4, reader_held_back_aggregates = $5, \
+                     reader_held_back = $6::text::jsonb",
+                );
+            }
+            let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {bookkeeping} SET {update} WHERE table_name = $1"
             )))
-            .bind(self.inner.table.name())
+            .bind(table.name())
             .bind(unsettled as i64)
-            .bind(oldest_at)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(err)?;
+            .bind(oldest_at);
+            let query = match held_columns {
+                true => query
+                    .bind(held.retrying)
+                    .bind(held.aggregates)
+                    .bind(serde_json::to_string(&held.listed).unwrap_or_else(|_| "[]".into())),
+                false => query,
+            };
+            query.execute(&self.inner.pool).await.map_err(err)?;
             let age = oldest_at.map_or(0.0, |at| {
                 ((chrono::Utc::now() - at).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
             });
-            return Ok((Some(unsettled as i64), Some(age)));
+            return Ok(ReaderFigures {
+                unsettled: Some(unsettled as i64),
+                oldest_secs: Some(age),
+                held,
+            });
         }
-        if !active {
-            return Ok((None, None));
-        }
-        let row: Option<(Option<i64>, Option<f64>, Option<f64>)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT reader_unsettled, extract(epoch FROM now() - reader_oldest_at)::float8, \
-             extract(epoch FROM now() - reader_reported_at)::float8 \
+        let held_select = match held_columns {
+            true => "reader_retrying, reader_held_back_aggregates, reader_held_back::text",
+            false => "NULL::int8, NULL::int8, NULL::text",
+        };
+        let row: Option<Reported> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT reader_unsettled, extract(epoch FROM now() - reader_oldest_at)::float8, \
+             extract(epoch FROM now() - reader_reported_at)::float8, {held_select} \
              FROM {bookkeeping} WHERE table_name = $1"
-            )))
-            .bind(self.inner.table.name())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(err)?;
+        )))
+        .bind(table.name())
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(err)?;
         Ok(match row {
-            Some((held, oldest, Some(reported))) if reported < 60.0 => (
-                Some(held.unwrap_or(0).max(0)),
-                Some(oldest.unwrap_or(0.0).max(0.0)),
-            ),
-            _ => (None, None),
+            Some((held, oldest, Some(reported), retrying, aggregates, listed))
+                if reported < 60.0 =>
+            {
+                ReaderFigures {
+                    unsettled: Some(held.unwrap_or(0).max(0)),
+                    oldest_secs: Some(oldest.unwrap_or(0.0).max(0.0)),
+                    held: HeldFigures {
+                        retrying: retrying.unwrap_or(0),
+                        aggregates: aggregates.unwrap_or(0),
+                        listed: listed
+                            .and_then(|l| serde_json::from_str(&l).ok())
+                            .unwrap_or_default(),
+                    },
+                }
+            }
+            _ => ReaderFigures::default(),
         })
     }
 
@@ -418,6 +471,25 @@ impl PostgresStore {
         )
     }
 }
+
+/// What the slot's reader holds (see [`PostgresStore::reader_figures`]).
+#[derive(Debug, Default)]
+struct ReaderFigures {
+    unsettled: Option<i64>,
+    oldest_secs: Option<f64>,
+    held: HeldFigures,
+}
+
+/// The reader's figures as it reported them in the bookkeeping row: unsettled, age of the
+/// oldest, seconds since the report, retrying, held-back aggregates and the list (JSON).
+type Reported = (
+    Option<i64>,
+    Option<f64>,
+    Option<f64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
 
 /// The listings' parameters: `($1::uuid IS NULL OR event_id = $1)`, then the aggregate type
 /// and id, each once.
@@ -592,13 +664,17 @@ impl Store for PostgresStore {
         let mut status = read_backlog(&self.inner.pool, &self.sql().status)
             .await
             .map_err(|e| self.error(e).context("reading the backlog"))?;
-        if let Some(logical) = self.inner.logical.as_deref() {
-            status.slot = self.slot_status().await?;
-            if logical.names.style == outboxkit_store_sql::config::CaptureStyle::Message {
-                // No row per event: what is pending is what the reader holds.
+        if self.inner.logical.is_some() {
+            let (slot, held) = self.slot_figures().await?;
+            status.slot = slot;
+            if self.is_message_style() {
+                // No row per event: what is pending, and what waits for a retry, is what the
+                // reader holds.
                 status.pending = status.slot.as_ref().and_then(|s| s.unsettled).unwrap_or(0);
                 status.oldest_pending_age_secs =
                     status.slot.as_ref().and_then(|s| s.lag_secs).unwrap_or(0.0);
+                status.retrying = held.retrying;
+                status.held_back_aggregates = held.aggregates;
             }
         }
         Ok(status)
@@ -723,7 +799,14 @@ impl Store for PostgresStore {
         .map_err(|e| self.error(e).context(what))
     }
 
+    /// In message style, as the slot's reader noted them: the first
+    /// [`HELD_BACK_LISTED`](crate::logical::session::HELD_BACK_LISTED) at the most.
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
+        if self.is_message_style() {
+            let mut listed = self.slot_figures().await?.1.listed;
+            listed.truncate(limit.max(1) as usize);
+            return Ok(listed);
+        }
         let query = sqlx::query(&self.sql().held_back).bind(i64::from(limit.max(1)));
         rows::fetch(&self.inner.pool, query, rows::held_back::<Postgres>)
             .await

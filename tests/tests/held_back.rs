@@ -1,46 +1,131 @@
-//! `outbox-relay status`, end to end on PostgreSQL and on MySQL/MariaDB: an aggregate held back
-//! behind an event that waits for a retry is named, with the row, its attempts, its next try,
-//! how many events wait behind it and the broker's last error, as text and as JSON; beyond the
-//! 20 listed, how many more are held back; once the retries went out none is named.
+//! `outbox-relay status`, end to end on PostgreSQL and on MySQL/MariaDB, and with log-based
+//! capture in message style (no row per event: the slot's reader reports what it holds back):
+//! an aggregate held back behind an event that waits for a retry is named, with the row, its
+//! attempts, its next try, how many events wait behind it and the broker's last error, as text
+//! and as JSON; beyond the 20 listed, how many more are held back; once the retries went out
+//! none is named.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use outboxkit_core::{ClaimRequest, Failure, MarkMode, NewEvent};
+use outboxkit_core::{ClaimRequest, Failure, MarkMode, NewEvent, OutboxEvent, ShardSession, Store};
 use outboxkit_harness::*;
+use outboxkit_store_postgres::{Capture, CaptureStyle, PostgresStore, PostgresStoreConfig};
 
 on_each_sql_store!(
-    held_back_round_trip,
+    held_back_when_polling,
     "held",
     postgres_status_names_each_held_back_aggregate,
     mysql_status_names_each_held_back_aggregate
 );
 
-async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
+async fn held_back_when_polling(name: &str, side: Arc<dyn StoreSide>) {
     let (_redis, scenario, _port) = RedisSide::scenario(name, side.clone(), "").await;
-    let event =
-        |agg: &str, n: u32| NewEvent::new("order", agg, "Changed", serde_json::json!({ "n": n }));
-    let ids = side
-        .enqueue_many(&[event("A", 1), event("A", 2), event("A", 3), event("B", 1)])
-        .await;
-    // A relay's session: A's first event fails, to be tried again in an hour; B's goes out.
     let store = side.connect_store(32, 1).await;
+    let session = held_back_round_trip(&scenario, &*store).await;
+    session.close().await.expect("closing the session");
+    scenario.cleanup().await;
+}
+
+/// Message style: the slot's reader holds the retries in memory and reports them in the capture
+/// bookkeeping row, which `status` reads. A bookkeeping table made before that row had room for
+/// them (columns dropped here) still works: the relay's own figures count them, `status`
+/// elsewhere shows none until `migrate` adds the columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_message_style_status_names_each_held_back_aggregate() {
+    let name = unique("held_lg");
+    let server = PrivatePostgres::start_logical(&name);
+    let side = Arc::new(LogicalSide::open(&server, &name, "message").await);
+    let (_redis, scenario, _port) = RedisSide::scenario(&name, side.clone(), "").await;
+    let mut config = PostgresStoreConfig::new(side.url())
+        .table(&name)
+        .capture(Capture::Logical);
+    config.logical.style = CaptureStyle::Message;
+    let store = PostgresStore::connect(config).await.expect("connecting");
+    let mut session = held_back_round_trip(&scenario, &store).await;
+
+    side.exec(
+        "ALTER TABLE outbox_relay_capture DROP COLUMN reader_retrying, \
+         DROP COLUMN reader_held_back_aggregates, DROP COLUMN reader_held_back",
+    )
+    .await;
+    let id = store.insert(&[event("D", 1)]).await.expect("writing")[0];
+    let claimed = claim_count(&mut session, 1).await;
+    assert_eq!(claimed[0].id, id);
+    session
+        .record_failures(&[slow_down(&id)])
+        .await
+        .expect("recording the failure");
+    assert_eq!(relays_count(&store).await, (1, 1), "the relay's own count");
+    assert_eq!(
+        scenario.status_line("retrying             "),
+        "0 events in 0 held-back aggregates",
+        "the bookkeeping row has no room for them"
+    );
+    let (ok, _, err) = scenario.cli(&["migrate"]);
+    assert!(ok, "migrate: {err}");
+    relays_count(&store).await;
+    assert_eq!(
+        scenario.status_line("retrying             "),
+        "1 event in 1 held-back aggregate",
+        "migrate gave the row room for them"
+    );
+    session.close().await.expect("closing the session");
+    scenario.cleanup().await;
+    drop(server);
+}
+
+/// The events retrying and the aggregates held back, as the relay's process counts them (its
+/// metrics): its status, which in message style also reports them for `status` run elsewhere,
+/// as the relay's status loop does every `relay.status_interval`.
+async fn relays_count(store: &dyn Store) -> (i64, i64) {
+    let status = store.status().await.expect("status in the relay's process");
+    (status.retrying, status.held_back_aggregates)
+}
+
+fn event(agg: &str, n: u32) -> NewEvent {
+    NewEvent::new("order", agg, "Changed", serde_json::json!({ "n": n }))
+}
+
+fn slow_down(&id: &i64) -> Failure {
+    Failure {
+        id,
+        error: "the broker asked to slow down".to_owned(),
+        retry_in: Some(Duration::from_secs(3600)),
+    }
+}
+
+/// Claims until `count` events were handed out, each once (polling hands them out at once; a
+/// reader of the log, what it has read so far).
+async fn claim_count(session: &mut Box<dyn ShardSession>, count: usize) -> Vec<OutboxEvent> {
+    let started = Instant::now();
+    let mut claimed: Vec<OutboxEvent> = Vec::new();
+    while claimed.len() < count && started.elapsed() < Duration::from_secs(30) {
+        let handed: Vec<i64> = claimed.iter().map(|e| e.id).collect();
+        let request = ClaimRequest {
+            limit: 100,
+            exclude_ids: &handed,
+            dead_holds_aggregate: false,
+        };
+        claimed.extend(session.claim(&request).await.expect("claiming"));
+    }
+    assert_eq!(claimed.len(), count, "{claimed:?}");
+    claimed
+}
+
+/// Drives a relay's session on `store` (its only reader) and checks `status` as it goes; the
+/// session, still open.
+async fn held_back_round_trip(scenario: &Scenario, store: &dyn Store) -> Box<dyn ShardSession> {
+    let ids = store
+        .insert(&[event("A", 1), event("A", 2), event("A", 3), event("B", 1)])
+        .await
+        .expect("writing");
+    // A relay's session: A's first event fails, to be tried again in an hour; B's goes out.
     let mut session = store.open_session("relay-held").await.expect("a session");
     for shard in 0..session.shard_count() as i32 {
         assert!(session.try_acquire(shard).await.expect("taking a shard"));
     }
-    let request = ClaimRequest {
-        limit: 100,
-        exclude_ids: &[],
-        dead_holds_aggregate: false,
-    };
-    let claimed = session.claim(&request).await.expect("claiming");
-    assert_eq!(claimed.len(), 4, "{claimed:?}");
-    let slow_down = |&id: &i64| Failure {
-        id,
-        error: "the broker asked to slow down".to_owned(),
-        retry_in: Some(Duration::from_secs(3600)),
-    };
+    claim_count(&mut session, 4).await;
     session
         .record_failures(&[slow_down(&ids[0])])
         .await
@@ -49,6 +134,7 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
         .mark_published(&[ids[3]], MarkMode::Delete)
         .await
         .expect("marking B's");
+    assert_eq!(relays_count(store).await, (1, 1));
 
     let status = scenario.status();
     let held = &status["held_back"];
@@ -90,14 +176,14 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
 
     // 21 more aggregates held back: the 20 waiting longest are listed, and how many are not.
     let more: Vec<NewEvent> = (1..=21).map(|n| event(&format!("C{n}"), 1)).collect();
-    let more = side.enqueue_many(&more).await;
-    let claimed = session.claim(&request).await.expect("claiming");
-    assert_eq!(claimed.len(), 21, "the new aggregates' events: {claimed:?}");
+    let more = store.insert(&more).await.expect("writing");
+    claim_count(&mut session, 21).await;
     let failures: Vec<Failure> = more.iter().map(slow_down).collect();
     session
         .record_failures(&failures)
         .await
         .expect("recording the failures");
+    relays_count(store).await;
     let held = &scenario.status()["held_back"];
     let listed: Vec<i64> = (0..20).filter_map(|i| held[i]["id"].as_i64()).collect();
     let longest: Vec<i64> = ids[..1].iter().chain(&more[..19]).copied().collect();
@@ -118,11 +204,16 @@ async fn held_back_round_trip(name: &str, side: Arc<dyn StoreSide>) {
         .mark_published(&first, MarkMode::Delete)
         .await
         .expect("marking the retried events");
+    relays_count(store).await;
     assert_eq!(scenario.status()["held_back"], serde_json::json!([]));
     assert_eq!(
         scenario.status_line("retrying             "),
         "0 events in 0 held-back aggregates"
     );
-    session.close().await.expect("closing the session");
-    scenario.cleanup().await;
+    // What waited behind A's first event goes out too.
+    session
+        .mark_published(&ids[1..3], MarkMode::Delete)
+        .await
+        .expect("marking A's others");
+    session
 }

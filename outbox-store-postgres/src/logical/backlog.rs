@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use outboxkit_core::OutboxEvent;
+use outboxkit_core::{HeldBack, OutboxEvent};
 
 #[derive(Debug)]
 struct Entry {
@@ -20,12 +20,30 @@ struct Entry {
     /// `Some` once it failed: not claimed again before this instant, and its aggregate's later
     /// events wait behind it until it is settled.
     retry_at: Option<Instant>,
+    /// Once it failed: the next try by the wall clock, and the error, for `status`.
+    retried: Option<Box<Retried>>,
     /// Acknowledged by the broker, not settled yet (its row is still to be marked): never
     /// claimed again, holds nothing back but the slot.
     acked: bool,
     /// Its transaction committed before this reader started (see
     /// [`Backlog::read_again_until`]).
     read_again: bool,
+}
+
+#[derive(Debug)]
+struct Retried {
+    next_attempt_at: chrono::DateTime<chrono::Utc>,
+    last_error: String,
+}
+
+/// What the failed events hold back, as polling's `status` counts it from the table: events
+/// that failed and are not settled, the aggregates they hold back, and the first
+/// [`HeldFigures::listed`] of those (by id) with how many events wait behind each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct HeldFigures {
+    pub retrying: i64,
+    pub aggregates: i64,
+    pub listed: Vec<HeldBack>,
 }
 
 #[derive(Debug)]
@@ -81,6 +99,9 @@ pub(crate) struct Backlog {
     resume: Option<ResumePoint>,
     /// In the transaction being read: events with a lower id were settled by the last reader.
     skip_below: Option<i64>,
+    /// Unsettled events that failed (acknowledged since or not): with none, nothing is held
+    /// back and [`Self::held_back`] need not look.
+    failed: usize,
 }
 
 /// Where a reader got to inside the oldest transaction it has not settled whole: that
@@ -227,6 +248,7 @@ impl Backlog {
             event,
             txn,
             retry_at: None,
+            retried: None,
             acked: false,
             read_again: self.reading_again,
         }));
@@ -305,12 +327,62 @@ impl Backlog {
         out
     }
 
-    /// `id` failed: try again after `delay`; its aggregate waits.
-    pub(crate) fn retry(&mut self, id: i64, delay: Duration, now: Instant) {
-        if let Some(entry) = self.entry_mut(id) {
-            entry.retry_at = Some(now + delay);
-            entry.event.attempts += 1;
+    /// `id` failed with `error`: try again after `delay`; its aggregate waits.
+    pub(crate) fn retry(&mut self, id: i64, delay: Duration, now: Instant, error: &str) {
+        let Some(entry) = self.entry_mut(id) else {
+            return;
+        };
+        let first = entry.retry_at.is_none();
+        entry.retry_at = Some(now + delay);
+        entry.event.attempts += 1;
+        entry.retried = Some(Box::new(Retried {
+            next_attempt_at: chrono::Duration::from_std(delay)
+                .ok()
+                .and_then(|d| chrono::Utc::now().checked_add_signed(d))
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
+            last_error: error.to_owned(),
+        }));
+        self.failed += usize::from(first);
+    }
+
+    /// Unsettled events that failed.
+    pub(crate) fn failed(&self) -> usize {
+        self.failed
+    }
+
+    /// What the failed events hold back, listing at most `limit` held-back aggregates: each
+    /// one's first failed event, how many unsettled events of it come after that one, in id
+    /// order (as polling's `status` lists rows that wait for a retry).
+    pub(crate) fn held_back(&self, limit: usize) -> HeldFigures {
+        let mut figures = HeldFigures::default();
+        if self.failed == 0 {
+            return figures;
         }
+        let mut held: HashMap<&str, HeldBack> = HashMap::new();
+        for entry in self.entries.iter().flatten().filter(|e| !e.acked) {
+            let event = &entry.event;
+            figures.retrying += i64::from(entry.retry_at.is_some());
+            if let Some(first) = held.get_mut(event.aggregate_id.as_str()) {
+                first.waiting_behind += 1;
+            } else if let Some(retried) = &entry.retried {
+                let first = HeldBack {
+                    aggregate_type: event.aggregate_type.clone(),
+                    aggregate_id: event.aggregate_id.clone(),
+                    id: event.id,
+                    attempts: event.attempts,
+                    next_attempt_at: Some(retried.next_attempt_at),
+                    last_error: Some(retried.last_error.clone()),
+                    waiting_behind: 0,
+                };
+                held.insert(&event.aggregate_id, first);
+            }
+        }
+        figures.aggregates = held.len() as i64;
+        let mut listed: Vec<HeldBack> = held.into_values().collect();
+        listed.sort_unstable_by_key(|h| h.id);
+        listed.truncate(limit);
+        figures.listed = listed;
+        figures
     }
 
     /// `id` was acknowledged by the broker but cannot be settled yet: never hand it out again.
@@ -353,6 +425,7 @@ impl Backlog {
                 continue;
             };
             self.unsettled -= 1;
+            self.failed -= usize::from(entry.retry_at.is_some());
             self.unsettled_bytes -= entry.event.payload.len();
             self.read_again -= usize::from(entry.read_again);
             self.txns[(entry.txn - self.first_txn) as usize].unsettled -= 1;
@@ -537,7 +610,7 @@ mod tests {
         b.push(vec![event(1, "a"), event(2, "b")], 10);
         b.push(vec![event(3, "a"), event(4, "b")], 20);
         let now = Instant::now();
-        b.retry(1, Duration::from_secs(5), now);
+        b.retry(1, Duration::from_secs(5), now, "refused");
         let excluded: HashSet<i64> = [2].into();
         assert_eq!(
             ids(&b.claim(10, &excluded, now)),
@@ -555,6 +628,64 @@ mod tests {
         b.settle(&[3]);
         assert_eq!(b.confirmable(), 20);
         assert!(b.oldest().is_none());
+    }
+
+    #[test]
+    fn held_back_counts_and_lists_what_failed_events_hold_back_as_polling_does() {
+        let mut b = Backlog::new(0);
+        let (a, bb, c) = (
+            |id| event(id, "a"),
+            |id| event(id, "b"),
+            |id| event(id, "c"),
+        );
+        b.push(vec![a(1), bb(2), a(3), c(4)], 10);
+        b.push(vec![a(5), bb(6), c(7)], 20);
+        assert_eq!(b.held_back(20), HeldFigures::default(), "nothing failed");
+        let now = Instant::now();
+        let before = chrono::Utc::now();
+        b.retry(2, Duration::from_secs(60), now, "b refused");
+        b.retry(1, Duration::from_secs(3600), now, "a refused");
+        b.retry(1, Duration::from_secs(3600), now, "a refused again");
+        // In flight with 1, and failed too: it counts, and waits behind 1.
+        b.retry(5, Duration::from_secs(60), now, "a's second refused");
+        b.acknowledge(7);
+        let after = chrono::Utc::now();
+        // Each held-back aggregate's first failed event: id, aggregate, attempts, last error,
+        // how many wait behind it.
+        let seen = |figures: &HeldFigures| -> Vec<String> {
+            let line = |h: &HeldBack| {
+                let error = h.last_error.as_deref().unwrap_or("-");
+                let (id, agg, n, behind) = (h.id, &h.aggregate_id, h.attempts, h.waiting_behind);
+                format!("{id} {agg} x{n} {error}; +{behind}")
+            };
+            figures.listed.iter().map(line).collect()
+        };
+        let figures = b.held_back(20);
+        assert_eq!(
+            (figures.retrying, figures.aggregates, b.failed()),
+            (3, 2, 3)
+        );
+        assert_eq!(
+            seen(&figures),
+            ["1 a x2 a refused again; +2", "2 b x1 b refused; +1"],
+            "in id order; 7 is acknowledged"
+        );
+        let next = figures.listed[0].next_attempt_at.expect("a next attempt");
+        let hour = chrono::Duration::hours(1);
+        assert!(next >= before + hour && next <= after + hour, "{next}");
+        assert_eq!(figures.listed[0].aggregate_type, "order");
+        assert_eq!(seen(&b.held_back(1)), ["1 a x2 a refused again; +2"]);
+
+        b.settle(&[1]);
+        let figures = b.held_back(20);
+        assert_eq!((figures.retrying, figures.aggregates), (2, 2));
+        assert_eq!(
+            seen(&figures),
+            ["2 b x1 b refused; +1", "5 a x1 a's second refused; +0"],
+            "a is held by 5 now; 3 went before it"
+        );
+        b.settle(&[2, 5]);
+        assert_eq!((b.failed(), b.held_back(20)), (0, HeldFigures::default()));
     }
 
     #[test]
@@ -580,7 +711,7 @@ mod tests {
         b.push(vec![sized(1, 1000), sized(2, 24)], 10);
         b.push(vec![sized(3, 500)], 20);
         assert_eq!(b.unsettled_bytes(), 1524);
-        b.retry(3, Duration::from_secs(1), Instant::now());
+        b.retry(3, Duration::from_secs(1), Instant::now(), "refused");
         b.acknowledge(1);
         assert_eq!(
             b.unsettled_bytes(),

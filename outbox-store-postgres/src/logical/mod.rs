@@ -24,6 +24,7 @@ use sqlx::PgConnection;
 use outboxkit_core::{DeadSelection, Error, ErrorKind, PayloadType, Result};
 use outboxkit_store_sql::config::{url_option, CaptureStyle};
 
+pub(crate) use backlog::HeldFigures;
 pub(crate) use setup::with_recorded;
 pub use setup::{LogicalNames, SlotLag};
 

@@ -27,7 +27,7 @@ use outboxkit_store_sql::config::CaptureStyle;
 use outboxkit_store_sql::session::{truncate_error, Fence};
 use outboxkit_store_sql::Statement;
 
-use super::backlog::{Backlog, ResumePoint};
+use super::backlog::{Backlog, HeldFigures, ResumePoint};
 use super::decode::{decode, event_of_message, event_of_row, Change, Relation};
 use super::setup::{slot_lag, LogicalNames};
 use crate::classify::{classify, Postgres, Target};
@@ -82,6 +82,12 @@ const PUBLICATION_CHECK: Duration = Duration::from_secs(5);
 /// Message style: a transaction still unsettled this long after it became the oldest (a large
 /// one) gets its [`ResumePoint`] left for the next reader, at most this often.
 const RESUME_POINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Message style: the held-back aggregates the reader lists for `status` (the first, by id),
+/// and how often it counts them again while the failed events stay the same (what waits
+/// behind them changes as the log is read).
+pub(crate) const HELD_BACK_LISTED: usize = 100;
+const HELD_BACK_REFRESH: Duration = Duration::from_secs(1);
 
 /// Of the 32-bit transaction ids in parameter `$n` (as `int8`), those whose commits the
 /// statement's snapshot sees: each id is widened against the snapshot's 64-bit `xmax` (an id of
@@ -193,6 +199,22 @@ pub(crate) struct Progress {
     pub unsettled: AtomicUsize,
     /// Microseconds since the Unix epoch of the oldest unsettled event; 0 when none.
     pub oldest_micros: AtomicI64,
+    /// Message style, where no row records a failure: what the failed events hold back.
+    pub held: std::sync::Mutex<HeldFigures>,
+}
+
+impl Progress {
+    /// The last [`HeldFigures`] the reader noted.
+    pub fn held(&self) -> HeldFigures {
+        self.held_lock().clone()
+    }
+
+    fn held_lock(&self) -> std::sync::MutexGuard<'_, HeldFigures> {
+        // Only whole values are stored: a panic elsewhere leaves nothing half-written.
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The slot's `reader`, or, when the session reads it no more (lost or released), an error:
@@ -225,6 +247,8 @@ struct Reader {
     /// Message style: whether the bookkeeping row has room for the [`ResumePoint`], and the
     /// last one left there, with since when the transaction it names is the oldest unsettled.
     resume: Option<LeftResumePoint>,
+    /// When [`Progress::held`] was last noted, with how many failed events.
+    held_noted: (Instant, usize),
 }
 
 /// See [`Reader::resume`].
@@ -778,6 +802,7 @@ impl LogicalSession {
             parked,
             caught_up: false,
             resume: resume.map(|_| LeftResumePoint::default()),
+            held_noted: (Instant::now(), 0),
         });
         Ok(true)
     }
@@ -951,6 +976,13 @@ impl LogicalSession {
             reader.backlog.oldest().map_or(0, |t| t.timestamp_micros()),
             Ordering::Relaxed,
         );
+        // At once when the failed events change; while they stay, now and then.
+        let failed = reader.backlog.failed();
+        let (noted_at, noted) = reader.held_noted;
+        if failed != noted || (failed > 0 && noted_at.elapsed() >= HELD_BACK_REFRESH) {
+            *progress.held_lock() = reader.backlog.held_back(HELD_BACK_LISTED);
+            reader.held_noted = (Instant::now(), failed);
+        }
     }
 
     /// Before a graceful stop: wait until the server has been told the last confirmable
@@ -990,6 +1022,7 @@ impl LogicalSession {
             .progress
             .oldest_micros
             .store(0, Ordering::Relaxed);
+        *self.context.progress.held_lock() = HeldFigures::default();
     }
 
     /// The stream failed: stop reading; the events read and not settled are read again by
@@ -1355,7 +1388,10 @@ impl ShardSession for LogicalSession {
             let mut dead = Vec::new();
             for failure in failures {
                 match failure.retry_in {
-                    Some(delay) => reader.backlog.retry(failure.id, delay, now),
+                    Some(delay) => {
+                        let error = truncate_error(&failure.error);
+                        reader.backlog.retry(failure.id, delay, now, error)
+                    }
                     None => dead.push(failure.id),
                 }
             }

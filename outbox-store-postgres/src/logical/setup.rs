@@ -314,6 +314,36 @@ pub(crate) async fn publication_fault(
     ))
 }
 
+const RESUME_POINT_COLUMNS: &[&str] = &["reader_txn_lsn", "reader_txn_settled_below"];
+const HELD_COLUMNS: &[&str] = &[
+    "reader_retrying",
+    "reader_held_back_aggregates",
+    "reader_held_back",
+];
+
+/// Whether the capture bookkeeping table of `table` has all of `columns` (a table `migrate`
+/// set up before they were added has not, until it runs again).
+async fn has_columns<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    table: &TableName,
+    columns: &[&str],
+) -> sqlx::Result<bool> {
+    let found: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) \
+         AND attname = ANY($2) AND NOT attisdropped",
+    )
+    .bind(table.quoted_sibling(CAPTURE_TABLE))
+    .bind(columns)
+    .fetch_one(executor)
+    .await?;
+    Ok(found == columns.len() as i64)
+}
+
+/// Whether the capture bookkeeping row has room for the reader's held-back figures.
+pub(crate) async fn has_held_columns(pool: &sqlx::PgPool, table: &TableName) -> sqlx::Result<bool> {
+    has_columns(pool, table, HELD_COLUMNS).await
+}
+
 /// Message style: the [`ResumePoint`] the last reader of `table` left in the bookkeeping row
 /// (`Some(None)`: it left none), or `None` when the row has no columns for it yet (a table
 /// `migrate` set up before they were added, until it runs again).
@@ -322,14 +352,7 @@ pub(crate) async fn left_resume_point(
     table: &TableName,
 ) -> sqlx::Result<Option<Option<ResumePoint>>> {
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
-    let columns: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) \
-         AND attname IN ('reader_txn_lsn', 'reader_txn_settled_below') AND NOT attisdropped",
-    )
-    .bind(&bookkeeping)
-    .fetch_one(&mut *conn)
-    .await?;
-    if columns < 2 {
+    if !has_columns(&mut *conn, table, RESUME_POINT_COLUMNS).await? {
         return Ok(None);
     }
     let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -552,7 +575,10 @@ pub(crate) async fn migrate(
              ADD COLUMN IF NOT EXISTS reader_oldest_at timestamptz, \
              ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz, \
              ADD COLUMN IF NOT EXISTS reader_txn_lsn pg_lsn, \
-             ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint"
+             ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint, \
+             ADD COLUMN IF NOT EXISTS reader_retrying bigint, \
+             ADD COLUMN IF NOT EXISTS reader_held_back_aggregates bigint, \
+             ADD COLUMN IF NOT EXISTS reader_held_back jsonb"
     ))))
     .await
     .map_err(&e)?;
