@@ -799,8 +799,8 @@ impl Store for PostgresStore {
         .map_err(|e| self.error(e).context(what))
     }
 
-    /// In message style, as the slot's reader noted them: the first
-    /// [`HELD_BACK_LISTED`](crate::logical::session::HELD_BACK_LISTED) at the most.
+    /// In message style, as the slot's reader noted them: the 100 with the lowest ids at the
+    /// most.
     async fn held_back(&self, limit: u32) -> Result<Vec<HeldBack>> {
         if self.is_message_style() {
             let mut listed = self.slot_figures().await?.1.listed;

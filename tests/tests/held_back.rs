@@ -3,7 +3,7 @@
 //! an aggregate held back behind an event that waits for a retry is named, with the row, its
 //! attempts, its next try, how many events wait behind it and the broker's last error, as text
 //! and as JSON; beyond the 20 listed, how many more are held back; once the retries went out
-//! none is named.
+//! none is named. A running relay's gauge and `status` name one that RabbitMQ does not route.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +73,77 @@ async fn logical_message_style_status_names_each_held_back_aggregate() {
     session.close().await.expect("closing the session");
     scenario.cleanup().await;
     drop(server);
+}
+
+/// A running relay, polling: RabbitMQ does not route invoices, so invoice-1's first event is
+/// retried (in 5 minutes), its second waits behind it, the order goes out. The relay's gauge
+/// and `status` name it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_relay_reports_an_aggregate_held_back() {
+    let name = unique("held_run");
+    let side = Arc::new(PostgresSide::open(&name).await);
+    running_relay_reports_held_back(&name, side).await;
+}
+
+/// As above, reading the log in message style: the relay reading the slot counts it, and
+/// reports it for `status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_relay_reports_an_aggregate_held_back_in_message_style() {
+    let name = unique("held_run_lg");
+    let server = PrivatePostgres::start_logical(&name);
+    let side = Arc::new(LogicalSide::open(&server, &name, "message").await);
+    running_relay_reports_held_back(&name, side).await;
+    drop(server);
+}
+
+async fn running_relay_reports_held_back(name: &str, side: Arc<dyn StoreSide>) {
+    let port = free_port();
+    let rabbit = Arc::new(RabbitMqSide::open(name).await);
+    let settings = Settings::default()
+        .listen_on(port)
+        .relay("status_interval = \"200ms\"");
+    let mut scenario = Scenario::prepare(side, rabbit.clone(), settings).await;
+    let invoice = |n: u32| {
+        NewEvent::new(
+            "invoice",
+            "invoice-1",
+            "Changed",
+            serde_json::json!({ "n": n }),
+        )
+    };
+    let order = NewEvent::new("order", "order-1", "Changed", serde_json::json!({ "n": 1 }));
+    let events = [invoice(1), invoice(2), order];
+    scenario.store.enqueue_many(&events).await;
+    let retry_in_5m = [
+        ("OUTBOX_RELAY__BACKOFF_INITIAL", "5m"),
+        ("OUTBOX_RELAY__BACKOFF_MAX", "5m"),
+    ];
+    scenario.start_relay("relay-held", &retry_in_5m);
+    wait_for_metric(
+        "the held-back gauge",
+        port,
+        "outbox_held_back_aggregates",
+        Duration::from_secs(30),
+        |v| v == 1.0,
+    )
+    .await;
+    assert_eq!(rabbit.consume(&rabbit.destination("order")).await.len(), 1);
+    assert_eq!(
+        scenario.status_line("retrying             "),
+        "1 event in 1 held-back aggregate"
+    );
+    let held = scenario.status_line("  held back ");
+    assert!(
+        held.starts_with("invoice/invoice-1: row ")
+            && held.contains(" after 1 attempt, next try ")
+            && held.contains(" UTC, 1 waiting behind; ")
+            && held.contains("312 NO_ROUTE"),
+        "{held}"
+    );
+    let relay = &mut scenario.relays[0];
+    let exit = relay.terminate(Duration::from_secs(20));
+    assert!(exit.success(), "exit {exit}; log:\n{}", relay.log_text());
+    scenario.cleanup().await;
 }
 
 /// The events retrying and the aggregates held back, as the relay's process counts them (its
