@@ -28,9 +28,7 @@ async fn held_back_when_polling(name: &str, side: Arc<dyn StoreSide>) {
 }
 
 /// Message style: the slot's reader holds the retries in memory and reports them in the capture
-/// bookkeeping row, which `status` reads. A bookkeeping table made before that row had room for
-/// them (columns dropped here) still works: the relay's own figures count them, `status`
-/// elsewhere shows none until `migrate` adds the columns.
+/// bookkeeping row, which `status` reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logical_message_style_status_names_each_held_back_aggregate() {
     let name = unique("held_lg");
@@ -42,34 +40,7 @@ async fn logical_message_style_status_names_each_held_back_aggregate() {
         .capture(Capture::Logical);
     config.logical.style = CaptureStyle::Message;
     let store = PostgresStore::connect(config).await.expect("connecting");
-    let mut session = held_back_round_trip(&scenario, &store).await;
-
-    side.exec(
-        "ALTER TABLE outbox_relay_capture DROP COLUMN reader_retrying, \
-         DROP COLUMN reader_held_back_aggregates, DROP COLUMN reader_held_back",
-    )
-    .await;
-    let id = store.insert(&[event("D", 1)]).await.expect("writing")[0];
-    let claimed = claim_count(&mut session, 1).await;
-    assert_eq!(claimed[0].id, id);
-    session
-        .record_failures(&[slow_down(&id)])
-        .await
-        .expect("recording the failure");
-    assert_eq!(relays_count(&store).await, (1, 1), "the relay's own count");
-    assert_eq!(
-        scenario.status_line("retrying             "),
-        "0 events in 0 held-back aggregates",
-        "the bookkeeping row has no room for them"
-    );
-    let (ok, _, err) = scenario.cli(&["migrate"]);
-    assert!(ok, "migrate: {err}");
-    relays_count(&store).await;
-    assert_eq!(
-        scenario.status_line("retrying             "),
-        "1 event in 1 held-back aggregate",
-        "migrate gave the row room for them"
-    );
+    let session = held_back_round_trip(&scenario, &store).await;
     session.close().await.expect("closing the session");
     scenario.cleanup().await;
     drop(server);
@@ -82,21 +53,27 @@ async fn logical_message_style_status_names_each_held_back_aggregate() {
 async fn a_running_relay_reports_an_aggregate_held_back() {
     let name = unique("held_run");
     let side = Arc::new(PostgresSide::open(&name).await);
-    running_relay_reports_held_back(&name, side).await;
+    running_relay_reports_held_back(&name, side, false).await;
 }
 
 /// As above, reading the log in message style: the relay reading the slot counts it, and
-/// reports it for `status`.
+/// reports it for `status`. Its capture bookkeeping table is one made before the row had room
+/// for that (the columns dropped): the relay says so and its gauge counts; `status` shows none
+/// until `migrate` adds the columns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_relay_reports_an_aggregate_held_back_in_message_style() {
     let name = unique("held_run_lg");
     let server = PrivatePostgres::start_logical(&name);
     let side = Arc::new(LogicalSide::open(&server, &name, "message").await);
-    running_relay_reports_held_back(&name, side).await;
+    running_relay_reports_held_back(&name, side, true).await;
     drop(server);
 }
 
-async fn running_relay_reports_held_back(name: &str, side: Arc<dyn StoreSide>) {
+async fn running_relay_reports_held_back(
+    name: &str,
+    side: Arc<dyn StoreSide>,
+    older_capture_table: bool,
+) {
     let port = free_port();
     let rabbit = Arc::new(RabbitMqSide::open(name).await);
     let settings = Settings::default()
@@ -114,6 +91,15 @@ async fn running_relay_reports_held_back(name: &str, side: Arc<dyn StoreSide>) {
     let order = NewEvent::new("order", "order-1", "Changed", serde_json::json!({ "n": 1 }));
     let events = [invoice(1), invoice(2), order];
     scenario.store.enqueue_many(&events).await;
+    if older_capture_table {
+        scenario
+            .store
+            .exec_sql(
+                "ALTER TABLE outbox_relay_capture DROP COLUMN reader_retrying, \
+                 DROP COLUMN reader_held_back_aggregates, DROP COLUMN reader_held_back",
+            )
+            .await;
+    }
     let retry_in_5m = [
         ("OUTBOX_RELAY__BACKOFF_INITIAL", "5m"),
         ("OUTBOX_RELAY__BACKOFF_MAX", "5m"),
@@ -127,6 +113,30 @@ async fn running_relay_reports_held_back(name: &str, side: Arc<dyn StoreSide>) {
         |v| v == 1.0,
     )
     .await;
+    if older_capture_table {
+        let log = scenario.relays[0].log_text();
+        assert!(
+            log.contains("has no room for the events held back behind a retry"),
+            "{log}"
+        );
+        assert_eq!(
+            scenario.status_line("retrying             "),
+            "0 events in 0 held-back aggregates",
+            "the bookkeeping row has no room for them"
+        );
+        let (ok, _, err) = scenario.cli(&["migrate"]);
+        assert!(ok, "migrate: {err}");
+        let retrying = || scenario.status_line("retrying             ");
+        wait_for(
+            "the relay's next report, once migrate made room",
+            Duration::from_secs(10),
+            || {
+                let reported = retrying() == "1 event in 1 held-back aggregate";
+                async move { reported }
+            },
+        )
+        .await;
+    }
     assert_eq!(rabbit.consume(&rabbit.destination("order")).await.len(), 1);
     assert_eq!(
         scenario.status_line("retrying             "),

@@ -745,6 +745,20 @@ impl LogicalSession {
                          reader after a crash publishes again all of a transaction it read in part"
                     );
                 }
+                let held_room = self
+                    .fence
+                    .run("reading the capture bookkeeping", async |conn| {
+                        super::setup::has_held_columns(conn, table).await
+                    })
+                    .await?;
+                if !held_room {
+                    tracing::info!(
+                        %table,
+                        "the capture bookkeeping row has no room for the events held back behind \
+                         a retry (set up by an older migrate): run migrate again, or status run \
+                         outside this relay shows no retries (this relay's metrics count them)"
+                    );
+                }
                 (self.parked_event_ids().await?, resume)
             }
             CaptureStyle::Table => (HashSet::new(), None),

@@ -340,8 +340,11 @@ async fn has_columns<'c, E: sqlx::PgExecutor<'c>>(
 }
 
 /// Whether the capture bookkeeping row has room for the reader's held-back figures.
-pub(crate) async fn has_held_columns(pool: &sqlx::PgPool, table: &TableName) -> sqlx::Result<bool> {
-    has_columns(pool, table, HELD_COLUMNS).await
+pub(crate) async fn has_held_columns<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    table: &TableName,
+) -> sqlx::Result<bool> {
+    has_columns(executor, table, HELD_COLUMNS).await
 }
 
 /// Message style: the [`ResumePoint`] the last reader of `table` left in the bookkeeping row
