@@ -232,6 +232,9 @@ impl StoreSide for LogicalSide {
         self.inner.server_version().await
     }
 
+    /// A polling store of the table, not one reading the log (the benchmark's database
+    /// ceiling measures polling's statements): a test that drives a reader of the log builds
+    /// its store with `Capture::Logical` and the style (`tests/tests/held_back.rs`).
     async fn connect_store(&self, shards: u32, connections: u32) -> Arc<dyn Store> {
         self.inner.connect_store(shards, connections).await
     }

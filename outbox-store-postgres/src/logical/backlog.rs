@@ -358,30 +358,36 @@ impl Backlog {
         if self.failed == 0 {
             return figures;
         }
-        let mut held: HashMap<&str, HeldBack> = HashMap::new();
+        // Each held-back aggregate's first failed entry, and how many wait behind it.
+        let mut held: HashMap<&str, (&Entry, i64)> = HashMap::new();
         for entry in self.entries.iter().flatten().filter(|e| !e.acked) {
-            let event = &entry.event;
+            let aggregate = entry.event.aggregate_id.as_str();
             figures.retrying += i64::from(entry.retry_at.is_some());
-            if let Some(first) = held.get_mut(event.aggregate_id.as_str()) {
-                first.waiting_behind += 1;
-            } else if let Some(retried) = &entry.retried {
-                let first = HeldBack {
+            if let Some((_, waiting)) = held.get_mut(aggregate) {
+                *waiting += 1;
+            } else if entry.retried.is_some() {
+                held.insert(aggregate, (entry, 0));
+            }
+        }
+        figures.aggregates = held.len() as i64;
+        let mut first: Vec<(&Entry, i64)> = held.into_values().collect();
+        first.sort_unstable_by_key(|(entry, _)| entry.event.id);
+        let listed = first
+            .into_iter()
+            .take(limit)
+            .filter_map(|(entry, waiting)| {
+                let (event, retried) = (&entry.event, entry.retried.as_deref()?);
+                Some(HeldBack {
                     aggregate_type: event.aggregate_type.clone(),
                     aggregate_id: event.aggregate_id.clone(),
                     id: event.id,
                     attempts: event.attempts,
                     next_attempt_at: Some(retried.next_attempt_at),
                     last_error: Some(retried.last_error.clone()),
-                    waiting_behind: 0,
-                };
-                held.insert(&event.aggregate_id, first);
-            }
-        }
-        figures.aggregates = held.len() as i64;
-        let mut listed: Vec<HeldBack> = held.into_values().collect();
-        listed.sort_unstable_by_key(|h| h.id);
-        listed.truncate(limit);
-        figures.listed = listed;
+                    waiting_behind: waiting,
+                })
+            });
+        figures.listed = listed.collect();
         figures
     }
 
