@@ -177,8 +177,8 @@ fn slow_down(&id: &i64) -> Failure {
 }
 
 /// Claims until `count` events were handed out, each once (polling hands them out at once; a
-/// reader of the log, what it has read so far).
-async fn claim_count(session: &mut Box<dyn ShardSession>, count: usize) -> Vec<OutboxEvent> {
+/// reader of the log, what it has read so far), and no more.
+async fn claim_count(session: &mut Box<dyn ShardSession>, count: usize) {
     let started = Instant::now();
     let mut claimed: Vec<OutboxEvent> = Vec::new();
     while claimed.len() < count && started.elapsed() < Duration::from_secs(30) {
@@ -191,7 +191,6 @@ async fn claim_count(session: &mut Box<dyn ShardSession>, count: usize) -> Vec<O
         claimed.extend(session.claim(&request).await.expect("claiming"));
     }
     assert_eq!(claimed.len(), count, "{claimed:?}");
-    claimed
 }
 
 /// Drives a relay's session on `store` (its only reader) and checks `status` as it goes; the
