@@ -17,11 +17,9 @@ struct Entry {
     event: OutboxEvent,
     /// The transaction's sequence number.
     txn: u64,
-    /// `Some` once it failed: not claimed again before this instant, and its aggregate's later
+    /// `Some` once it failed: not claimed again before its time, and its aggregate's later
     /// events wait behind it until it is settled.
-    retry_at: Option<Instant>,
-    /// Once it failed: the next try by the wall clock, and the error, for `status`.
-    retried: Option<Box<Retried>>,
+    retry: Option<Box<Retry>>,
     /// Acknowledged by the broker, not settled yet (its row is still to be marked): never
     /// claimed again, holds nothing back but the slot.
     acked: bool,
@@ -30,8 +28,11 @@ struct Entry {
     read_again: bool,
 }
 
+/// A failed event's next try, and what `status` shows of it.
 #[derive(Debug)]
-struct Retried {
+struct Retry {
+    at: Instant,
+    /// `at` by the wall clock.
     next_attempt_at: chrono::DateTime<chrono::Utc>,
     last_error: String,
 }
@@ -247,8 +248,7 @@ impl Backlog {
         self.entries.push_back(Some(Entry {
             event,
             txn,
-            retry_at: None,
-            retried: None,
+            retry: None,
             acked: false,
             read_again: self.reading_again,
         }));
@@ -314,9 +314,9 @@ impl Backlog {
             if held.contains(aggregate) {
                 continue;
             }
-            if let Some(at) = entry.retry_at {
+            if let Some(retry) = &entry.retry {
                 held.insert(aggregate);
-                if at > now {
+                if retry.at > now {
                     continue;
                 }
             }
@@ -332,10 +332,10 @@ impl Backlog {
         let Some(entry) = self.entry_mut(id) else {
             return;
         };
-        let first = entry.retry_at.is_none();
-        entry.retry_at = Some(now + delay);
+        let first = entry.retry.is_none();
         entry.event.attempts += 1;
-        entry.retried = Some(Box::new(Retried {
+        entry.retry = Some(Box::new(Retry {
+            at: now + delay,
             next_attempt_at: chrono::Duration::from_std(delay)
                 .ok()
                 .and_then(|d| chrono::Utc::now().checked_add_signed(d))
@@ -362,10 +362,10 @@ impl Backlog {
         let mut held: HashMap<&str, (&Entry, i64)> = HashMap::new();
         for entry in self.entries.iter().flatten().filter(|e| !e.acked) {
             let aggregate = entry.event.aggregate_id.as_str();
-            figures.retrying += i64::from(entry.retry_at.is_some());
+            figures.retrying += i64::from(entry.retry.is_some());
             if let Some((_, waiting)) = held.get_mut(aggregate) {
                 *waiting += 1;
-            } else if entry.retried.is_some() {
+            } else if entry.retry.is_some() {
                 held.insert(aggregate, (entry, 0));
             }
         }
@@ -376,14 +376,14 @@ impl Backlog {
             .into_iter()
             .take(limit)
             .filter_map(|(entry, waiting)| {
-                let (event, retried) = (&entry.event, entry.retried.as_deref()?);
+                let (event, retry) = (&entry.event, entry.retry.as_deref()?);
                 Some(HeldBack {
                     aggregate_type: event.aggregate_type.clone(),
                     aggregate_id: event.aggregate_id.clone(),
                     id: event.id,
                     attempts: event.attempts,
-                    next_attempt_at: Some(retried.next_attempt_at),
-                    last_error: Some(retried.last_error.clone()),
+                    next_attempt_at: Some(retry.next_attempt_at),
+                    last_error: Some(retry.last_error.clone()),
                     waiting_behind: waiting,
                 })
             });
@@ -431,7 +431,7 @@ impl Backlog {
                 continue;
             };
             self.unsettled -= 1;
-            self.failed -= usize::from(entry.retry_at.is_some());
+            self.failed -= usize::from(entry.retry.is_some());
             self.unsettled_bytes -= entry.event.payload.len();
             self.read_again -= usize::from(entry.read_again);
             self.txns[(entry.txn - self.first_txn) as usize].unsettled -= 1;
