@@ -61,18 +61,22 @@ impl SqlStore for MySql {
     }
 
     /// An unqualified table is written qualified by the URL's database (none: unqualified).
-    fn migration_sql(config: &MySqlStoreConfig) -> Option<String> {
-        let options: sqlx::mysql::MySqlConnectOptions = config.url.parse().ok()?;
-        let table = TableName::parse(&config.table).ok()?;
+    fn migration_sql(config: &MySqlStoreConfig) -> Result<Option<String>> {
+        let (Ok(options), Ok(table)) = (
+            config.url.parse::<sqlx::mysql::MySqlConnectOptions>(),
+            TableName::parse(&config.table),
+        ) else {
+            return Ok(None);
+        };
         let table = match (table.qualifier(), options.get_database()) {
             (None, Some(database)) => table.or_in(database),
             _ => table,
         };
-        Some(crate::migrate::script(
+        Ok(Some(crate::migrate::script(
             &table,
             config.shards,
             config.payload_type,
-        ))
+        )))
     }
 
     async fn connect(config: MySqlStoreConfig) -> Result<Self::Store> {

@@ -398,7 +398,7 @@ pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<Payloa
     before.push(create_schema_table(&table.quoted_sibling(SCHEMA_TABLE)));
     before.push(create_members_table(table));
     before.push(create_pause_table(table));
-    creation_script(MIGRATIONS, table, shards, payload_type, &before)
+    creation_script(MIGRATIONS, table, shards, payload_type, &before, &[])
 }
 
 async fn record_version(

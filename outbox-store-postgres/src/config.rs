@@ -1,7 +1,7 @@
 //! `[store]` settings of the PostgreSQL store, and the outbox table name.
 
 use outboxkit_core::Result;
-use outboxkit_store_sql::config::{NameRules, SqlStore, SqlStoreConfig, TableRules};
+use outboxkit_store_sql::config::{Capture, NameRules, SqlStore, SqlStoreConfig, TableRules};
 
 pub(crate) use outboxkit_store_sql::config::SCHEMA_TABLE;
 
@@ -64,13 +64,40 @@ impl SqlStore for Postgres {
         ))
     }
 
-    fn migration_sql(config: &PostgresStoreConfig) -> Option<String> {
-        let table = TableName::parse(&config.table).ok()?;
-        Some(crate::migrate::script(
-            &table,
-            config.shards,
-            config.payload_type,
-        ))
+    /// With log-based capture, also the server's `wal_level` checked, the capture set-up
+    /// (bookkeeping table, publication, emit function) and, after the `COMMIT`, the slot and
+    /// its bookkeeping row. Its table must name its schema: the slot's default name and the
+    /// messages' prefix hold it, and the connection that would resolve it is not made.
+    fn migration_sql(config: &PostgresStoreConfig) -> Result<Option<String>> {
+        let Ok(table) = TableName::parse(&config.table) else {
+            return Ok(None);
+        };
+        let (shards, payload_type) = (config.shards, config.payload_type);
+        if config.capture == Capture::Poll {
+            return Ok(Some(crate::migrate::script(
+                &table,
+                shards,
+                payload_type,
+                None,
+                &[],
+            )));
+        }
+        if table.qualifier().is_none() {
+            return Err(outboxkit_core::Error::config(format!(
+                "store.table: \"{}\" has no schema, and with store.capture = \"logical\" the \
+                 script names it (in the slot and the messages): write it as schema.table (\
+                 public.{0} when the default search_path finds it)",
+                config.table
+            )));
+        }
+        let names = crate::logical::LogicalNames::new(&table, &config.logical);
+        let (check, inside, after) =
+            crate::logical::setup::script_parts(&table, &names, payload_type.unwrap_or_default());
+        let mut script = crate::migrate::script(&table, shards, payload_type, Some(check), &inside);
+        for statement in after {
+            script.push_str(&format!("\n{statement};\n"));
+        }
+        Ok(Some(script))
     }
 
     async fn connect(config: PostgresStoreConfig) -> Result<Self::Store> {

@@ -246,10 +246,17 @@ fn create_pause_table(pause_table: &str, guard: &str) -> String {
 
 /// What [`migrate`] runs for a table that does not exist yet, as one script in one transaction
 /// (see [`creation_script`]): the schema when the table names one, the bookkeeping table, the
-/// migrations and the bookkeeping row. An unqualified table goes where the applying session's
+/// migrations, the bookkeeping row, and around them log-based capture's statements `first` and
+/// `last` (none when polled). An unqualified table goes where the applying session's
 /// `search_path` puts it, with its bookkeeping table beside it.
-pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<PayloadType>) -> String {
-    let mut before = Vec::new();
+pub(crate) fn script(
+    table: &TableName,
+    shards: u32,
+    payload_type: Option<PayloadType>,
+    first: Option<String>,
+    last: &[String],
+) -> String {
+    let mut before = Vec::from_iter(first);
     if let Some(schema) = table.qualifier() {
         before.push(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""));
     }
@@ -257,7 +264,7 @@ pub(crate) fn script(table: &TableName, shards: u32, payload_type: Option<Payloa
     before.push(create_schema_table(&schema_table, "IF NOT EXISTS "));
     let pause_table = table.quoted_sibling(PAUSE_TABLE);
     before.push(create_pause_table(&pause_table, "IF NOT EXISTS "));
-    creation_script(MIGRATIONS, table, shards, payload_type, &before)
+    creation_script(MIGRATIONS, table, shards, payload_type, &before, last)
 }
 
 pub(crate) use outboxkit_store_sql::migrate::not_migrated;

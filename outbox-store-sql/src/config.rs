@@ -44,11 +44,11 @@ pub trait SqlStore: Sized + Clone + Eq + Send + Sync + 'static {
     fn table_identity(_config: &SqlStoreConfig<Self>) -> Option<String> {
         None
     }
-    /// The SQL that creates the table `config` names (one table, polling) at the current
-    /// schema version, as `migrate` does: see
+    /// The SQL that creates the table `config` names (one table) at the current schema
+    /// version, as `migrate` does, with what its `capture` needs: see
     /// [`StoreConfig::migration_sql`](outboxkit_core::StoreConfig::migration_sql).
-    fn migration_sql(_config: &SqlStoreConfig<Self>) -> Option<String> {
-        None
+    fn migration_sql(_config: &SqlStoreConfig<Self>) -> Result<Option<String>> {
+        Ok(None)
     }
     /// Connect and return the store; called after `validate` passed.
     fn connect(config: SqlStoreConfig<Self>) -> impl Future<Output = Result<Self::Store>> + Send;
@@ -360,8 +360,7 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
         Ok(self.matching(S::list_tables(self).await?))
     }
 
-    /// A pattern names no one table, and log-based capture needs more than SQL (the server's
-    /// settings checked, a publication and a slot made): both are refused naming the key.
+    /// A pattern names no one table: refused naming the key.
     fn migration_sql(&self) -> Result<Option<String>> {
         if self.is_pattern() {
             return Err(Error::config(format!(
@@ -370,14 +369,7 @@ impl<S: SqlStore> outboxkit_core::StoreConfig for SqlStoreConfig<S> {
                 self.table
             )));
         }
-        if self.capture == Capture::Logical {
-            return Err(Error::config(
-                "store.capture: \"logical\" needs more than SQL (the server's settings \
-                 checked, a publication and a replication slot): run migrate itself"
-                    .to_owned(),
-            ));
-        }
-        Ok(S::migration_sql(self))
+        S::migration_sql(self)
     }
 
     fn build(self) -> impl Future<Output = Result<Self::Store>> + Send {

@@ -275,14 +275,16 @@ pub trait ScriptDialect {
 /// What `migrate` runs for a table that does not exist yet, as one script for a database
 /// administrator to apply (`migrate --print-sql`): a first line saying what it makes, the
 /// statements `before` (without `;`: the schema or database, the bookkeeping tables), every
-/// migration of `migrations` (`script_of`) and the bookkeeping row that `check` and `run`
-/// look for.
+/// migration of `migrations` (`script_of`), the bookkeeping row that `check` and `run`
+/// look for, and the statements `after` (a store's own set-up of the table, such as
+/// PostgreSQL's log-based capture).
 pub fn creation_script<S: PayloadColumn + TableRules + ScriptDialect>(
     migrations: &[Migration],
     table: &TableName<S>,
     shards: u32,
     payload_type: Option<PayloadType>,
     before: &[String],
+    after: &[String],
 ) -> String {
     let shard_count = i32::try_from(shards).unwrap_or(i32::MAX);
     let payload_type = payload_type.unwrap_or_default();
@@ -299,12 +301,17 @@ pub fn creation_script<S: PayloadColumn + TableRules + ScriptDialect>(
     script.push_str(&script_of(migrations, table, shard_count, payload_type));
     script.push_str(&format!(
         "INSERT INTO {} (table_name, version, shard_count, applied_at) \
-         VALUES ('{}', {version}, {shard_count}, {});\n{}",
+         VALUES ('{}', {version}, {shard_count}, {});\n",
         table.quoted_sibling(crate::config::SCHEMA_TABLE),
         table.name().replace('\'', "''"),
         S::NOW,
-        if S::TRANSACTIONAL { "\nCOMMIT;\n" } else { "" }
     ));
+    for statement in after {
+        script.push_str(&format!("\n{statement};\n"));
+    }
+    if S::TRANSACTIONAL {
+        script.push_str("\nCOMMIT;\n");
+    }
     script
 }
 

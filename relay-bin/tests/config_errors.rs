@@ -803,10 +803,12 @@ fn migrate_print_sql_writes_what_migrate_makes() {
     assert_eq!(hand, reference_shape);
 }
 
-/// `migrate --print-sql` of a pattern or of log-based capture: refused naming the key, since
-/// neither is one table made by SQL alone.
+/// `migrate --print-sql` of a pattern, and of log-based capture of a table without its schema:
+/// refused naming the key, since a pattern is no one table, and log-based capture's script
+/// names the schema (in the slot and the messages) that no connection resolved.
+/// (`tests/tests/postgres_logical.rs` applies the script of a qualified table.)
 #[test]
-fn migrate_print_sql_refuses_a_pattern_and_log_based_capture() {
+fn migrate_print_sql_refuses_a_pattern_and_an_unqualified_logical_table() {
     for (store, expected) in [
         (
             "table = \"t_*.outbox\"",
@@ -814,7 +816,8 @@ fn migrate_print_sql_refuses_a_pattern_and_log_based_capture() {
         ),
         (
             "capture = \"logical\"",
-            "store.capture: \"logical\" needs more than SQL",
+            "store.table: \"outbox\" has no schema, and with store.capture = \"logical\" the \
+             script names it",
         ),
     ] {
         let config =

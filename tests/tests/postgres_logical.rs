@@ -1591,3 +1591,194 @@ async fn kept_events_are_replayed_through_the_log_in_table_style() {
     }
     drop(server);
 }
+
+/// Where the relay's user may not create tables, publications or slots, a database
+/// administrator applies `migrate --print-sql` with psql (`-f`, stopping at the first error).
+/// For either style it sets the table up as `migrate` does: the same bookkeeping row,
+/// publication, slot, emit function and table as a table `migrate` set up beside it. Then a
+/// user with only the privileges the store README lists for log-based capture passes `check`
+/// and relays what writers wrote, and `migrate` finds nothing to change. On a server without
+/// `wal_level = logical` the script stops at its first statement, with `migrate`'s words, and
+/// leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_sql_sets_log_based_capture_up_as_migrate_does() {
+    use super::privileges::{readme_grants, with_user, POSTGRES_README};
+
+    let name = unique("lgsql");
+    let server = PrivatePostgres::start_logical(&name);
+    let url = server.url("postgres", "");
+    let admin = PostgresSide::open_with_pool(&url, "probe", 2).await;
+    let dir = scratch_dir(&name);
+    for style in ["table", "message"] {
+        let (by_hand, by_migrate) = (format!("{name}_{style}"), format!("{name}_{style}_m"));
+        let redis = RedisSide::open(&by_hand).await;
+        let config = |table: &str, url: &str| {
+            one_pipeline_config(
+                &format!("{table}_c"),
+                &format!(
+                    "kind = \"postgres\"\nurl = \"{url}\"\ntable = \"public.{table}\"\n\
+                     capture = \"logical\"\n\n[store.logical]\nstyle = \"{style}\"\n"
+                ),
+                &redis.sink_toml(),
+            )
+            .1
+        };
+        let (ok, script, err) = run_cli(&config(&by_hand, &url), &["migrate", "--print-sql"], &[]);
+        assert!(ok, "{err}");
+        let file = write_file(&dir, &format!("{style}.sql"), &script);
+        psql_file(&url, &file).unwrap_or_else(|e| panic!("applying the script: {e}\n{script}"));
+        let (ok, out, err) = run_cli(&config(&by_migrate, &url), &["migrate"], &[]);
+        assert!(ok, "migrate: {out}{err}");
+        let set_up = capture_shape(&admin, &by_hand).await;
+        assert_eq!(set_up, capture_shape(&admin, &by_migrate).await, "{script}");
+        assert!(set_up[0].ends_with(&format!(" {style} t")), "{set_up:?}");
+
+        // The relay's user: the README's grants, and log-based capture's.
+        admin
+            .exec_sql(&format!(
+                "CREATE ROLE {by_hand} LOGIN REPLICATION PASSWORD 'pw'"
+            ))
+            .await;
+        let grants = readme_grants(
+            POSTGRES_README,
+            &by_hand,
+            &[("app.", "public."), ("SCHEMA app", "SCHEMA public")],
+        );
+        for grant in grants.iter().chain(&[
+            format!("GRANT INSERT ON public.{by_hand} TO {by_hand};"),
+            format!("GRANT SELECT, UPDATE ON public.outbox_relay_capture TO {by_hand};"),
+        ]) {
+            admin.exec_sql(grant).await;
+        }
+        let relay_config = config(&by_hand, &with_user(&url, &by_hand));
+        let (ok, out, err) = run_cli(&relay_config, &["check"], &[]);
+        assert!(ok, "check as the relay's user: {out}{err}");
+        let mut relay = RelayProcess::start(&relay_config, &dir, &format!("relay-{style}"), &[]);
+        for n in 1..=3 {
+            admin
+                .exec_sql(&if style == "table" {
+                    format!(
+                        "INSERT INTO public.{by_hand} (aggregate_type, aggregate_id, event_type, \
+                         payload) VALUES ('order', 'o-1', 'Placed', '{{\"n\": {n}}}')"
+                    )
+                } else {
+                    format!(
+                        "SELECT public.{by_hand}_emit('order', 'o-1', 'Placed', '{{\"n\": {n}}}')"
+                    )
+                })
+                .await;
+        }
+        wait_for(
+            "the three events relayed",
+            Duration::from_secs(30),
+            || async { redis.held(3, Duration::ZERO).await >= 3 },
+        )
+        .await;
+        relay.stop(Duration::from_secs(30));
+        let delivered = redis.read_back(&Default::default(), Duration::ZERO).await;
+        let payloads: Vec<String> = delivered
+            .iter()
+            .map(|d| String::from_utf8_lossy(&d.payload).into_owned())
+            .collect();
+        assert_eq!(
+            payloads,
+            [r#"{"n": 1}"#, r#"{"n": 2}"#, r#"{"n": 3}"#],
+            "{}",
+            relay.log_text()
+        );
+
+        let (ok, out, err) = run_cli(&config(&by_hand, &url), &["migrate"], &[]);
+        assert!(ok, "migrate after the script: {out}{err}");
+        assert_eq!(capture_shape(&admin, &by_hand).await, set_up);
+        redis.cleanup().await;
+    }
+
+    // The machine's shared server runs wal_level = replica.
+    let table = format!("{name}_replica");
+    let redis = RedisSide::open(&table).await;
+    let (_, config) = one_pipeline_config(
+        &table,
+        &format!(
+            "kind = \"postgres\"\nurl = \"{}\"\ntable = \"public.{table}\"\ncapture = \"logical\"\n",
+            postgres_url()
+        ),
+        &redis.sink_toml(),
+    );
+    let (ok, script, err) = run_cli(&config, &["migrate", "--print-sql"], &[]);
+    assert!(ok, "{err}");
+    let file = write_file(&dir, "replica.sql", &script);
+    let refused = psql_file(&postgres_url(), &file);
+    let shared = PostgresSide::open(&table).await;
+    let left = shared
+        .query_text(&format!(
+            "SELECT coalesce(to_regclass('public.{table}')::text, '')"
+        ))
+        .await;
+    shared.drop_tables().await;
+    let refused = refused.expect_err("the script ran on a server without wal_level = logical");
+    assert!(
+        refused.contains("needs the server setting wal_level = logical")
+            && refused.contains("runs with wal_level = replica"),
+        "{refused}"
+    );
+    assert_eq!(left, "", "the script left the table behind");
+    drop(server);
+}
+
+/// `psql -f script` on the database `url` names, stopping at the first error (psql's output
+/// then).
+fn psql_file(url: &str, script: &std::path::Path) -> Result<(), String> {
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f"])
+        .arg(script)
+        .output()
+        .unwrap_or_else(|e| panic!("running psql: {e}"));
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// What logical capture's set-up of `table` is, its name replaced by `T`: its bookkeeping row
+/// (slot, style, publication, whether the first position is recorded), the publication's
+/// options and tables, the slot's plugin and database, the emit function, and the table's
+/// columns and indexes.
+async fn capture_shape(admin: &PostgresSide, table: &str) -> Vec<String> {
+    let capture = format!("(SELECT {{}} FROM outbox_relay_capture WHERE table_name = '{table}')");
+    let queries = [
+        format!(
+            "SELECT concat_ws(' ', slot, publication, style, created_lsn IS NOT NULL) \
+             FROM outbox_relay_capture WHERE table_name = '{table}'"
+        ),
+        format!(
+            "SELECT concat_ws(' ', pubinsert, pubupdate, pubdelete, pubtruncate, puballtables, \
+             (SELECT string_agg(schemaname || '.' || tablename, ',') FROM pg_publication_tables \
+              t WHERE t.pubname = p.pubname)) FROM pg_publication p WHERE pubname = {}",
+            capture.replace("{}", "publication")
+        ),
+        format!(
+            "SELECT concat_ws(' ', plugin, slot_type, database) FROM pg_replication_slots \
+             WHERE slot_name = {}",
+            capture.replace("{}", "slot")
+        ),
+        format!("SELECT pg_get_functiondef('public.{table}_emit'::regproc)"),
+        format!(
+            "SELECT string_agg(concat_ws(' ', column_name, data_type, is_nullable, \
+             column_default), ', ' ORDER BY ordinal_position) FROM information_schema.columns \
+             WHERE table_schema = 'public' AND table_name = '{table}'"
+        ),
+        format!(
+            "SELECT string_agg(indexdef, '; ' ORDER BY indexname) FROM pg_indexes \
+             WHERE schemaname = 'public' AND tablename = '{table}'"
+        ),
+    ];
+    let mut shape = Vec::new();
+    for query in queries {
+        shape.push(admin.query_text(&query).await.replace(table, "T"));
+    }
+    shape
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use outboxkit_core::NewEvent;
 use outboxkit_harness::*;
 
-const POSTGRES_README: &str = include_str!("../../outbox-store-postgres/README.md");
+pub(super) const POSTGRES_README: &str = include_str!("../../outbox-store-postgres/README.md");
 const MYSQL_README: &str = include_str!("../../outbox-store-mysql/README.md");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +155,7 @@ async fn relays_with_the_listed_privileges(
 /// The `GRANT` statements of `readme`'s "Privileges" section, for the test's `table` and user
 /// `table`: each `(from, to)` of `rename` replaced, then the README's table `outbox` and user
 /// `relay` by the test's.
-fn readme_grants(readme: &str, table: &str, rename: &[(&str, &str)]) -> Vec<String> {
+pub(super) fn readme_grants(readme: &str, table: &str, rename: &[(&str, &str)]) -> Vec<String> {
     let section = readme
         .split("### Privileges")
         .nth(1)
@@ -180,7 +180,7 @@ fn readme_grants(readme: &str, table: &str, rename: &[(&str, &str)]) -> Vec<Stri
 }
 
 /// `url` with `user` (password `pw`) instead of its own user.
-fn with_user(url: &str, user: &str) -> String {
+pub(super) fn with_user(url: &str, user: &str) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let host = rest.split_once('@').map_or(rest, |(_, host)| host);
     format!("{scheme}://{user}:pw@{host}")

@@ -88,12 +88,9 @@ pub(crate) async fn check_server(conn: &mut PgConnection, target: &Target) -> Re
     if wal_level != "logical" {
         return Err(Error::new(
             ErrorKind::Config,
-            format!(
-                "store.capture = \"logical\" needs the server setting wal_level = logical, and \
-                 {} runs with wal_level = {wal_level}: set it (ALTER SYSTEM SET wal_level = \
-                 logical, or in postgresql.conf; on a managed database, the provider's logical \
-                 replication parameter) and restart the server, or use store.capture = \"poll\"",
-                target.endpoint.as_deref().unwrap_or("the server")
+            needs_wal_level(
+                target.endpoint.as_deref().unwrap_or("the server"),
+                &wal_level,
             ),
         )
         .permanent());
@@ -117,6 +114,16 @@ pub(crate) async fn check_server(conn: &mut PgConnection, target: &Target) -> Re
         .permanent());
     }
     Ok(())
+}
+
+/// What a `server` running with `wal_level` (not `logical`) lacks, and what to do.
+fn needs_wal_level(server: &str, wal_level: &str) -> String {
+    format!(
+        "store.capture = \"logical\" needs the server setting wal_level = logical, and {server} \
+         runs with wal_level = {wal_level}: set it (ALTER SYSTEM SET wal_level = logical, or in \
+         postgresql.conf; on a managed database, the provider's logical replication parameter) \
+         and restart the server, or use store.capture = \"poll\""
+    )
 }
 
 /// The slot as the server has it: `None` when it does not exist.
@@ -555,6 +562,96 @@ pub(crate) fn re_emit_dead_row(
     ))
 }
 
+/// The capture bookkeeping table `bookkeeping` (quoted), with the columns added since it was
+/// first made: what `migrate` runs, and what its script prints.
+fn create_capture_table(bookkeeping: &str) -> [String; 2] {
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {bookkeeping} (\
+                 table_name text PRIMARY KEY, slot text NOT NULL UNIQUE, style text NOT NULL, \
+                 publication text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
+                 created_lsn pg_lsn)"
+        ),
+        format!(
+            "ALTER TABLE {bookkeeping} \
+                 ADD COLUMN IF NOT EXISTS reader_unsettled bigint, \
+                 ADD COLUMN IF NOT EXISTS reader_oldest_at timestamptz, \
+                 ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz, \
+                 ADD COLUMN IF NOT EXISTS reader_txn_lsn pg_lsn, \
+                 ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint, \
+                 ADD COLUMN IF NOT EXISTS reader_retrying bigint, \
+                 ADD COLUMN IF NOT EXISTS reader_held_back_aggregates bigint, \
+                 ADD COLUMN IF NOT EXISTS reader_held_back jsonb"
+        ),
+    ]
+}
+
+/// The publication: the table's inserts (table style), or nothing (message style: messages
+/// are not filtered by publications, but pgoutput needs one to start).
+fn create_publication(names: &LogicalNames, table: &TableName) -> String {
+    let what = match names.style {
+        CaptureStyle::Table => format!(" FOR TABLE {} WITH (publish = 'insert')", table.quoted()),
+        CaptureStyle::Message => String::new(),
+    };
+    format!("CREATE PUBLICATION \"{}\"{what}", names.publication)
+}
+
+/// What `migrate --print-sql` adds for logical capture, in three parts, statements without
+/// `;`. First, before anything else in the creation script's transaction, the server's
+/// `wal_level` checked: the script stops there, with `migrate`'s words, on a server that cannot
+/// capture. Then, at the end of that transaction, the capture bookkeeping table, the
+/// publication and the emit function. Last, after its `COMMIT`, the slot, made in a statement
+/// of its own since a slot cannot be made in a transaction that wrote, and the bookkeeping row
+/// that records it with its first position. `table` names its schema: the slot's default name
+/// and the messages' prefix hold it.
+pub(crate) fn script_parts(
+    table: &TableName,
+    names: &LogicalNames,
+    payload_type: PayloadType,
+) -> (String, Vec<String>, Vec<String>) {
+    let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
+    let quote = |text: &str| text.replace('\'', "''");
+    // `%`: RAISE puts the setting there.
+    let wal_level = needs_wal_level("this server", "%");
+    let check = format!(
+        "-- log-based capture, {style} style: publication \"{publication}\", slot \"{slot}\"\n\
+         DO $check$ BEGIN \
+             IF current_setting('wal_level') <> 'logical' THEN \
+                 RAISE EXCEPTION '{message}', current_setting('wal_level'); \
+             END IF; \
+         END $check$",
+        style = names.style.as_str(),
+        publication = names.publication,
+        slot = names.slot,
+        message = quote(&wal_level),
+    );
+    let mut inside = Vec::from(create_capture_table(&bookkeeping));
+    inside.push(create_publication(names, table));
+    inside.push(emit_function(names, payload_type));
+    let after = vec![
+        format!(
+            "-- The replication slot, after the COMMIT above: a slot cannot be made in a \
+             transaction that wrote\n\
+             -- (do not apply this script with psql --single-transaction). Making it waits for \
+             the\n\
+             -- transactions running now to end. The relay's user needs the REPLICATION \
+             attribute.\n\
+             SELECT slot_name, lsn FROM pg_create_logical_replication_slot('{}', 'pgoutput')",
+            quote(&names.slot)
+        ),
+        format!(
+            "INSERT INTO {bookkeeping} (table_name, slot, style, publication, created_lsn) \
+             SELECT '{name}', slot_name, '{style}', '{publication}', confirmed_flush_lsn \
+             FROM pg_replication_slots WHERE slot_name = '{slot}'",
+            slot = quote(&names.slot),
+            name = quote(table.name()),
+            style = names.style.as_str(),
+            publication = quote(&names.publication),
+        ),
+    ];
+    (check, inside, after)
+}
+
 /// Set logical capture up for `table` (already migrated): check the server, make the
 /// publication, the emit function and, the first time only, the slot.
 pub(crate) async fn migrate(
@@ -568,23 +665,11 @@ pub(crate) async fn migrate(
     let mut conn = pool.acquire().await.map_err(&e)?;
     check_server(&mut conn, target).await?;
     let bookkeeping = table.quoted_sibling(CAPTURE_TABLE);
-    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {bookkeeping} (\
-             table_name text PRIMARY KEY, slot text NOT NULL UNIQUE, style text NOT NULL, \
-             publication text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), \
-             created_lsn pg_lsn); \
-         ALTER TABLE {bookkeeping} \
-             ADD COLUMN IF NOT EXISTS reader_unsettled bigint, \
-             ADD COLUMN IF NOT EXISTS reader_oldest_at timestamptz, \
-             ADD COLUMN IF NOT EXISTS reader_reported_at timestamptz, \
-             ADD COLUMN IF NOT EXISTS reader_txn_lsn pg_lsn, \
-             ADD COLUMN IF NOT EXISTS reader_txn_settled_below bigint, \
-             ADD COLUMN IF NOT EXISTS reader_retrying bigint, \
-             ADD COLUMN IF NOT EXISTS reader_held_back_aggregates bigint, \
-             ADD COLUMN IF NOT EXISTS reader_held_back jsonb"
-    ))))
-    .await
-    .map_err(&e)?;
+    for statement in create_capture_table(&bookkeeping) {
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(statement)))
+            .await
+            .map_err(&e)?;
+    }
 
     // The publication: the table's inserts (table style), or nothing (message style: messages
     // are not filtered by publications, but pgoutput needs one to start).
@@ -595,15 +680,8 @@ pub(crate) async fn migrate(
             .await
             .map_err(&e)?;
     if !exists {
-        let what = match names.style {
-            CaptureStyle::Table => {
-                format!(" FOR TABLE {} WITH (publish = 'insert')", table.quoted())
-            }
-            CaptureStyle::Message => String::new(),
-        };
-        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "CREATE PUBLICATION \"{}\"{what}",
-            names.publication
+        conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(create_publication(
+            names, table,
         ))))
         .await
         .map_err(&e)?;
