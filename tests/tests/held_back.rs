@@ -4,6 +4,8 @@
 //! attempts, its next try, how many events wait behind it and the broker's last error, as text
 //! and as JSON; beyond the 20 listed, how many more are held back; once the retries went out
 //! none is named. A running relay's gauge and `status` name one that RabbitMQ does not route.
+//! With log-based capture, a failed event read again by the next reader of the slot keeps its
+//! attempts and next try, in both styles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,15 +37,133 @@ async fn logical_message_style_status_names_each_held_back_aggregate() {
     let server = PrivatePostgres::start_logical(&name);
     let side = Arc::new(LogicalSide::open(&server, &name, "message").await);
     let (_redis, scenario, _port) = RedisSide::scenario(&name, side.clone(), "").await;
-    let mut config = PostgresStoreConfig::new(side.url())
-        .table(&name)
-        .capture(Capture::Logical);
-    config.logical.style = CaptureStyle::Message;
-    let store = PostgresStore::connect(config).await.expect("connecting");
+    let store = message_style_store(&side, &name).await;
     let session = held_back_round_trip(&scenario, &store).await;
     session.close().await.expect("closing the session");
     scenario.cleanup().await;
     drop(server);
+}
+
+/// The store of `side`'s table, read from the log in message style.
+async fn message_style_store(side: &LogicalSide, table: &str) -> PostgresStore {
+    logical_store(side, table, CaptureStyle::Message).await
+}
+
+/// The store of `side`'s table, read from the log in `style`.
+async fn logical_store(side: &LogicalSide, table: &str, style: CaptureStyle) -> PostgresStore {
+    let mut config = PostgresStoreConfig::new(side.url())
+        .table(table)
+        .capture(Capture::Logical);
+    config.logical.style = style;
+    PostgresStore::connect(config).await.expect("connecting")
+}
+
+/// A failed event read again by the next reader of the slot keeps what the last reader
+/// recorded of it. In message style the reader leaves the failed events it lists in the capture
+/// bookkeeping row (at each status report, and as it stops); in table style the row records
+/// them. The event waits for the same next try, `status` shows the same attempts and error, and
+/// it is handed out with its attempts (its aggregate's next event still behind it), so that
+/// `relay.max_attempts` counts across readers as a row's `attempts` does with polling: its next
+/// failure parks it as dead after 3 attempts, not 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_attempts_carry_over_to_the_next_reader() {
+    for (style, prefix) in [
+        (CaptureStyle::Message, "held_carry"),
+        (CaptureStyle::Table, "held_carry_t"),
+    ] {
+        attempts_carry_over_to_the_next_reader(style, prefix).await;
+    }
+}
+
+async fn attempts_carry_over_to_the_next_reader(style: CaptureStyle, prefix: &str) {
+    let name = unique(prefix);
+    let server = PrivatePostgres::start_logical(&name);
+    let side = Arc::new(LogicalSide::open(&server, &name, style.as_str()).await);
+    let (_redis, scenario, _port) = RedisSide::scenario(&name, side.clone(), "").await;
+    let store = logical_store(&side, &name, style).await;
+    let ids = store
+        .insert(&[event("A", 1), event("A", 2), event("B", 1)])
+        .await
+        .expect("writing");
+    let mut first = open_every_shard(&store, "relay-first").await;
+    claim_count(&mut first, 3).await;
+    // A's first event fails twice; the second time it is to be tried again in 3 s.
+    first
+        .record_failures(&[slow_down(&ids[0])])
+        .await
+        .expect("recording the failure");
+    let soon = Failure {
+        retry_in: Some(Duration::from_secs(3)),
+        ..slow_down(&ids[0])
+    };
+    first
+        .record_failures(&[soon])
+        .await
+        .expect("recording the failure");
+    first
+        .mark_published(&[ids[2]], MarkMode::Delete)
+        .await
+        .expect("marking B's");
+    assert_eq!(relays_count(&store).await, (1, 1));
+    let left = scenario.status()["held_back"].clone();
+    assert_eq!(left[0]["attempts"], 2, "{left}");
+    first.close().await.expect("closing the session");
+
+    let mut next = open_every_shard(&store, "relay-next").await;
+    // Claims read the log: A's first event comes out once its time came, with its attempts
+    // (B's, published but read again, may come out too); A's second does not, behind it.
+    let next_try = left[0]["next_attempt_at"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("a next attempt time: {left}"));
+    let started = Instant::now();
+    let mut handed: Vec<OutboxEvent> = Vec::new();
+    let mut carried = serde_json::Value::Null;
+    while started.elapsed() < Duration::from_secs(30) {
+        let exclude: Vec<i64> = handed.iter().map(|e| e.id).collect();
+        let request = ClaimRequest {
+            limit: 100,
+            exclude_ids: &exclude,
+            dead_holds_aggregate: false,
+        };
+        let claimed = next.claim(&request).await.expect("claiming");
+        if claimed.iter().any(|e| e.id == ids[0]) {
+            let early = next_try.with_timezone(&chrono::Utc) - chrono::Utc::now();
+            assert!(early < chrono::Duration::milliseconds(100), "{early} early");
+        }
+        handed.extend(claimed);
+        relays_count(&store).await;
+        // Once A's events were read again: the same entry, A's second waiting behind it.
+        carried = scenario.status()["held_back"].clone();
+        if carried[0]["waiting_behind"] == 1 && handed.iter().any(|e| e.id == ids[0]) {
+            break;
+        }
+    }
+    assert_eq!(carried, left, "what the first reader left");
+    let again: Vec<(i64, i32)> = handed.iter().map(|e| (e.id, e.attempts)).collect();
+    println!("{style:?} style: handed out again (id, attempts): {again:?}");
+    assert!(again.contains(&(ids[0], 2)), "{again:?}");
+    assert!(!again.iter().any(|(id, _)| *id == ids[1]), "{again:?}");
+    let dead = Failure {
+        retry_in: None,
+        ..slow_down(&ids[0])
+    };
+    next.record_failures(&[dead]).await.expect("parking it");
+    let rows = side.dead_rows().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].attempts, 3, "{rows:?}");
+    next.close().await.expect("closing the session");
+    scenario.cleanup().await;
+    drop(server);
+}
+
+/// A session of `relay` on `store` holding every shard.
+async fn open_every_shard(store: &dyn Store, relay: &str) -> Box<dyn ShardSession> {
+    let mut session = store.open_session(relay).await.expect("a session");
+    for shard in 0..session.shard_count() as i32 {
+        assert!(session.try_acquire(shard).await.expect("taking a shard"));
+    }
+    session
 }
 
 /// A running relay, polling: RabbitMQ does not route invoices, so invoice-1's first event is
@@ -201,10 +321,7 @@ async fn held_back_round_trip(scenario: &Scenario, store: &dyn Store) -> Box<dyn
         .await
         .expect("writing");
     // A relay's session: A's first event fails, to be tried again in an hour; B's goes out.
-    let mut session = store.open_session("relay-held").await.expect("a session");
-    for shard in 0..session.shard_count() as i32 {
-        assert!(session.try_acquire(shard).await.expect("taking a shard"));
-    }
+    let mut session = open_every_shard(store, "relay-held").await;
     claim_count(&mut session, 4).await;
     session
         .record_failures(&[slow_down(&ids[0])])

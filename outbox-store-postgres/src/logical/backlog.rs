@@ -37,6 +37,24 @@ struct Retry {
     last_error: String,
 }
 
+impl Retry {
+    /// The retry a failure the last reader recorded (`held`) left: its next try, now if none.
+    fn as_left(held: HeldBack) -> Box<Self> {
+        let now = chrono::Utc::now();
+        let next_attempt_at = held.next_attempt_at.unwrap_or(now);
+        // A century at most: an `Instant` that far ahead may not exist.
+        let wait = (next_attempt_at - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO)
+            .min(Duration::from_secs(100 * 365 * 24 * 3600));
+        Box::new(Self {
+            at: Instant::now() + wait,
+            next_attempt_at,
+            last_error: held.last_error.unwrap_or_default(),
+        })
+    }
+}
+
 /// What the failed events hold back, as polling's `status` counts it from the table: events
 /// that failed and are not settled, the aggregates they hold back, and the first
 /// [`HeldFigures::listed`] of those (by id) with how many events wait behind each.
@@ -103,6 +121,9 @@ pub(crate) struct Backlog {
     /// Unsettled events that failed (acknowledged since or not): with none, nothing is held
     /// back and [`Self::held_back`] need not look.
     failed: usize,
+    /// Message style: the failed events the last reader listed, by id (see [`Self::carrying`]),
+    /// until read again.
+    carried: HashMap<i64, HeldBack>,
 }
 
 /// Where a reader got to inside the oldest transaction it has not settled whole: that
@@ -160,6 +181,29 @@ impl Backlog {
         self
     }
 
+    /// Message style: the failed events the last reader listed for `status` (each held-back
+    /// aggregate's first, up to [`HELD_BACK_LISTED`](super::session::HELD_BACK_LISTED)). Read
+    /// again, each keeps its attempts, its next try and its last error instead of starting from
+    /// none: `relay.max_attempts` counts across readers, as a row's `attempts` does with
+    /// polling. An event's id is its position in the log, the same for every reader; one whose
+    /// aggregate differs is not taken for it. Until read again they count as failed and are
+    /// listed by [`Self::held_back`]. Those not read again by the time every transaction
+    /// committed before this reader started was read (see [`Self::read_again_until`]) were
+    /// settled by the last reader after it last reported: they are forgotten then. (Positions
+    /// alone cannot tell that sooner: transactions come in the order they committed, and a
+    /// message of one may stand before a message of another that committed earlier.)
+    pub(crate) fn carrying(mut self, listed: Vec<HeldBack>) -> Self {
+        self.carried = listed.into_iter().map(|h| (h.id, h)).collect();
+        self
+    }
+
+    /// Once past what is read again, the carried events not read again were settled.
+    fn forget_carried_once_past(&mut self) {
+        if self.past_read_again && !self.carried.is_empty() {
+            self.carried.clear();
+        }
+    }
+
     /// Message style: this reader's [`ResumePoint`], for the next reader. `None` when nothing
     /// of ours is unsettled.
     pub(crate) fn resume_point(&self) -> Option<ResumePoint> {
@@ -212,6 +256,7 @@ impl Backlog {
         self.reading_final_lsn = final_lsn;
         self.reading_again = final_lsn <= self.read_again_until;
         self.past_read_again |= !self.reading_again;
+        self.forget_carried_once_past();
         self.skip_below = self
             .resume
             .filter(|r| r.final_lsn == final_lsn)
@@ -220,12 +265,14 @@ impl Backlog {
 
     /// The next event of the transaction being read, in the order written. `false`: not
     /// added, the last reader settled it (see [`Self::resuming`]).
-    pub(crate) fn add(&mut self, event: OutboxEvent) -> bool {
+    pub(crate) fn add(&mut self, mut event: OutboxEvent) -> bool {
         self.read_again_read += u64::from(self.reading_again);
         if self.skip_below.is_some_and(|below| event.id < below) {
             self.read_again_skipped += 1;
             return false;
         }
+        let retry = self.carry(&mut event);
+        self.failed += usize::from(retry.is_some());
         if self.txns.back().is_none_or(|t| t.end_lsn.is_some()) {
             self.txns.push_back(Txn {
                 end_lsn: None,
@@ -248,11 +295,61 @@ impl Backlog {
         self.entries.push_back(Some(Entry {
             event,
             txn,
-            retry: None,
+            retry,
             acked: false,
             read_again: self.reading_again,
         }));
         true
+    }
+
+    /// `event`'s retry as the last reader left it (see [`Self::carrying`]), its attempts set.
+    fn carry(&mut self, event: &mut OutboxEvent) -> Option<Box<Retry>> {
+        if self.carried.is_empty() {
+            return None;
+        }
+        let carried = self.carried.remove(&event.id).filter(|c| {
+            c.aggregate_id == event.aggregate_id && c.aggregate_type == event.aggregate_type
+        })?;
+        event.attempts = carried.attempts;
+        Some(Retry::as_left(carried))
+    }
+
+    /// Table style: the row of the unsettled event `id`, read again, records failures the last
+    /// reader recorded (`held`: its attempts, next try and last error). The event keeps them,
+    /// as a carried one does in message style (see [`Self::carrying`]), unless it failed again
+    /// since it was read. See [`Self::recheck`].
+    pub(crate) fn recorded_failures(&mut self, held: HeldBack) {
+        let Some(entry) = self.entry_mut(held.id) else {
+            return;
+        };
+        if entry.retry.is_some() {
+            return;
+        }
+        entry.event.attempts = held.attempts;
+        entry.retry = Some(Retry::as_left(held));
+        self.failed += 1;
+    }
+
+    /// `batch`, claimed in commit order, as [`Self::claim`] hands it out now that some of its
+    /// events may have been found failed ([`Self::recorded_failures`]): an event waiting for
+    /// its next try and the events after a failed one of their aggregate are taken out (they
+    /// stay unsettled, for a later claim), the others keep their attempts.
+    pub(crate) fn recheck(&self, batch: &mut Vec<OutboxEvent>, now: Instant) {
+        let mut held: HashSet<String> = HashSet::new();
+        batch.retain_mut(|event| {
+            if held.contains(&event.aggregate_id) {
+                return false;
+            }
+            let Some(entry) = self.entry(event.id) else {
+                return true;
+            };
+            let Some(retry) = &entry.retry else {
+                return true;
+            };
+            held.insert(event.aggregate_id.clone());
+            event.attempts = entry.event.attempts;
+            retry.at <= now
+        });
     }
 
     /// The transaction being read ends at `end_lsn` (having added no event when it wrote
@@ -289,6 +386,7 @@ impl Backlog {
         if self.txns.is_empty() {
             self.confirmable = self.confirmable.max(wal_end);
             self.past_read_again |= wal_end >= self.read_again_until;
+            self.forget_carried_once_past();
         }
     }
 
@@ -345,9 +443,10 @@ impl Backlog {
         self.failed += usize::from(first);
     }
 
-    /// Unsettled events that failed.
+    /// Unsettled events that failed, those the last reader listed and this one did not read
+    /// yet among them.
     pub(crate) fn failed(&self) -> usize {
-        self.failed
+        self.failed + self.carried.len()
     }
 
     /// What the failed events hold back, listing at most `limit` held-back aggregates: each
@@ -355,7 +454,7 @@ impl Backlog {
     /// order (as polling's `status` lists rows that wait for a retry).
     pub(crate) fn held_back(&self, limit: usize) -> HeldFigures {
         let mut figures = HeldFigures::default();
-        if self.failed == 0 {
+        if self.failed() == 0 {
             return figures;
         }
         // Each held-back aggregate's first failed entry, and how many wait behind it.
@@ -369,7 +468,15 @@ impl Backlog {
                 held.insert(aggregate, (entry, 0));
             }
         }
-        figures.aggregates = held.len() as i64;
+        // The last reader's failed events not read again yet (see `carrying`): nothing read
+        // waits behind them. (One per aggregate: the last reader listed each one's first.)
+        let carried: Vec<&HeldBack> = self.carried.values().collect();
+        figures.retrying += carried.len() as i64;
+        let carried: Vec<&HeldBack> = carried
+            .into_iter()
+            .filter(|h| !held.contains_key(h.aggregate_id.as_str()))
+            .collect();
+        figures.aggregates = (held.len() + carried.len()) as i64;
         let mut first: Vec<(&Entry, i64)> = held.into_values().collect();
         first.sort_unstable_by_key(|(entry, _)| entry.event.id);
         let listed = first
@@ -387,7 +494,14 @@ impl Backlog {
                     waiting_behind: waiting,
                 })
             });
-        figures.listed = listed.collect();
+        let carried = carried.into_iter().map(|h| HeldBack {
+            waiting_behind: 0,
+            ..h.clone()
+        });
+        let mut listed: Vec<HeldBack> = listed.chain(carried).collect();
+        listed.sort_unstable_by_key(|h| h.id);
+        listed.truncate(limit);
+        figures.listed = listed;
         figures
     }
 
@@ -634,6 +748,77 @@ mod tests {
         b.settle(&[3]);
         assert_eq!(b.confirmable(), 20);
         assert!(b.oldest().is_none());
+    }
+
+    #[test]
+    fn a_failed_event_the_last_reader_listed_keeps_its_attempts_and_next_try() {
+        let carried = |id: i64, aggregate: &str, attempts: i32, in_secs: i64| HeldBack {
+            aggregate_type: "order".to_owned(),
+            aggregate_id: aggregate.to_owned(),
+            id,
+            attempts,
+            next_attempt_at: Some(chrono::Utc::now() + chrono::Duration::seconds(in_secs)),
+            last_error: Some(format!("{aggregate} refused")),
+            waiting_behind: 1,
+        };
+        let mut b = Backlog::new(0).read_again_until(25).carrying(vec![
+            carried(1, "a", 4, 3600),
+            carried(2, "b", 2, -5),
+            // Another event at that position (its aggregate differs): not taken for it.
+            carried(3, "x", 9, 3600),
+            // Never read again: the last reader settled them after it reported.
+            carried(5, "y", 1, 60),
+            carried(20, "w", 1, 60),
+        ]);
+        // Listed before they are read again: failed, nothing waiting behind.
+        let figures = b.held_back(20);
+        let listed: Vec<(i64, i64)> = figures
+            .listed
+            .iter()
+            .map(|h| (h.id, h.waiting_behind))
+            .collect();
+        assert_eq!(listed, [(1, 0), (2, 0), (3, 0), (5, 0), (20, 0)]);
+        assert_eq!(
+            (figures.retrying, figures.aggregates, b.failed()),
+            (5, 5, 5)
+        );
+        b.begin(1, 10);
+        b.push(
+            vec![
+                event(1, "a"),
+                event(2, "b"),
+                event(3, "c"),
+                event(4, "a"),
+                event(6, "d"),
+            ],
+            12,
+        );
+        assert_eq!(b.failed(), 4, "1 and 2 read again, 5 and 20 not yet");
+        let listed: Vec<i64> = b.held_back(20).listed.iter().map(|h| h.id).collect();
+        assert_eq!(listed, [1, 2, 5, 20]);
+        // A transaction committed after the reader started: the others were settled.
+        b.begin(2, 30);
+        assert_eq!(b.failed(), 2);
+        let now = Instant::now();
+        // 1 waits an hour, and 4 behind it; 2's time has come; 3 and 6 never failed.
+        let claimed = b.claim(10, &HashSet::new(), now);
+        assert_eq!(ids(&claimed), [2, 3, 6]);
+        let attempts: Vec<i32> = claimed.iter().map(|e| e.attempts).collect();
+        assert_eq!(attempts, [2, 0, 0]);
+        let figures = b.held_back(20);
+        assert_eq!((figures.retrying, figures.aggregates), (2, 2));
+        let first = &figures.listed[0];
+        assert_eq!((first.id, first.attempts, first.waiting_behind), (1, 4, 1));
+        assert_eq!(first.last_error.as_deref(), Some("a refused"));
+        let wait = first.next_attempt_at.expect("a next try") - chrono::Utc::now();
+        assert!(wait > chrono::Duration::minutes(59), "{wait}");
+        let later = now + Duration::from_secs(3601);
+        assert_eq!(ids(&b.claim(10, &HashSet::new(), later)), [1, 2, 3, 6]);
+        // Its next failure counts on from there; settling forgets it.
+        b.retry(2, Duration::from_secs(60), now, "b refused again");
+        assert_eq!(b.get(2).map(|e| e.attempts), Some(3));
+        b.settle(&[1, 2]);
+        assert_eq!(b.failed(), 0);
     }
 
     #[test]

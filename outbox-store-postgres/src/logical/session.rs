@@ -18,9 +18,10 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Arguments as _, PgConnection};
 use uuid::Uuid;
 
+use chrono::{DateTime, Utc};
 use outboxkit_core::{
-    ClaimRequest, ClusterView, Error, ErrorKind, Failure, MarkMode, OutboxEvent, PayloadType,
-    Result, ShardSession,
+    ClaimRequest, ClusterView, Error, ErrorKind, Failure, HeldBack, MarkMode, OutboxEvent,
+    PayloadType, Result, ShardSession,
 };
 use outboxkit_store_sql::classify::connect_within;
 use outboxkit_store_sql::config::CaptureStyle;
@@ -247,8 +248,12 @@ struct Reader {
     /// Message style: whether the bookkeeping row has room for the [`ResumePoint`], and the
     /// last one left there, with since when the transaction it names is the oldest unsettled.
     resume: Option<LeftResumePoint>,
-    /// When [`Progress::held`] was last noted, with how many failed events.
+    /// When [`Progress::held`] was last noted, with how many failed events (`usize::MAX`:
+    /// note it at the next confirm, an event failed).
     held_noted: (Instant, usize),
+    /// Message style: whether the bookkeeping row has room for what the failed events hold
+    /// back (left there as the reader stops, for the next reader to carry on).
+    held_room: bool,
 }
 
 /// See [`Reader::resume`].
@@ -512,21 +517,73 @@ impl LogicalSession {
             })
             .await?;
         let found = Found::new(returned);
-        let gone: Vec<i64> = ids
+        let (gone, pending): (Vec<i64>, Vec<i64>) = ids
             .into_iter()
-            .filter(|id| found.gone(*id, self.xid_of(*id)))
-            .collect();
+            .partition(|id| found.gone(*id, self.xid_of(*id)));
         let Some(reader) = self.reader.as_mut() else {
             return Ok(());
         };
-        if gone.is_empty() {
+        if !gone.is_empty() {
+            tracing::debug!(
+                count = gone.len(),
+                "events read again whose rows were marked already: not published again"
+            );
+            reader.skip(batch, &gone);
+        }
+        let pending: Vec<i64> = pending.into_iter().filter(|id| found.has(*id)).collect();
+        self.keep_recorded_failures(batch, &pending).await
+    }
+
+    /// Table style, after [`Self::drop_gone`]: the pending rows of events read again (`ids`)
+    /// may record failures the last reader recorded. Those events keep them (attempts, next
+    /// try, last error: `relay.max_attempts` counts across readers as it does with polling,
+    /// and the next try waits), and `batch` is handed out as a claim that knew them would:
+    /// without an event waiting for its next try, nor the events after a failed one of their
+    /// aggregate (see [`Backlog::recheck`]).
+    async fn keep_recorded_failures(
+        &mut self,
+        batch: &mut Vec<OutboxEvent>,
+        ids: &[i64],
+    ) -> Result<()> {
+        if ids.is_empty() {
             return Ok(());
         }
-        tracing::debug!(
-            count = gone.len(),
-            "events read again whose rows were marked already: not published again"
+        let statement = Statement::from(format!(
+            "SELECT id, aggregate_type, aggregate_id, attempts, next_attempt_at, last_error \
+             FROM {} WHERE id = ANY($1::int8[]) AND attempts > 0 \
+             AND published_at IS NULL AND dead_at IS NULL",
+            self.context.table.quoted()
+        ));
+        type Recorded = (
+            i64,
+            String,
+            String,
+            i32,
+            Option<DateTime<Utc>>,
+            Option<String>,
         );
-        reader.skip(batch, &gone);
+        let recorded: Vec<Recorded> = self
+            .fence
+            .run(
+                "reading the failures recorded for events read again",
+                async |conn| sqlx::query_as(&statement).bind(ids).fetch_all(conn).await,
+            )
+            .await?;
+        let Some(reader) = self.reader.as_mut().filter(|_| !recorded.is_empty()) else {
+            return Ok(());
+        };
+        for (id, aggregate_type, aggregate_id, attempts, next_attempt_at, last_error) in recorded {
+            reader.backlog.recorded_failures(HeldBack {
+                aggregate_type,
+                aggregate_id,
+                id,
+                attempts,
+                next_attempt_at,
+                last_error,
+                waiting_behind: 0,
+            });
+        }
+        reader.backlog.recheck(batch, Instant::now());
         Ok(())
     }
 
@@ -670,6 +727,21 @@ impl LogicalSession {
             .await
     }
 
+    /// Message style, as the reader stops: leave what its failed events hold back in the
+    /// bookkeeping row, as it is now, for the next reader to carry on their attempts.
+    async fn leave_held_back(&mut self) -> Result<()> {
+        let Some(reader) = self.reader.as_ref().filter(|r| r.held_room) else {
+            return Ok(());
+        };
+        let held = reader.backlog.held_back(HELD_BACK_LISTED);
+        let table = &self.context.table;
+        self.fence
+            .run("leaving what the failed events hold back", async |conn| {
+                super::setup::leave_held_back(conn, table, &held).await
+            })
+            .await
+    }
+
     /// Start reading the slot from its confirmed position; `false` when another session
     /// started first.
     async fn start_reader(&mut self) -> Result<bool> {
@@ -728,7 +800,7 @@ impl LogicalSession {
             .await?;
         let confirmed = Lsn::parse(&confirmed).map(|l| l.as_u64()).unwrap_or(0);
         let now = Lsn::parse(&now).map(|l| l.as_u64()).unwrap_or(u64::MAX);
-        let (parked, resume) = match context.names.style {
+        let (parked, resume, carried) = match context.names.style {
             CaptureStyle::Message => {
                 let table = &context.table;
                 let resume = self
@@ -751,18 +823,36 @@ impl LogicalSession {
                         super::setup::has_held_columns(conn, table).await
                     })
                     .await?;
-                if !held_room {
+                let carried = if held_room {
+                    self.fence
+                        .run("reading the retries the last reader left", async |conn| {
+                            super::setup::left_held_back(conn, table).await
+                        })
+                        .await?
+                } else {
                     tracing::info!(
                         %table,
                         "the capture bookkeeping row has no room for the events held back behind \
                          a retry (set up by an older migrate): run migrate again, or status run \
-                         outside this relay shows no retries (this relay's metrics count them)"
+                         outside this relay shows no retries (this relay's metrics count them) \
+                         and a failed event's attempts start from 0 with each reader"
+                    );
+                    Vec::new()
+                };
+                if !carried.is_empty() {
+                    tracing::info!(
+                        %table,
+                        events = carried.len(),
+                        "carrying on the attempts of the failed events the last reader listed"
                     );
                 }
-                (self.parked_event_ids().await?, resume)
+                let carried = held_room.then_some(carried);
+                (self.parked_event_ids().await?, resume, carried)
             }
-            CaptureStyle::Table => (HashSet::new(), None),
+            CaptureStyle::Table => (HashSet::new(), None, None),
         };
+        // Message style, with room in the bookkeeping row for what failed events hold back.
+        let held_room = carried.is_some();
         let options = &context.options;
         let (host, tls) =
             super::replication_address(options, context.hostaddr.as_deref(), &context.tls);
@@ -808,7 +898,8 @@ impl LogicalSession {
             client,
             backlog: Backlog::new(confirmed)
                 .read_again_until(now)
-                .resuming(resume.flatten()),
+                .resuming(resume.flatten())
+                .carrying(carried.unwrap_or_default()),
             relations: HashMap::new(),
             malformed: Vec::new(),
             in_transaction: false,
@@ -817,6 +908,7 @@ impl LogicalSession {
             caught_up: false,
             resume: resume.map(|_| LeftResumePoint::default()),
             held_noted: (Instant::now(), 0),
+            held_room,
         });
         Ok(true)
     }
@@ -1399,6 +1491,8 @@ impl ShardSession for LogicalSession {
         }
         let now = Instant::now();
         if let Some(reader) = self.reader.as_mut() {
+            // What they hold back changed (attempts, next tries): noted at the next confirm.
+            reader.held_noted.1 = usize::MAX;
             let mut dead = Vec::new();
             for failure in failures {
                 match failure.retry_in {
@@ -1421,6 +1515,9 @@ impl ShardSession for LogicalSession {
             tracing::debug!(error = %e, "could not leave where this reader got to");
         }
         self.report_confirmed().await;
+        if let Err(e) = self.leave_held_back().await {
+            tracing::debug!(error = %e, "could not leave what the failed events hold back");
+        }
         self.stop_reader();
         let fence = self.fence;
         fence.close(Ok(())).await

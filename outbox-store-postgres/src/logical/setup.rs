@@ -5,11 +5,11 @@
 
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
-use outboxkit_core::{Error, ErrorKind, PayloadType, Result};
+use outboxkit_core::{Error, ErrorKind, HeldBack, PayloadType, Result};
 use outboxkit_store_sql::config::{CaptureStyle, LogicalSettings};
 use outboxkit_store_sql::Statement;
 
-use super::backlog::ResumePoint;
+use super::backlog::{HeldFigures, ResumePoint};
 use crate::classify::{classify, Target};
 use crate::config::TableName;
 
@@ -379,6 +379,46 @@ pub(crate) async fn left_resume_point(
             settled_below: below?,
         })
     })))
+}
+
+/// Message style: the failed events the last reader listed in the bookkeeping row (each
+/// held-back aggregate's first, with its attempts, next try and last error), for the next
+/// reader to carry on. Only called when the row has the columns ([`has_held_columns`]).
+pub(crate) async fn left_held_back(
+    conn: &mut PgConnection,
+    table: &TableName,
+) -> sqlx::Result<Vec<HeldBack>> {
+    let listed: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT reader_held_back::text FROM {} WHERE table_name = $1",
+        table.quoted_sibling(CAPTURE_TABLE)
+    )))
+    .bind(table.name())
+    .fetch_optional(conn)
+    .await?;
+    let listed = listed.flatten().unwrap_or_default();
+    Ok(serde_json::from_str(&listed).unwrap_or_default())
+}
+
+/// Message style: leave what this reader's failed events hold back in the bookkeeping row, as
+/// it stops reading (the relay's status loop writes it every `relay.status_interval` while it
+/// reads), so that the next reader carries on their attempts ([`left_held_back`]).
+pub(crate) async fn leave_held_back(
+    conn: &mut PgConnection,
+    table: &TableName,
+    held: &HeldFigures,
+) -> sqlx::Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET reader_retrying = $2, reader_held_back_aggregates = $3, \
+         reader_held_back = $4::text::jsonb WHERE table_name = $1",
+        table.quoted_sibling(CAPTURE_TABLE)
+    )))
+    .bind(table.name())
+    .bind(held.retrying)
+    .bind(held.aggregates)
+    .bind(serde_json::to_string(&held.listed).unwrap_or_else(|_| "[]".into()))
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 /// Message style: leave this reader's [`ResumePoint`] in the bookkeeping row.
