@@ -42,8 +42,9 @@ pub enum Command {
     },
     /// Create or upgrade the outbox table of every pipeline (idempotent).
     Migrate {
-        /// Print the SQL that creates each pipeline's table instead, for a database
-        /// administrator to review and apply; connect to nothing.
+        /// Print the SQL that creates each pipeline's table instead (with log-based capture,
+        /// its publication, emit function and slot too), for a database administrator to
+        /// review and apply; connect to nothing.
         #[arg(long)]
         print_sql: bool,
     },

@@ -157,6 +157,64 @@ async fn attempts_carry_over_to_the_next_reader(style: CaptureStyle, prefix: &st
     drop(server);
 }
 
+/// Real relays, in each style: a relay taking the slot over from one stopped with SIGTERM carries
+/// on a failed event's attempts. RabbitMQ does not route invoices; relay-0 (`max_attempts = 3`,
+/// retries 3 to 6 s apart) tries invoice-1's event twice and is stopped; relay-1 tries it once
+/// more, no sooner than relay-0 set, and parks it as dead. relay-1 retried nothing itself, and
+/// the dead row has 3 attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_taking_the_slot_over_carries_on_the_attempts() {
+    for (style, prefix) in [("message", "held_take"), ("table", "held_take_t")] {
+        let name = unique(prefix);
+        let server = PrivatePostgres::start_logical(&name);
+        let side = Arc::new(LogicalSide::open(&server, &name, style).await);
+        let rabbit = Arc::new(RabbitMqSide::open(&name).await);
+        let ports = (free_port(), free_port());
+        let settings = Settings::default()
+            .listen_on(ports.0)
+            .relay("status_interval = \"200ms\"\nmax_attempts = 3");
+        let retries = [
+            ("OUTBOX_RELAY__BACKOFF_INITIAL", "6s"),
+            ("OUTBOX_RELAY__BACKOFF_MAX", "6s"),
+        ];
+        let mut scenario = Scenario::prepare(side.clone(), rabbit, settings).await;
+        let invoice = NewEvent::new("invoice", "invoice-1", "Changed", serde_json::json!({}));
+        scenario.store.enqueue_many(&[invoice]).await;
+        scenario.start_relay("relay-0", &retries);
+        wait_for("relay-0's second attempt", Duration::from_secs(30), || {
+            let tried = scenario.status()["held_back"][0]["attempts"] == 2;
+            async move { tried }
+        })
+        .await;
+        let exit = scenario.relays[0].terminate(Duration::from_secs(20));
+        assert!(exit.success(), "relay-0 exit {exit}");
+        let listen = format!("127.0.0.1:{}", ports.1);
+        let mut env = retries.to_vec();
+        env.push(("OUTBOX_SERVER__LISTEN", &listen));
+        scenario.start_relay("relay-1", &env);
+        wait_for_metric(
+            "relay-1 to park the event",
+            ports.1,
+            "outbox_events_dead_total",
+            Duration::from_secs(30),
+            |v| v == 1.0,
+        )
+        .await;
+        let retried = metric_at(ports.1, "outbox_events_retried_total");
+        let dead = side.dead_rows().await;
+        scenario.stop_relays(Duration::from_secs(20));
+        assert_eq!(
+            retried.unwrap_or(0.0),
+            0.0,
+            "{style} style: relay-1 retried it"
+        );
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].attempts, 3, "{style} style: {dead:?}");
+        scenario.cleanup().await;
+        drop(server);
+    }
+}
+
 /// A session of `relay` on `store` holding every shard.
 async fn open_every_shard(store: &dyn Store, relay: &str) -> Box<dyn ShardSession> {
     let mut session = store.open_session(relay).await.expect("a session");

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Arguments as _, PgConnection};
 use uuid::Uuid;
 
-use chrono::{DateTime, Utc};
 use outboxkit_core::{
     ClaimRequest, ClusterView, Error, ErrorKind, Failure, HeldBack, MarkMode, OutboxEvent,
     PayloadType, Result, ShardSession,
