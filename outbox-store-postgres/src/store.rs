@@ -373,7 +373,7 @@ impl PostgresStore {
                 true => query
                     .bind(held.retrying)
                     .bind(held.aggregates)
-                    .bind(serde_json::to_string(&held.listed).unwrap_or_else(|_| "[]".into())),
+                    .bind(setup::listed_json(&held.listed)),
                 false => query,
             };
             query.execute(&self.inner.pool).await.map_err(err)?;
@@ -409,9 +409,7 @@ impl PostgresStore {
                     held: HeldFigures {
                         retrying: retrying.unwrap_or(0),
                         aggregates: aggregates.unwrap_or(0),
-                        listed: listed
-                            .and_then(|l| serde_json::from_str(&l).ok())
-                            .unwrap_or_default(),
+                        listed: setup::listed_from_json(listed.as_deref()),
                     },
                 }
             }

@@ -395,8 +395,19 @@ pub(crate) async fn left_held_back(
     .bind(table.name())
     .fetch_optional(conn)
     .await?;
-    let listed = listed.flatten().unwrap_or_default();
-    Ok(serde_json::from_str(&listed).unwrap_or_default())
+    Ok(listed_from_json(listed.flatten().as_deref()))
+}
+
+/// The `reader_held_back` column's text: the listed held-back aggregates as JSON.
+pub(crate) fn listed_json(listed: &[HeldBack]) -> String {
+    serde_json::to_string(listed).unwrap_or_else(|_| "[]".into())
+}
+
+/// The listed held-back aggregates of a `reader_held_back` column's text (none when NULL or
+/// not such a list).
+pub(crate) fn listed_from_json(text: Option<&str>) -> Vec<HeldBack> {
+    text.and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or_default()
 }
 
 /// Message style: leave what this reader's failed events hold back in the bookkeeping row, as
@@ -415,7 +426,7 @@ pub(crate) async fn leave_held_back(
     .bind(table.name())
     .bind(held.retrying)
     .bind(held.aggregates)
-    .bind(serde_json::to_string(&held.listed).unwrap_or_else(|_| "[]".into()))
+    .bind(listed_json(&held.listed))
     .execute(conn)
     .await
     .map(drop)
